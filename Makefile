@@ -1,0 +1,34 @@
+# Two entry points for a fresh clone (see README):  make reproduce  |  make test
+# Each builds .venv on first use: torch is pinned to the CPU wheel first, so that
+# resolving the project's range never pulls a multi-GB CUDA build.
+PYTHON ?= python3
+VENV   ?= .venv
+BIN     = $(VENV)/bin
+TORCH  ?= torch==2.13.0
+STAMP   = $(VENV)/.installed
+
+.PHONY: install reproduce test bench lint clean
+
+$(STAMP): pyproject.toml Makefile
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet "$(TORCH)"
+	$(BIN)/python -m pip install --quiet -e ".[probe,dask,test]"
+	touch $(STAMP)
+
+install: $(STAMP)
+
+reproduce: $(STAMP)
+	$(BIN)/attnsvm reproduce $(ARGS)
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q $(ARGS)
+
+bench: $(STAMP)
+	$(BIN)/python benchmarks/run_all.py $(ARGS)
+
+lint: $(STAMP)
+	$(BIN)/ruff check src tests benchmarks
+
+clean:
+	rm -rf $(VENV) build *.egg-info src/*.egg-info .pytest_cache

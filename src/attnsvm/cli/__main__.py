@@ -1,0 +1,5 @@
+import sys
+
+from attnsvm.cli import main
+
+sys.exit(main())
