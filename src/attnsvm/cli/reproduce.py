@@ -1,0 +1,64 @@
+"""``attnsvm reproduce [NAMES...] [--full] [--out DIR]``: run the papers' experiments."""
+
+from __future__ import annotations
+
+import argparse
+
+HELP = "run the papers' experiments (all, or NAMES) and write a report with figures and verdicts"
+
+
+def configure(p: argparse.ArgumentParser) -> None:
+    p.add_argument("names", nargs="*", metavar="NAME",
+                   help="experiments to run (default: all; `attnsvm list` shows them); "
+                        "a prefix such as `mmts` selects a whole paper")
+    scale = p.add_mutually_exclusive_group()
+    scale.add_argument("--full", dest="scale", action="store_const", const="full",
+                       help="the papers' scale (slow) instead of the quick default")
+    scale.add_argument("--scale", choices=["tiny", "quick", "full"], default="quick",
+                       help="configuration size (tiny is for smoke tests)")
+    p.add_argument("--out", default="attnsvm-report", help="output folder (default %(default)s)")
+
+
+def select(names: list[str], registry: dict) -> list:
+    """Experiments matching exact names or paper prefixes; default: those ``in_default``."""
+    if not names:
+        return [e for e in registry.values() if e.in_default]
+    chosen = []
+    for n in names:
+        hits = [e for k, e in registry.items() if k == n or k.startswith(n + "-")]
+        if not hits:
+            raise SystemExit(f"attnsvm reproduce: unknown experiment {n!r}; "
+                             f"known: {', '.join(registry)}")
+        chosen += [e for e in hits if e not in chosen]
+    return chosen
+
+
+def run(args: argparse.Namespace) -> int:
+    import time
+    from pathlib import Path
+
+    from attnsvm.experiments import registry, run_experiment
+    from attnsvm.report import write_report
+
+    exps = select(args.names, registry())
+    out = Path(args.out)
+    results = []
+    t0 = time.perf_counter()
+    print(f"attnsvm reproduce: {len(exps)} experiments at scale {args.scale!r} -> {out}/",
+          flush=True)
+    for i, exp in enumerate(exps, 1):
+        print(f"[{i}/{len(exps)}] {exp.name:<22s}", end=" ", flush=True)
+        res = run_experiment(exp, args.scale, out / exp.name)
+        results.append(res)
+        if res.error:
+            print(f"ERROR after {res.seconds:.1f} s: {res.error.strip().splitlines()[-1]}")
+        else:
+            ok = sum(c.passed for c in res.checks)
+            print(f"{res.seconds:6.1f} s  {ok}/{len(res.checks)} checks hold", flush=True)
+    total = time.perf_counter() - t0
+    path = write_report(results, out, scale=args.scale, total_seconds=total)
+    n_err = sum(r.error is not None for r in results)
+    n_fail = sum((r.error is None) and not r.passed for r in results)
+    print(f"done in {total:.1f} s: report {path}  ({n_fail} with a failing check, "
+          f"{n_err} errors)")
+    return 1 if n_err else 0

@@ -1,0 +1,82 @@
+"""Registry of the reproduced experiments.
+
+Every module in this package that defines ``EXPERIMENT`` (or a list ``EXPERIMENTS``)
+of type :class:`~attnsvm.experiments.base.Experiment` is registered under its name.
+Adding an experiment is adding one module; nothing else needs editing.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+import time
+import traceback
+from pathlib import Path
+
+from attnsvm.experiments.base import (
+    PAPERS,
+    Check,
+    Experiment,
+    Result,
+    Tables,
+    check_at_least,
+    check_at_most,
+)
+
+__all__ = [
+    "PAPERS", "Check", "Experiment", "Result", "Tables", "check_at_least", "check_at_most",
+    "registry", "get", "run_experiment",
+]
+
+_PRIVATE = {"base"}
+
+
+def registry() -> dict[str, Experiment]:
+    """All experiments, by name, in paper order (mmts, tfsvm, rates, mirror, kqflow, real)."""
+    found: dict[str, Experiment] = {}
+    for info in pkgutil.iter_modules(__path__):
+        if info.name in _PRIVATE or info.name.startswith("_"):
+            continue
+        mod = importlib.import_module(f"{__name__}.{info.name}")
+        exps = list(getattr(mod, "EXPERIMENTS", []))
+        if hasattr(mod, "EXPERIMENT"):
+            exps.append(mod.EXPERIMENT)
+        for exp in exps:
+            if exp.name in found:
+                raise RuntimeError(f"experiment {exp.name!r} registered twice")
+            found[exp.name] = exp
+    papers = list(PAPERS)
+
+    def key(name: str):
+        prefix = name.split("-")[0]
+        return (papers.index(prefix) if prefix in papers else len(papers), name)
+
+    return {name: found[name] for name in sorted(found, key=key)}
+
+
+def get(name: str) -> Experiment:
+    reg = registry()
+    if name not in reg:
+        raise KeyError(f"unknown experiment {name!r}; `attnsvm list` shows {len(reg)} names")
+    return reg[name]
+
+
+def run_experiment(exp: Experiment, scale: str = "quick", out: Path | str = ".",
+                   **overrides) -> Result:
+    """Compute, judge and plot one experiment; an exception is kept in ``Result.error``.
+
+    Tables computed before a failure in ``judge`` or ``plot`` are kept.
+    """
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    cfg = exp.config(scale, **overrides)
+    res = Result(exp, cfg)
+    t0 = time.perf_counter()
+    try:
+        res.tables = exp.compute(cfg)
+        res.checks = exp.judge(res.tables, cfg)
+        res.figures = [Path(p) for p in exp.plot(res.tables, cfg, out)]
+    except Exception:  # noqa: BLE001 - a report must survive one broken experiment
+        res.error = traceback.format_exc()
+    res.seconds = time.perf_counter() - t0
+    return res
