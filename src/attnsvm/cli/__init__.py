@@ -24,6 +24,7 @@ COMMANDS = {
     "solve": "solve",
     "vit": "vit",
     "probe": "probe",
+    "sweep": "sweep",
 }
 
 

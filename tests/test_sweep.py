@@ -1,0 +1,245 @@
+"""Sweeps: grids, the Parquet store, resume, failures, and the executors agree.
+
+The experiment here is built in the test (nothing is registered globally): its
+compute is a closed form, value_t = a t^2 + seed for t = 0..n-1, whose sum is
+a (n-1) n (2n-1) / 6 + seed n, and every call appends a line to a log file so the
+tests can count how often compute ran, in any process.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from attnsvm.experiments import Experiment
+from attnsvm.sweep import cell_key, grid, load, sweep
+
+
+def _compute(cfg: dict) -> dict[str, pd.DataFrame]:
+    with open(cfg["log"], "a") as f:
+        f.write(json.dumps({"a": cfg["a"], "seed": cfg["seed"]}) + "\n")
+    if cfg["a"] == 0:
+        raise ValueError("a must be nonzero")
+    if cfg["seed"] == cfg["stop_at"] and os.path.exists(cfg["stop_file"]):
+        raise KeyboardInterrupt  # what Ctrl-C during this cell looks like
+    n, a, seed = cfg["n"], cfg["a"], cfg["seed"]
+    t = np.arange(n, dtype=np.float64)
+    curve = pd.DataFrame({"step": np.arange(n), "value": a * t**2 + seed})
+    summary = pd.DataFrame({"total": [curve.value.sum()],
+                            "closed_form": [a * (n - 1) * n * (2 * n - 1) / 6 + seed * n]})
+    return {"curve": curve, "summary": summary}
+
+
+def make_experiment(tmp_path: Path) -> Experiment:
+    base = {"n": 4, "a": 1.0, "seed": 0, "stop_at": -1,
+            "log": str(tmp_path / "calls.log"), "stop_file": str(tmp_path / "STOP")}
+    return Experiment(
+        name="demo-closedform", title="closed form", claim="sum of a t^2 + seed",
+        configs={"tiny": dict(base), "quick": dict(base, n=6), "full": dict(base, n=100)},
+        compute=_compute, judge=lambda tables, cfg: [], plot=lambda tables, cfg, out: [],
+        in_default=False)
+
+
+def calls(tmp_path: Path) -> list[dict]:
+    log = tmp_path / "calls.log"
+    return [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
+
+
+def expected(exp: Experiment, cells: list[dict], table: str, scale: str = "tiny") -> pd.DataFrame:
+    """The tables computed directly, cell by cell, with the cell's parameters as columns."""
+    frames = []
+    for cell in cells:
+        cfg = dict(exp.config(scale, **cell), log=os.devnull)  # not counted as a sweep call
+        df = exp.compute(cfg)[table]
+        for k, v in cell.items():
+            df[k] = v
+        df["cell"] = cell_key(cell, scale)
+        frames.append(df)
+    return pd.concat(frames, ignore_index=True)
+
+
+def test_grid_is_the_cartesian_product():
+    cells = grid(d=[10, 20, 40], seed=range(10))
+    assert len(cells) == 30
+    assert cells[0] == {"d": 10, "seed": 0} and cells[-1] == {"d": 40, "seed": 9}
+    assert {(c["d"], c["seed"]) for c in cells} == {(d, s) for d in (10, 20, 40)
+                                                    for s in range(10)}
+    assert grid(norm="fro", p=np.array([1.5, 2.0])) == [{"norm": "fro", "p": 1.5},
+                                                        {"norm": "fro", "p": 2.0}]
+    assert type(grid(p=np.array([1, 2]))[0]["p"]) is int
+    assert grid() == [{}]
+    with pytest.raises(ValueError, match="axis 'd' has no values"):
+        grid(d=[])
+
+
+def test_cell_key_is_stable():
+    assert cell_key({"a": 1, "b": [1, 2]}) == cell_key({"b": (1, 2), "a": np.int64(1)})
+    assert cell_key({"a": 1}) != cell_key({"a": 2})
+    assert cell_key({"a": 1}, "tiny") != cell_key({"a": 1}, "full")
+    assert len(cell_key({})) == 16 and cell_key({}) == "fb32b70a4f7709e2"  # never changes
+
+
+def test_sweep_equals_compute_per_cell(tmp_path):
+    exp = make_experiment(tmp_path)
+    cells = grid(a=[0.5, 2.0], seed=range(3))
+    res = sweep(exp, cells, scale="tiny", store=tmp_path / "store", progress=False)
+    assert res.ok and set(res.tables) == {"curve", "summary"}
+    for table in ("curve", "summary"):
+        pd.testing.assert_frame_equal(res[table], expected(exp, cells, table),
+                                      check_dtype=False)
+    s = res["summary"]
+    np.testing.assert_allclose(s.total, s.closed_form, rtol=1e-12)
+    # the store holds one file per (table, cell), and load() reads the same rows back
+    assert len(list((tmp_path / "store" / "curve").glob("cell=*.parquet"))) == 6
+    back = load(tmp_path / "store")
+    for table in ("curve", "summary"):
+        pd.testing.assert_frame_equal(back[table], res[table])
+    manifest = json.loads((tmp_path / "store" / "manifest.json").read_text())
+    assert manifest["experiment"] == exp.name
+    assert [c["status"] for c in manifest["cells"].values()] == ["done"] * 6
+    assert list(res.cells.status) == ["done"] * 6 and not res.cells.resumed.any()
+
+
+def test_resume_does_not_recompute(tmp_path):
+    exp = make_experiment(tmp_path)
+    store = tmp_path / "store"
+    first = grid(a=[1.0, 2.0], seed=range(2))
+    sweep(exp, first, scale="tiny", store=store, progress=False)
+    assert len(calls(tmp_path)) == 4
+    mtimes = {p: p.stat().st_mtime_ns for p in store.rglob("*.parquet")}
+    more = grid(a=[1.0, 2.0, 3.0], seed=range(2))
+    res = sweep(exp, more, scale="tiny", store=store, progress=False)
+    assert len(calls(tmp_path)) == 6 and {c["a"] for c in calls(tmp_path)[4:]} == {3.0}
+    assert all(p.stat().st_mtime_ns == t for p, t in mtimes.items())
+    assert list(res.cells.resumed) == [True] * 4 + [False] * 2
+    pd.testing.assert_frame_equal(res["curve"], expected(exp, more, "curve"), check_dtype=False)
+    # another scale is another cell; duplicates run once
+    sweep(exp, [{"a": 1.0, "seed": 0}] * 3, scale="quick", store=store, progress=False)
+    assert len(calls(tmp_path)) == 7
+    assert len(load(store, scale="quick")["curve"]) == 6  # quick has n = 6 steps
+
+
+def test_interrupted_sweep_keeps_finished_cells_and_resumes(tmp_path):
+    exp = make_experiment(tmp_path)
+    store = tmp_path / "store"
+    cells = grid(seed=range(4), stop_at=2)
+    (tmp_path / "STOP").touch()
+    with pytest.raises(KeyboardInterrupt):
+        sweep(exp, cells, scale="tiny", store=store, progress=False)
+    assert sorted(load(store)["summary"].seed) == [0, 1]  # finished before the interrupt
+    (tmp_path / "STOP").unlink()
+    res = sweep(exp, cells, scale="tiny", store=store, progress=False)
+    assert [c["seed"] for c in calls(tmp_path)] == [0, 1, 2, 2, 3]
+    assert res.ok and list(res["summary"].seed) == [0, 1, 2, 3]
+
+
+def test_failing_cell_is_recorded_and_others_survive(tmp_path):
+    exp = make_experiment(tmp_path)
+    store = tmp_path / "store"
+    cells = grid(a=[1.0, 0.0, 3.0], seed=[5])
+    res = sweep(exp, cells, scale="tiny", store=store, progress=False)
+    assert not res.ok and list(res.cells.status) == ["done", "failed", "done"]
+    assert len(res.failed) == 1 and res.failed.a.iloc[0] == 0.0
+    assert "ValueError: a must be nonzero" in res.failed.error.iloc[0]
+    assert list(res["summary"].a) == [1.0, 3.0]
+    pd.testing.assert_frame_equal(res["curve"], expected(exp, [cells[0], cells[2]], "curve"),
+                                  check_dtype=False)
+    manifest = json.loads((store / "manifest.json").read_text())
+    bad = manifest["cells"][cell_key(cells[1], "tiny")]
+    assert bad["status"] == "failed" and "a must be nonzero" in bad["error"]
+    assert bad["params"] == {"a": 0.0, "seed": 5}
+    assert "FAILED" in res.summary()
+    failed = load(store, failed=True)["_failed"]
+    assert list(failed.a) == [0.0] and "a must be nonzero" in failed.error.iloc[0]
+    # a rerun retries only the failed cell (by default), or nothing at all
+    sweep(exp, cells, scale="tiny", store=store, progress=False)
+    sweep(exp, cells, scale="tiny", store=store, progress=False, retry_failed=False)
+    assert [c["a"] for c in calls(tmp_path)] == [1.0, 0.0, 3.0, 0.0]
+
+
+def test_bad_cells_and_stores_are_refused(tmp_path):
+    exp = make_experiment(tmp_path)
+    with pytest.raises(ValueError, match=r"sets \['sed'\]"):
+        sweep(exp, grid(sed=[1]), scale="tiny", store=tmp_path / "s", progress=False)
+    with pytest.raises(ValueError, match="executor"):
+        sweep(exp, grid(seed=[1]), scale="tiny", store=tmp_path / "s", executor="gpu")
+    sweep(exp, grid(seed=[1]), scale="tiny", store=tmp_path / "s", progress=False)
+    other = Experiment("demo-other", "-", "-", exp.configs, _compute, exp.judge, exp.plot)
+    with pytest.raises(ValueError, match="holds a sweep of 'demo-closedform'"):
+        sweep(other, grid(seed=[1]), scale="tiny", store=tmp_path / "s", progress=False)
+
+
+def test_dask_local_cluster_equals_local_run(tmp_path):
+    distributed = pytest.importorskip("dask.distributed")
+    exp = make_experiment(tmp_path)
+    cells = grid(a=[0.0, 1.0, 2.0], seed=range(2))
+    local = sweep(exp, cells, scale="tiny", store=tmp_path / "local", progress=False)
+    with distributed.LocalCluster(processes=False, n_workers=1, threads_per_worker=2,
+                                  dashboard_address=None) as cluster, \
+            distributed.Client(cluster) as client:
+        remote = sweep(exp, cells, scale="tiny", store=tmp_path / "dask", executor=client,
+                       progress=False)
+        assert client.status == "running"  # a client we were given is left open
+    for table in ("curve", "summary"):
+        pd.testing.assert_frame_equal(remote[table], local[table])
+    assert list(remote.cells.status) == list(local.cells.status)
+    assert remote.failed.cell.tolist() == local.failed.cell.tolist()
+
+
+def test_process_pool_equals_local_run(tmp_path):
+    exp = make_experiment(tmp_path)
+    cells = grid(a=[1.0, 0.0], seed=range(2))
+    local = sweep(exp, cells, scale="tiny", store=tmp_path / "local", progress=False)
+    procs = sweep(exp, cells, scale="tiny", store=tmp_path / "procs", executor="processes",
+                  workers=2, progress=False)
+    for table in ("curve", "summary"):
+        pd.testing.assert_frame_equal(procs[table], local[table])
+    assert list(procs.cells.status) == ["done", "done", "failed", "failed"]
+    assert len({c["a"] for c in calls(tmp_path)}) == 2 and len(calls(tmp_path)) == 8
+
+
+def test_cli_parses_grids_and_runs(tmp_path, monkeypatch, capsys):
+    from attnsvm.cli import main
+    from attnsvm.cli.sweep import parse_axis, parse_value
+
+    assert parse_axis("seed=0:3") == ("seed", [0, 1, 2])
+    assert parse_axis("d=2,4,8") == ("d", [2, 4, 8])
+    assert parse_axis("x=0:6:2,10") == ("x", [0, 2, 4, 10])
+    assert parse_axis("lr=0.1,1e-2") == ("lr", [0.1, 0.01])
+    assert parse_axis("norm=fro,nuc") == ("norm", ["fro", "nuc"])
+    assert [parse_value(v) for v in ("true", "None", "-3")] == [True, None, -3]
+    for bad in ("d", "d=", "seed=3:3", "lr=0.1:0.5"):
+        with pytest.raises(ValueError):
+            parse_axis(bad)
+
+    (tmp_path / "sweep_cli_demo.py").write_text(textwrap.dedent("""
+        import pandas as pd
+        from attnsvm.experiments import Experiment
+
+        def compute(cfg):
+            if cfg["d"] == 8:
+                raise RuntimeError("d = 8 is broken")
+            return {"t": pd.DataFrame({"y": [cfg["d"] * 10 + cfg["seed"]]})}
+
+        EXP = Experiment("demo-cli", "-", "-", {"tiny": {"d": 1, "seed": 0}}, compute,
+                         lambda t, c: [], lambda t, c, o: [], in_default=False)
+    """))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    store = tmp_path / "cli-store"
+    argv = ["sweep", "sweep_cli_demo:EXP", "--grid", "d=2,4,8", "--grid", "seed=0:2",
+            "--scale", "tiny", "--store", str(store), "--no-progress"]
+    assert main(argv) == 1  # one axis value fails
+    out = capsys.readouterr().out
+    assert "6 cells" in out and "4 done" in out and "2 failed" in out and "d = 8 is broken" in out
+    assert sorted(load(store)["t"].y) == [20, 21, 40, 41]
+    assert main(argv + ["--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert out.count(" done ") == 4 and out.count(" failed ") == 2
+    with pytest.raises(SystemExit, match="KEY=VALUES"):
+        main(["sweep", "sweep_cli_demo:EXP", "--grid", "d"])
