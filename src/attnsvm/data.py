@@ -1,0 +1,403 @@
+"""Token data: the ``TokenData`` container and seeded generators (THEORY.md §1).
+
+A dataset holds n sequences ``X[i]`` in R^{T x d} (rows are tokens x_{i1}..x_{iT}),
+labels ``y[i]`` in {-1, +1} (seq-to-seq: ``y[i, k]``), optional cross-attention
+queries ``z[i]`` in R^d, an optional padding ``mask`` (True = valid token) and an
+optional fixed linear head ``v`` in R^d.
+
+A leading batch dimension B holds B independent datasets (one per trial): X is then
+(B, n, T, d), y (B, n) [or (B, n, T)], z (B, n, d), mask (B, n, T), v (B, d).
+Shared parts given without B are broadcast to B at construction.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields, replace
+from pathlib import Path
+
+import numpy as np
+
+__all__ = [
+    "TokenData",
+    "stack",
+    "random_sphere",
+    "planted",
+    "gaussian_mixture",
+    "mmts_fig1",
+    "mmts_fig1_multi",
+    "mmts_fig3",
+    "mirror_joint_toy",
+    "MMTS_FIG1_W",
+    "NAMED",
+]
+
+
+def _as_float(name: str, a) -> np.ndarray:
+    try:
+        arr = np.asarray(a, dtype=np.float64)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"{name} must be a numeric array; got {type(a).__name__}") from exc
+    if not np.all(np.isfinite(arr)):
+        raise ValueError(f"{name} contains NaN or inf")
+    return np.ascontiguousarray(arr)
+
+
+def _check_shape(name: str, arr: np.ndarray, expected: tuple, batch: int | None,
+                 symbols: str) -> np.ndarray:
+    """Accept ``expected`` or (batch, *expected); broadcast shared arrays to the batch.
+
+    ``symbols`` names the dims, e.g. "(n, d)"; the error says expected vs actual shape.
+    """
+    full = expected if batch is None else (batch, *expected)
+    if arr.shape == full:
+        return arr
+    if batch is not None and arr.shape == expected:
+        return np.ascontiguousarray(np.broadcast_to(arr, full))
+    sym = symbols if batch is None else "(B, " + symbols[1:]
+    raise ValueError(f"{name} must have shape {sym} = {full}; got {arr.shape}")
+
+
+@dataclass(frozen=True, eq=False)
+class TokenData:
+    """n sequences of T tokens in R^d, labels, optional queries/mask/head (THEORY §1).
+
+    Fields (numpy float64; mask bool). Unbatched shapes, batched add a leading B:
+        X: (n, T, d) tokens;  y: (n,) labels in {-1, +1} or (n, T) for seq-to-seq;
+        z: (n, d) cross-attention queries or None (self-attention);
+        mask: (n, T) bool, True = valid token, or None (all valid);
+        v: (d,) fixed linear head or None (trained head).
+    Validation raises ValueError naming the field and the expected vs actual shape.
+    """
+
+    X: np.ndarray
+    y: np.ndarray
+    z: np.ndarray | None = None
+    mask: np.ndarray | None = None
+    v: np.ndarray | None = None
+
+    def __post_init__(self):
+        X = _as_float("X", self.X)
+        if X.ndim not in (3, 4):
+            raise ValueError(f"X must have shape (n, T, d) or (B, n, T, d); got {X.shape}")
+        if X.size == 0 or X.shape[-3] == 0:
+            raise ValueError(f"X is empty (n = 0 sequences); got shape {X.shape}")
+        if X.ndim == 4 and X.shape[0] == 0:
+            raise ValueError(f"X has an empty batch (B = 0); got shape {X.shape}")
+        n, T, d = X.shape[-3:]
+        if T < 2:
+            raise ValueError(f"X must have T >= 2 tokens per sequence; got T = {T} (shape {X.shape})")
+        if d < 1:
+            raise ValueError(f"X must have d >= 1; got shape {X.shape}")
+        B = X.shape[0] if X.ndim == 4 else None
+        object.__setattr__(self, "X", X)
+
+        y = _as_float("y", self.y)
+        seq = y.shape in ((n, T), (B, n, T))
+        y = _check_shape("y", y, (n, T) if seq else (n,), B, "(n, T)" if seq else "(n,)")
+        if not np.all(np.abs(y) == 1.0):
+            bad = np.unique(y[np.abs(y) != 1.0])[:5]
+            raise ValueError(f"y must contain labels in {{-1, +1}}; got values {bad.tolist()}")
+        object.__setattr__(self, "y", y)
+
+        if self.z is not None:
+            object.__setattr__(self, "z", _check_shape("z", _as_float("z", self.z), (n, d), B, "(n, d)"))
+        if self.v is not None:
+            object.__setattr__(self, "v", _check_shape("v", _as_float("v", self.v), (d,), B, "(d,)"))
+        if self.mask is not None:
+            m = np.asarray(self.mask)
+            if m.dtype != np.bool_:
+                if not np.all((m == 0) | (m == 1)):
+                    raise ValueError("mask must be boolean (True = valid token)")
+                m = m.astype(bool)
+            m = _check_shape("mask", np.ascontiguousarray(m), (n, T), B, "(n, T)")
+            if not np.all(m.any(axis=-1)):
+                raise ValueError("mask must leave at least one valid token per sequence")
+            object.__setattr__(self, "mask", m)
+
+    # ----------------------------------------------------------------- shapes
+    @property
+    def batched(self) -> bool:
+        return self.X.ndim == 4
+
+    @property
+    def B(self) -> int | None:
+        return self.X.shape[0] if self.batched else None
+
+    @property
+    def n(self) -> int:
+        return self.X.shape[-3]
+
+    @property
+    def T(self) -> int:
+        return self.X.shape[-2]
+
+    @property
+    def d(self) -> int:
+        return self.X.shape[-1]
+
+    @property
+    def seq2seq(self) -> bool:
+        """True when y holds one label per query token: y (…, n, T)."""
+        return self.y.ndim == self.X.ndim - 1
+
+    # ----------------------------------------------------------------- scores
+    @property
+    def gamma(self) -> np.ndarray:
+        """Token scores gamma_{it} = y_i v^T x_{it}, shape (..., n, T).
+
+        Seq-to-seq: gamma_{ikt} = y_{ik} v^T x_{it}, shape (..., n, T, T) (query k, key t).
+        Masked tokens get -inf. Needs the fixed head v.
+        """
+        if self.v is None:
+            raise ValueError("gamma needs the fixed linear head v; this TokenData has v = None")
+        vx = np.einsum("...ntd,...d->...nt", self.X, self.v)
+        if self.seq2seq:
+            g = self.y[..., :, :, None] * vx[..., :, None, :]
+            mask = None if self.mask is None else self.mask[..., :, None, :]
+        else:
+            g = self.y[..., None] * vx
+            mask = self.mask
+        if mask is not None:
+            g = np.where(mask, g, -np.inf)
+        return g
+
+    @property
+    def opt(self) -> np.ndarray:
+        """Globally optimal token index opt_i = argmax_t gamma_{it}, shape (..., n) [(…, n, T)]."""
+        return np.argmax(self.gamma, axis=-1)
+
+    # -------------------------------------------------------------- batching
+    def trial(self, b: int) -> TokenData:
+        """The unbatched dataset of trial b (batched data only)."""
+        if not self.batched:
+            raise ValueError("trial(b) needs batched TokenData (X of shape (B, n, T, d))")
+        return TokenData(**{f.name: (None if getattr(self, f.name) is None else getattr(self, f.name)[b])
+                            for f in fields(self)})
+
+    def broadcast(self, B: int) -> TokenData:
+        """Batched copy with B identical trials (no-op check if already batched with B)."""
+        if self.batched:
+            if self.B != B:
+                raise ValueError(f"data has batch B = {self.B}; cannot broadcast to B = {B}")
+            return self
+        return stack([self] * B)
+
+    def replace(self, **changes) -> TokenData:
+        """A validated copy with some fields replaced."""
+        return replace(self, **changes)
+
+    # ----------------------------------------------------------------- torch
+    def to_torch(self, device=None, dtype=None) -> dict:
+        """Dict of torch tensors {X, y, z, mask, v} (None kept); float fields in ``dtype``."""
+        import torch
+
+        dtype = torch.float64 if dtype is None else dtype
+        out = {}
+        for f in fields(self):
+            a = getattr(self, f.name)
+            if a is None:
+                out[f.name] = None
+            elif f.name == "mask":
+                out[f.name] = torch.as_tensor(a, device=device)
+            else:
+                out[f.name] = torch.as_tensor(a, device=device, dtype=dtype)
+        return out
+
+    # ------------------------------------------------------------------- I/O
+    def save(self, path) -> Path:
+        """Write to ``path`` (.npz, no pickles); absent fields are not stored."""
+        path = Path(path)
+        arrays = {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) is not None}
+        with open(path, "wb") as fh:
+            np.savez(fh, **arrays)
+        return path
+
+    @classmethod
+    def load(cls, path) -> TokenData:
+        """Read a .npz written by ``save`` (``allow_pickle=False``) and validate it."""
+        with np.load(Path(path), allow_pickle=False) as f:
+            missing = [k for k in ("X", "y") if k not in f.files]
+            if missing:
+                raise ValueError(f"{path}: missing required arrays {missing}; has {f.files}")
+            return cls(**{k: f[k] for k in ("X", "y", "z", "mask", "v") if k in f.files})
+
+    def __repr__(self) -> str:
+        parts = [f"{f.name}={getattr(self, f.name).shape}" for f in fields(self)
+                 if getattr(self, f.name) is not None]
+        return "TokenData(" + ", ".join(parts) + ")"
+
+
+def stack(items: list[TokenData]) -> TokenData:
+    """Stack unbatched datasets of equal shapes into one batched TokenData (B = len(items))."""
+    items = list(items)
+    if not items:
+        raise ValueError("stack needs a non-empty list of TokenData")
+    if any(t.batched for t in items):
+        raise ValueError("stack takes unbatched TokenData (X of shape (n, T, d))")
+    out = {}
+    for f in fields(TokenData):
+        vals = [getattr(t, f.name) for t in items]
+        if all(v is None for v in vals):
+            out[f.name] = None
+        elif any(v is None for v in vals):
+            raise ValueError(f"stack: field {f.name} is None in some datasets but not others")
+        else:
+            shapes = {v.shape for v in vals}
+            if len(shapes) > 1:
+                raise ValueError(f"stack: field {f.name} has different shapes {sorted(shapes)}")
+            out[f.name] = np.stack(vals)
+    return TokenData(**out)
+
+
+# ---------------------------------------------------------------- generators
+def _unit(a: np.ndarray) -> np.ndarray:
+    return a / np.linalg.norm(a, axis=-1, keepdims=True)
+
+
+def _lead(batch: int | None) -> tuple:
+    return () if batch is None else (int(batch),)
+
+
+def random_sphere(n: int = 6, T: int = 8, d: int = 10, seed: int = 0, batch: int | None = None,
+                  cross: bool = True) -> TokenData:
+    """Monte-Carlo setting of the papers: tokens x_{it}, queries z_i and head v uniform on
+    the unit sphere S^{d-1}, labels y_i uniform in {-1, +1}.
+
+    Shapes: X (n, T, d), z (n, d) (None if ``cross=False``), v (d,), y (n,);
+    with ``batch=B`` each trial gets its own draw: leading B on every field.
+    """
+    rng = np.random.default_rng(seed)
+    L = _lead(batch)
+    X = _unit(rng.standard_normal((*L, n, T, d)))
+    z = _unit(rng.standard_normal((*L, n, d)))
+    v = _unit(rng.standard_normal((*L, d)))
+    y = rng.choice(np.array([-1.0, 1.0]), size=(*L, n))
+    return TokenData(X=X, y=y, z=z if cross else None, v=v)
+
+
+def planted(n: int = 4, T: int = 4, d: int | None = None, seed: int = 0, batch: int | None = None,
+            opt: np.ndarray | int | None = None, score_gap: float = 0.5, cross: bool = True) -> TokenData:
+    """Planted optimal token per sequence with near-orthogonal noise (d >= nT regime).
+
+    Tokens: x_{it} = P_v^perp g_{it} + y_i gamma_{it} v with g_{it} ~ N(0, I_d / d)
+    (nearly orthogonal for d >> nT), head v = e_1, score gamma_{i,opt_i} = 1 and
+    gamma_{it} ~ U(-1, 1 - score_gap) for t != opt_i, so opt_i is the unique optimum.
+    ``opt``: int or (n,) array of planted indices (default: random per sequence).
+    Queries z_i ~ unit sphere (``cross=True``) or None. d defaults to n*T + 1.
+    Shapes as ``random_sphere``; with ``batch=B`` a leading B.
+    """
+    d = n * T + 1 if d is None else d
+    if d < 2:
+        raise ValueError(f"planted needs d >= 2; got d = {d}")
+    rng = np.random.default_rng(seed)
+    L = _lead(batch)
+    G = rng.standard_normal((*L, n, T, d)) / np.sqrt(d)
+    G[..., 0] = 0.0
+    if opt is None:
+        alpha = rng.integers(0, T, size=(*L, n))
+    else:
+        alpha = np.broadcast_to(np.asarray(opt, dtype=np.int64), (*L, n))
+    gam = rng.uniform(-1.0, 1.0 - score_gap, size=(*L, n, T))
+    np.put_along_axis(gam, alpha[..., None], 1.0, axis=-1)
+    y = rng.choice(np.array([-1.0, 1.0]), size=(*L, n))
+    G[..., 0] = y[..., None] * gam
+    z = _unit(rng.standard_normal((*L, n, d)))
+    v = np.zeros((*L, d))
+    v[..., 0] = 1.0
+    return TokenData(X=G, y=y, z=z if cross else None, v=v)
+
+
+def gaussian_mixture(n: int = 20, T: int = 8, d: int = 10, seed: int = 0, batch: int | None = None,
+                     snr: float = 2.0, sigma: float = 1.0 / 3.0, cross: bool = True) -> TokenData:
+    """Gaussian-mixture data for joint (W, v) training (no fixed head: v = None).
+
+    One relevant token per sequence at a random position r_i: x_{i r_i} = y_i mu + sigma g,
+    the others x_{it} = sigma g (g ~ N(0, I_d / d)), with mu = snr * e_1 / ||e_1||
+    shared by all trials; y_i uniform in {-1, +1}. Queries z_i = q + sigma g' with q = e_2
+    (cross) or None. The ideal head is v ∝ mu and the ideal attention selects r_i.
+    """
+    if d < 2:
+        raise ValueError(f"gaussian_mixture needs d >= 2; got d = {d}")
+    rng = np.random.default_rng(seed)
+    L = _lead(batch)
+    X = sigma * rng.standard_normal((*L, n, T, d)) / np.sqrt(d)
+    y = rng.choice(np.array([-1.0, 1.0]), size=(*L, n))
+    r = rng.integers(0, T, size=(*L, n))
+    mu = np.zeros(d)
+    mu[0] = snr
+    rel = np.take_along_axis(X, r[..., None, None], axis=-2) + y[..., None, None] * mu
+    np.put_along_axis(X, r[..., None, None], rel, axis=-2)
+    q = np.zeros(d)
+    q[1] = 1.0
+    z = q + sigma * rng.standard_normal((*L, n, d)) / np.sqrt(d)
+    return TokenData(X=X, y=y, z=z if cross else None)
+
+
+# ------------------------------------------------------ the papers' datasets
+#: Fixed key-query matrix of the prompt model in ``mmts_fig1`` (W = W_K^T W_Q = diag(1,1,0)).
+MMTS_FIG1_W = np.diag([1.0, 1.0, 0.0])
+
+
+def mmts_fig1(s: float = 0.9) -> TokenData:
+    """Max-Margin Token Selection in Attention (Tarzanagh et al.), Fig. 1 (single sequence).
+
+    Prompt model with fixed W = diag(1, 1, 0) (``MMTS_FIG1_W``) and head v = e_3, one
+    sequence X = [(-0.1, 1, 1), (1, 0, 0.9), (0, 0, s)], y = +1. Scores gamma = (1, 0.9, s):
+    token 0 is optimal; s = 0.9 gives global convergence, s = 0 the locally optimal case.
+    Shapes: X (1, 3, 3), y (1,), v (3,), z None (the prompt p plays the query).
+    """
+    X = np.array([[[-0.1, 1.0, 1.0], [1.0, 0.0, 0.9], [0.0, 0.0, float(s)]]])
+    return TokenData(X=X, y=np.array([1.0]), v=np.array([0.0, 0.0, 1.0]))
+
+
+def mmts_fig1_multi(seed: int = 0) -> TokenData:
+    """Max-Margin Token Selection in Attention, Fig. 1 (several sequences), prompt model.
+
+    n = 3, T = 7, d = 3. First two coordinates: 0.2 N(0, 1) plus the shift (1, 0) for
+    token 0, (-1, 1) for tokens 1-3 and (-0.5, -0.5) for tokens 4-6; third coordinate
+    1 for token 0 and 0.5 otherwise (so v = e_3 makes token 0 optimal); y = +1.
+    Use with the fixed W = ``MMTS_FIG1_W``.
+    """
+    rng = np.random.default_rng(seed)
+    n, T = 3, 7
+    shift = np.array([[1.0, 0.0]] + [[-1.0, 1.0]] * 3 + [[-0.5, -0.5]] * 3)
+    X = np.empty((n, T, 3))
+    X[..., :2] = 0.2 * rng.standard_normal((n, T, 2)) + shift
+    X[..., 2] = 0.5
+    X[:, 0, 2] = 1.0
+    return TokenData(X=X, y=np.ones(n), v=np.array([0.0, 0.0, 1.0]))
+
+
+def mmts_fig3(variant: str = "a") -> TokenData:
+    """Max-Margin Token Selection in Attention, Fig. 3: joint (v, p) training, n=3, T=2, d=2.
+
+    Sequence i = [(0, 0), u_i] with u = (1, 1), (1, -1), (0.5, 1) [variant "a"] or
+    (1, 1), (1, -1), (0.5, 1.5) [variant "b"]; y = (1, -1, 1); head trained (v = None).
+    """
+    u3 = {"a": (0.5, 1.0), "b": (0.5, 1.5)}
+    if variant not in u3:
+        raise ValueError(f"variant must be 'a' or 'b'; got {variant!r}")
+    U = np.array([(1.0, 1.0), (1.0, -1.0), u3[variant]])
+    X = np.stack([np.zeros_like(U), U], axis=1)
+    return TokenData(X=X, y=np.array([1.0, -1.0, 1.0]))
+
+
+def mirror_joint_toy() -> TokenData:
+    """Toy dataset of the l_p mirror-descent paper (joint (W, v) training figure).
+
+    X = [[(-2.7, 1.2), (1.4, 2.1), (1.3, -0.1)], [(0.4, -2.2), (-1.1, -0.4), (0.9, 0.1)]],
+    z_i = x_{i1} (the first token), y = (1, -1); head trained (v = None).
+    Shapes: X (2, 3, 2), z (2, 2), y (2,).
+    """
+    X = np.array([[[-2.7, 1.2], [1.4, 2.1], [1.3, -0.1]],
+                  [[0.4, -2.2], [-1.1, -0.4], [0.9, 0.1]]])
+    return TokenData(X=X, y=np.array([1.0, -1.0]), z=X[:, 0, :].copy())
+
+
+#: name -> constructor of the hand-built datasets.
+NAMED = {
+    "mmts_fig1": mmts_fig1,
+    "mmts_fig1_multi": mmts_fig1_multi,
+    "mmts_fig3": mmts_fig3,
+    "mirror_joint_toy": mirror_joint_toy,
+}
