@@ -1,0 +1,142 @@
+"""Benchmark: Frobenius / nuclear ATT-SVM, naive cvxpy build vs attnsvm's solvers.
+
+    python benchmarks/bench_svm.py [--quick] [--no-nuc]
+
+Random feasible (planted) instances: z_i random unit vectors, tokens Gaussian, alpha_i =
+argmax_t x_it^T W* z_i for a random W* (so W* separates, the SVM is feasible).
+(a) naive: a Python loop adding one scalar cvxpy constraint per token, default solver
+    (as in the papers' notebooks); skipped above (100, 16, 32).
+(b) attnsvm.svm.att_svm (fast path).  Prints time ratio, agreement, peak memory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import resource
+import time
+import tracemalloc
+import warnings
+
+import numpy as np
+
+
+def planted(n, T, d, seed=0):
+    rng = np.random.default_rng(seed)
+    X = rng.standard_normal((n, T, d))
+    z = rng.standard_normal((n, d))
+    z /= np.linalg.norm(z, axis=1, keepdims=True)
+    Ws = rng.standard_normal((d, d))
+    alpha = np.argmax(((X @ Ws) * z[:, None, :]).sum(-1), axis=1)
+    return X, z, alpha
+
+
+def naive(X, z, alpha, norm="fro"):
+    import cvxpy as cp
+
+    n, T, d = X.shape
+    W = cp.Variable((d, d))
+    cons = []
+    for i in range(n):
+        for t in range(T):
+            if t != alpha[i]:
+                cons.append((X[i, alpha[i]] - X[i, t]) @ W @ z[i] >= 1)
+    obj = cp.norm(W, "fro") if norm == "fro" else cp.normNuc(W)
+    prob = cp.Problem(cp.Minimize(obj), cons)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        prob.solve()
+    return W.value, prob.solver_stats.solver_name
+
+
+def feasible_norm(X, z, alpha, W, norm):
+    """||W|| / min(1, min margin): the norm of W rescaled to be exactly feasible."""
+    n, T, d = X.shape
+    D = X[np.arange(n), alpha][:, None, :] - X
+    m = ((D @ W) * z[:, None, :]).sum(-1)
+    m[np.arange(n), alpha] = np.inf
+    mm = m.min()
+    nrm = np.linalg.norm(W) if norm == "fro" else np.linalg.svd(W, compute_uv=False).sum()
+    return nrm / min(1.0, mm), max(0.0, 1 - mm)
+
+
+def batch_bench(B):
+    """Many small prompt SVMs (mmts-fig9 shape: n=6, T=8): batched vs one by one."""
+    from attnsvm.svm import prompt_svm, prompt_svm_batch
+
+    print(f"\nbatched prompt SVMs, B={B}, n=6, T=8 (random alpha; infeasible ones flagged)")
+    rng = np.random.default_rng(0)
+    for d in (2, 5, 10, 20):
+        X = rng.standard_normal((B, 6, 8, d))
+        alpha = rng.integers(0, 8, (B, 6))
+        t0 = time.perf_counter()
+        bs = prompt_svm_batch(X, None, alpha)
+        t_b = time.perf_counter() - t0
+        k = 30
+        t0 = time.perf_counter()
+        agree = 0
+        for b in range(k):
+            s = prompt_svm(X[b], None, alpha[b])
+            agree += s.feasible_ == bs.feasible_[b] and (
+                not s.feasible_ or np.allclose(s.W_, bs.W_[b], rtol=1e-7, atol=1e-10))
+        t_1 = (time.perf_counter() - t0) / k
+        print(f"  d={d:>2}: batched {1e3 * t_b / B:.3f} ms/problem, one-by-one {1e3 * t_1:.2f} "
+              f"ms/problem, feasible {int(bs.feasible_.sum())}/{B}, fallbacks "
+              f"{bs.extra['n_fallback']}, agree {agree}/{k}", flush=True)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true", help="small sizes only")
+    ap.add_argument("--no-nuc", action="store_true")
+    args = ap.parse_args(argv)
+    from attnsvm.svm import att_svm
+
+    sizes = [(20, 8, 10), (50, 10, 20), (100, 16, 32), (400, 32, 32), (1000, 64, 32)]
+    if args.quick:
+        sizes = sizes[:2]
+    print(f"{'(n,T,d)':>15} {'N':>6} {'naive s':>9} {'fast s':>8} {'ratio':>8} "
+          f"{'rel.diff W':>10} {'norm naive':>11} {'norm fast':>10} {'viol naive':>10} "
+          f"{'gap fast':>9} {'peak MiB':>9}")
+    for n, T, d in sizes:
+        X, z, alpha = planted(n, T, d)
+        N = n * (T - 1)
+        t0 = time.perf_counter()
+        sol = att_svm(X, z, alpha)
+        t_fast = time.perf_counter() - t0
+        tracemalloc.start()  # second, traced run for the peak memory (tracing slows it)
+        att_svm(X, z, alpha)
+        peak = tracemalloc.get_traced_memory()[1] / 2**20
+        tracemalloc.stop()
+        t_naive = ratio = diff = nn = vn = float("nan")
+        if (n, T, d) <= (100, 16, 32):
+            t0 = time.perf_counter()
+            Wn, _ = naive(X, z, alpha)
+            t_naive = time.perf_counter() - t0
+            ratio = t_naive / t_fast
+            diff = np.linalg.norm(Wn - sol.W_) / np.linalg.norm(sol.W_)
+            nn, vn = feasible_norm(X, z, alpha, Wn, "fro")
+        print(f"{str((n, T, d)):>15} {N:>6} {t_naive:>9.2f} {t_fast:>8.3f} {ratio:>8.1f} "
+              f"{diff:>10.1e} {nn:>11.8f} {sol.norm_:>10.8f} {vn:>10.1e} {sol.gap_:>9.1e} "
+              f"{peak:>9.1f}", flush=True)
+    print(f"max RSS of the process: {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**10:.0f} MiB")
+    batch_bench(1000 if args.quick else 7000)
+    if args.no_nuc:
+        return
+    n, T, d = (20, 8, 10) if args.quick else (100, 16, 32)
+    X, z, alpha = planted(n, T, d)
+    t0 = time.perf_counter()
+    sol = att_svm(X, z, alpha, norm="nuc")
+    t_fast = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    Wn, name = naive(X, z, alpha, "nuc")
+    t_naive = time.perf_counter() - t0
+    nn, vn = feasible_norm(X, z, alpha, Wn, "nuc")
+    print(f"\nnuclear norm at {(n, T, d)}: naive ({name}) {t_naive:.2f} s, attnsvm "
+          f"({sol.solver_}) {t_fast:.2f} s, ratio {t_naive / t_fast:.1f}x")
+    print(f"  naive: violation {vn:.1e}, rescaled-feasible nuclear norm {nn:.10f}")
+    print(f"  attnsvm: violation {sol.violation_:.1e}, nuclear norm {sol.norm_:.10f}, "
+          f"certified relative duality gap {sol.gap_:.1e}, kkt {sol.kkt_residual_:.1e}")
+
+
+if __name__ == "__main__":
+    main()

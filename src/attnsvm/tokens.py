@@ -1,0 +1,166 @@
+"""Token diagnostics: scores, optimal / selected tokens, SVM-neighbours, local optimality
+and the outcome of a training run (THEORY §4, §5, §7).
+
+All functions take plain numpy arrays and broadcast over leading (trial) dimensions.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .svm.problems import opt_tokens, scores
+
+__all__ = [
+    "scores",
+    "opt_tokens",
+    "attention_probs",
+    "selected_tokens",
+    "selected_sets",
+    "svm_neighbours",
+    "is_locally_optimal",
+    "min_score_gap",
+    "outcome",
+]
+
+
+def attention_probs(X, W, z=None, *, W_key=None, mask=None) -> np.ndarray:
+    """Softmax attention s_i = softmax(a_i), (..., n, T).
+
+    W-model: a_it = x_it^T W z_i with W (..., d, e), z (..., n, e).
+    Prompt model (z None): W is p (..., d'), keys k_it = W_key^T x_it (W_key default I),
+    a_it = k_it^T p.  Masked tokens get probability 0.
+    """
+    X = np.asarray(X, float)
+    W = np.asarray(W, float)
+    if z is None:
+        K = X if W_key is None else X @ np.asarray(W_key, float)
+        a = (K @ W[..., None, :, None])[..., 0]
+    else:
+        z = np.asarray(z, float)
+        a = ((X @ W[..., None, :, :]) * z[..., :, None, :]).sum(-1)
+    if mask is not None:
+        a = np.where(np.asarray(mask, bool), a, -np.inf)
+    a = a - a.max(-1, keepdims=True)
+    s = np.exp(a)
+    return s / s.sum(-1, keepdims=True)
+
+
+def selected_tokens(probs) -> np.ndarray:
+    """Tokens a trained model selects: argmax_t s_it (ties: lowest index), (..., n)."""
+    return np.argmax(np.asarray(probs), axis=-1)
+
+
+def selected_sets(probs, threshold: float = 1e-3) -> np.ndarray:
+    """Selected sets O_i = {t : s_it >= threshold} as a bool array (..., n, T)."""
+    return np.asarray(probs, float) >= threshold
+
+
+def svm_neighbours(solution, tol: float | None = None) -> np.ndarray:
+    """SVM-neighbours: constraints active at the solution, m_it <= 1 + tol, (n, T) bool
+    (or (B, n, T) for a BatchSolution).  ``tol=None`` keeps the solution's ``support_``."""
+    if tol is None:
+        return np.asarray(solution.support_)
+    m = np.asarray(solution.margins_, float)
+    valid = np.asarray(solution.dual_) >= 0  # dual_ is 0 (not negative) on every entry
+    cand = np.isfinite(m) & (m > 0) if solution.dual_ is None else valid & np.isfinite(m)
+    return cand & (m <= 1 + tol) & (m != 0)
+
+
+def _take(gamma, alpha):
+    return np.take_along_axis(gamma, np.asarray(alpha)[..., None], -1)[..., 0]
+
+
+def is_locally_optimal(gamma, alpha, neighbours) -> np.ndarray:
+    """alpha locally optimal: gamma_{i,alpha_i} > gamma_it for every i and SVM-neighbour t.
+
+    gamma (..., n, T), alpha (..., n), neighbours (..., n, T) bool -> bool (...)."""
+    gamma = np.asarray(gamma, float)
+    ga = _take(gamma, alpha)[..., None]
+    nb = np.asarray(neighbours, bool)
+    return np.where(nb, ga > gamma, True).all((-2, -1))
+
+
+def min_score_gap(gamma, alpha, neighbours) -> np.ndarray:
+    """min over i and SVM-neighbours t of gamma_{i,alpha_i} - gamma_it (+inf if none)."""
+    gamma = np.asarray(gamma, float)
+    ga = _take(gamma, alpha)[..., None]
+    nb = np.asarray(neighbours, bool)
+    return np.where(nb, ga - gamma, np.inf).min((-2, -1))
+
+
+def _corr(A, B):
+    A = A.reshape(A.shape[0], -1)
+    B = B.reshape(B.shape[0], -1)
+    den = np.linalg.norm(A, axis=1) * np.linalg.norm(B, axis=1)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(den > 0, (A * B).sum(1) / den, np.nan)
+
+
+def outcome(W, X, y, v, z=None, *, probs=None, W_key=None, mask=None, saturation=0.99,
+            threshold=0.99):
+    """Per-trial verdict of a run (THEORY §7), batched over trials.
+
+    Parameters: final W (B, d, e) with queries z ((n, e) or (B, n, e)), or, with z=None,
+    the prompt p (B, d') with keys W_key^T x (W_key default I); data X (n, T, d) or
+    (B, n, T, d), y (n,) / (B, n), v (d,) / (B, d); probs (B, n, T) final attention
+    (computed by softmax when None).
+
+    alpha = argmax_t s_it (reached tokens), opt = argmax_t gamma_it.
+      "not saturated" if mean_i s_{i,alpha_i} < saturation;
+      "GMM" if corr(W, W_mm(opt)) > threshold;
+      "LMM" if alpha is locally optimal and corr(W, W_mm(alpha)) > threshold;
+      "other" otherwise.
+    Returns a pandas DataFrame, one row per trial: trial, outcome, corr_gmm, corr_lmm,
+    alpha_is_opt, locally_optimal, min_score_gap, p_sel_mean, gmm_feasible, lmm_feasible.
+    W_mm are solved with the batched Frobenius path (att_svm_batch / prompt_svm_batch).
+    """
+    import pandas as pd
+
+    from .svm.batch import att_svm_batch, prompt_svm_batch
+
+    W = np.asarray(W, float)
+    prompt = z is None
+    B = W.shape[0]
+    X = np.asarray(X, float)
+    if X.ndim == 3:
+        X = np.broadcast_to(X, (B, *X.shape))
+    if X.ndim != 4 or X.shape[0] != B:
+        raise ValueError(f"X must have shape (n, T, d) or ({B}, n, T, d); got {X.shape}")
+    _, n, T, d = X.shape
+    y = np.broadcast_to(np.asarray(y, float), (B, n))
+    v = np.broadcast_to(np.asarray(v, float), (B, d))
+    if prompt and W.ndim != 2:
+        raise ValueError(f"prompt model: p must have shape (B, d); got {W.shape}")
+    if not prompt:
+        z = np.broadcast_to(np.asarray(z, float), (B, n, W.shape[-1]))
+    if probs is None:
+        probs = attention_probs(X, W, z, W_key=W_key, mask=mask)
+    probs = np.asarray(probs, float)
+    if probs.shape != (B, n, T):
+        raise ValueError(f"probs must have shape ({B}, {n}, {T}); got {probs.shape}")
+    gamma = (X @ v[:, None, :, None])[..., 0] * y[..., None]
+    if mask is not None:
+        gamma = np.where(np.asarray(mask, bool), gamma, -np.inf)
+    opt = opt_tokens(gamma)
+    alpha = selected_tokens(probs)
+    p_sel = _take(probs, alpha).mean(-1)
+    if prompt:
+        gmm = prompt_svm_batch(X, W_key, opt, mask=mask)
+        lmm = prompt_svm_batch(X, W_key, alpha, mask=mask)
+    else:
+        gmm = att_svm_batch(X, z, opt, mask=mask)
+        lmm = att_svm_batch(X, z, alpha, mask=mask)
+    corr_gmm = np.where(gmm.feasible_, _corr(W, np.nan_to_num(gmm.W_)), np.nan)
+    corr_lmm = np.where(lmm.feasible_, _corr(W, np.nan_to_num(lmm.W_)), np.nan)
+    alpha_is_opt = (_take(gamma, alpha) == _take(gamma, opt)).all(-1)
+    nb = lmm.support_
+    loc = is_locally_optimal(gamma, alpha, nb) & lmm.feasible_
+    gap = np.where(lmm.feasible_, min_score_gap(gamma, alpha, nb), np.nan)
+    out = np.where(p_sel < saturation, "not saturated",
+                   np.where(corr_gmm > threshold, "GMM",
+                            np.where(loc & (corr_lmm > threshold), "LMM", "other")))
+    return pd.DataFrame({
+        "trial": np.arange(B), "outcome": out, "corr_gmm": corr_gmm, "corr_lmm": corr_lmm,
+        "alpha_is_opt": alpha_is_opt, "locally_optimal": loc, "min_score_gap": gap,
+        "p_sel_mean": p_sel, "gmm_feasible": gmm.feasible_, "lmm_feasible": lmm.feasible_,
+    })
