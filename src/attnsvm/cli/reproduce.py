@@ -17,6 +17,10 @@ def configure(p: argparse.ArgumentParser) -> None:
     scale.add_argument("--scale", choices=["tiny", "quick", "full"], default="quick",
                        help="configuration size (tiny is for smoke tests)")
     p.add_argument("--out", default="attnsvm-report", help="output folder (default %(default)s)")
+    p.add_argument("--threads", type=int, default=1,
+                   help="torch intra-op threads (default 1: the experiments' tensors are small, "
+                        "and extra threads cost more than they gain on a shared machine)")
+    p.set_defaults(scale="quick")
 
 
 def select(names: list[str], registry: dict) -> list:
@@ -48,7 +52,7 @@ def run(args: argparse.Namespace) -> int:
           flush=True)
     for i, exp in enumerate(exps, 1):
         print(f"[{i}/{len(exps)}] {exp.name:<22s}", end=" ", flush=True)
-        res = run_experiment(exp, args.scale, out / exp.name)
+        res = run_experiment(exp, args.scale, out / exp.name, threads=args.threads)
         results.append(res)
         if res.error:
             print(f"ERROR after {res.seconds:.1f} s: {res.error.strip().splitlines()[-1]}")

@@ -11,6 +11,7 @@ import importlib
 import pkgutil
 import time
 import traceback
+from contextlib import contextmanager
 from pathlib import Path
 
 from attnsvm.experiments.base import (
@@ -61,22 +62,39 @@ def get(name: str) -> Experiment:
     return reg[name]
 
 
+@contextmanager
+def torch_threads(n: int | None):
+    """Run a block with ``n`` torch intra-op threads (None: leave as is), then restore."""
+    import torch
+
+    old = torch.get_num_threads()
+    if n is not None:
+        torch.set_num_threads(max(1, int(n)))
+    try:
+        yield
+    finally:
+        torch.set_num_threads(old)
+
+
 def run_experiment(exp: Experiment, scale: str = "quick", out: Path | str = ".",
-                   **overrides) -> Result:
+                   threads: int | None = 1, **overrides) -> Result:
     """Compute, judge and plot one experiment; an exception is kept in ``Result.error``.
 
-    Tables computed before a failure in ``judge`` or ``plot`` are kept.
+    Tables computed before a failure in ``judge`` or ``plot`` are kept. ``threads``
+    torch threads are used (default 1: the experiments' tensors are small, and on a
+    2-core machine shared with other jobs extra threads were measured to cost ~10x).
     """
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     cfg = exp.config(scale, **overrides)
     res = Result(exp, cfg)
     t0 = time.perf_counter()
-    try:
-        res.tables = exp.compute(cfg)
-        res.checks = exp.judge(res.tables, cfg)
-        res.figures = [Path(p) for p in exp.plot(res.tables, cfg, out)]
-    except Exception:  # noqa: BLE001 - a report must survive one broken experiment
-        res.error = traceback.format_exc()
+    with torch_threads(threads):
+        try:
+            res.tables = exp.compute(cfg)
+            res.checks = exp.judge(res.tables, cfg)
+            res.figures = [Path(p) for p in exp.plot(res.tables, cfg, out)]
+        except Exception:  # noqa: BLE001 - a report must survive one broken experiment
+            res.error = traceback.format_exc()
     res.seconds = time.perf_counter() - t0
     return res
