@@ -16,14 +16,6 @@ from attnsvm import optim as O
 from attnsvm.train import train
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 def _pg(seed=0, B=4):
     g = torch.Generator().manual_seed(seed)
     P = {"K": torch.randn(B, 3, 2, generator=g, dtype=torch.float64),
@@ -148,3 +140,18 @@ def test_joint_training_same_rule_on_both_tensors():
 def test_optim_bad_inputs(call, match):
     with pytest.raises(ValueError, match=match):
         call()
+
+
+def test_trial_norm_does_not_underflow_for_tiny_gradients():
+    # |g|^(7/3) underflows to 0 in float64 for g ~ 1e-139; the norm must not.
+    from attnsvm.optim import trial_norm
+
+    g = torch.full((2, 3, 3), 1e-139, dtype=torch.float64)
+    g[1] = 0.0
+    q = 7.0 / 3.0
+    expected = 1e-139 * 9 ** (1 / q)
+    got = trial_norm(g, q)
+    assert got[1] == 0.0
+    assert abs(got[0].item() / expected - 1) < 1e-12
+    big = torch.randn(4, 5, dtype=torch.float64)
+    assert torch.allclose(trial_norm(big, q), torch.linalg.vector_norm(big, ord=q, dim=1))

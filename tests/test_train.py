@@ -14,14 +14,6 @@ from attnsvm import optim as O
 from attnsvm.train import train
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 @pytest.mark.parametrize("rule", ["gd", "ngd"])
 def test_prompt_w_equivalence_iterate_by_iterate(rule):
     """THEORY §2: with z_i = z for all i and W_0 = p_0 z^T / |z|^2, the W-iterates satisfy

@@ -48,8 +48,16 @@ def _bshape(t: torch.Tensor) -> tuple:
 
 
 def trial_norm(t: torch.Tensor, p: float = 2.0) -> torch.Tensor:
-    """Entrywise l_p norm per trial (over all dims but the first): (B, ...) -> (B,)."""
-    return torch.linalg.vector_norm(t.reshape(t.shape[0], -1), ord=p, dim=1)
+    """Entrywise l_p norm per trial (over all dims but the first): (B, ...) -> (B,).
+
+    Computed as m ||t / m||_p with m = max |t| per trial, so that |t|^p cannot underflow
+    (for p = 7/3 a gradient of size 1e-139 would otherwise have norm exactly 0 and
+    freeze a normalised mirror-descent run long before the gradient itself is 0).
+    """
+    flat = t.reshape(t.shape[0], -1)
+    m = flat.abs().amax(dim=1, keepdim=True)
+    scaled = flat / torch.where(m > 0, m, torch.ones_like(m))
+    return m.squeeze(1) * torch.linalg.vector_norm(scaled, ord=p, dim=1)
 
 
 def global_norm(tensors: dict) -> torch.Tensor:
