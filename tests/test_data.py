@@ -163,3 +163,14 @@ def test_to_torch():
 
     t = D.random_sphere().to_torch()
     assert t["X"].dtype == torch.float64 and t["mask"] is None
+
+
+def test_batched_labels_are_not_mistaken_for_seq2seq_when_B_equals_n_equals_T():
+    rng = np.random.default_rng(0)
+    B = n = T = 3
+    y = rng.choice([-1.0, 1.0], size=(B, n))
+    data = D.TokenData(X=rng.normal(size=(B, n, T, 2)), y=y)
+    assert not data.seq2seq and data.y.shape == (B, n)
+    np.testing.assert_array_equal(data.y, y)
+    seq = D.TokenData(X=rng.normal(size=(B, n, T, 2)), y=np.ones((B, n, T)))
+    assert seq.seq2seq

@@ -92,7 +92,10 @@ class TokenData:
         object.__setattr__(self, "X", X)
 
         y = _as_float("y", self.y)
-        seq = y.shape in ((n, T), (B, n, T))
+        # Seq-to-seq labels are (n, T) or (B, n, T). With batched X and B == n, (B, n) is
+        # read as one label per sequence and trial; shared seq-to-seq labels are then
+        # ambiguous and must be given as (B, n, T).
+        seq = y.shape == (B, n, T) or (y.shape == (n, T) and y.shape != (B, n))
         y = _check_shape("y", y, (n, T) if seq else (n,), B, "(n, T)" if seq else "(n,)")
         if not np.all(np.abs(y) == 1.0):
             bad = np.unique(y[np.abs(y) != 1.0])[:5]
