@@ -11,14 +11,6 @@ from attnsvm import models as M
 from attnsvm.losses import get_loss
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 def _data(query, B=None, seed=0, mask=False):
     d = D.random_sphere(n=3, T=4, d=3, seed=seed, batch=B)
     kw = {}
@@ -61,7 +53,13 @@ CONFIGS = [
     (M.PromptModel, dict()),
     (lambda d, **kw: M.PromptModel(d, W_fixed=np.arange(d * d).reshape(d, d) / 9.0, **kw), dict()),
     (M.WModel, dict(query="cross", train_head=True)),
+    (M.WModel, dict(query="first", train_head=True)),
+    (M.WModel, dict(query="causal", train_head=True)),
+    (lambda d, **kw: M.KQModel(d, m=2, reg=0.0, **kw), dict(query="cross", train_head=True)),
+    (lambda d, **kw: M.KQModel(d, m=2, **kw), dict(query="last", train_head=True)),
     (M.PromptModel, dict(train_head=True)),
+    (lambda d, **kw: M.PromptModel(d, W_fixed=np.arange(d * d).reshape(d, d) / 9.0, **kw),
+     dict(train_head=True)),
     (M.WModel, dict(query="cross", head="relu", train_head=True, head_width=2)),
     (M.WModel, dict(query="seq2seq", head="relu", V=np.ones((3, 2)) / 2)),
     (M.KQModel, dict(query="first", head="relu", train_head=True)),
@@ -79,7 +77,7 @@ def test_gradcheck_every_parameterisation(ctor, kw, mask):
     params = model.init(2, seed=1, scale=1.5)
     names = list(params)
     for autograd in (False, True):
-        if not model.fixed_linear and not autograd:
+        if model.head != "linear" and not autograd:  # closed form: linear heads (fixed or trained)
             continue
         for loss in ("logistic", "exponential", "correlation"):
             tensors = [params[k].clone().requires_grad_(True) for k in names]
@@ -116,6 +114,41 @@ def test_gradients_match_naive_autograd_risk(ctor, kw):
         torch.testing.assert_close(gap, L.detach() - Lstar, rtol=1e-9, atol=1e-14)
     else:
         torch.testing.assert_close(gap, L1)
+
+
+TRAINED_LINEAR = [i for i, (_, kw) in enumerate(CONFIGS)
+                  if kw.get("train_head") and kw.get("head", "linear") == "linear"]
+
+
+@pytest.mark.parametrize("ctor, kw", [CONFIGS[i] for i in TRAINED_LINEAR],
+                         ids=[IDS[i] for i in TRAINED_LINEAR])
+@pytest.mark.parametrize("loss", ["logistic", "exponential", "correlation"])
+def test_trained_linear_closed_form_matches_autograd(ctor, kw, loss):
+    """Trained linear head: closed-form (anchored) gradient == autograd of the stable objective
+    == torch.autograd of the plain risk written out independently: f = sum_t s_t v^T x_t."""
+    model = ctor(3, **kw)
+    data = _data(model.query, B=2, seed=4, mask=True)
+    params = model.init(2, seed=5, scale=1.5)
+    L0, gap0, g0 = model.objective(params, data, loss)
+    L1, _, g1 = model.objective(params, data, loss, autograd=True)
+    _, none, g2 = model.objective(params, data, loss, need_gap=False)
+    assert none is None
+    pp = {k: t.clone().requires_grad_(True) for k, t in params.items()}
+    s = torch.softmax(model.logits(pp, data), dim=-1)  # (B, n, T) or (B, n, T, T)
+    c = torch.as_tensor(data.X) @ pp["v"][:, None, :, None]  # (B, n, T, 1)
+    f = (s @ c)[..., 0] if s.ndim == 4 else (s[..., None] * c).sum((-2, -1))
+    y = torch.as_tensor(data.y)
+    valid = torch.as_tensor(data.mask, dtype=f.dtype) if f.ndim == 3 else torch.ones_like(f)
+    dims = tuple(range(1, f.ndim))
+    L = (get_loss(loss).value(y * f) * valid).sum(dims) / valid.sum(dims)
+    reg = model._reg(pp)
+    g_ref = torch.autograd.grad(L.sum() + (reg.sum() if reg is not None else 0), list(pp.values()))
+    torch.testing.assert_close(L0, L.detach(), rtol=1e-12, atol=1e-14)
+    torch.testing.assert_close(L1, L0, rtol=1e-13, atol=1e-15)
+    torch.testing.assert_close(gap0, L0)
+    for k, gr in zip(params, g_ref):
+        for g in (g0, g1, g2):
+            torch.testing.assert_close(g[k], gr, rtol=1e-10, atol=1e-13)
 
 
 def test_shapes_and_shared_vs_per_trial_data():

@@ -250,7 +250,7 @@ class AttentionModel:
     def _forward(self, params, data):
         a = self._logits(params, data)
         s = torch.softmax(a, dim=-1)
-        U = s @ data["X"]  # (B, n, Q, d)
+        U = _pool_anchored(a, s, data["X"])  # (B, n, Q, d)
         return self._head(params, U, data), a, s
 
     def forward(self, params, data) -> torch.Tensor:
@@ -289,9 +289,18 @@ class AttentionModel:
             L - L* = sum_iq w_iq gap(gamma_opt, D),   L* = sum_iq w_iq loss(gamma_opt),
             dL/da_iqt = w_iq loss'(u) s_t (delta - c_t)        (closed form),
         then parameter gradients by the chain rule (``autograd=True``: torch.autograd
-        of the same stable objective instead). Other heads: L* = 0,
-        L = sum w loss(y f) by autograd. ``need_gap=False`` (closed form only) skips
-        computing L and L - L* (returned as None): a leaner step for rules that ignore them.
+        of the same stable objective instead). Trained linear head (L* = 0, L - L* = L):
+        with c_it = v^T x_it, k = argmax_t a_iqt, cd_t = c_t - c_k (0 at the anchor),
+        delta = sum_t s_t cd_t, f = c_k + delta, u = y f:
+            L = sum_iq w_iq loss(u),
+            dL/da_iqt = w_iq loss'(u) y s_t (cd_t - delta)   (= ... s_t (c_t - f), accurate
+                                                              for every t, anchor included),
+            dL/dv = sum_iq w_iq loss'(u) y X_i^T s_iq           (closed form),
+        so the attention gradient stays resolved far past saturation (no 1 - s_k).
+        Nonlinear heads: L* = 0, L = sum w loss(y h(U)) by autograd with the pooled token
+        U = x_k + sum_{t != k} s_t (x_t - x_k) (same stabilisation of the softmax backward).
+        ``need_gap=False`` (closed form only) skips computing L and L - L* (returned as
+        None): a leaner step for rules that ignore them.
         """
         lossf = get_loss(loss)
         data = prepare(data)
@@ -299,6 +308,8 @@ class AttentionModel:
             if data.get("v") is None:
                 raise ValueError("a fixed linear head needs data.v of shape (d,); got None")
             return self._objective_fixed(params, data, lossf, grad, autograd, need_gap)
+        if self.head == "linear":  # trained v
+            return self._objective_linear(params, data, lossf, grad, autograd, need_gap)
         return self._objective_autograd(params, data, lossf, grad)
 
     def _consts(self, data, Q):
@@ -353,6 +364,47 @@ class AttentionModel:
                 grads = self._grads_from_ga(params, data, Ga)
         return (Lstar + gap).detach(), gap, grads
 
+    def _objective_linear(self, params, data, lossf, grad, autograd, need_gap=True):
+        """Trained linear head, stable form (see ``objective``): (L, L, grads)."""
+        if autograd and grad:
+            params = {k: t.detach().requires_grad_(True) for k, t in params.items()}
+        with torch.set_grad_enabled(bool(autograd and grad)):
+            a = self._logits(params, data)
+            s = torch.softmax(a, dim=-1)  # exp(a_t - logsumexp): small s_t keep full relative accuracy
+            X, v = data["X"], params["v"]
+            B, n, Q, T = a.shape
+            c = (X * v[:, None, None, :]).sum(-1)[:, :, None, :]  # c_it = v^T x_it: (B, n, 1, T)
+            k = a.detach().argmax(-1, keepdim=True)  # anchor: most-attended key (B, n, Q, 1)
+            ck = c.expand(B, n, Q, T).gather(-1, k)  # (B, n, Q, 1)
+            cd = c - ck  # exactly 0 at the anchor
+            m = self._key_mask(data)
+            if m is not None:  # padded keys: s = 0 there; keep 0 * cd finite
+                cd = cd.masked_fill(~m, 0.0)
+            delta = (s * cd).sum(-1)  # f - c_k = sum_{t != k} s_t (c_t - c_k)
+            y = self._labels(data, Q)
+            u = y * (ck[..., 0] + delta)
+            w = self._query_weights(data, Q)
+            L = None
+            if need_gap or autograd or not grad:
+                L = (w * lossf.value(u)).sum((1, 2))
+            if not grad:
+                return L.detach(), L.detach(), None
+            if autograd:
+                reg = self._reg(params)
+                obj = L.sum() + (reg.sum() if reg is not None else 0.0)
+                g = torch.autograd.grad(obj, list(params.values()))
+                grads = dict(zip(params.keys(), g))
+                L = L.detach()
+                return L, L, grads
+            lam = w * lossf.deriv(u) * y  # (B, n, Q)
+            Ga = lam[..., None] * s * (cd - delta[..., None])
+            r = (lam[..., None] * s).sum(2)  # sum_q lam_iq s_iqt: (B, n, T)
+            if m is not None:
+                Ga, r = torch.nan_to_num(Ga), torch.nan_to_num(r)
+            grads = self._grads_from_ga(params, data, Ga)
+            grads["v"] = (r[..., None] * X).sum((1, 2))
+        return L, L, grads
+
     def _objective_autograd(self, params, data, lossf, grad):
         if grad:
             params = {k: t.detach().requires_grad_(True) for k, t in params.items()}
@@ -377,6 +429,23 @@ class AttentionModel:
 
     def _grads_from_ga(self, params, data, Ga) -> dict:
         raise NotImplementedError
+
+
+def _pool_anchored(a, s, X):
+    """U_iq = X_i^T s_iq computed around the anchor k = argmax_t a_iqt (THEORY §8):
+
+        U = x_k + (sum_{t != k} s_t x_t - (sum_{t != k} s_t) x_k),
+
+    equal to X^T s in exact arithmetic, but its derivative w.r.t. s_k is 0, so the softmax
+    backward s_t (g_t - sum_t' s_t' g_t') only sees g_t = dL/dU . (x_t - x_k) and stays
+    accurate after saturation (no 1 - s_k).  a, s (B, n, Q, T), X (Bx, n, T, d) -> (B, n, Q, d).
+    """
+    B, n, Q, T = s.shape
+    d = X.shape[-1]
+    k = a.detach().argmax(-1, keepdim=True)  # (B, n, Q, 1)
+    Xk = X.expand(B, n, T, d).gather(2, k.expand(B, n, Q, d))  # (B, n, Q, d)
+    s_off = s * torch.ones_like(s).scatter(-1, k, 0.0)
+    return Xk + (s_off @ X - s_off.sum(-1, keepdim=True) * Xk)
 
 
 def _gw(GX, Z):

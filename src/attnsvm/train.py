@@ -164,7 +164,8 @@ def train(model: AttentionModel, data, loss="logistic", optimizer: Optimizer | N
     adds corr_<name> = <W, R> / (|W| |R|). alpha: selected tokens for p_sel (default
     opt = argmax gamma when data has v). batch_size (or optimizer.batch_size):
     mini-batch of sequences per trial and step (SGD/SNGD), drawn from ``seed``.
-    autograd: use torch.autograd instead of the closed-form gradient (fixed linear head).
+    autograd: use torch.autograd of the stable objective instead of the closed-form gradient
+    (linear heads, fixed or trained; other heads always use autograd).
     """
     from .losses import get_loss
 
@@ -218,8 +219,9 @@ def train(model: AttentionModel, data, loss="logistic", optimizer: Optimizer | N
         batch = tdata if bs is None else minibatch(tdata, B, bs, gen)
         _, gap, grads = model.objective(params, batch, lossf, autograd=autograd,
                                         need_gap=optimizer.needs_gap)
-        gn2 = sum(g.reshape(B, -1).pow(2).sum(1) for g in grads.values())
-        zero = (gn2 == 0) & active
+        # exactly zero: every entry 0 (a squared norm would underflow already at |G| ~ 1e-162)
+        nonzero = torch.stack([(g.reshape(B, -1) != 0).any(1) for g in grads.values()]).any(0)
+        zero = ~nonzero & active
         if bool(zero.any()):
             stop_step[zero.cpu()] = t
             active = active & ~zero

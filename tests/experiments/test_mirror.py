@@ -7,7 +7,7 @@ import pandas as pd
 import pytest
 
 from attnsvm.experiments import get
-from attnsvm.experiments.mirror import SAFE_GAP, judge_bregman, judge_joint
+from attnsvm.experiments.mirror import judge_bregman, judge_joint
 
 PS = (1.75, 2.0, 3.0)
 
@@ -106,11 +106,10 @@ def test_p2_row_matches_an_independent_frobenius_svm(bregman_tiny):
     np.testing.assert_allclose(got, expect, rtol=1e-5, atol=1e-9)
 
 
-def test_joint_reads_each_run_inside_the_safe_range():
+def test_joint_reads_each_run_at_its_last_iteration():
     exp = get("mirror-joint")
     t = exp.compute(exp.config("tiny"))
     sm, paths = t["summary"], t["paths"]
-    assert (sm.logit_gap <= SAFE_GAP).all()
     for r in sm.itertuples():
         at = paths[(paths.p == r.p) & (paths.step == r.read_step)]
         sel = at.loc[at.groupby("seq").attention.idxmax()].sort_values("seq").token.tolist()

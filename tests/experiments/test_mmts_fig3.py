@@ -36,7 +36,6 @@ def test_judge_passes_on_the_predicted_limits():
     (dict(b=dict(corr_v_head=0.2)), [6]),
     (dict(a=dict(softmax_prob=0.6)), [7]),
     (dict(a=dict(logistic_prob=0.6)), [8]),
-    (dict(b=dict(max_logit_gap=40.0)), [9]),
 ])
 def test_judge_fails_when_a_prediction_fails(kw, failing):
     checks = fig3.judge(_tables(**kw), CFG)

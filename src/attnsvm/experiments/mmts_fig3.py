@@ -14,12 +14,9 @@ Claims (Theorems 5 and 6, stated for the regularization path):
 (c) the softmax probability of the optimal tokens and the logistic probability
     sigma(y_i f_i) both tend to 1.
 
-Numerics (TODO(engine)): with a trained head the engine differentiates the plain
-softmax by autograd, and the p-gradient of sequence i underflows to exactly 0 once its
-logit gap p^T u_i exceeds ~36 (1 - s rounds to 0 in float64). Past that point p freezes
-wherever the last live sequence leaves it, which for (b) is the ATT-SVM, an artefact. The
-runs therefore stop at 250 steps (max logit gap ~ 28, where 1 - s is still accurate to ~1e-3
-relative) and the table records the gap; a check reports whether the run stayed in range.
+Numerics: the engine trains the head with the anchored, saturation-safe gradient
+(THEORY §8), so the runs go far past the point where 1 - s rounds to 0 (logit gap ~ 36);
+the table records the max logit gap reached.
 """
 
 from __future__ import annotations
@@ -29,7 +26,7 @@ import pandas as pd
 import torch
 
 from attnsvm.data import mmts_fig3
-from attnsvm.experiments.base import Check, Experiment, check_at_least, check_at_most
+from attnsvm.experiments.base import Check, Experiment, check_at_least
 from attnsvm.metrics import correlation
 from attnsvm.models import PromptModel
 from attnsvm.optim import ngd
@@ -38,7 +35,6 @@ from attnsvm.svm import head_svm, prompt_svm, relaxed_svm
 from attnsvm.train import train
 
 CORR = 0.99  # convergence in direction (THEORY §7)
-SAFE_GAP = 30.0  # logit gap below which 1 - s is accurate in float64 (e^-30 >> 2.2e-16)
 
 
 def compute(cfg: dict) -> dict[str, pd.DataFrame]:
@@ -101,9 +97,6 @@ def judge(tables: dict, cfg: dict) -> list[Check]:
                        "mean s_opt at the end", a.softmax_prob, 0.99),
         check_at_least("(c) variant a: logistic probability of the output -> 1 (>= 0.99)",
                        "mean sigma(y f) at the end", a.logistic_prob, 0.99),
-        check_at_most(f"the runs stay where float64 resolves the attention gradient (max logit "
-                      f"gap <= {SAFE_GAP:g})", "max logit gap", float(end.max_logit_gap.max()),
-                      SAFE_GAP, "TODO(engine): the trained-head gradient underflows beyond ~36"),
     ]
 
 
@@ -149,8 +142,8 @@ EXPERIMENT = Experiment(
           "that only asks non-support tokens to be selected.",
     configs={
         "tiny": dict(_BASE, steps=60, record_every=2),
-        "quick": dict(_BASE, steps=250, record_every=2),
-        "full": dict(_BASE, steps=250, record_every=1),
+        "quick": dict(_BASE, steps=1000, record_every=5),
+        "full": dict(_BASE, steps=3000, record_every=1),
     },
     compute=compute, judge=judge, plot=plot,
 )
