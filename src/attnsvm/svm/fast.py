@@ -28,7 +28,7 @@ from scipy.linalg import cho_factor, cho_solve
 
 from .solution import ConstraintSet
 
-__all__ = ["primal_ipm", "polish_fro", "batched_mnp"]
+__all__ = ["primal_ipm", "polish_fro", "batched_mnp", "nuclear_barrier"]
 
 
 def _max_step(x: np.ndarray, dx: np.ndarray, mask: np.ndarray) -> float:
@@ -257,3 +257,113 @@ def _batched_mnp(G, valid, tol, max_iter):
     mu = mu / np.maximum(mu.sum(1, keepdims=True), 1e-300)
     rho2 = (mu * ((G * vf[:, :, None] * vf[:, None, :]) @ mu[..., None])[..., 0]).sum(1)
     return mu, rho2, done, it
+
+
+# ------------------------------------------------------------------- nuclear norm
+def nuclear_barrier(Delta: np.ndarray, Zk: np.ndarray, b: np.ndarray, *, gap_tol: float = 1e-9,
+                    mu: float = 30.0, max_newton: int = 300, lam0: np.ndarray | None = None,
+                    t_init: float = 1.0, t0: float | None = None, state: dict | None = None):
+    """Log-barrier Newton method on the DUAL of the nuclear-norm SVM over N constraints
+
+        primal  min ||W||_*  s.t. <W, A_k> >= b_k,   A_k = Delta_k z_k^T   (Delta (N, d), Zk (N, e))
+        dual    max b^T lam  s.t. ||S(lam)||_op <= 1, lam >= 0,   S(lam) = sum_k lam_k A_k,
+
+    with ||S||_op <= 1  <=>  F(lam) = [[I, S], [S^T, I]] PSD.  For growing t we minimise
+    phi_t(lam) = -t b^T lam - logdet F(lam) - sum_k log lam_k by damped Newton steps.
+    B_k = u_k v_k^T + v_k u_k^T (u_k = [Delta_k; 0], v_k = [0; z_k]) is rank two, so with
+    G = F^{-1} the Hessian of -logdet F is  2 (P o Q + R o R^T),  P = U^T G U, Q = V^T G V,
+    R = U^T G V  (N x N, O(N^2 (d + e)) flops; no (d+e)^2 x (d+e)^2 matrix is formed).
+    At the centre of phi_t the primal point  W = -2 G_12 / t  satisfies
+    <W, A_k> = b_k + 1 / (t lam_k) >= b_k (exactly feasible), and ||W||_* <= tr(G) / t,
+    so the duality gap is <= (d + e + N) / t.  The last centring is run to full Newton
+    convergence; ``lam0`` (> 0 with ||S(lam0)||_op < 1) and ``t0`` warm-start the path;
+    ``state['t']`` receives the final t.
+    Returns (W (d, e), lam (N,) multipliers of min ||W||_* with ||S(lam)||_op <= 1,
+    status "optimal" | "failed" | "infeasible", n_newton).
+    """
+    N, d = Delta.shape
+    e = Zk.shape[1]
+    m = d + e
+    nu = m + N
+    eye = np.eye(m)
+
+    def chol_logdet(lam):
+        if np.any(lam <= 0):
+            return None, np.inf
+        S = (Delta * lam[:, None]).T @ Zk
+        F = eye.copy()
+        F[:d, d:] = S
+        F[d:, :d] = S.T
+        try:
+            L = np.linalg.cholesky(F)
+        except np.linalg.LinAlgError:
+            return None, np.inf
+        return L, 2.0 * np.log(np.diag(L)).sum()
+
+    s1 = np.linalg.norm(Delta.T @ Zk, 2)
+    bmax = max(float(np.abs(b).max()), 1e-300)
+    if lam0 is not None:
+        lam = np.asarray(lam0, float).copy()
+        t = float(t0) if t0 is not None else nu / max(1e-3 * float(b @ lam), 1e-300)
+    else:
+        lam = np.full(N, 0.5 / max(s1, 1e-300))
+        t = t_init * nu / max(float(b @ lam), 1e-300)
+    L, ld = chol_logdet(lam)
+    if L is None:
+        return None, None, "failed", 0
+    it = 0
+    final = False
+    while it < max_newton:
+        for k in range(100):  # centring by damped Newton
+            it += 1
+            Li = np.linalg.inv(L)
+            G = Li.T @ Li
+            DG12 = Delta @ G[:d, d:]
+            P = (Delta @ G[:d, :d]) @ Delta.T
+            Q = (Zk @ G[d:, d:]) @ Zk.T
+            R = DG12 @ Zk.T
+            g = -t * b - 2.0 * (DG12 * Zk).sum(1) - 1.0 / lam
+            H = P * Q
+            H += R * R.T
+            H *= 2.0
+            H[np.diag_indices_from(H)] += 1.0 / lam**2
+            try:
+                dl = -cho_solve(cho_factor(H, lower=True, check_finite=False), g, check_finite=False)
+            except np.linalg.LinAlgError:
+                dl = -np.linalg.lstsq(H, g, rcond=None)[0]
+            dec = float(-g @ dl)
+            if not np.isfinite(dec) or dec < 1e-14:
+                break
+            phi0 = -t * float(b @ lam) - ld - np.log(lam).sum()
+            neg = dl < 0
+            s = min(1.0, 0.99 * float((-lam[neg] / dl[neg]).min())) if neg.any() else 1.0
+            ok = False
+            while s > 1e-14:
+                lam_n = lam + s * dl
+                Ln, ldn = chol_logdet(lam_n)
+                if Ln is not None and (-t * float(b @ lam_n) - ldn - np.log(lam_n).sum()
+                                       <= phi0 - 0.25 * s * dec):
+                    ok = True
+                    break
+                s *= 0.5
+            if not ok:
+                break
+            lam, L, ld = lam_n, Ln, ldn
+            if dec < (1e-10 if final else 1e-1) and s == 1.0:
+                break
+            if final and k >= 20:  # rounding level reached (F is nearly singular)
+                break
+        Li = np.linalg.inv(L)
+        dual_obj = float(b @ lam)
+        if state is not None:
+            state["t"] = t
+        if final:
+            G12 = Li[:, :d].T @ Li[:, d:]
+            return -2.0 * G12 / t, lam, "optimal", it
+        if dual_obj > 1e12 * bmax / max(s1, 1e-300):  # dual unbounded: primal infeasible
+            return None, None, "infeasible", it
+        if nu / t <= gap_tol * dual_obj:
+            final = True
+            continue
+        t = min(t * mu, 1.01 * nu / (gap_tol * dual_obj))
+    return None, lam, "failed", it

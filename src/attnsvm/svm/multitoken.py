@@ -90,11 +90,11 @@ def multitoken_svm(X, z, s, threshold: float = 1e-3, W_trained=None, mask=None,
     # equality rows: t in O_i \ {o_i}: (x_it - x_io)^T W z_i  (= 0 for W_dir, = log(s_it/s_io) for W_fin)
     ei, et = np.nonzero(O & (np.arange(T)[None, :] != ref[:, None]))
     Deq = X[ei, et] - X[ei, ref[ei]]
-    Meq = np.einsum("kd,ke->kde", Deq, z[ei]).reshape(len(ei), -1)
+    Meq = np.einsum("kd,ke->kde", Deq, z[ei]).reshape(len(ei), d * e)
     beq = np.log(s[ei, et] / s[ei, ref[ei]])
     # inequality rows: t in O_i, tau not in O_i (valid): (x_it - x_itau)^T W z_i >= 1
     ii, tt, uu = np.nonzero(O[:, :, None] & (valid & ~O)[:, None, :])
-    Min = np.einsum("kd,ke->kde", X[ii, tt] - X[ii, uu], z[ii]).reshape(len(ii), -1)
+    Min = np.einsum("kd,ke->kde", X[ii, tt] - X[ii, uu], z[ii]).reshape(len(ii), d * e)
     if len(ei):
         w_fin, *_ = np.linalg.lstsq(Meq, beq, rcond=None)
     else:

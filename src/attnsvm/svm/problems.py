@@ -13,7 +13,7 @@ import warnings
 
 import numpy as np
 
-from .fast import batched_mnp, polish_fro, primal_ipm
+from .fast import batched_mnp, nuclear_barrier, polish_fro, primal_ipm
 from .solution import ConstraintSet, Solution, _norm_name, certify, primal_norm, single_thread
 
 __all__ = [
@@ -214,7 +214,11 @@ def _solve(cs: ConstraintSet, *, norm, solver, tol, alpha, problem, vector, irre
         if sol is not None:
             return sol
         solver_key = None
-    if norm == "nuc" and cs.e > 1 and solver_key in (None, "auto", "fast", "working_set"):
+    if norm == "nuc" and cs.e > 1 and solver_key in (None, "auto", "fast", "barrier"):
+        W, lam, status, name, n_iter = _nuc_barrier_working_set(cs)
+        if W is None and "infeasible" not in status:
+            W, lam, status, name, n_iter = _nuc_working_set(cs)
+    elif norm == "nuc" and cs.e > 1 and solver_key == "working_set":
         W, lam, status, name, n_iter = _nuc_working_set(cs)
     else:
         W, lam, status, name, n_iter = _solve_cvxpy(cs, norm, solver_key)
@@ -272,6 +276,102 @@ def _solve_fro_fast(cs, solver_key, *, tol, alpha, problem, vector, irreducible,
     return certify(cs, W, lam, norm="fro", status="optimal", solver=name, alpha=alpha,
                    problem=problem, n_iter=it, time_=time.perf_counter() - t0, tol_active=tol,
                    vector=vector, rescale=True)
+
+
+def _nuc_initial_work(cs: ConstraintSet) -> np.ndarray:
+    """Initial working set: the Frobenius support (structured IPM to 1e-5: multipliers
+    > 1e-4 max or margin <= 1 + 1e-4) plus each sequence's tightest constraint under the
+    Frobenius solution (all constraints if N <= 600)."""
+    valid = cs.valid
+    if cs.n_constraints <= 600:
+        return valid.copy()
+    Wf, lf, st, _ = primal_ipm(cs, tol=1e-5)
+    if st != "optimal":
+        return valid.copy()
+    mf = cs.margins(Wf)
+    work = valid & ((lf > 1e-4 * lf.max()) | (mf <= 1 + 1e-4))
+    m = np.where(valid, mf, np.inf)
+    t = m.argmin(1)
+    ok = np.isfinite(m.min(1))
+    work[np.nonzero(ok)[0], t[ok]] = True
+    return work
+
+
+def _nuc_barrier_working_set(cs: ConstraintSet, max_rounds: int = 20, gap_tol: float = 1e-7,
+                             mu: float = 10.0, loose_tol: float = 1e-2, add_slack: float = 0.1):
+    """Nuclear norm: constraint generation around the structured dual barrier method
+    (:func:`attnsvm.svm.fast.nuclear_barrier`), no cvxpy and no conic-form build.
+
+    Dimension reduction.  The constraints see W only through U^T W V, U (d, r1) an
+    orthonormal basis of span{Delta_k}, V (e, r2) one of span{z_k}:  for any W,
+    W' = U U^T W V V^T has the same constraint values (Delta_k^T U U^T = Delta_k^T,
+    V V^T z_k = z_k) and ||W'||_* <= ||U U^T|| ||W||_* ||V V^T|| = ||W||_* (the nuclear
+    norm is unitarily invariant and ||A W B||_* <= ||A||_op ||W||_* ||B||_op).  Hence
+    W = U C V^T with C = argmin ||C||_* s.t. (U^T Delta_k)^T C (V^T z_k) >= b_k is optimal,
+    and ||W||_* = ||C||_* (U, V orthonormal).  The (r1 + r2)-sized problem is solved
+    (r1 = rank of the Deltas, r2 = rank of the z's; no reduction when both are full).
+
+    Working set: start from :func:`_nuc_initial_work`, solve (barrier gap ``loose_tol``),
+    add every constraint of the full set violated by more than 1e-9 (relative) and, in
+    these loose rounds, also those with margin < b (1 + ``add_slack``) (fewer rounds:
+    measured 1.7 s vs 2.2 s at (100, 16, 32)), repeat;
+    once nothing is violated, re-solve with gap ``gap_tol`` from the loose solve's
+    multipliers and t (and go on adding violated constraints, now with accurate solves,
+    until none is left).
+    Certificate: W is divided by its minimal margin (exactly feasible, min margin 1); the
+    working-set multipliers, 0 elsewhere, are dual feasible for the FULL problem, so
+    sum lam b / ||sum lam A||_op is a valid lower bound and :func:`certify` reports the
+    relative duality gap (measured ~1e-7 at (100, 16, 32)).
+    """
+    valid = cs.valid
+    ii, tt = np.nonzero(valid)
+    Uf, su, _ = np.linalg.svd(cs.Delta[ii, tt].T, full_matrices=False)
+    U = Uf[:, su > 1e-12 * max(su.max(), 1e-300)]
+    Vf, sv, _ = np.linalg.svd(cs.Z.T, full_matrices=False)
+    V = Vf[:, sv > 1e-12 * max(sv.max(), 1e-300)]
+    red = ConstraintSet(cs.Delta @ U, cs.Z @ V, valid, cs.b)
+    work = _nuc_initial_work(cs)
+    total = 0
+    scale = max(1.0, float(np.abs(cs.b[valid]).max()))
+    tol = loose_tol  # early rounds only identify the working set: a loose gap suffices
+    state: dict = {}
+    resume = None
+    for _ in range(max_rounds):
+        wi, wt = np.nonzero(work)
+        C = None
+        if resume is not None:  # same working set, tighter gap: continue the central path
+            C, lam, status, it = nuclear_barrier(red.Delta[wi, wt], red.Z[wi], red.b[wi, wt],
+                                                 gap_tol=tol, mu=mu, lam0=resume[0],
+                                                 t0=resume[1], state=state)
+            total += it
+            resume = None
+        if C is None:
+            C, lam, status, it = nuclear_barrier(red.Delta[wi, wt], red.Z[wi], red.b[wi, wt],
+                                                 gap_tol=tol, mu=mu, t_init=0.1, state=state)
+            total += it
+        if C is None:
+            return None, None, status, "barrier-working-set", total
+        m = red.margins(C)
+        viol = valid & ~work & (m < cs.b - 1e-9 * scale)
+        if tol != gap_tol and viol.any():  # loose round: take the near-active ones along
+            viol |= valid & ~work & (m < cs.b * (1 + add_slack))
+        if not viol.any():
+            if tol == gap_tol:
+                break
+            tol = gap_tol  # working set found: final accurate solve (checked again)
+            resume = (lam, state.get("t"))
+        work |= viol
+    else:
+        status = "optimal_inaccurate"  # round limit: certify() still reports the true numbers
+    W = U @ C @ V.T
+    pos = valid & (cs.b > 0)
+    if pos.any():  # scale to minimal margin exactly 1 (the barrier point has margins > b)
+        ratio = float((cs.margins(W)[pos] / cs.b[pos]).min())
+        if ratio > 0:
+            W = W / ratio
+    lam_full = np.zeros(valid.shape)
+    lam_full[wi, wt] = lam * primal_norm(W, "nuc")  # multipliers of min 1/2 ||W||_*^2
+    return W, lam_full, status, "barrier-working-set", total
 
 
 def _nuc_working_set(cs: ConstraintSet, max_rounds: int = 20):
@@ -359,8 +459,11 @@ def att_svm(X, z, alpha=None, *, y=None, v=None, norm="fro", rank=None, mask=Non
         W = U C, U the top-m left singular vectors of the convex solution.
     mask : (n, T) bool, True = valid token.
     solver : None/"fast" (Frobenius: exact structured IPM + active-set polish, falling back
-        to Clarabel; nuclear: SCS working set), "ipm", "mnp", or a cvxpy solver name
-        ("clarabel", "scs").
+        to Clarabel; nuclear: structured dual log-barrier Newton method on a working set of
+        constraints after reducing W to span(Delta) x span(z), see
+        :func:`_nuc_barrier_working_set`, falling back to the SCS working set),
+        "working_set" (nuclear: cvxpy + SCS working set), "ipm", "mnp", or a cvxpy solver
+        name ("clarabel", "scs").
     tol : tolerance (relative to the unit margin) for reporting active constraints.
     irreducible : compute an irreducible conflicting set (LP) when infeasible.
 
