@@ -1,0 +1,257 @@
+"""Fast convergence rates (Vasudeva, Deora, Thrampoulidis 2024): GD vs NGD vs Polyak.
+
+Setup: a self-attention layer with a linear decoder, logits a_it = x_it^T W x_i1 (the
+first token is the query), logistic loss, on planted data (``attnsvm.data.planted``:
+one planted optimal token per sequence, near-orthogonal noise tokens, d = nT + 1),
+trials batched over seeds, W_0 = 0.  The paper proves that W_t / ||W_t|| -> W_mm / ||W_mm||
+(the ATT-SVM of the optimal tokens) globally here, with finite-time rates: under NGD
+||W_t|| grows like eta t and the direction converges much faster than under GD (whose
+norm grows like log t); Polyak's step is faster still; once aligned,
+1 - s_opt and L - L* decay like exp(-||W_t|| / ||W_mm||).
+
+``rates-joint``: the decoder v is trained jointly with W (NGD, each tensor by its own
+norm): v_t -> the head SVM direction v_mm of the selected tokens, W_t -> the ATT-SVM of
+those tokens (THEORY §9).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from attnsvm import plotting as P
+from attnsvm.data import planted
+from attnsvm.experiments.base import Check, Experiment, check_at_least, check_at_most
+from attnsvm.metrics import correlation
+from attnsvm.models import WModel
+from attnsvm.optim import gd, ngd, polyak
+from attnsvm.svm import att_svm_batch, head_svm
+from attnsvm.train import train
+
+OPTIMIZERS = {"GD": lambda c: gd(c["lr_gd"]), "NGD": lambda c: ngd(c["lr_ngd"]),
+              "Polyak": lambda c: polyak(c["polyak_c"])}
+COLOR = {"GD": P.COLORS[0], "NGD": P.COLORS[1], "Polyak": P.COLORS[2]}
+CORR = 0.99        # "converged in direction"
+SPEEDUP = 5.0      # "far fewer iterations": at least 5x
+SLOPE_TOL = 0.2    # relative tolerance on the exp(-||W|| / ||W_mm||) rate
+
+
+def _data(cfg):
+    return planted(n=cfg["n"], T=cfg["T"], seed=cfg["seed"], batch=cfg["B"], cross=False)
+
+
+def first_hit(df: pd.DataFrame, col: str, thr: float, by=("optimizer", "trial")) -> pd.DataFrame:
+    """First recorded step with ``col >= thr`` per group (NaN if never reached)."""
+    hit = df[df[col] >= thr].groupby(list(by))["step"].min()
+    return hit.reindex(df.groupby(list(by)).size().index).rename("step").reset_index()
+
+
+# ------------------------------------------------------------------ rates-planted
+def compute_planted(cfg):
+    data = _data(cfg)
+    z = data.X[:, :, 0, :]
+    sol = att_svm_batch(data.X, z, data.opt)
+    frames = []
+    for name, make in OPTIMIZERS.items():
+        tr = train(WModel(data.d, query="first"), data, optimizer=make(cfg), steps=cfg["steps"],
+                   init="zero", references={"mm": np.nan_to_num(sol.W_)},
+                   record_every=cfg["record_every"])
+        frames.append(tr.metrics.assign(optimizer=name))
+    m = pd.concat(frames, ignore_index=True)
+    m["one_minus_s_opt"] = 1.0 - m["p_sel_mean"]
+    svm = pd.DataFrame({"trial": np.arange(cfg["B"]), "norm_mm": sol.norm_,
+                        "feasible": sol.feasible_})
+    return {"metrics": m, "svm": svm}
+
+
+def rate_slopes(m: pd.DataFrame, svm: pd.DataFrame, optimizer: str = "NGD") -> pd.DataFrame:
+    """Per trial: least-squares slope of log(L - L*) against ||W|| over the aligned rows
+    (corr >= 0.99, 0 < L - L* < 1e-3), and the prediction -1/||W_mm||."""
+    d = m[(m.optimizer == optimizer) & (m.corr_mm >= CORR) & (m.loss_gap > 0) & (m.loss_gap < 1e-3)]
+    rows = []
+    for trial, g in d.groupby("trial"):
+        if len(g) < 3:
+            continue
+        slope = np.polyfit(g["norm"], np.log(g["loss_gap"]), 1)[0]
+        pred = -1.0 / float(svm.set_index("trial").loc[trial, "norm_mm"])
+        rows.append({"trial": trial, "slope": slope, "predicted": pred})
+    return pd.DataFrame(rows, columns=["trial", "slope", "predicted"])
+
+
+def growth_ratio(m: pd.DataFrame, optimizer: str, T: int) -> float:
+    """Median over trials of (||W_T|| - ||W_T/2||) / (||W_T/2|| - ||W_T/4||):
+    2 for linear growth (eta t), 1 for logarithmic growth.  T is cut to the last step
+    before any trial stopped (a gradient that is exactly 0 in float64 freezes a trial)."""
+    d = m[m.optimizer == optimizer]
+    if "stopped" in d and d.stopped.astype(bool).any():
+        T = min(T, int(d[d.stopped.astype(bool)].step.min()) - 1)
+    g = d.pivot(index="step", columns="trial", values="norm").loc[:T].dropna()
+    at = [g.index[np.abs(g.index - s).argmin()] for s in (T // 4, T // 2, T)]
+    return float(((g.loc[at[2]] - g.loc[at[1]]) / (g.loc[at[1]] - g.loc[at[0]])).median())
+
+
+def judge_planted(tables, cfg):
+    m, svm = tables["metrics"], tables["svm"]
+    T = int(m.step.max())
+    hits = first_hit(m, "corr_mm", CORR)
+    med = hits.fillna(np.inf).groupby("optimizer")["step"].median()
+    checks = []
+    nf = int((~svm.feasible.astype(bool)).sum())
+    if nf:
+        checks.append(Check("ATT-SVM feasible on every planted instance", f"{nf} infeasible",
+                            False, "planted data should be separable"))
+    for name in ("NGD", "Polyak"):
+        ratio = med["GD"] / max(med[name], 1) if np.isfinite(med[name]) else np.nan
+        note = "" if np.isfinite(med["GD"]) else f"GD never reached corr {CORR} in {T} steps (counted as inf)"
+        if not np.isfinite(med[name]):
+            note = f"{name} never reached corr {CORR} in {T} steps"
+        checks.append(check_at_least(
+            f"{name} reaches corr(W_t, W_mm) >= {CORR} in at least {SPEEDUP:g}x fewer iterations than GD",
+            f"median steps GD / {name} ({med['GD']:.0f} / {med[name]:.0f})", ratio, SPEEDUP, note))
+    r_ngd, r_gd = growth_ratio(m, "NGD", T), growth_ratio(m, "GD", T)
+    checks.append(check_at_least(
+        "NGD: ||W_t|| grows linearly (~ eta t): norm increment over [T/2, T] is ~2x that over [T/4, T/2] (>= 1.8)",
+        "increment ratio NGD", r_ngd, 1.8))
+    checks.append(check_at_most(
+        "GD: ||W_t|| grows logarithmically: equal increments per doubling of t (ratio <= 1.3, linear would be 2)",
+        "increment ratio GD", r_gd, 1.3))
+    sl = rate_slopes(m, svm)
+    rel = float(np.median(np.abs(sl.slope / sl.predicted - 1))) if len(sl) else np.nan
+    checks.append(check_at_most(
+        f"NGD, once aligned: log(L - L*) falls with slope -1/||W_mm|| in ||W_t|| (median relative error <= {SLOPE_TOL:g})",
+        f"median |slope / (-1/||W_mm||) - 1| over {len(sl)} trials", rel, SLOPE_TOL,
+        "" if len(sl) else "no trial aligned with 0 < L - L* < 1e-3"))
+    return checks
+
+
+def plot_planted(tables, cfg, out):
+    m, svm = tables["metrics"], tables["svm"]
+    m = m[m.step > 0]
+    fig, ax = P.subplots(4, width=3.6, height=3.0)
+    panels = [("corr_mm", "corr(W_t, W_mm)", False), ("loss_gap", "L - L*", True),
+              ("one_minus_s_opt", "1 - s_opt (mean over i)", True), ("norm", "||W_t||_F", True)]
+    for a, (col, lab, logy) in zip(ax, panels):
+        for name in OPTIMIZERS:
+            d = m[m.optimizer == name]
+            if logy:  # cut where a trial leaves the resolved range (1 - p is rounding below ~eps)
+                floor = 1e-14 if col == "one_minus_s_opt" else 0.0
+                low = d[d[col] <= floor].step
+                d = d[d.step < (low.min() if len(low) else np.inf)]
+            P.band(a, d, "step", col, label=name, color=COLOR[name])
+        a.set_xscale("log")
+        if logy:
+            a.set_yscale("log")
+        P.label(a, "iteration t", lab)
+    t = np.unique(m.step)
+    ax[3].plot(t, cfg["lr_ngd"] * t, "k:", lw=1, label="eta t (NGD prediction)")
+    g = m[(m.optimizer == "GD")].groupby("step")["norm"].median()
+    t0 = g.index[len(g) // 4]
+    ax[3].plot(t[t >= t0], g.loc[t0] + np.log(t[t >= t0] / t0), "k--", lw=1, label="+log t (GD)")
+    ax[3].legend()
+    ax[0].axhline(CORR, color="gray", lw=0.8, ls=":")
+    paths = [P.save(fig, out, "rates_planted_curves")]
+    fig, ax = P.subplots(2, width=4.0, height=3.2)
+    d = m[(m.optimizer == "NGD") & (m.loss_gap > 0)]
+    for i, (trial, g) in enumerate(d.groupby("trial")):
+        ax[0].plot(g["norm"], g["loss_gap"], color=P.COLORS[i % 8], lw=1,
+                   label="NGD trials" if i == 0 else None)
+        nm = float(svm.set_index("trial").loc[trial, "norm_mm"])
+        x0, y0 = g["norm"].iloc[-1], g["loss_gap"].iloc[-1]
+        xs = np.linspace(g["norm"].min(), x0, 20)
+        ax[0].plot(xs, y0 * np.exp(-(xs - x0) / nm), "k:", lw=0.8,
+                   label="exp(-||W|| / ||W_mm||)" if i == 0 else None)
+    ax[0].set_yscale("log")
+    P.label(ax[0], "||W_t||_F", "L - L* (log scale)", "loss gap against the norm (NGD)")
+    sl = rate_slopes(tables["metrics"], svm)
+    ax[1].scatter(-sl.predicted, -sl.slope, color=P.COLORS[1], label="trials")
+    lim = [0, 1.1 * max(1e-9, float(np.nanmax(np.r_[-sl.predicted, -sl.slope, 1e-9])))]
+    ax[1].plot(lim, lim, "k--", lw=1, label="measured = predicted")
+    P.label(ax[1], "predicted rate 1/||W_mm|| (per unit norm)", "fitted -slope of log(L - L*)",
+            "decay rate in ||W||")
+    paths.append(P.save(fig, out, "rates_planted_slope"))
+    return paths
+
+
+# ------------------------------------------------------------------ rates-joint
+def compute_joint(cfg):
+    data = _data(cfg)
+    planted_opt = data.opt
+    data = data.replace(v=None)
+    tr = train(WModel(data.d, query="first", train_head=True), data, optimizer=ngd(cfg["lr_ngd"]),
+               steps=cfg["steps"], init="random", scale=cfg["init_scale"], seed=cfg["seed"],
+               record_every=cfg["record_every"], record_params=True)
+    X, y, n = data.X, data.y, data.n
+    z = X[:, :, 0, :]
+    W = tr.params["W"].numpy()
+    alpha = np.einsum("bntd,bde,bne->bnt", X, W, z).argmax(-1)  # tokens selected at the end
+    att = att_svm_batch(X, z, alpha)
+    v_mm = np.stack([head_svm(X[b, np.arange(n), alpha[b]], y[b]).W_ for b in range(cfg["B"])])
+    Wh, vh = tr.param_history["W"], tr.param_history["v"]  # (R, B, ...)
+    rows = pd.DataFrame({
+        "step": np.repeat(tr.record_steps, cfg["B"]),
+        "trial": np.tile(np.arange(cfg["B"]), len(tr.record_steps)),
+        "corr_v": correlation(vh, v_mm[None], vector=True).ravel(),
+        "corr_W": correlation(Wh, np.nan_to_num(att.W_)[None]).ravel(),
+    })
+    m = tr.metrics.merge(rows, on=["trial", "step"])
+    info = pd.DataFrame({"trial": np.arange(cfg["B"]), "att_feasible": att.feasible_,
+                         "planted_selected": (alpha == planted_opt).mean(1)})
+    return {"metrics": m, "svm": info}
+
+
+def judge_joint(tables, cfg):
+    m, info = tables["metrics"], tables["svm"]
+    feas = info.att_feasible.astype(bool)
+    m = m[m.trial.isin(info.trial[feas])]
+    T = int(m.step.max())
+    last = m[m.step == T]
+    med = m.groupby("step").corr_W.median()
+    note = f"ATT-SVM infeasible for {int((~feas).sum())} trials (excluded)" if (~feas).any() else ""
+    if med.iloc[-1] < CORR:
+        note = "; ".join(filter(None, [note, f"median corr peaked at {med.max():.4f} (t = {med.idxmax()}) "
+                                             f"and is {med.iloc[-1]:.4f} at T = {T}"]))
+    return [
+        check_at_least(f"v_t -> head-SVM direction: median final corr(v_t, v_mm) >= {CORR}",
+                       "median corr(v_T, v_mm)", float(last.corr_v.median()), CORR),
+        check_at_least(f"W_t -> ATT-SVM of the selected tokens: median final corr(W_t, W_mm) >= {CORR}",
+                       "median corr(W_T, W_mm)", float(last.corr_W.median()), CORR, note),
+    ]
+
+
+def plot_joint(tables, cfg, out):
+    m = tables["metrics"]
+    m = m[m.step > 0]
+    fig, ax = P.subplots(2, width=4.0, height=3.0)
+    P.band(ax[0], m, "step", "corr_v", label="corr(v_t, v_mm) (head SVM)", color=P.COLORS[0])
+    P.band(ax[0], m, "step", "corr_W", label="corr(W_t, W_mm) (ATT-SVM)", color=P.COLORS[1])
+    ax[0].set_xscale("log")
+    P.label(ax[0], "iteration t", "correlation", "joint NGD on (W, v)")
+    P.band(ax[1], m, "step", "norm", label="||W_t||_F", color=P.COLORS[1])
+    P.band(ax[1], m, "step", "norm_head", label="||v_t||", color=P.COLORS[0])
+    t = np.unique(m.step)
+    ax[1].plot(t, cfg["lr_ngd"] * t, "k:", lw=1, label="eta t")
+    ax[1].set_xscale("log")
+    ax[1].set_yscale("log")
+    P.label(ax[1], "iteration t", "norm", "parameter norms")
+    return [P.save(fig, out, "rates_joint")]
+
+
+_COMMON = dict(n=4, T=4, seed=0, lr_gd=1.0, lr_ngd=0.1, polyak_c=1.0)
+EXPERIMENTS = [
+    Experiment(
+        name="rates-planted", title="GD vs NGD vs Polyak on planted data (rates of convergence)",
+        claim="NGD and Polyak align W_t with W_mm much faster than GD; ||W_t|| grows like eta t "
+              "under NGD and like log t under GD; once aligned L - L* ~ exp(-||W_t|| / ||W_mm||).",
+        configs={"tiny": {**_COMMON, "B": 2, "steps": 150, "record_every": 10},
+                 "quick": {**_COMMON, "B": 8, "steps": 1600, "record_every": 8},
+                 "full": {**_COMMON, "B": 32, "steps": 10000, "record_every": 20}},
+        compute=compute_planted, judge=judge_planted, plot=plot_planted),
+    Experiment(
+        name="rates-joint", title="Joint training of the decoder v and W (NGD)",
+        claim="Trained jointly with NGD, the decoder v_t converges in direction to the head SVM "
+              "of the selected tokens and W_t to their ATT-SVM.",
+        configs={"tiny": {**_COMMON, "B": 2, "steps": 150, "record_every": 10, "init_scale": 0.1},
+                 "quick": {**_COMMON, "B": 8, "steps": 1000, "record_every": 10, "init_scale": 0.1},
+                 "full": {**_COMMON, "B": 32, "steps": 4000, "record_every": 20, "init_scale": 0.1}},
+        compute=compute_joint, judge=judge_joint, plot=plot_joint),
+]
