@@ -244,9 +244,14 @@ def _solve(cs: ConstraintSet, *, norm, solver, tol, alpha, problem, vector, irre
 
 
 def _solve_fro_fast(cs, solver_key, *, tol, alpha, problem, vector, irreducible, t0):
+    """Frobenius fast path. Default choice by shape: the dual minimum-norm-point solver on
+    the N x N constraint Gram matrix when N <= d e (fewer constraints than unknowns), the
+    structured primal IPM (d e x d e Newton systems) otherwise. Measured crossover (2 cores):
+    N = 300, d e = 1024: mnp 0.05 s vs ipm 0.29 s; N = 1500, d e = 256: ipm 0.035 s vs
+    mnp 0.75 s; N ~ d e: within 1.3x of each other."""
     N = cs.n_constraints
     unit_b = bool(np.all(cs.b[cs.valid] == 1.0))
-    if unit_b and (solver_key == "mnp" or (solver_key != "ipm" and N <= 600)):
+    if unit_b and (solver_key == "mnp" or (solver_key != "ipm" and N <= cs.d * cs.e)):
         ii, tt = np.nonzero(cs.valid)
         M = cs.dense()
         G = (M @ M.T)[None]
@@ -458,8 +463,9 @@ def att_svm(X, z, alpha=None, *, y=None, v=None, norm="fro", rank=None, mask=Non
         otherwise a heuristic (status "heuristic_rank"): the convex problem restricted to
         W = U C, U the top-m left singular vectors of the convex solution.
     mask : (n, T) bool, True = valid token.
-    solver : None/"fast" (Frobenius: exact structured IPM + active-set polish, falling back
-        to Clarabel; nuclear: structured dual log-barrier Newton method on a working set of
+    solver : None/"fast" (Frobenius: dual min-norm-point solver if n_constraints <= d e, else a
+        structured primal IPM, then active-set polish; Clarabel as fallback;
+        nuclear: structured dual log-barrier Newton method on a working set of
         constraints after reducing W to span(Delta) x span(z), see
         :func:`_nuc_barrier_working_set`, falling back to the SCS working set),
         "working_set" (nuclear: cvxpy + SCS working set), "ipm", "mnp", or a cvxpy solver
