@@ -190,11 +190,13 @@ def _solve_batch(Delta, Z, v, alpha, *, problem, vector, tol, irreducible, chunk
     nS = np.linalg.norm(Sm, axis=(1, 2))
     safe = np.maximum(nrm, 1e-300)
     stat = np.linalg.norm(W - Sm, axis=(1, 2)) / safe
-    with np.errstate(invalid="ignore", divide="ignore"):
+    # infeasible or degenerate problems (no certificate) may overflow here: their entries are
+    # masked by ``has`` / ``feas`` and re-solved exactly below
+    with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
         comp = np.abs(lam * np.where(v, m - 1, 0)).max((1, 2)) / safe**2
+        lb = lam.sum((1, 2)) / np.maximum(nS, 1e-300)
+        gap = np.where(has, np.maximum(nrm - lb, 0) / np.maximum(lb, 1e-300), 0.0)
     kkt = np.where(has, np.maximum(stat, comp), 0.0)
-    lb = lam.sum((1, 2)) / np.maximum(nS, 1e-300)
-    gap = np.where(has, np.maximum(nrm - lb, 0) / np.maximum(lb, 1e-300), 0.0)
     support = v & (m <= 1 + tol)
     status = np.where(feas, "optimal", "infeasible").astype(object)
     # fall back to the exact single-problem path for the (rare) uncertified problems
