@@ -33,7 +33,7 @@ _PRIVATE = {"base"}
 
 
 def registry() -> dict[str, Experiment]:
-    """All experiments, by name, in paper order (mmts, tfsvm, rates, mirror, kqflow, real)."""
+    """All experiments, by name, in paper order (mmts, tfsvm, rates, mirror, kqflow)."""
     found: dict[str, Experiment] = {}
     for info in pkgutil.iter_modules(__path__):
         if info.name in _PRIVATE or info.name.startswith("_"):
