@@ -74,16 +74,35 @@ def lp_normalize(A, p: float = 2.0, vector: bool = False):
     return A / _expand(lp_norm(A, p, vector), len(ax))
 
 
+def _max_scaled(A, ax):
+    """A / max|A| over the item dims ``ax`` (zeros stay zeros): direction-preserving, and
+    sums of squares of the result neither underflow (|A| ~ 1e-200) nor overflow (1e200)."""
+    if _is_torch(A):
+        m = A.abs().amax(dim=ax, keepdim=True)
+        return A / m.masked_fill(m == 0, 1.0)
+    m = np.max(np.abs(A), axis=ax, keepdims=True)
+    return A / np.where(m > 0, m, 1.0)
+
+
 def correlation(A, B, vector: bool = False):
-    """corr(A, B) = <A, B> / (||A||_F ||B||_F) over the item dims (broadcasting). -> (...)."""
+    """corr(A, B) = <A, B> / (||A||_F ||B||_F) over the item dims (broadcasting). -> (...).
+
+    Computed on A / max|A| and B / max|B| (same value, no under/overflow at any scale);
+    nan where A or B is 0 (no direction), without a warning."""
     ax = _axes(A if A.ndim >= B.ndim else B, vector)
+    A, B = _max_scaled(A, ax), _max_scaled(B, ax)
     num = _sum(A * B, ax)
-    return num / (_sqrt(_sum(A * A, ax)) * _sqrt(_sum(B * B, ax)))
+    den = _sqrt(_sum(A * A, ax)) * _sqrt(_sum(B * B, ax))
+    if _is_torch(num):
+        return num / den
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(den > 0, num / den, np.nan)
 
 
 def directional_distance(A, B, vector: bool = False):
     """|| A/||A||_F - B/||B||_F ||_F over the item dims (broadcasting). -> (...)."""
     ax = _axes(A if A.ndim >= B.ndim else B, vector)
+    A, B = _max_scaled(A, ax), _max_scaled(B, ax)
     An = A / _expand(_sqrt(_sum(A * A, ax)), len(ax))
     Bn = B / _expand(_sqrt(_sum(B * B, ax)), len(ax))
     D = An - Bn

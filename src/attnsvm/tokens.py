@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .metrics import correlation
 from .svm.problems import opt_tokens, scores
 
 __all__ = [
@@ -89,11 +90,8 @@ def min_score_gap(gamma, alpha, neighbours) -> np.ndarray:
 
 
 def _corr(A, B):
-    A = A.reshape(A.shape[0], -1)
-    B = B.reshape(B.shape[0], -1)
-    den = np.linalg.norm(A, axis=1) * np.linalg.norm(B, axis=1)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        return np.where(den > 0, (A * B).sum(1) / den, np.nan)
+    """Per-trial correlation of (B, ...) arrays (matrices W or prompt vectors p)."""
+    return correlation(A.reshape(A.shape[0], -1), B.reshape(B.shape[0], -1), vector=True)
 
 
 def outcome(W, X, y, v, z=None, *, probs=None, W_key=None, mask=None, saturation=0.99,

@@ -184,9 +184,9 @@ def compute_joint(cfg):
         vp = head_svm(data.X[np.arange(data.n), alpha], data.y, p=p)
         W, v = H["W"].numpy(), H["v"].numpy()
         s = model.attention(H, data).numpy()  # (R, n, T)
-        with np.errstate(invalid="ignore"):  # W_0 = v_0 = 0 has no direction
-            cw = correlation(W, Wp.W_[None]) if Wp.feasible_ else np.full(len(W), np.nan)
-            cv = correlation(v, vp.W_[None], vector=True) if vp.feasible_ else np.full(len(v), np.nan)
+        # W_0 = v_0 = 0 has no direction: correlation is nan there
+        cw = correlation(W, Wp.W_[None]) if Wp.feasible_ else np.full(len(W), np.nan)
+        cv = correlation(v, vp.W_[None], vector=True) if vp.feasible_ else np.full(len(v), np.nan)
         n, T, R = data.n, data.T, len(gap)
         paths.append(pd.DataFrame({
             "p": p, "step": np.repeat(tr.record_steps, n * T),

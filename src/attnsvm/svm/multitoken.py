@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..metrics import correlation
+
 __all__ = ["MultiTokenSolution", "multitoken_svm", "selected_sets"]
 
 
@@ -29,8 +31,7 @@ def selected_sets(s, threshold: float = 1e-3) -> np.ndarray:
 
 
 def _corr(A, B) -> float:
-    na, nb = np.linalg.norm(A), np.linalg.norm(B)
-    return float((A * B).sum() / (na * nb)) if na > 0 and nb > 0 else float("nan")
+    return float(correlation(np.ravel(A), np.ravel(B)))
 
 
 @dataclass(repr=False)
