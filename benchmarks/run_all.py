@@ -1,0 +1,53 @@
+"""Run every benchmark, one after the other, each in its own process (``make bench``).
+
+    python benchmarks/run_all.py [--quick] [NAME ...]
+
+NAME: train, svm, fig9 (default: all). Each benchmark measures its own baseline in the
+same run and prints the ratio; ``--quick`` runs the small versions (a smoke test of the
+scripts, not numbers to quote). Separate processes keep thread settings, imports and peak
+memory of one benchmark out of the next one's numbers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+
+BENCHMARKS = {  # name: (script, extra arguments for --quick)
+    "train": ("bench_train.py", ["--quick"]),
+    "svm": ("bench_svm.py", ["--quick"]),
+    "fig9": ("bench_fig9.py", ["--trials", "50", "--steps", "200", "--baseline-trials", "1"]),
+}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("names", nargs="*", metavar="NAME",
+                    help=f"benchmarks to run: {', '.join(BENCHMARKS)} (default: all)")
+    ap.add_argument("--quick", action="store_true", help="small versions of every benchmark")
+    args = ap.parse_args(argv)
+    unknown = [n for n in args.names if n not in BENCHMARKS]
+    if unknown:
+        ap.error(f"unknown benchmark(s) {', '.join(unknown)}; choose from {', '.join(BENCHMARKS)}")
+    failed = []
+    for name in args.names or list(BENCHMARKS):
+        script, quick = BENCHMARKS[name]
+        cmd = [sys.executable, str(HERE / script), *(quick if args.quick else [])]
+        print(f"\n=== {name}: {' '.join(cmd[1:])}", flush=True)
+        t0 = time.perf_counter()
+        rc = subprocess.call(cmd)
+        print(f"=== {name}: exit {rc}, {time.perf_counter() - t0:.1f} s wall", flush=True)
+        if rc:
+            failed.append(name)
+    if failed:
+        print(f"\nfailed: {', '.join(failed)}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
