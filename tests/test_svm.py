@@ -159,8 +159,8 @@ def test_infeasible_duplicate_tokens():
                   rng.standard_normal((3, 4))])
     z = np.tile(rng.standard_normal(4), (3, 1))
     alpha = [0, 1, 2]  # seq 0 selects a over b, seq 1 selects b over a with the same query
-    for solver in (None, "ipm", "clarabel"):
-        sol = att_svm(X, z, alpha, solver=solver)
+    for norm, solver in (("fro", None), ("fro", "ipm"), ("fro", "clarabel"), ("nuc", None)):
+        sol = att_svm(X, z, alpha, norm=norm, solver=solver)
         assert not sol.feasible_ and sol.W_ is None
         assert sol.conflict_ == (0, 1)
         assert "INFEASIBLE" in repr(sol) and "conflicting" in sol.summary()

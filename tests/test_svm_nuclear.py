@@ -82,13 +82,3 @@ def test_nuclear_barrier_raw_central_path():
     assert m.min() >= 1 - 1e-6
     nuc = np.linalg.svd(W, compute_uv=False).sum() / min(1.0, m.min())
     assert (nuc - lam.sum()) / lam.sum() < 1e-6
-
-
-def test_nuclear_infeasible():
-    rng = np.random.default_rng(0)
-    a, b = rng.standard_normal(4), rng.standard_normal(4)
-    X = np.stack([np.stack([a, b, rng.standard_normal(4)]), np.stack([a, b, rng.standard_normal(4)]),
-                  rng.standard_normal((3, 4))])
-    z = np.tile(rng.standard_normal(4), (3, 1))
-    sol = att_svm(X, z, [0, 1, 2], norm="nuc")
-    assert not sol.feasible_ and sol.W_ is None and sol.conflict_ == (0, 1)
