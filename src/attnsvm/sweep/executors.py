@@ -1,0 +1,169 @@
+"""Where the cells run: in this process, a process pool, or a Dask cluster. Each task is
+:func:`_execute` (never raises); results stream back as they finish."""
+
+from __future__ import annotations
+
+import importlib
+import os
+import socket
+import sys
+import time
+import traceback
+import uuid
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from attnsvm.experiments.base import Experiment
+
+from .store import _check_table
+
+__all__ = ["EXECUTORS", "resolve_experiment"]
+
+EXECUTORS = ("local", "processes", "dask")
+
+
+def resolve_experiment(experiment: Experiment | str) -> Experiment:
+    """An :class:`Experiment`, a registered name (``"mmts-fig4"``), or ``"module:ATTR"``.
+
+    ``"module:ATTR"`` imports ``module`` and takes its attribute ``ATTR``, so experiments
+    outside the registry (your own, a notebook's module) can be swept from the CLI too.
+    """
+    if isinstance(experiment, Experiment):
+        return experiment
+    if not isinstance(experiment, str):
+        raise TypeError(f"experiment must be an Experiment or a name; got {type(experiment)}")
+    if ":" in experiment:
+        module, _, attr = experiment.partition(":")
+        obj = getattr(importlib.import_module(module), attr)
+        if not isinstance(obj, Experiment):
+            raise TypeError(f"{experiment} is a {type(obj).__name__}, not an Experiment")
+        return obj
+    from attnsvm.experiments import get
+
+    return get(experiment)
+
+
+_THREADS_LIMITED = False
+
+
+def _limit_threads() -> None:
+    """One BLAS/OpenMP/torch thread per worker: parallel workers must not oversubscribe."""
+    global _THREADS_LIMITED
+    if _THREADS_LIMITED:
+        return
+    for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+        os.environ[var] = "1"  # read by torch / numpy when they are imported later
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        torch.set_num_threads(1)
+    _THREADS_LIMITED = True
+
+
+def _origin() -> tuple[str, int]:
+    return socket.gethostname(), os.getpid()
+
+
+def _execute(experiment: Any, cfg: dict, origin: tuple[str, int] | None = None
+             ) -> tuple[str, Any, float]:
+    """Run one cell; never raises (except KeyboardInterrupt and friends).
+
+    Returns ``("done", tables, seconds)`` or ``("failed", traceback_text, seconds)``.
+    ``experiment`` is an Experiment, its name, or cloudpickled bytes. Threads are
+    limited to one when the task runs in another process than the sweep (``origin``).
+    """
+    if origin is not None and origin != _origin():
+        _limit_threads()
+    t0 = time.perf_counter()
+    try:
+        if isinstance(experiment, bytes):
+            import cloudpickle
+
+            experiment = cloudpickle.loads(experiment)
+        exp = resolve_experiment(experiment)
+        tables = exp.compute(dict(cfg))
+        if not isinstance(tables, Mapping):
+            raise TypeError(f"{exp.name}.compute returned {type(tables).__name__}, "
+                            f"expected a dict of table name -> pandas.DataFrame")
+        tables = dict(tables)
+        for name, df in tables.items():
+            _check_table(name, df)
+        return "done", tables, time.perf_counter() - t0
+    except Exception:  # noqa: BLE001 - one failing cell must not stop the sweep
+        return "failed", traceback.format_exc(), time.perf_counter() - t0
+
+
+def _pack(exp: Experiment) -> Any:
+    """What a spawned worker receives: cloudpickle bytes when available (closures and
+    notebook-defined functions travel too), else the object for plain pickling."""
+    try:
+        import cloudpickle
+    except ImportError:  # pragma: no cover - cloudpickle ships with dask
+        return exp
+    return cloudpickle.dumps(exp)
+
+
+def _run_local(exp: Experiment, jobs: list[tuple[str, dict]]) -> Iterator[tuple[str, tuple]]:
+    for key, cfg in jobs:
+        yield key, _execute(exp, cfg)
+
+
+def _run_processes(exp: Experiment, jobs: list[tuple[str, dict]], workers: int | None
+                   ) -> Iterator[tuple[str, tuple]]:
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+
+    payload = _pack(exp)
+    pool = ProcessPoolExecutor(max_workers=workers or os.cpu_count() or 1,
+                               mp_context=multiprocessing.get_context("spawn"),
+                               initializer=_limit_threads)
+    clean = False
+    try:
+        futures = {pool.submit(_execute, payload, cfg, None): key for key, cfg in jobs}
+        for fut in as_completed(futures):
+            yield futures[fut], _future_outcome(fut)
+        clean = True
+    finally:
+        if not clean:  # interrupted: do not wait for long cells that nobody will record
+            for proc in list((getattr(pool, "_processes", None) or {}).values()):
+                proc.terminate()
+        pool.shutdown(wait=clean, cancel_futures=True)
+
+
+def _future_outcome(fut: Any) -> tuple:
+    try:
+        return fut.result()
+    except Exception:  # noqa: BLE001 - a dead worker fails its cell, not the sweep
+        return "failed", "the worker running this cell died:\n" + traceback.format_exc(), 0.0
+
+
+def _run_dask(exp: Experiment, jobs: list[tuple[str, dict]], executor: Any,
+              address: str | None, workers: int | None) -> Iterator[tuple[str, tuple]]:
+    from dask.distributed import Client, LocalCluster, as_completed
+
+    cluster = None
+    if isinstance(executor, Client):
+        client, own = executor, False
+    elif address:
+        client, own = Client(address), True
+    else:
+        cluster = LocalCluster(n_workers=workers or os.cpu_count() or 1, threads_per_worker=1,
+                               processes=True, dashboard_address=None)
+        client, own = Client(cluster), True
+    token = uuid.uuid4().hex[:8]  # fresh task keys: never reuse results held by the cluster
+    names = {f"attnsvm-sweep-{exp.name}-{key}-{token}": key for key, _ in jobs}
+    futures = []
+    try:
+        futures = client.map(_execute, [exp] * len(jobs), [cfg for _, cfg in jobs],
+                             [_origin()] * len(jobs), key=list(names))
+        for fut in as_completed(futures):
+            outcome = _future_outcome(fut)
+            fut.release()
+            yield names[fut.key], outcome
+    finally:
+        pending = [f for f in futures if not f.done()]
+        if pending:
+            client.cancel(pending)
+        if own:
+            client.close()
+        if cluster is not None:
+            cluster.close()

@@ -1,0 +1,200 @@
+"""The Parquet store of a sweep: one file per (table, cell), a JSON record per cell,
+written atomically (see the package docstring for the layout)."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from .cells import _canonical
+
+__all__ = ["load"]
+
+MANIFEST = "manifest.json"
+RECORDS = "_cells"
+CELL_COLUMN = "cell"
+_MANIFEST_EVERY_S = 2.0
+
+
+def _check_table(name: Any, df: Any) -> None:
+    if (not isinstance(name, str) or not name or name.startswith((".", "_"))
+            or any(c in name for c in '/\\:*?"<>|')):
+        raise ValueError(f"table name {name!r} cannot be a folder of the store "
+                         f"(non-empty, no path characters, not starting with '.' or '_')")
+    if not isinstance(df, pd.DataFrame):
+        raise TypeError(f"table {name!r} is a {type(df).__name__}, expected pandas.DataFrame")
+    if CELL_COLUMN in df.columns:
+        raise ValueError(f"table {name!r} has a column {CELL_COLUMN!r}, which a sweep "
+                         f"reserves for the cell hash")
+
+
+def _with_params(df: pd.DataFrame, cell: Mapping[str, Any], key: str) -> pd.DataFrame:
+    """The table with the cell's parameters as constant columns, and the cell hash.
+
+    A parameter whose name is already a column of the table is left alone when the
+    column holds that value throughout; otherwise it is added as ``cell_<name>``.
+    Non-scalar values (lists, dicts) are stored as JSON text.
+    """
+    out = df.reset_index(drop=True).copy()
+    for name, value in cell.items():
+        value = _canonical(value, name)
+        if isinstance(value, (list, dict)):
+            value = json.dumps(value, sort_keys=True)
+        col = name
+        if col in out.columns:
+            if len(out) == 0 or bool((out[col] == value).all()):
+                continue
+            col = f"cell_{name}"
+        out[col] = value
+    out[CELL_COLUMN] = key
+    return out
+
+
+def _atomic_write_text(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+class _Store:
+    """The folder a sweep writes; only the sweep's own process touches it."""
+
+    def __init__(self, root: Path, experiment: str | None, create: bool = True):
+        self.root = Path(root)
+        self.experiment = experiment
+        manifest = self.root / MANIFEST
+        if manifest.exists():
+            try:
+                stored = json.loads(manifest.read_text()).get("experiment")
+            except (OSError, ValueError):
+                stored = None
+            if experiment is not None and stored not in (None, experiment):
+                raise ValueError(f"store {self.root} holds a sweep of {stored!r}, "
+                                 f"not {experiment!r}; pass another store")
+            if self.experiment is None:
+                self.experiment = stored
+        if create:
+            (self.root / RECORDS).mkdir(parents=True, exist_ok=True)
+        self.records: dict[str, dict] = {}
+        rec_dir = self.root / RECORDS
+        if rec_dir.is_dir():
+            for p in rec_dir.glob("*.json"):
+                try:
+                    self.records[p.stem] = json.loads(p.read_text())
+                except (OSError, ValueError):  # a torn record: the cell runs again
+                    continue
+        self._last_manifest = 0.0
+
+    def table_path(self, table: str, key: str) -> Path:
+        return self.root / table / f"{CELL_COLUMN}={key}.parquet"
+
+    def is_done(self, key: str) -> bool:
+        rec = self.records.get(key)
+        return bool(rec and rec.get("status") == "done"
+                    and all(self.table_path(t, key).exists() for t in rec.get("tables", [])))
+
+    def status(self, key: str) -> str | None:
+        rec = self.records.get(key)
+        return rec.get("status") if rec else None
+
+    def write_tables(self, key: str, cell: Mapping[str, Any], tables: Mapping[str, pd.DataFrame]
+                     ) -> list[str]:
+        for name, df in tables.items():
+            path = self.table_path(name, key)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+            _with_params(df, cell, key).to_parquet(tmp, index=False)
+            os.replace(tmp, path)
+        return list(tables)
+
+    def record(self, key: str, rec: dict) -> None:
+        self.records[key] = rec
+        _atomic_write_text(self.root / RECORDS / f"{key}.json", json.dumps(rec, indent=1))
+        if time.monotonic() - self._last_manifest > _MANIFEST_EVERY_S:
+            self.write_manifest()
+
+    def write_manifest(self) -> None:
+        cells = dict(sorted(self.records.items(), key=lambda kv: (kv[1].get("index", 0), kv[0])))
+        doc = {"experiment": self.experiment, "updated": _now(), "cells": cells}
+        _atomic_write_text(self.root / MANIFEST, json.dumps(doc, indent=1))
+        self._last_manifest = time.monotonic()
+
+    def read(self, keys: Iterable[str]) -> dict[str, pd.DataFrame]:
+        """Tables of the given (done) cells, concatenated in the order of ``keys``."""
+        parts: dict[str, list[pd.DataFrame]] = {}
+        for key in keys:
+            for table in self.records[key].get("tables", []):
+                parts.setdefault(table, []).append(pd.read_parquet(self.table_path(table, key)))
+        return {t: _concat(frames) for t, frames in parts.items()}
+
+
+def _concat(frames: list[pd.DataFrame]) -> pd.DataFrame:
+    nonempty = [f for f in frames if len(f)] or frames[:1]
+    return pd.concat(nonempty, ignore_index=True) if len(nonempty) > 1 else nonempty[0]
+
+
+def _now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+def load(store: str | Path, *, scale: str | None = None, failed: bool = False
+         ) -> dict[str, pd.DataFrame]:
+    """Read a sweep's store back: table name -> all completed cells' rows.
+
+    Rows are ordered by cell (in the order the cells were first swept), each table
+    carrying the cell's parameters and the ``cell`` hash. ``scale`` keeps the cells
+    of one scale only. With ``failed=True`` the result has one more table,
+    ``"_failed"``: the failed cells' parameters and tracebacks (column ``error``).
+
+    >>> tables = load("sweeps/mmts-fig4")       # doctest: +SKIP
+    >>> tables["metrics"].groupby("d").size()   # doctest: +SKIP
+    """
+    root = Path(store)
+    if not root.is_dir():
+        raise FileNotFoundError(f"no sweep store at {root}")
+    st = _Store(root, None, create=False)
+    if st.records:
+        keys = [k for k, r in sorted(st.records.items(),
+                                     key=lambda kv: (kv[1].get("index", 0), kv[0]))
+                if st.is_done(k) and (scale is None or r.get("scale") == scale)]
+        tables = st.read(keys)
+    else:  # bare Parquet files (e.g. copied without their records)
+        if scale is not None:
+            raise ValueError(f"store {root} has no cell records; cannot select scale {scale!r}")
+        tables = {}
+        for sub in sorted(p for p in root.iterdir() if p.is_dir() and p.name[0] not in "._"):
+            files = sorted(sub.glob(f"{CELL_COLUMN}=*.parquet"))
+            if files:
+                tables[sub.name] = _concat([pd.read_parquet(f) for f in files])
+    if failed:
+        tables["_failed"] = _cells_frame(
+            [(k, r) for k, r in st.records.items()
+             if r.get("status") == "failed" and (scale is None or r.get("scale") == scale)],
+            with_error=True)
+    return tables
+
+
+def _cells_frame(items: list[tuple[str, dict]], with_error: bool = False,
+                 resumed: set[str] | None = None) -> pd.DataFrame:
+    rows = []
+    for key, rec in items:
+        params = rec.get("params", {})
+        row = {CELL_COLUMN: key, "status": rec.get("status"), "seconds": rec.get("seconds"),
+               "params": json.dumps(params, sort_keys=True)}
+        if resumed is not None:
+            row["resumed"] = key in resumed
+        if with_error:
+            row["error"] = rec.get("error")
+        for k, v in params.items():
+            row.setdefault(k, json.dumps(v) if isinstance(v, (list, dict)) else v)
+        rows.append(row)
+    cols = [CELL_COLUMN, "status", "seconds", "params"] + (["resumed"] if resumed is not None
+                                                           else []) + (["error"] if with_error
+                                                                       else [])
+    return pd.DataFrame(rows) if rows else pd.DataFrame(columns=cols)
