@@ -189,10 +189,10 @@ def _solve_batch(Delta, Z, v, alpha, *, problem, vector, tol, irreducible, chunk
     Sm = np.einsum("bit,bitd->bid", lam, Delta).transpose(0, 2, 1) @ Z
     nS = np.linalg.norm(Sm, axis=(1, 2))
     safe = np.maximum(nrm, 1e-300)
-    stat = np.linalg.norm(W - Sm, axis=(1, 2)) / safe
     # infeasible or degenerate problems (no certificate) may overflow here: their entries are
     # masked by ``has`` / ``feas`` and re-solved exactly below
     with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+        stat = np.linalg.norm(W - Sm, axis=(1, 2)) / safe
         comp = np.abs(lam * np.where(v, m - 1, 0)).max((1, 2)) / safe**2
         lb = lam.sum((1, 2)) / np.maximum(nS, 1e-300)
         gap = np.where(has, np.maximum(nrm - lb, 0) / np.maximum(lb, 1e-300), 0.0)
