@@ -82,3 +82,44 @@ def test_nuclear_barrier_raw_central_path():
     assert m.min() >= 1 - 1e-6
     nuc = np.linalg.svd(W, compute_uv=False).sum() / min(1.0, m.min())
     assert (nuc - lam.sum()) / lam.sum() < 1e-6
+
+
+def test_nuclear_working_set_rounds_match_cvxpy():
+    # N = 650 > 600 constraints: the working-set path (Frobenius seed, loose rounds, warm
+    # accurate solve) runs; its answer must carry a valid certificate and match SCS.
+    # Tolerance 1e-4 relative: recovering W = -2 G_12 / t from the dual barrier loses
+    # digits as ||S||_op -> 1 (measured certified gaps 2e-6 .. 3e-5 at this shape)
+    n, T, d = 130, 6, 6
+    X, z, alpha = planted(n, T, d, 11)
+    sol = att_svm(X, z, alpha, norm="nuc")
+    assert sol.feasible_ and sol.solver_ == "barrier-working-set"
+    min_margin, lower, upper = independent_certificate(X, z, alpha, sol)
+    assert abs(min_margin - 1) < 1e-9 and lower <= upper * (1 + 1e-12)
+    assert (upper - lower) / lower < 1e-4 and abs(sol.gap_ - (upper - lower) / lower) < 1e-8
+    cs = _constraints(X, z, alpha, np.ones((n, T), bool))
+    Wc, _, _, _, _ = _solve_cvxpy(cs, "nuc", "SCS", eps=1e-9)
+    nuc_c = np.linalg.svd(Wc, compute_uv=False).sum() / min(1.0, cs.margins(Wc)[cs.valid].min())
+    assert lower <= nuc_c * (1 + 1e-9) and abs(sol.norm_ - nuc_c) <= 1e-4 * nuc_c
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_nuclear_warm_start_is_strictly_dual_feasible(seed):
+    # multipliers of a centred working set, plus new constraints entering with the warm-start
+    # values, keep ||sum_k lam_k Delta_k z_k^T||_op < 1 (so the barrier can resume)
+    from attnsvm.svm.problems import _nuc_warm_start
+
+    X, z, alpha = planted(30, 6, 5, seed)
+    cs = _constraints(X, z, alpha, np.ones((30, 6), bool))
+    rng = np.random.default_rng(seed)
+    old = cs.valid & (rng.random(cs.valid.shape) < 0.4)
+    ii, tt = np.nonzero(old)
+    _, lam, status, _ = nuclear_barrier(cs.Delta[ii, tt], cs.Z[ii], cs.b[ii, tt], gap_tol=1e-3)
+    assert status == "optimal"
+    grid = np.zeros(cs.valid.shape)
+    grid[ii, tt] = lam
+    work = cs.valid.copy()
+    lam0 = _nuc_warm_start(cs, grid, work)
+    wi, wt = np.nonzero(work)
+    S = (cs.Delta[wi, wt] * lam0[:, None]).T @ cs.Z[wi]
+    assert (lam0 > 0).all() and np.linalg.norm(S, 2) < 1
+    assert np.allclose(lam0[old[work]], lam)  # the old multipliers are kept

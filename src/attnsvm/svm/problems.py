@@ -302,8 +302,25 @@ def _nuc_initial_work(cs: ConstraintSet) -> np.ndarray:
     return work
 
 
+def _nuc_warm_start(red: ConstraintSet, lam_grid: np.ndarray, work: np.ndarray) -> np.ndarray:
+    """Strictly dual-feasible multipliers on the working set ``work`` from the last round's
+    ``lam_grid``: old constraints keep theirs; the k new ones get
+    eps_j = (1 - ||S(lam)||_op) / (2 k ||Delta_j|| ||z_j||), so ||S||_op stays below
+    (1 + ||S(lam)||_op) / 2 < 1 and the barrier path resumes where it was."""
+    new = work & ~(lam_grid > 0)
+    lam = lam_grid.copy()
+    if new.any():
+        S = np.einsum("it,itd,ie->de", lam_grid, red.Delta, red.Z)
+        slack = max(1.0 - float(np.linalg.norm(S, 2)), 0.0)
+        ni, nt = np.nonzero(new)
+        size = np.linalg.norm(red.Delta[ni, nt], axis=1) * np.linalg.norm(red.Z[ni], axis=1)
+        lam[ni, nt] = slack / (2 * len(ni) * np.maximum(size, 1e-300))
+    return lam[work]
+
+
 def _nuc_barrier_working_set(cs: ConstraintSet, max_rounds: int = 20, gap_tol: float = 1e-7,
-                             mu: float = 10.0, loose_tol: float = 1e-2, add_slack: float = 0.1):
+                             mu: float = 10.0, loose_tol: float = 1e-2, add_slack: float = 0.1,
+                             warm_frac: float = 0.1):
     """Nuclear norm: constraint generation around the structured dual barrier method
     (:func:`attnsvm.svm.fast.nuclear_barrier`), no cvxpy and no conic-form build.
 
@@ -319,10 +336,13 @@ def _nuc_barrier_working_set(cs: ConstraintSet, max_rounds: int = 20, gap_tol: f
     Working set: start from :func:`_nuc_initial_work`, solve (barrier gap ``loose_tol``),
     add every constraint of the full set violated by more than 1e-9 (relative) and, in
     these loose rounds, also those with margin < b (1 + ``add_slack``) (fewer rounds:
-    measured 1.7 s vs 2.2 s at (100, 16, 32)), repeat;
-    once nothing is violated, re-solve with gap ``gap_tol`` from the loose solve's
-    multipliers and t (and go on adding violated constraints, now with accurate solves,
-    until none is left).
+    measured 1.7 s vs 2.2 s at (100, 16, 32)), repeat from a cold start while a round adds
+    more than ``warm_frac`` of the working set (a warm start at large t with many violated
+    constraints was measured slower than a cold one); once a round adds fewer, continue
+    the central path with gap ``gap_tol`` from its multipliers and t (new constraints enter
+    strictly dual feasible, :func:`_nuc_warm_start`), and go on adding violated
+    constraints, now with accurate warm solves, until none is left. At (100, 16, 32) this
+    saved the third cold loose round: 0.84 s instead of 1.12 s.
     Certificate: W is divided by its minimal margin (exactly feasible, min margin 1); the
     working-set multipliers, 0 elsewhere, are dual feasible for the FULL problem, so
     sum lam b / ||sum lam A||_op is a valid lower bound and :func:`certify` reports the
@@ -340,19 +360,19 @@ def _nuc_barrier_working_set(cs: ConstraintSet, max_rounds: int = 20, gap_tol: f
     scale = max(1.0, float(np.abs(cs.b[valid]).max()))
     tol = loose_tol  # early rounds only identify the working set: a loose gap suffices
     state: dict = {}
-    resume = None
+    lam_grid = None  # multipliers to continue from, on the (n, T) grid (None: cold start)
     for _ in range(max_rounds):
         wi, wt = np.nonzero(work)
+        args = (red.Delta[wi, wt], red.Z[wi], red.b[wi, wt])
         C = None
-        if resume is not None:  # same working set, tighter gap: continue the central path
-            C, lam, status, it = nuclear_barrier(red.Delta[wi, wt], red.Z[wi], red.b[wi, wt],
-                                                 gap_tol=tol, mu=mu, lam0=resume[0],
-                                                 t0=resume[1], state=state)
+        if lam_grid is not None:  # continue the central path of the last round
+            C, lam, status, it = nuclear_barrier(*args, gap_tol=tol, mu=mu, state=state,
+                                                 lam0=_nuc_warm_start(red, lam_grid, work),
+                                                 t0=state.get("t"))
             total += it
-            resume = None
         if C is None:
-            C, lam, status, it = nuclear_barrier(red.Delta[wi, wt], red.Z[wi], red.b[wi, wt],
-                                                 gap_tol=tol, mu=mu, t_init=0.1, state=state)
+            C, lam, status, it = nuclear_barrier(*args, gap_tol=tol, mu=mu, t_init=0.1,
+                                                 state=state)
             total += it
         if C is None:
             return None, None, status, "barrier-working-set", total
@@ -360,11 +380,14 @@ def _nuc_barrier_working_set(cs: ConstraintSet, max_rounds: int = 20, gap_tol: f
         viol = valid & ~work & (m < cs.b - 1e-9 * scale)
         if tol != gap_tol and viol.any():  # loose round: take the near-active ones along
             viol |= valid & ~work & (m < cs.b * (1 + add_slack))
-        if not viol.any():
-            if tol == gap_tol:
-                break
-            tol = gap_tol  # working set found: final accurate solve (checked again)
-            resume = (lam, state.get("t"))
+        n_add = int(viol.sum())
+        if n_add == 0 and tol == gap_tol:
+            break
+        lam_grid = None
+        if n_add <= warm_frac * len(wi):  # (nearly) the working set: accurate solve, warm
+            tol = gap_tol
+            lam_grid = np.zeros(valid.shape)
+            lam_grid[wi, wt] = lam
         work |= viol
     else:
         status = "optimal_inaccurate"  # round limit: certify() still reports the true numbers
