@@ -453,8 +453,14 @@ def summarize(history: pd.DataFrame, layers: pd.DataFrame, table: pd.DataFrame) 
     if {"sgd", "md2"} <= set(t.index) and t.loc["sgd", "lr"] == t.loc["md2", "lr"]:
         a = history[history.optimizer == "sgd"].set_index(["seed", "epoch"]).test_acc
         b = history[history.optimizer == "md2"].set_index(["seed", "epoch"]).test_acc
-        diff = float((a - b).abs().max())
-        out.append(f"Check: md2 and SGD (same lr) differ by at most {diff:.2g} in test accuracy.")
+        diff = (a - b).abs()
+        last = diff.xs(int(history.epoch.max()), level="epoch")
+        out.append(
+            f"md2 vs SGD (same lr, the same update in exact arithmetic): final test accuracy "
+            f"differs by at most {float(last.max()):.2g} over seeds (any epoch: "
+            f"{float(diff.max()):.2g}). torch.optim.SGD rounds W + (-lr) G differently from "
+            f"W - lr G in ~1% of entries (1 ulp), and training amplifies that: the runs are "
+            f"the same update rule, not the same trajectory.")
     return out
 
 
