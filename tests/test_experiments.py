@@ -62,3 +62,25 @@ def test_cli_list_and_unknown_name(capsys):
     assert "experiments" in capsys.readouterr().out
     with pytest.raises(SystemExit, match="unknown experiment"):
         main(["reproduce", "no-such-experiment", "--scale", "tiny"])
+
+
+def test_report_separates_sanity_checks_and_lists_findings(tmp_path):
+    exp = Experiment(
+        name="mmts-demo", title="demo", claim="x is at least 1",
+        configs={"tiny": {}, "quick": {}, "full": {}},
+        compute=lambda cfg: {"t": pd.DataFrame({"x": [0.5]})},
+        judge=lambda t, cfg: [Check("x >= 1", "x = 0.5", False, note="seen on 3 of 3 seeds"),
+                              Check("the data has 1 row", "1 row", True, sanity=True)],
+        plot=lambda t, cfg, out: [],
+        deviations=("eta = 1 instead of the paper's 0.5 (stability)",),
+    )
+    res = run_experiment(exp, "tiny", tmp_path / "a")
+    assert [c.sanity for c in res.checks] == [False, True]
+    assert len(res.claims) == 1 and len(res.sanity_checks) == 1 and not res.passed
+    text = write_report([res], tmp_path, scale="tiny", total_seconds=1.0).read_text()
+    assert "Claims: 0 of 1 hold; sanity checks of the set-up: 1 of 1 hold" in text
+    diff = text.split("## Where this reproduction differs from the papers")[1].split("\n## ")[0]
+    assert "x >= 1" in diff and "seen on 3 of 3 seeds" in diff and "eta = 1 instead" in diff
+    assert "the data has 1 row" not in diff  # a passing sanity check is not a difference
+    verdicts = pd.read_csv(tmp_path / "verdicts.csv")
+    assert list(verdicts.kind) == ["claim", "sanity"]

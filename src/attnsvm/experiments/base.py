@@ -37,12 +37,19 @@ class Check:
 
     ``note`` says why a prediction does not apply or fails (e.g. "not saturated",
     "SVM infeasible for 3 of 100 instances") instead of hiding the case.
+
+    ``sanity=True`` marks a check of the set-up rather than of the paper's claim (true by
+    construction of the data or the solver, e.g. "the two candidate SVMs differ", "token
+    1 is not locally optimal" on fixed data, rank(W) <= min(n, d)). The report counts
+    sanity checks apart from the claims; a failing sanity check means the experiment did
+    not test what it meant to, not that the paper is wrong.
     """
 
     claim: str
     measured: str
     passed: bool
     note: str = ""
+    sanity: bool = False
 
     @property
     def verdict(self) -> str:
@@ -50,17 +57,17 @@ class Check:
 
 
 def check_at_least(claim: str, name: str, value: float, threshold: float, note: str = "",
-                   fmt: str = ".4g") -> Check:
+                   fmt: str = ".4g", sanity: bool = False) -> Check:
     """Check ``value >= threshold`` (NaN fails), with the numbers written out."""
     ok = bool(value >= threshold) if not _isnan(value) else False
-    return Check(claim, f"{name} = {value:{fmt}} (needs >= {threshold:{fmt}})", ok, note)
+    return Check(claim, f"{name} = {value:{fmt}} (needs >= {threshold:{fmt}})", ok, note, sanity)
 
 
 def check_at_most(claim: str, name: str, value: float, threshold: float, note: str = "",
-                  fmt: str = ".4g") -> Check:
+                  fmt: str = ".4g", sanity: bool = False) -> Check:
     """Check ``value <= threshold`` (NaN fails), with the numbers written out."""
     ok = bool(value <= threshold) if not _isnan(value) else False
-    return Check(claim, f"{name} = {value:{fmt}} (needs <= {threshold:{fmt}})", ok, note)
+    return Check(claim, f"{name} = {value:{fmt}} (needs <= {threshold:{fmt}})", ok, note, sanity)
 
 
 def _isnan(x: Any) -> bool:
@@ -82,6 +89,9 @@ class Experiment:
     configs: ``{"tiny": {...}, "quick": {...}, "full": {...}}``; ``tiny`` is for tests,
              ``quick`` is the default of ``attnsvm reproduce``, ``full`` the papers' scale.
     compute, judge, plot: see the module docstring.
+    deviations: where this reproduction departs from the paper's setting (a different
+             step size, scale, tolerance, population), one sentence each with the reason;
+             the report lists them under "Where this reproduction differs from the papers".
     """
 
     name: str
@@ -92,6 +102,7 @@ class Experiment:
     judge: Callable[[Tables, dict], list[Check]]
     plot: Callable[[Tables, dict, Path], list[Path]]
     in_default: bool = True
+    deviations: tuple[str, ...] = ()
 
     @property
     def paper(self) -> str:
@@ -121,3 +132,12 @@ class Result:
     @property
     def passed(self) -> bool:
         return self.error is None and all(c.passed for c in self.checks)
+
+    @property
+    def claims(self) -> list[Check]:
+        """The checks of the paper's claims (sanity checks of the set-up excluded)."""
+        return [c for c in self.checks if not c.sanity]
+
+    @property
+    def sanity_checks(self) -> list[Check]:
+        return [c for c in self.checks if c.sanity]
