@@ -241,5 +241,6 @@ def test_cli_parses_grids_and_runs(tmp_path, monkeypatch, capsys):
     assert main(argv + ["--dry-run"]) == 0
     out = capsys.readouterr().out
     assert out.count(" done ") == 4 and out.count(" failed ") == 2
-    with pytest.raises(SystemExit, match="KEY=VALUES"):
-        main(["sweep", "sweep_cli_demo:EXP", "--grid", "d"])
+    assert main(["sweep", "sweep_cli_demo:EXP", "--grid", "d"]) == 2
+    err = capsys.readouterr().err
+    assert "--grid expects KEY=VALUES" in err and err.count("\n") == 1

@@ -62,11 +62,18 @@ import pandas as pd
 from attnsvm.experiments.base import Experiment
 
 from .cells import _canonical, _unbox, cell_key, grid
-from .executors import EXECUTORS, _run_dask, _run_local, _run_processes, resolve_experiment
+from .executors import (
+    EXECUTORS,
+    SweepTerminated,
+    _run_dask,
+    _run_local,
+    _run_processes,
+    resolve_experiment,
+)
 from .store import CELL_COLUMN, MANIFEST, _cells_frame, _now, _Store, load
 
 __all__ = ["grid", "sweep", "load", "cell_key", "resolve_experiment", "SweepResult",
-           "EXECUTORS"]
+           "SweepTerminated", "EXECUTORS"]
 
 
 @dataclass
