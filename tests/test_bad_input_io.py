@@ -171,7 +171,7 @@ def test_save_refuses_a_folder_and_a_missing_folder(tmp_path):
 
 # ------------------------------------------------------------------ CLI: solve
 SOLVE_FILE_CASES = ["missing.npz", "folder.npz", "text.npz", "empty.npz", "truncated.npz",
-                    "plain.npy", "z_none.npz", "complex.npz"]
+                    "plain.npy", "z_none.npz", "complex.npz", "labels.npz", "nan.npz"]
 
 
 @pytest.mark.parametrize("name", SOLVE_FILE_CASES)
