@@ -361,3 +361,17 @@ def test_console_exit_status_and_stderr(tmp_path):
                           capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert proc.returncode == 2 and proc.stdout == ""
     assert proc.stderr.count("\n") == 1 and "--lr: expected a finite number > 0" in proc.stderr
+
+
+def test_train_cli_takes_every_registered_rule(capsys):
+    from attnsvm.cli import main
+
+    assert main(["train", "--optimizer", "adam", "--opt-arg", "eps=0", "--steps", "5",
+                 "--trials", "2"]) == 0
+    assert "adam(lr=0.1, b1=0.9, b2=0.999, eps=0.0)" in capsys.readouterr().out
+    for argv, msg in [(["--optimizer", "adamx"], "unknown optimizer 'adamx'"),
+                      (["--optimizer", "muon", "--opt-arg", "foo=1"], "unexpected keyword argument 'foo'"),
+                      (["--optimizer", "adam", "--opt-arg", "eps"], "expected KEY=VALUE")]:
+        assert main(["train", "--steps", "1", *argv]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and msg in err[0], err

@@ -25,9 +25,14 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--query", default=None, choices=QUERIES,
                         help="where the queries come from (default cross: the data's z; "
                              "first/last: a token of the sequence; not for --model Prompt)")
-    parser.add_argument("--optimizer", default="ngd", choices=["gd", "ngd", "polyak", "mirror"])
+    parser.add_argument("--optimizer", default="ngd", metavar="RULE",
+                        help="a rule of attnsvm.optim (default %(default)s): "
+                             + ", ".join(_rule_names()) + ", or md<p> (l_p mirror descent)")
     parser.add_argument("--lr", type=positive_float, default=0.1,
-                        help="step size > 0 (Polyak: its c)")
+                        help="step size > 0 (Polyak: its c; default %(default)s)")
+    parser.add_argument("--opt-arg", action="append", default=[], metavar="KEY=VALUE",
+                        help="another hyper-parameter of the rule, e.g. --opt-arg eps=0 "
+                             "--opt-arg beta=0.9 (repeatable)")
     parser.add_argument("--p", type=float, default=None,
                         help="l_p exponent > 1 for --optimizer mirror (default 2)")
     parser.add_argument("--loss", default="logistic", choices=["logistic", "exponential", "correlation"])
@@ -45,6 +50,45 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="write the metrics table (.parquet or .csv); an existing file "
                              "is kept unless --force")
     parser.add_argument("--force", action="store_true", help="overwrite an existing --out file")
+
+
+def _rule_names() -> list[str]:
+    from attnsvm.optim import RULES
+
+    return sorted(RULES)
+
+
+def _value(text: str):
+    """A hyper-parameter value from the command line: bool, int, float, None or a string."""
+    low = text.strip().lower()
+    if low in ("true", "false"):
+        return low == "true"
+    if low in ("none", "null"):
+        return None
+    for cast in (int, float):
+        try:
+            return cast(text)
+        except ValueError:
+            pass
+    return text
+
+
+def make_optimizer(name: str, lr: float, p: float | None, pairs: list[str]):
+    """The rule ``name`` of ``attnsvm.optim.get`` with lr (Polyak: c), p (mirror) and the
+    ``KEY=VALUE`` pairs; a ValueError names a bad pair, rule or hyper-parameter."""
+    from attnsvm import optim as O
+
+    hyper = {}
+    for pair in pairs:
+        if "=" not in pair:
+            raise ValueError(f"--opt-arg {pair!r}: expected KEY=VALUE, e.g. eps=0")
+        key, val = pair.split("=", 1)
+        hyper[key.strip()] = _value(val)
+    rule = O.get(name)  # the name is checked before its hyper-parameters
+    hyper["c" if rule.name == "polyak" else "lr"] = lr
+    if p is not None:
+        hyper["p"] = p
+    return O.get(name, **hyper)
 
 
 def check_out(path: str | None, force: bool):
@@ -90,7 +134,6 @@ def write_table(df, out, force: bool) -> None:
 def run(args: argparse.Namespace) -> int:
     from attnsvm import data as D
     from attnsvm import models as M
-    from attnsvm import optim as O
     from attnsvm.train import train
 
     # every argument is checked before the data is loaded or anything is trained
@@ -102,9 +145,10 @@ def run(args: argparse.Namespace) -> int:
     if args.p is not None and args.optimizer != "mirror":
         raise ValueError(f"--p applies to --optimizer mirror only (got --optimizer "
                          f"{args.optimizer})")
-    p = 2.0 if args.p is None else args.p
+    p = 2.0 if args.p is None and args.optimizer == "mirror" else args.p
     if args.optimizer == "mirror" and not (p > 1 and p < float("inf")):
         raise ValueError(f"--p must be a finite number > 1 for l_p mirror descent; got {args.p}")
+    opt = make_optimizer(args.optimizer, args.lr, p, args.opt_arg)
     device = torch_device(args.device)
 
     if args.data:
@@ -132,20 +176,22 @@ def run(args: argparse.Namespace) -> int:
     d = data.d
     kw = {} if args.model == "Prompt" else {"query": query}
     model = {"W": M.WModel, "KQ": M.KQModel, "Diag": M.DiagModel, "Prompt": M.PromptModel}[args.model](d, **kw)
-    opt = {"gd": lambda: O.gd(args.lr), "ngd": lambda: O.ngd(args.lr), "polyak": lambda: O.polyak(args.lr),
-           "mirror": lambda: O.mirror(p, args.lr)}[args.optimizer]()
     traj = train(model, data, loss=args.loss, optimizer=opt, steps=args.steps, B=B, seed=args.seed,
                  init=args.init, scale=args.scale, record_every=args.record_every,
                  progress=args.progress, device=device)
     last = traj.metrics.groupby("trial").last()
     shown_query = "" if args.model == "Prompt" else f" ({query})"
-    print(f"data: {source}; model {args.model}{shown_query}; {args.optimizer} lr={args.lr}; "
+    print(f"data: {source}; model {args.model}{shown_query}; {opt!r}; "
           f"{args.loss} loss; {B} trials x {traj.steps_run} steps")
-    print(f"  final loss gap L - L*: median {last['loss_gap'].median():.3e}  max {last['loss_gap'].max():.3e}")
+    print(f"  final loss gap L - L*: median {last['loss_gap'].median():.3e}  max {last['loss_gap'].max():.3e}"
+          f"  (log10: median {last['log10_gap'].median():.1f})")
     if "p_sel_mean" in last:
         print(f"  p_sel (prob. of the optimal token): mean {last['p_sel_mean'].mean():.4f}  "
               f"min {last['p_sel_min'].min():.4f}")
-    print(f"  norm ||W||: mean {last['norm'].mean():.3f}   stopped trials: {int(traj.stopped.sum())}")
+    stops = traj.stops[traj.stopped]
+    why = "" if stops.empty else " (" + ", ".join(
+        f"{c} {r}" for r, c in stops.stop_reason.value_counts().items()) + ")"
+    print(f"  norm ||W||: mean {last['norm'].mean():.3f}   stopped trials: {int(traj.stopped.sum())}{why}")
     if out is not None:
         write_table(traj.metrics, out, args.force)
         print(f"  metrics ({len(traj.metrics)} rows) -> {out}")

@@ -179,11 +179,16 @@ class AttentionModel:
 
     def _labels(self, data, Q):
         y = data["y"]
+        if y.ndim == 3 and Q == 1:
+            raise ValueError(f"the data hold one label per query token (y of shape (n, T)) but "
+                             f"query={self.query!r} has one query per sequence; use "
+                             "query='seq2seq' or 'causal', or labels y of shape (n,)")
         return y[:, :, None] if y.ndim == 2 else y  # (Bx, n, Q)
 
     def _gamma(self, data, Q):
         """gamma_{iqt} = y_{iq} v^T x_{it} (Bx, n, Q, T) (attnsvm.scores) with inadmissible
         keys (padding, causal future) at -inf."""
+        self._labels(data, Q)  # the label layout must fit the queries
         g = scores(data["X"], data["y"], data["v"])
         g = g[:, :, None, :] if g.ndim == 3 else g
         m = self._key_mask(data)
