@@ -174,23 +174,18 @@ class TokenData:
         Seq-to-seq: gamma_{ikt} = y_{ik} v^T x_{it}, shape (..., n, T, T) (query k, key t).
         Masked tokens get -inf. Needs the fixed head v.
         """
+        from .scores import scores
+
         if self.v is None:
             raise ValueError("gamma needs the fixed linear head v; this TokenData has v = None")
-        vx = np.einsum("...ntd,...d->...nt", self.X, self.v)
-        if self.seq2seq:
-            g = self.y[..., :, :, None] * vx[..., :, None, :]
-            mask = None if self.mask is None else self.mask[..., :, None, :]
-        else:
-            g = self.y[..., None] * vx
-            mask = self.mask
-        if mask is not None:
-            g = np.where(mask, g, -np.inf)
-        return g
+        return scores(self.X, self.y, self.v, self.mask)
 
     @property
     def opt(self) -> np.ndarray:
         """Globally optimal token index opt_i = argmax_t gamma_{it}, shape (..., n) [(…, n, T)]."""
-        return np.argmax(self.gamma, axis=-1)
+        from .scores import opt_tokens
+
+        return opt_tokens(self.gamma)
 
     # -------------------------------------------------------------- batching
     def trial(self, b: int) -> TokenData:

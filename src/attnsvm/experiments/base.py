@@ -28,6 +28,7 @@ PAPERS = {
     "rates": "Implicit Bias and Fast Convergence Rates for Self-attention (Vasudeva, Deora, Thrampoulidis, 2024)",
     "mirror": "Implicit Bias of Mirror Descent for Softmax Attention (Julistiono, Tarzanagh, Azizan, 2024)",
     "kqflow": "Gradient flow on separate key and query matrices: nuclear-norm implicit bias (Sheen et al., 2024)",
+    "atlas": "attnsvm's own question, beyond the papers: the geometry of each optimiser's implicit bias",
 }
 
 
