@@ -52,7 +52,7 @@ def test_cells_with_mostly_infeasible_draws_are_not_judged():
     t["cells"]["drawn"] = 9  # 4 feasible of 9: the paper's curve shows its rank-1 rule there
     checks = tr.judge(t, CFGJ)
     assert not checks[1].passed and "fraction of cells = nan" in checks[1].measured
-    assert "(n=5,T=5,d=10): fro 5.00, nuc 5.00 (4 of 9 draws)" in checks[1].note
+    assert "(n=5,T=5,d=10): fro 5.00, nuc 5.00 (4 feasible, 4 certified, of 9 draws)" in checks[1].note
 
 
 def test_uncertified_solutions_are_left_out_and_named():

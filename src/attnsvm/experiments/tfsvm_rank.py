@@ -212,7 +212,8 @@ def judge(tables: dict, cfg: dict) -> list[Check]:
                        f"infeasible are not judged (the paper's curve there is its rank-1 rule "
                        f"for infeasible draws): " + ("; ".join(
                            f"(n={n},T={T},d={d}): fro {x.rank_fro:.2f}, nuc {x.rank_nuc_cert:.2f} "
-                           f"({x.certified} of {x.drawn} draws)" for (n, T, d), x in
+                           f"({x.feasible} feasible, {x.certified} certified, of {x.drawn} draws)"
+                           for (n, T, d), x in
                            zip(rest.index, rest.itertuples())) or "none") + f". {unc_txt}"),
         check_at_least(f"attnsvm's count (sigma_k > {RTOL['nuc']:g} sigma_1) equals the rank "
                        f"certified by the dual (multiplicity of the top singular value of S, "
