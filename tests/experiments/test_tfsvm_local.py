@@ -1,5 +1,6 @@
-"""tfsvm-local: verdict logic on hand-built tables (including excluded runs) and the
-consistency of the final curve point with the per-run table."""
+"""tfsvm-local: verdict logic on hand-built population tables (including runs left out);
+the population's starts and prefix property; the final curve point against the per-run
+table at the tiny scale."""
 
 from __future__ import annotations
 
@@ -12,34 +13,51 @@ from attnsvm.experiments import tfsvm_local as tl
 CFG = tl.EXPERIMENT.config("tiny")
 
 
-def _runs(n=20, w=(0.999, 0.9), kq=(0.9, 0.999), sat=1.0, feas=1.0):
+def _runs(n=20, w=(0.999, 0.9), kq=(0.9, 0.999), pmax=1.0, feas=1.0, bad_w=0):
     rows = []
     for m, (cf, cn) in (("W", w), ("KQ", kq)):
         for b in range(n):
-            rows.append(dict(model=m, trial=b, p_max=1.0, saturated=b < sat * n,
-                             feasible=b < feas * n, corr_fro=cf, corr_nuc=cn))
+            f, c = (0.5, 0.5) if (m == "W" and b < bad_w) else (cf, cn)
+            rows.append(dict(model=m, trial=b, p_max=pmax, saturated=pmax >= tl.SATURATED,
+                             opt=True, feasible=b < feas * n, corr_fro=f, corr_nuc=c))
     return {"runs": pd.DataFrame(rows)}
 
 
 def test_judge_passes_on_the_predicted_behaviour():
-    assert all(c.passed for c in tl.judge(_runs(), CFG))
+    checks = tl.judge(_runs(), CFG)
+    assert all(c.passed for c in checks)
+    assert [c.sanity for c in checks] == [False] * 6 + [True]
 
 
 @pytest.mark.parametrize("kw, failing", [
-    (dict(sat=0.5), [0, 3]),                  # half the runs do not saturate
+    (dict(pmax=0.9), [0, 3]),                 # the attention does not saturate
     (dict(w=(0.95, 0.9)), [1]),               # W not aligned with W_fro
     (dict(w=(0.995, 0.998)), [2]),            # W closer to the nuclear SVM
     (dict(kq=(0.9, 0.95)), [4]),              # KQ not aligned with W_nuc
     (dict(kq=(0.999, 0.995)), [5]),           # KQ closer to the Frobenius SVM
+    (dict(bad_w=1), [1]),                     # one run of 20 elsewhere: the mean drops below
+    (dict(bad_w=3), [1, 2]),                  # three of 20: the 90% share fails too
+    (dict(feas=0.75), [6]),                   # SVMs infeasible in some runs: sanity check
 ])
 def test_judge_fails_on_tables_built_to_fail(kw, failing):
     checks = tl.judge(_runs(**kw), CFG)
     assert [i for i, c in enumerate(checks) if not c.passed] == failing
 
 
-def test_excluded_runs_are_counted_in_the_note():
+def test_left_out_runs_are_counted_in_the_note():
     checks = tl.judge(_runs(feas=0.75), CFG)
-    assert "15 of 20 runs included" in checks[1].note and "5 SVM infeasible" in checks[1].note
+    assert "15 of 20 runs have a feasible SVM" in checks[1].note
+
+
+def test_population_starts_and_prefix():
+    cfg = dict(CFG, S=5, chunk=2)
+    data, init = tl.population(cfg)
+    small, init_s = tl.population(dict(cfg, S=3))
+    assert np.array_equal(data.X[:3], small.X) and np.array_equal(init["K"][:3], init_s["K"])
+    d = cfg["d"]
+    for k in ("W", "K", "Q"):
+        assert init[k].shape == (5, d, d) and (np.abs(init[k]) <= 1 / np.sqrt(d)).all()
+    assert not np.allclose(init["K"], init["Q"])
 
 
 def test_final_curve_point_is_the_reported_correlation():

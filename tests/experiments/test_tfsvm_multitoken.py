@@ -1,5 +1,6 @@
-"""tfsvm-multitoken: verdict logic on hand-built tables; the padded batch trains exactly the
-d-dimensional problem; one-token selections reduce W_eq to the ATT-SVM."""
+"""tfsvm-multitoken: verdict logic on hand-built tables (the paper's population and the
+all-runs view); the notebook's filter and draw protocol at the tiny scale; one-token
+selections reduce W_eq to the ATT-SVM."""
 
 from __future__ import annotations
 
@@ -7,54 +8,94 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from attnsvm.data import TokenData
 from attnsvm.experiments import tfsvm_multitoken as tm
 from attnsvm.metrics import correlation
-from attnsvm.models import WModel
-from attnsvm.optim import ngd
 from attnsvm.svm import att_svm
-from attnsvm.train import train
 
 CFG = tm.EXPERIMENT.config("tiny")
 
 
-def _runs(eq=1e-3, dr=1e-2, one=1e-1, nsel=2.0):
-    rows = [dict(d=d, trial=b, finite=False, ambiguous=False, feasible=True, n_selected=nsel,
-                 gap_eq=eq, gap_dir=dr, gap_one=one) for d in (4, 6) for b in range(3)]
-    return {"runs": pd.DataFrame(rows)}
+def _tables(eq=1e-3, dr=1e-2, one=1e-1, nsel=2.0, all_dir=1e-2, kept=5, ds=(4, 6)):
+    rows = []
+    for d in ds:
+        for b in range(kept):  # kept by the notebook's filter
+            rows.append(dict(d=d, trial=b, kept=True, view=False, undecided=False, feasible=True,
+                             n_selected=nsel, gap_eq=eq, gap_dir=dr, gap_one=one))
+        for b in range(kept, kept + 4):  # discarded (undecided token), in the all-runs prefix
+            rows.append(dict(d=d, trial=b, kept=False, view=True, undecided=True, feasible=True,
+                             n_selected=nsel, gap_eq=eq, gap_dir=all_dir, gap_one=one))
+    counts = pd.DataFrame([dict(d=d, drawn=20, used=20, finite=5, undecided=4, kept=kept,
+                                target=kept) for d in ds])
+    return {"runs": pd.DataFrame(rows), "counts": counts}
+
+
+CFGJ = dict(CFG, ds=[4, 6])
 
 
 def test_judge_passes_on_the_predicted_ordering():
-    assert all(c.passed for c in tm.judge(_runs(), CFG))
+    checks = tm.judge(_tables(), CFGJ)
+    assert all(c.passed for c in checks)
+    assert [c.sanity for c in checks] == [False] * 5 + [True]
 
 
 @pytest.mark.parametrize("kw, failing", [
-    (dict(eq=2e-2, one=1.0), [0]),   # W_eq worse than W_dir
-    (dict(one=5e-3), [1]),           # one-token SVM nearly as good as W_eq
-    (dict(nsel=1.0), [2]),           # only single tokens selected
+    (dict(eq=2e-2, all_dir=0.05), [0]),     # W_eq worse than W_dir
+    (dict(dr=0.5, all_dir=0.05), [1]),      # W_dir worse than the one-token SVM
+    (dict(eq=0.2, dr=0.3, all_dir=0.3), [1, 2, 4]),  # both worse than one-token, all runs too
+    (dict(nsel=1.0), [3]),                  # only single tokens selected
+    (dict(all_dir=0.5), [4]),               # the ordering fails on the runs the filter drops
+    (dict(kept=3), [5]),                    # too few kept runs: sanity check fails
 ])
 def test_judge_fails_on_tables_built_to_fail(kw, failing):
-    checks = tm.judge(_runs(**kw), CFG)
+    checks = tm.judge(_tables(**kw), CFGJ)
     assert [i for i, c in enumerate(checks) if not c.passed] == failing
 
 
-def test_padded_batch_trains_the_unpadded_problem():
-    cfg = dict(CFG, seeds=1, ds=[3, 5], steps=40)
-    data, V, dd = tm.padded_data(cfg)
-    D = data.d
-    W0 = np.zeros((2, D, D))
-    rng = np.random.default_rng(1)
-    for b, d in enumerate(dd):
-        W0[b, :d, :d] = rng.standard_normal((d, d))
-    padded = train(WModel(D, head="relu", V=V), data, optimizer=ngd(0.1), steps=40,
-                   init={"W": W0}).W
-    for b, d in enumerate(dd):
-        one = TokenData(X=data.X[b, :, :, :d], y=data.y[b], z=data.z[b, :, :d])
-        Wd = train(WModel(d, head="relu", V=V[b, :d, :d]), one, optimizer=ngd(0.1), steps=40,
-                   init={"W": W0[b, :d, :d]}).W[0]
-        assert np.allclose(padded[b, :d, :d], Wd, atol=1e-10)
-        assert np.all(padded[b, d:, :] == 0) and np.all(padded[b, :, d:] == 0)
-    assert all((data.y[dd == d] == -1).any(1).all() for d in cfg["ds"])
+def test_a_d_without_kept_runs_fails_the_per_d_orderings():
+    t = _tables()
+    t["runs"] = t["runs"][~((t["runs"].d == 6) & t["runs"].kept)]
+    t["counts"].loc[t["counts"].d == 6, "kept"] = 0
+    checks = tm.judge(t, CFGJ)
+    assert not any(c.passed for c in checks[:3])
+    assert "d=6: no runs FAILS" in checks[0].note
+
+
+def test_orderings_are_per_d_not_pooled():
+    t = _tables()
+    r = t["runs"]
+    # at d = 6 W_dir is worse than the one-token SVM; pooled over d it would still be better
+    r.loc[(r.d == 6) & r.kept, "gap_dir"] = 0.15
+    r.loc[(r.d == 4) & r.kept, "gap_dir"] = 1e-4
+    assert r[r.kept].gap_dir.mean() < r[r.kept].gap_one.mean()
+    assert not tm.judge(t, CFGJ)[1].passed
+
+
+def test_draws_are_a_prefix_and_follow_the_notebook():
+    cfg = dict(CFG, chunk=2)
+    a, Va, Wa = tm.draw(4, cfg, 0, 3)
+    b, Vb, Wb = tm.draw(4, cfg, 0, 1)
+    assert np.array_equal(a.X[:2], b.X) and np.array_equal(Va[:2], Vb) and np.array_equal(Wa[:2], Wb)
+    assert np.allclose(np.linalg.norm(a.X, axis=-1), 1) and np.allclose(np.linalg.norm(a.z, axis=-1), 1)
+    assert np.allclose(np.linalg.norm(Va, axis=(1, 2)), 1)
+    assert (np.abs(Wa) <= 0.5).all()  # nn.Linear: U(-1/sqrt(d), 1/sqrt(d)), d = 4
+    assert (a.y == -1).any(1).all()  # the notebook skips draws without a y = -1
+
+
+def test_tiny_population_follows_the_filter_and_the_target():
+    t = tm.compute(CFG)
+    r, cnt = t["runs"], t["counts"]
+    kept = tm.paper_runs(r)
+    assert (kept.groupby("d").size() <= CFG["target"]).all()
+    assert not kept.undecided.any()  # the filter drops runs with a token in (1e-6, 1e-3]
+    assert (kept.min_prob <= tm.LOW).all() and (kept.max_out <= tm.LOW).all()
+    assert (cnt.used <= cnt.drawn).all() and (cnt.drawn <= CFG["cap"]).all()
+    # the judged numbers are the table's: the per-d means of the kept runs
+    m = tm.means(kept)
+    for c in tm.judge(t, CFG)[:1]:
+        for d, x in m.iterrows():
+            assert f"d={d}: {x.gap_eq:.3g} vs {x.gap_dir:.3g}" in c.note
+    last = t["curves"].groupby(["d", "trial"]).step.max()
+    assert (last == CFG["steps"]).all()
 
 
 def test_single_token_selection_reduces_to_the_att_svm():

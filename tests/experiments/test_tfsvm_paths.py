@@ -1,5 +1,5 @@
-"""tfsvm-paths: verdict logic on hand-built tables; the recorded path against an independent
-correlation; the dataset's documented properties."""
+"""tfsvm-paths: verdict logic on hand-built population tables; the population's recipe and
+prefix property; the recorded paths against an independent correlation at the tiny scale."""
 
 from __future__ import annotations
 
@@ -13,44 +13,66 @@ from attnsvm.metrics import correlation
 CFG = tp.EXPERIMENT.config("tiny")
 
 
-def _tables(w=(0.999, 0.90), kq=(0.90, 0.999), cfn=0.9):
-    rows = [dict(model=m, step=s, corr_fro=c[0] if s else 0.0, corr_nuc=c[1] if s else 0.0,
-                 p_sel_min=1.0) for m, c in (("W", w), ("KQ", kq)) for s in (0, 100)]
-    svm = pd.DataFrame([dict(norm="fro", rank=2, corr_fro_nuc=cfn),
-                        dict(norm="nuc", rank=1, corr_fro_nuc=cfn)])
-    return {"path": pd.DataFrame(rows), "svm": svm}
+def _tables(w=(0.999, 0.90), kq=(0.90, 0.999), cfn=0.9, S=10, bad_w=0, bad_kq=0, informative=10):
+    fin = []
+    for m, (cf, cn), bad in (("W", w, bad_w), ("KQ", kq, bad_kq)):
+        for b in range(S):
+            f, n = (0.3, 0.3) if b < bad else (cf, cn)
+            fin.append(dict(model=m, dataset=b, corr_fro=f, corr_nuc=n, reached_opt=b >= bad,
+                            p_sel_min=1.0))
+    svm = pd.DataFrame(dict(dataset=np.arange(S), feasible=True, rank_fro=2, rank_nuc=1,
+                            corr_fro_nuc=np.where(np.arange(S) < informative, cfn, 0.99)))
+    return {"final": pd.DataFrame(fin), "svm": svm}
 
 
 def test_judge_passes_when_each_model_finds_its_svm():
-    assert all(c.passed for c in tp.judge(_tables(), CFG))
+    checks = tp.judge(_tables(), CFG)
+    assert all(c.passed for c in checks)
+    assert [c.sanity for c in checks] == [False] * 4 + [True]
 
 
 @pytest.mark.parametrize("kw, failing", [
-    (dict(cfn=0.99), 0),                  # the two SVMs coincide: the setup tells nothing
-    (dict(w=(0.95, 0.90)), 1),            # W not converged to W_fro
-    (dict(w=(0.991, 0.995)), 2),          # W closer to the nuclear SVM
-    (dict(kq=(0.90, 0.95)), 3),           # KQ not converged to W_nuc
-    (dict(kq=(0.999, 0.995)), 4),         # KQ closer to the Frobenius SVM
+    (dict(w=(0.95, 0.90)), [0]),                # W not converged to W_fro
+    (dict(w=(0.991, 0.995)), [1]),              # W closer to the nuclear SVM
+    (dict(kq=(0.90, 0.95)), [2]),               # KQ not converged to W_nuc
+    (dict(kq=(0.999, 0.995)), [3]),             # KQ closer to the Frobenius SVM
+    (dict(bad_w=1), [0]),                       # one dataset of ten elsewhere: mean < 0.99
+    (dict(bad_kq=2), [2, 3]),                   # two of ten: mean and the 90% share fail
+    (dict(informative=4), [4]),                 # too few datasets whose SVMs differ
 ])
 def test_judge_fails_on_tables_built_to_fail(kw, failing):
     checks = tp.judge(_tables(**kw), CFG)
-    assert not checks[failing].passed
-    assert sum(not c.passed for c in checks) == 1
+    assert [i for i, c in enumerate(checks) if not c.passed] == failing
 
 
-def test_dataset_is_the_documented_one():
-    data = tp.paths_dataset(20)
-    assert data.X.shape == (2, 3, 2) and np.all(data.y == 1)
-    assert np.allclose(np.linalg.norm(data.z, axis=1), 1) and np.isclose(np.linalg.norm(data.v), 1)
-    assert data.X[0, :, 0].mean() < 0 < data.X[1, :, 0].mean()  # clusters at (-1, 0) and (1, 0)
+def test_uninformative_datasets_do_not_count_for_the_comparison():
+    t = _tables(informative=6)
+    f = t["final"]
+    f.loc[(f.model == "W") & (f.dataset >= 6), ["corr_fro", "corr_nuc"]] = (0.995, 0.999)
+    checks = tp.judge(t, CFG)
+    assert checks[1].passed and "6 informative datasets" in checks[1].note
 
 
-def test_recorded_path_matches_an_independent_correlation():
+def test_population_is_the_recipe_and_a_prefix():
+    data, K0 = tp.paths_population(6, seed=0, chunk=4)
+    small, K0s = tp.paths_population(3, seed=0, chunk=4)
+    assert np.array_equal(data.X[:3], small.X) and np.array_equal(K0[:3], K0s)
+    assert data.X.shape == (6, 2, 3, 2) and np.all(data.y == 1)
+    assert np.allclose(np.linalg.norm(data.z, axis=-1), 1) and np.allclose(np.linalg.norm(data.v, axis=-1), 1)
+    assert (data.X[:, 0, :, 0].mean(-1) < data.X[:, 1, :, 0].mean(-1)).all()  # (-1, 0) vs (1, 0)
+
+
+def test_tiny_population_paths_match_an_independent_correlation():
     t = tp.compute(CFG)
-    svm = t["svm"].set_index("norm")
-    assert svm["rank"]["fro"] == 2 and svm["rank"]["nuc"] == 1  # why this seed was chosen
+    svm, path, fin = t["svm"], t["path"], t["final"]
+    assert len(svm) == CFG["S"] and set(fin.model) == {"W", "KQ"}
     for nm in ("fro", "nuc"):
-        R = svm.loc[nm, tp.ENTRIES].to_numpy(float).reshape(2, 2)
-        d = t["path"][t["path"].norm > 0]
-        W = d[tp.ENTRIES].to_numpy().reshape(-1, 2, 2)
-        assert np.allclose(correlation(W, R[None]), d[f"corr_{nm}"], atol=1e-10)
+        R = svm[[f"{nm}_{e}" for e in tp.ENTRIES]].to_numpy(float).reshape(-1, 2, 2)
+        for m in ("W", "KQ"):
+            d = path[(path.model == m) & (path.norm > 0)]
+            W = d[tp.ENTRIES].to_numpy().reshape(-1, 2, 2)
+            assert np.allclose(correlation(W, R[d.dataset.to_numpy()]), d[f"corr_{nm}"], atol=1e-10)
+            last = d[d.step == d.step.max()].set_index("dataset")[f"corr_{nm}"]
+            f = fin[fin.model == m].set_index("dataset")[f"corr_{nm}"]
+            assert np.allclose(last.reindex(f.index), f)
+    assert tp.shown_dataset(svm) in set(svm.dataset)

@@ -1,25 +1,36 @@
 """Transformers as SVMs, rank of the SVM solutions: the nuclear-norm ATT-SVM has lower rank
-than the Frobenius one.
+than the Frobenius one, and how to count that rank.
 
-Setup (the paper's ``svm_rank`` notebook): tokens x_it, queries z_i and head v uniform on the
-unit sphere, y_i uniform in {-1, +1} (``attnsvm.data.random_sphere``), alpha = opt
-(argmax_t y_i v^T x_it). Grid: d in {1, 2, 3, 4, 5, 10, 15, 20} with n in {5, 10, 15} (T = 5)
-and T in {5, 10, 15} (n = 5). Per cell, instances are drawn until ``target`` feasible ones are
-found (at most ``max_tries`` draws; the paper keeps drawing until it has 100): feasibility
-is decided by the exact batched Frobenius solver and does not depend on the norm. The
-nuclear solution uses the recommended path of ``attnsvm.svm`` (SCS working set, certified on
-all constraints).
+Setup (the paper's ``svm_rank`` notebook, re-drawn with numpy): tokens x_it, queries z_i and
+head v uniform on the unit sphere, y_i uniform in {-1, +1} (``attnsvm.data.random_sphere``),
+alpha = opt (argmax_t y_i v^T x_it). Grid: d in {1, 2, 3, 4, 5, 10, 15, 20} with n in
+{5, 10, 15} (T = 5) and T in {5, 10, 15} (n = 5). The notebook takes 100 draws per cell and
+counts ``numpy.linalg.matrix_rank(W, tol=1e-7)``: singular values above an ABSOLUTE 1e-7,
+on cvxpy's default solution (SCS, eps 1e-5), and an infeasible draw (cvxpy returns None)
+as rank 1. Here each cell takes its first ``N`` draws (chunks of rng([seed, cell, chunk]),
+so quick is a prefix of full); infeasible draws are counted and left out.
 
-Numerical rank = #{sigma_k > rtol * sigma_1}. Frobenius: rtol = 1e-7 (THEORY default; the
-solver is exact up to rounding and its spurious singular values sit near 1e-12). Nuclear:
-rtol = 1e-4, because SCS solutions are only accurate to the solver tolerance; the table
-also holds the rank at 1e-3 and 1e-6 and the figure shows the singular-value spectrum,
-so the choice can be checked: the verdict requires the rank to be the same at all three.
-(The paper's notebook used an absolute 1e-7 and counted infeasible draws, whose cvxpy
-value is None, as rank 1; here they are excluded and counted.)
+Two rank counts of the same nuclear solution (attnsvm's certified working-set path):
 
-Claims: rank(W_fro) <= min(n, d) (KKT: W_fro = sum_i (sum_t lambda_it (x_i,alpha_i - x_it)) z_i^T);
-the nuclear-norm solution (the limit of (K, Q)-training) has lower rank.
+- the paper's: #{sigma_k > 1e-7} (absolute);
+- attnsvm's: #{sigma_k > 1e-4 sigma_1} (relative).
+
+Which is right is decided by the solver's dual certificate, not by a tolerance. At an
+optimum of min ||W||_* s.t. m_it(W) >= 1 the multipliers give S = sum lambda_it (x_i,alpha_i -
+x_it) z_i^T in the subdifferential of ||.||_* at W (scaled so ||S||_op = 1): S = U V^T + N
+with U, V the singular vectors of W and ||N||_op <= 1, N orthogonal to them. So every optimal
+W has rank <= the multiplicity of the top singular value of S: the certified rank
+(``dual_rank``, a metric of this module) is #{sigma_k(S) >= (1 - 1e-5) sigma_1(S)}, on the
+solutions whose certified relative duality gap is <= 1e-6 (the others are counted apart).
+A count above it counts singular values no optimal solution has: solver noise. The paper's
+count on its own solver is measured on a sub-sample (``scs`` feasible draws per cell,
+cvxpy's default solver, the notebook's problem).
+
+Claims: rank(W_fro) <= min(n, d) (KKT: W_fro = sum_i (sum_t lambda_it (x_i,alpha_i - x_it))
+z_i^T; a sanity check of the solver); the nuclear-norm solution (the limit of (K, Q)-
+training) has lower rank than the Frobenius one in every cell (the figure's dashed curves
+below the solid ones), judged where most draws are feasible (elsewhere the paper's curves
+show its rank-1 rule for infeasible draws, not solutions).
 """
 
 from __future__ import annotations
@@ -27,16 +38,17 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from attnsvm.data import random_sphere
+from attnsvm.data import TokenData, random_sphere
 from attnsvm.experiments.base import Check, Experiment, check_at_least, check_at_most
-from attnsvm.metrics import numerical_rank
 from attnsvm.plotting import COLORS, label, save, subplots
 from attnsvm.svm import att_svm, att_svm_batch
 
-RTOL = {"fro": 1e-7, "nuc": 1e-4}
-NUC_ALT = (1e-3, 1e-6)  # the nuclear rank must not change between these tolerances
-LOWER = 0.95  # rank(W_nuc) <= rank(W_fro) on >= 95% of instances ("nearly all")
-MUCH = 0.75  # "much lower": mean rank_nuc / rank_fro <= 3/4 where min(n, d) >= 5
+ABS = 1e-7  # the notebook's count: numpy matrix_rank(W, tol=1e-7), an absolute tolerance
+RTOL = {"fro": 1e-7, "nuc": 1e-4}  # attnsvm's counts: sigma_k > rtol * sigma_1
+NUC_ALT = (1e-3, 1e-6)  # the relative count must not change between these tolerances
+DELTA = 1e-5  # certified rank: singular values of S within a factor 1 - 1e-5 of the top one
+GAP = 1e-6  # a nuclear solution is certified if its relative duality gap is <= 1e-6
+AGREE = 0.95  # "the paper's count measures the rank": equal to the certified rank on >= 95%
 
 
 def cells(cfg: dict) -> list[tuple[int, int, int]]:
@@ -44,115 +56,248 @@ def cells(cfg: dict) -> list[tuple[int, int, int]]:
     return [(n, T, d) for n, T in nT for d in cfg["ds"]]
 
 
-def feasible_draws(n: int, T: int, d: int, cfg: dict, seed: int):
-    """Draw batches (growing x4) until ``target`` feasible instances or ``max_tries`` draws.
+def cell_draws(n: int, T: int, d: int, c: int, cfg: dict) -> TokenData:
+    """The first ``N`` draws of cell c, in chunks from rng([seed, c, chunk index])."""
+    C = cfg["chunk"]
+    parts = [random_sphere(n, T, d, seed=[cfg["seed"], c, k], batch=C)
+             for k in range(-(-cfg["N"] // C))]
+    return TokenData(**{f: np.concatenate([getattr(p, f) for p in parts])[: cfg["N"]]
+                        for f in ("X", "y", "z", "v")})
 
-    Returns (data of the kept instances or None, their Frobenius solutions, draws tried)."""
-    kept, tried, size, r = [], 0, max(cfg["target"] + 2, 4), 0
-    while sum(len(k[1]) for k in kept) < cfg["target"] and tried < cfg["max_tries"]:
-        size = min(size, cfg["max_tries"] - tried)
-        data = random_sphere(n, T, d, seed=seed + r, batch=size)
-        fro = att_svm_batch(data.X, data.z, data.opt, irreducible=False)
-        kept.append((data, np.nonzero(fro.feasible_)[0], fro))
-        tried, size, r = tried + size, size * 4, r + 1
-    return kept, tried
+
+def margins(X, z, alpha, W) -> np.ndarray:
+    """m_it(W) = (x_i,alpha_i - x_it)^T W z_i for W (..., d, d): (..., n, T); +inf at alpha."""
+    D = np.take_along_axis(X, alpha[:, None, None], 1) - X  # (n, T, d)
+    m = np.einsum("ntd,...de,ne->...nt", D, W, z)
+    return np.where(np.arange(X.shape[1]) == alpha[:, None], np.inf, m)
+
+
+def dual_rank(X, z, alpha, lam, delta: float = DELTA) -> int:
+    """Multiplicity of the top singular value of the dual matrix S = sum_it lambda_it
+    (x_i,alpha_i - x_it) z_i^T: #{sigma_k(S) >= (1 - delta) sigma_1(S)}, an upper bound on the
+    rank of every optimal nuclear-norm solution (complementary slackness). lam (n, T) >= 0."""
+    D = np.take_along_axis(X, alpha[:, None, None], 1) - X
+    s = np.linalg.svd(np.einsum("nt,ntd,ne->de", lam, D, z), compute_uv=False)
+    return int((s >= (1 - delta) * s[0]).sum()) if s[0] > 0 else 0
+
+
+def lower_bound(sol) -> float:
+    """The certified lower bound on the optimum of a Solution: lb with gap = (ub - lb) / lb,
+    ub = ||W|| / min(1, margin) (attnsvm.svm.solution.certify)."""
+    ub = sol.norm_ / min(1.0, sol.margin_)
+    return ub / (1.0 + sol.gap_)
+
+
+def notebook_nuclear(X, z, alpha) -> tuple[np.ndarray | None, str]:
+    """The notebook's nuclear problem with cvxpy's default solver: min ||W||_* s.t.
+    (x_it - x_i,alpha_i)^T W z_i <= -1 (t != alpha_i). Returns (W or None, cvxpy status)."""
+    import warnings
+
+    import cvxpy as cp
+
+    n, T, d = X.shape
+    D = X - np.take_along_axis(X, alpha[:, None, None], 1)
+    keep = np.arange(T) != alpha[:, None]
+    A = np.einsum("ntd,ne->ntde", D, z)[keep].reshape(-1, d * d)
+    W = cp.Variable((d, d))
+    prob = cp.Problem(cp.Minimize(cp.normNuc(W)), [A @ cp.vec(W, order="C") <= -1])
+    with warnings.catch_warnings():  # "may be inaccurate": kept as the status instead
+        warnings.simplefilter("ignore")
+        prob.solve()
+    return (None if W.value is None else np.asarray(W.value)), str(prob.status)
 
 
 def compute(cfg: dict) -> dict[str, pd.DataFrame]:
     rows, spec, cell_rows = [], [], []
     for c, (n, T, d) in enumerate(cells(cfg)):
-        kept, tried = feasible_draws(n, T, d, cfg, seed=cfg["seed"] * 10**6 + 1000 * c)
-        k = 0
-        for data, idx, fro in kept:
-            for b in idx:
-                if k >= cfg["target"]:
-                    break
-                nuc = att_svm(data.X[b], data.z[b], data.opt[b], norm="nuc", irreducible=False)
-                Ws = {"fro": fro.W_[b], "nuc": nuc.W_}
-                row = dict(n=n, T=T, d=d, instance=k, feasible_nuc=nuc.feasible_,
-                           nuc_status=nuc.status_, nuc_seconds=nuc.time_)
-                for nm, W in Ws.items():
-                    if W is None:
-                        continue
-                    sv = np.linalg.svd(W, compute_uv=False)
-                    row[f"rank_{nm}"] = int(numerical_rank(W, RTOL[nm]))
-                    spec += [dict(n=n, T=T, d=d, instance=k, norm=nm, k=j + 1, sv_ratio=s / sv[0])
-                             for j, s in enumerate(sv)]
-                for rt in NUC_ALT:
-                    row[f"rank_nuc_{rt:g}"] = int(numerical_rank(nuc.W_, rt)) if nuc.feasible_ else -1
+        data = cell_draws(n, T, d, c, cfg)
+        fro = att_svm_batch(data.X, data.z, data.opt, irreducible=False)
+        idx = np.nonzero(fro.feasible_)[0]
+        for k, b in enumerate(idx):
+            X, z, a = data.X[b], data.z[b], data.opt[b]
+            nuc = att_svm(X, z, a, norm="nuc", irreducible=False)
+            row = dict(n=n, T=T, d=d, draw=int(b), feasible_nuc=nuc.feasible_, nuc_gap=nuc.gap_,
+                       nuc_margin=nuc.margin_, nuc_seconds=nuc.time_)
+            if not nuc.feasible_:
                 rows.append(row)
-                k += 1
-        cell_rows.append(dict(n=n, T=T, d=d, tried=tried, feasible=k, target=cfg["target"]))
+                continue
+            row["certified"] = bool(nuc.gap_ <= GAP and nuc.margin_ >= 1 - 1e-9)
+            for nm, W in (("fro", fro.W_[b]), ("nuc", nuc.W_)):
+                sv = np.linalg.svd(W, compute_uv=False)
+                row[f"rank_{nm}"] = int((sv > RTOL[nm] * sv[0]).sum())
+                row[f"rank_{nm}_abs"] = int((sv > ABS).sum())
+                spec += [dict(n=n, T=T, d=d, draw=int(b), norm=nm, k=j + 1, sv=v, sv_ratio=v / sv[0])
+                         for j, v in enumerate(sv)]
+            for rt in NUC_ALT:
+                row[f"rank_nuc_{rt:g}"] = int((sv > rt * sv[0]).sum())
+            row["rank_nuc_cert"] = dual_rank(X, z, a, nuc.dual_)
+            if k < cfg["scs"]:  # the notebook's solver and count on a sub-sample
+                Wp, status = notebook_nuclear(X, z, a)
+                row["scs_status"] = status
+                if Wp is not None:
+                    sp = np.linalg.svd(Wp, compute_uv=False)
+                    mu = margins(X, z, a, Wp).min()
+                    row.update(rank_scs_abs=int((sp > ABS).sum()),
+                               rank_scs_rel=int((sp > RTOL["nuc"] * sp[0]).sum()),
+                               scs_excess=sp.sum() / mu / lower_bound(nuc) - 1 if mu > 0 else np.inf)
+                    spec += [dict(n=n, T=T, d=d, draw=int(b), norm="scs", k=j + 1, sv=v,
+                                  sv_ratio=v / sp[0]) for j, v in enumerate(sp)]
+            rows.append(row)
+        cell_rows.append(dict(n=n, T=T, d=d, drawn=len(fro.feasible_), feasible=len(idx)))
     return {"ranks": pd.DataFrame(rows), "spectra": pd.DataFrame(spec),
             "cells": pd.DataFrame(cell_rows)}
 
 
+def certified(r: pd.DataFrame) -> pd.DataFrame:
+    """Instances whose nuclear solution is feasible and certified (gap <= GAP)."""
+    return r[r.feasible_nuc & r.certified.fillna(False).astype(bool)] if len(r) else r
+
+
+def cell_means(r: pd.DataFrame, cl: pd.DataFrame) -> pd.DataFrame:
+    """Per cell, over the certified instances: mean ranks (attnsvm's counts, the certified
+    rank, the absolute counts), their number, and an estimate of the paper's curve: the
+    notebook averages over all its draws, with the absolute count of its solver's solution on
+    the feasible ones (mean over this run's sub-sample) and rank 1 for each infeasible draw."""
+    ok = certified(r)
+    cols = [c for c in ("rank_fro", "rank_nuc", "rank_nuc_cert", "rank_fro_abs",
+                        "rank_nuc_abs", "rank_scs_abs") if c in ok]
+    out = cl.set_index(["n", "T", "d"])
+    if len(ok):
+        g = ok.groupby(["n", "T", "d"])
+        out = out.join(g[cols].mean()).join(g.size().rename("certified"))
+    out["certified"] = out.get("certified", pd.Series(0, index=out.index)).fillna(0).astype(int)
+    share = out.feasible / out.drawn
+    for nm, col in (("nuc", "rank_scs_abs"), ("fro", "rank_fro_abs")):
+        v = out[col] if col in out else np.nan
+        out[f"paper_curve_{nm}"] = np.where(out.feasible > 0, v * share + (1 - share), 1.0)
+    return out
+
+
 def judge(tables: dict, cfg: dict) -> list[Check]:
-    r, cl = tables["ranks"], tables["cells"]
-    r = r[r.feasible_nuc]
-    short = cl[cl.feasible < cl.target]
-    note = (f"{len(r)} feasible instances in {len(cl)} cells; cells short of {cfg['target']} "
-            f"feasible draws (SVM infeasible: d too small for n(T-1) constraints): " +
-            ", ".join(f"(n={s.n},T={s.T},d={s.d}): {s.feasible}/{s.tried} draws" for s in
-                      short.itertuples()) if len(short) else f"{len(r)} feasible instances")
-    excess = (r.rank_fro - np.minimum(r.n, r.d)).max() if len(r) else np.nan
-    room = r[np.minimum(r.n, r.d) >= 5]
-    ratio = float((room.rank_nuc / room.rank_fro).mean()) if len(room) else np.nan
-    same = (r.rank_nuc == r[f"rank_nuc_{NUC_ALT[0]:g}"]) & (r.rank_nuc == r[f"rank_nuc_{NUC_ALT[1]:g}"])
+    raw, cl = tables["ranks"], tables["cells"]
+    feas = raw[raw.feasible_nuc] if len(raw) else raw
+    r = certified(raw)
+    short = cl[cl.feasible < cl.drawn]
+    note = (f"{len(feas)} feasible instances in {len(cl)} cells of {cfg['N']} draws; infeasible "
+            "draws (d too small for n(T-1) constraints) left out: " +
+            ", ".join(f"(n={s.n},T={s.T},d={s.d}): {s.drawn - s.feasible}/{s.drawn}"
+                      for s in short.itertuples()))
+    unc = feas[~feas.index.isin(r.index)]
+    unc_txt = (f"{len(unc)} of {len(feas)} nuclear solutions are not certified (relative gap "
+               f"> {GAP:g}: " + ", ".join(f"(n={u.n},T={u.T},d={u.d}) {u.nuc_gap:.1e}"
+                                          for u in unc.itertuples()) + ") and are left out")
+    excess = (feas.rank_fro - np.minimum(feas.n, feas.d)).max() if len(feas) else np.nan
+    m = cell_means(raw, cl)
+    small = np.minimum(m.index.get_level_values("n"), m.index.get_level_values("d")) >= 2
+    shown = 2 * m.feasible > m.drawn  # the paper's curve shows solutions, not its rank-1 rule
+    room = m[small & shown & (m.certified > 0)]
+    rest = m[small & ~shown & (m.certified > 0)]
+    lower = (room.rank_nuc_cert < room.rank_fro) if len(room) else pd.Series(dtype=bool)
+    cell_txt = "; ".join(f"(n={n},T={T},d={d}): fro {x.rank_fro:.2f}, nuc {x.rank_nuc_cert:.2f}"
+                         f" ({x.certified})" + ("" if ok else " FAILS")
+                         for (n, T, d), x, ok in zip(room.index, room.itertuples(), lower))
+    same = r.rank_nuc == r.rank_nuc_cert
+    alt = (r.rank_nuc == r[f"rank_nuc_{NUC_ALT[0]:g}"]) & (r.rank_nuc == r[f"rank_nuc_{NUC_ALT[1]:g}"])
+    sub = r.dropna(subset=["rank_scs_abs"]) if "rank_scs_abs" in r else r.iloc[:0]
+    scs_same = sub.rank_scs_abs == sub.rank_nuc_cert
     return [
         check_at_most("rank(W_fro) <= min(n, d) on every instance (KKT, THEORY §5)",
-                      "max rank(W_fro) - min(n, d)", float(excess), 0.0, note, fmt="g"),
-        check_at_least(f"rank(W_nuc) <= rank(W_fro) on nearly all (>= {LOWER:.0%}) instances",
-                       "fraction rank_nuc <= rank_fro", float((r.rank_nuc <= r.rank_fro).mean()),
-                       LOWER, f"{int((r.rank_nuc > r.rank_fro).sum())} exceptions"),
-        check_at_most(f"The nuclear rank is much lower: mean rank(W_nuc)/rank(W_fro) <= {MUCH} "
-                      f"over instances with min(n, d) >= 5", "mean rank ratio", ratio, MUCH,
-                      f"{len(room)} instances; mean ranks fro {room.rank_fro.mean():.2f}, "
-                      f"nuc {room.rank_nuc.mean():.2f}"),
-        check_at_least(f"The nuclear rank does not depend on the tolerance: the same at rtol "
-                       f"{NUC_ALT[0]:g}, {RTOL['nuc']:g} and {NUC_ALT[1]:g} (>= 95% of instances)",
-                       "fraction unchanged", float(same.mean()), 0.95,
-                       f"Frobenius rtol {RTOL['fro']:g}, nuclear rtol {RTOL['nuc']:g}"),
+                      "max rank(W_fro) - min(n, d)", float(excess), 0.0, note, fmt="g",
+                      sanity=True),
+        check_at_least("The nuclear-norm solution has lower rank than the Frobenius one: mean "
+                       "certified rank(W_nuc) < mean rank(W_fro) in every cell with min(n, d) >= 2 "
+                       "where most draws are feasible",
+                       "fraction of cells", float(lower.mean()) if len(lower) else np.nan, 1.0,
+                       f"per cell (certified instances): {cell_txt}. Cells where most draws are "
+                       f"infeasible are not judged (the paper's curve there is its rank-1 rule "
+                       f"for infeasible draws): " + ("; ".join(
+                           f"(n={n},T={T},d={d}): fro {x.rank_fro:.2f}, nuc {x.rank_nuc_cert:.2f} "
+                           f"({x.feasible} feasible, {x.certified} certified, of {x.drawn} draws)"
+                           for (n, T, d), x in
+                           zip(rest.index, rest.itertuples())) or "none") + f". {unc_txt}"),
+        check_at_least(f"attnsvm's count (sigma_k > {RTOL['nuc']:g} sigma_1) equals the rank "
+                       f"certified by the dual (multiplicity of the top singular value of S, "
+                       f"within {DELTA:g}) on every certified instance", "fraction of instances",
+                       float(same.mean()) if len(r) else np.nan, 1.0,
+                       f"{len(r)} certified instances (largest gap {r.nuc_gap.max():.1e}); the "
+                       f"count is the same at rtol {NUC_ALT[0]:g} and {NUC_ALT[1]:g} on "
+                       f"{alt.mean():.1%}. {unc_txt}", sanity=True),
+        check_at_least(f"The paper's count (sigma_k > {ABS:g} absolute, cvxpy's default solver, "
+                       f"the notebook's problem) gives the certified rank on >= {AGREE:.0%} of "
+                       f"the instances", "fraction of instances (sub-sample)",
+                       float(scs_same.mean()) if len(sub) else np.nan, AGREE,
+                       f"{len(sub)} instances solved with cvxpy's default (SCS; status "
+                       f"{', '.join(f'{k} {v}' for k, v in sub.scs_status.value_counts().items())}"
+                       f"): mean paper "
+                       f"count {sub.rank_scs_abs.mean():.2f} vs certified "
+                       f"{sub.rank_nuc_cert.mean():.2f}, above it on "
+                       f"{(sub.rank_scs_abs > sub.rank_nuc_cert).mean():.0%}, below on "
+                       f"{(sub.rank_scs_abs < sub.rank_nuc_cert).mean():.0%}; SCS's solution is "
+                       f"{sub.scs_excess.median():.1e} (median relative) above the certified "
+                       f"optimum, and its relative count (> {RTOL['nuc']:g} sigma_1) gives the "
+                       f"certified rank on {(sub.rank_scs_rel == sub.rank_nuc_cert).mean():.0%}. "
+                       f"The absolute count on attnsvm's own solutions (gap ~1e-7) gives it on "
+                       f"{(r.rank_nuc_abs == r.rank_nuc_cert).mean():.0%} of all certified "
+                       f"instances: an absolute 1e-7 counts solver noise"),
     ]
 
 
 def plot(tables: dict, cfg: dict, out) -> list:
+    from matplotlib.lines import Line2D
+
     r, sp = tables["ranks"], tables["spectra"]
-    r = r[r.feasible_nuc]
-    fig, ax = subplots(3, 1, width=4.0, height=3.4)
-    for a, (key, fixed, vals) in zip(ax, (("n", ("T", 5), cfg["ns"]), ("T", ("n", 5), cfg["Ts"]))):
+    m = cell_means(r, tables["cells"]).reset_index()
+    fig, ax = subplots(3, 1, width=4.2, height=3.6)
+    styles = (("rank_fro", "-", "o", "Frobenius"), ("rank_nuc_cert", "--", "s", "nuclear (certified rank)"),
+              ("paper_curve_nuc", ":", "x", "nuclear, paper's count (cvxpy, > 1e-7)"))
+    for a, (key, fixed, vals), loc in zip(ax, (("n", ("T", 5), cfg["ns"]), ("T", ("n", 5), cfg["Ts"])),
+                                          ("upper left", "lower right")):
         for j, val in enumerate(vals):
-            g = r[(r[key] == val) & (r[fixed[0]] == fixed[1])].groupby("d")
-            for nm, ls, mk in (("fro", "-", "o"), ("nuc", "--", "s")):
-                m, lo, hi = g[f"rank_{nm}"].mean(), g[f"rank_{nm}"].min(), g[f"rank_{nm}"].max()
-                a.plot(m.index, m.values, ls, marker=mk, ms=4, color=COLORS[j],
-                       label=f"{key} = {val}, {'Frobenius' if nm == 'fro' else 'nuclear'}")
-                a.fill_between(m.index, lo.values, hi.values, color=COLORS[j], alpha=0.12, lw=0)
-        label(a, "embedding dimension d", "numerical rank of the SVM solution",
-              f"({'ab'[key == 'T']}) {key} varies, {fixed[0]} = {fixed[1]} (mean, min-max band)")
+            g = m[(m[key] == val) & (m[fixed[0]] == fixed[1])].sort_values("d")
+            for col, ls, mk, _ in styles:
+                if col in g:
+                    a.plot(g.d, g[col], ls, marker=mk, ms=4, color=COLORS[j])
+        label(a, "embedding dimension d", "mean rank of the SVM solution",
+              f"({'ab'[key == 'T']}) {key} varies, {fixed[0]} = {fixed[1]}", legend=False)
         a.set_xticks(cfg["ds"])
-        a.legend(fontsize=6, ncol=2)
-    for nm, col in (("fro", COLORS[0]), ("nuc", COLORS[1])):
-        x = np.log10(np.clip(sp[sp.norm == nm].sv_ratio, 1e-17, None))
-        ax[2].hist(x, bins=np.linspace(-17, 0, 69), alpha=0.5, color=col,
-                   label=f"{'Frobenius' if nm == 'fro' else 'nuclear'} solutions")
-        ax[2].axvline(np.log10(RTOL[nm]), color=col, ls="--", label=f"rtol {nm} = {RTOL[nm]:g}")
+        h1 = [Line2D([], [], color="k", ls=ls, marker=mk, ms=4, label=name) for _, ls, mk, name in styles]
+        h2 = [Line2D([], [], color=COLORS[j], lw=3, label=f"{key} = {v}") for j, v in enumerate(vals)]
+        a.add_artist(a.legend(handles=h1, fontsize=6, loc=loc))
+        a.legend(handles=h2, fontsize=6, loc="center left" if loc == "upper left" else "upper left")
+    for nm, col, name in (("fro", COLORS[0], "Frobenius (attnsvm)"),
+                          ("nuc", COLORS[1], "nuclear (attnsvm)"),
+                          ("scs", COLORS[2], "nuclear (cvxpy default, sub-sample)")):
+        x = np.log10(np.clip(sp[sp.norm == nm].sv_ratio, 1e-17, None)) if len(sp) else []
+        ax[2].hist(x, bins=np.linspace(-17, 0, 69), alpha=0.5, color=col, label=name)
+    ax[2].axvline(np.log10(RTOL["nuc"]), color="k", ls="--", label=f"attnsvm: {RTOL['nuc']:g} sigma_1")
     ax[2].set_yscale("log")
-    label(ax[2], "log10(sigma_k / sigma_1)", "count", "(c) singular values and rank tolerances")
+    label(ax[2], "log10(sigma_k / sigma_1)", "count",
+          "(c) singular values: solution vs solver noise", legend=False)
+    ax[2].legend(fontsize=6, loc="upper left")
     return [save(fig, out, "tfsvm_rank")]
 
 
-_GRID = dict(ns=[5, 10, 15], Ts=[5, 10, 15], ds=[1, 2, 3, 4, 5, 10, 15, 20], seed=0)
+_GRID = dict(ns=[5, 10, 15], Ts=[5, 10, 15], ds=[1, 2, 3, 4, 5, 10, 15, 20], seed=0, chunk=5)
 EXPERIMENT = Experiment(
     name="tfsvm-rank",
     title="Rank of the Frobenius vs the nuclear-norm ATT-SVM solution",
     claim="The Frobenius-norm ATT-SVM solution has rank at most min(n, d), and the nuclear-norm "
-          "solution (the implicit bias of (K, Q)-training) has a lower rank on nearly all "
-          "instances.",
+          "solution (the implicit bias of (K, Q)-training) has a lower rank.",
     configs={
-        "tiny": dict(_GRID, ns=[5], Ts=[5], ds=[2, 5], target=1, max_tries=16),
-        "quick": dict(_GRID, target=3, max_tries=24),
-        "full": dict(_GRID, target=100, max_tries=2000),
+        "tiny": dict(_GRID, ns=[5], Ts=[5], ds=[2, 5], N=2, chunk=2, scs=1),
+        "quick": dict(_GRID, N=5, scs=1),
+        "full": dict(_GRID, N=25, scs=3),
     },
     compute=compute, judge=judge, plot=plot,
+    deviations=(
+        "tfsvm-rank: 25 draws per cell at full scale (quick 5) instead of the notebook's 100, "
+        "to keep the report within its time budget; the nuclear solutions come from attnsvm's "
+        "certified solver, the notebook's solver (cvxpy default, SCS eps 1e-5 in cvxpy 1.9) runs "
+        "on a sub-sample of 3 (quick 1) feasible draws per cell.",
+        "tfsvm-rank: infeasible draws are left out and counted (the notebook counts them as "
+        "rank 1: numpy's matrix_rank of cvxpy's None); the figure's 'paper's count' curve "
+        "reproduces that rule.",
+        "tfsvm-rank: ranks are counted relative to sigma_1 (attnsvm's count, checked against the "
+        "certified rank), not above an absolute 1e-7 (the notebook's count, shown beside it).",
+    ),
 )
