@@ -517,3 +517,80 @@ NAMED = {
     "mmts_fig3": mmts_fig3,
     "mirror_joint_toy": mirror_joint_toy,
 }
+
+
+# ------------------------------------- populations around the Max-Margin Token Selection figures
+def mmts_fig1_notebook(seeds=(0,)) -> TokenData:
+    """Fig. 1(c) / Fig. 4 dataset exactly as drawn by the paper's ``multi_input_converge``
+    notebook, one trial per seed: ``torch.Generator().manual_seed(seed)``, then
+
+        X = 0.2 * randn(n, T, d)  (float32, as in the notebook, stored as float64)
+        X[:, 0] += (1, 0, 0); X[:, 1:4] += (-1, 1, 0); X[:, 4:] += (-0.5, -0.5, 0)
+        X[:, 0, 2] = 1 (optimal score); X[:, 1:, 2] = 0.5,   v = e_3, y = +1,
+
+    n = 3, T = 7, d = 3 (use with ``MMTS_FIG1_W``). Seed 0 is the dataset of the paper's
+    Figures 1(c) and 4. The same model as ``mmts_fig1_multi`` with torch's RNG, so a
+    population over seeds 0..K-1 contains the paper's instance. Shapes (K, 3, 7, 3).
+    """
+    import torch
+
+    n, T, d = 3, 7, 3
+    shift = torch.tensor([[1.0, 0.0, 0.0], [-1.0, 1.0, 0.0], [-0.5, -0.5, 0.0]])
+    out = []
+    for s in seeds:  # one generator per seed reproduces the notebook's draw exactly
+        g = torch.Generator().manual_seed(int(s))
+        X = torch.randn((n, T, d), generator=g) * 0.2
+        X[:, 0] += shift[0]
+        X[:, 1:(T + 1) // 2] += shift[1]
+        X[:, -(T - 1) // 2:] += shift[2]
+        X[:, 0, -1] = 1.0
+        X[:, 1:, -1] = 0.5
+        out.append(X.numpy().astype(np.float64))
+    K = len(out)
+    return TokenData(X=np.stack(out), y=np.ones((K, n)), v=np.tile([0.0, 0.0, 1.0], (K, 1)))
+
+
+def jitter_keys(base: TokenData, batch: int, sigma: float = 0.2, seed: int = 0,
+                keys: int = 2, tokens=None) -> TokenData:
+    """A population around a hand-built dataset: ``batch`` copies of ``base`` (unbatched)
+    whose first ``keys`` coordinates (the key coordinates of the Fig. 1 layout, where the
+    last coordinate holds the score) get i.i.d. N(0, sigma^2) noise; the scores, labels
+    and head are kept. Trial 0 is ``base`` itself (no noise), so the population contains
+    the paper's instance; trial b > 0 uses the b-th noise draw of ``seed``, so a smaller
+    batch is a prefix of a larger one. sigma = 0.2 is the noise level of the paper's own
+    multi-input generator (``mmts_fig1_notebook``). ``tokens``: indices of the jittered
+    tokens (default all). Shapes as ``base`` with a leading ``batch``.
+    """
+    if base.batched:
+        raise ValueError("jitter_keys takes an unbatched base dataset")
+    rng = np.random.default_rng(seed)
+    X = np.repeat(base.X[None], batch, axis=0)
+    sel = np.arange(base.T) if tokens is None else np.asarray(tokens)
+    noise = rng.standard_normal((max(batch - 1, 0), base.n, base.T, keys))
+    X[1:, :, sel, :keys] += sigma * noise[:, :, sel]
+    extra = {f: np.repeat(getattr(base, f)[None], batch, axis=0)
+             for f in ("y", "z", "mask", "v") if getattr(base, f) is not None}
+    return TokenData(X=X, **extra)
+
+
+def mmts_fig3_population(variant: str = "a", batch: int = 1, sigma: float = 0.2,
+                         seed: int = 0) -> TokenData:
+    """Populations around the two datasets of Fig. 3 (joint (v, p) training), trial 0 the
+    paper's own (``mmts_fig3``), a smaller batch a prefix of a larger one.
+
+    "a" (Theorem 5: every selected token u_i is a support vector of the head SVM
+    v_mm = e_2): u_i = (t_i + sigma g_i, y_i) with the paper's t = (1, 1, 0.5), so every
+    u_i stays on the margin y_i v^T u_i = 1 of v = e_2 (the assumption holds by construction).
+    "b" (Theorem 6: some selected token is not a support vector): both coordinates of the
+    paper's u_i get N(0, sigma^2) noise (generic data; which u_i are support vectors is
+    data-dependent and must be checked). Shapes X (batch, 3, 2, 2), y (batch, 3).
+    """
+    base = mmts_fig3(variant)
+    rng = np.random.default_rng(seed)
+    g = rng.standard_normal((max(batch - 1, 0), base.n, 2))
+    X = np.repeat(base.X[None], batch, axis=0)
+    if variant == "a":
+        X[1:, :, 1, 0] += sigma * g[..., 0]
+    else:
+        X[1:, :, 1, :] += sigma * g
+    return TokenData(X=X, y=np.repeat(base.y[None], batch, axis=0))

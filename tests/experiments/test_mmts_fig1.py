@@ -1,50 +1,90 @@
-"""mmts-fig1: verdict logic on hand-built tables, SVM directions and outcome rule in closed form."""
+"""mmts-fig1: verdict logic on tables built to pass and to fail, SVM directions and the outcome
+rule in closed form, and the populations at the tiny scale."""
 
 from __future__ import annotations
 
 from types import SimpleNamespace
 
 import numpy as np
-import pandas as pd
 import pytest
 
-from attnsvm.data import mmts_fig1
+from attnsvm.data import jitter_keys, mmts_fig1, mmts_fig1_notebook
 from attnsvm.experiments import mmts_fig1 as fig1
 
 CFG = fig1.EXPERIMENT.config("tiny")
 
 
-def _tables(a=("GMM",) * 6, b=("GMM",) * 4 + ("LMM",) * 2, c=("GMM",) * 6, loc_a=False, loc_b=True):
-    rows = []
-    for panel, outs in zip("abc", (a, b, c)):
-        for s, o in enumerate(outs):
-            rows.append(dict(panel=panel, start=s, c=float(s), alpha="1" if o == "LMM" else "0",
-                             p_max=1.0, corr=0.999, locally_optimal=True, outcome=o))
-    svm = pd.DataFrame([dict(panel="a", alpha=1, locally_optimal=loc_a),
-                        dict(panel="b", alpha=1, locally_optimal=loc_b)])
-    return {"outcome": pd.DataFrame(rows), "svm": svm}
-
-
-def test_judge_passes_on_the_predicted_outcomes():
-    assert all(c.passed for c in fig1.judge(_tables(), CFG))
-
-
-@pytest.mark.parametrize("kw, failing", [
-    (dict(a=("GMM",) * 5 + ("other",)), 0),          # one start of (a) misses the GMM
-    (dict(loc_a=True), 1),                            # token 1 wrongly locally optimal at s = 0.9
-    (dict(b=("GMM", "GMM", "LMM", "LMM", "not saturated")), 2),  # a start of (b) does not converge
-    (dict(b=("GMM",) * 6), 3),                        # no start reaches the LMM
-    (dict(c=("LMM",) + ("GMM",) * 5), 4),             # multi-input run misses p_mm
-])
-def test_judge_fails_when_a_prediction_fails(kw, failing):
-    checks = fig1.judge(_tables(**kw), CFG)
-    assert not checks[failing].passed
-    assert sum(not c.passed for c in checks) == 1
-
-
 @pytest.fixture(scope="module")
 def tiny():
     return fig1.compute(CFG)
+
+
+def _good(tiny) -> dict:
+    """The tiny tables with every outcome set to what the theory predicts."""
+    t = {k: v.copy() for k, v in tiny.items()}
+    oc = t["outcome"]
+    oc["outcome"] = "GMM"
+    oc.loc[(oc.panel == "b") & (oc.c < 0), "outcome"] = "LMM"
+    runs = t["population"]
+    runs["outcome"] = "GMM"
+    lo1 = t["datasets"][(t["datasets"].panel == "b") & t["datasets"].token1_locally_optimal.astype(bool)].dataset
+    cone = (runs.panel == "b") & (runs.kind == "cone") & runs.dataset.isin(lo1)
+    runs.loc[cone, "outcome"] = "LMM"
+    return t
+
+
+def _check(checks, text):
+    hits = [c for c in checks if text in c.claim]
+    assert len(hits) == 1, text
+    return hits[0]
+
+
+def test_judge_passes_on_the_predicted_outcomes(tiny):
+    checks = fig1.judge(_good(tiny), CFG)
+    assert all(c.passed for c in checks), [c.claim for c in checks if not c.passed]
+    assert [c.sanity for c in checks].count(True) == 3
+
+
+@pytest.mark.parametrize("panel, where, value, text", [
+    ("a", "figure", "other", "figure (a)"),
+    ("c", "figure", "LMM", "figure (c)"),
+    ("a", "population", "other", "population (a), Theorem 2"),
+    ("b", "population", "other", "population (b): every run"),
+    ("c", "population", "not the GMM", "population (c): on every"),
+])
+def test_judge_fails_when_one_run_misses(tiny, panel, where, value, text):
+    t = _good(tiny)
+    tab = t["outcome"] if where == "figure" else t["population"]
+    i = tab.index[(tab.panel == panel) & ((tab.kind == "figure") if "kind" in tab else True)][0]
+    tab.loc[i, "outcome"] = value
+    checks = fig1.judge(t, CFG)
+    assert not _check(checks, text).passed
+    assert sum(not c.passed for c in checks) == 1
+
+
+def test_judge_fails_without_an_lmm_in_figure_b(tiny):
+    t = _good(tiny)
+    t["outcome"].loc[t["outcome"].panel == "b", "outcome"] = "GMM"
+    assert not _check(fig1.judge(t, CFG), "figure (b) s = 0: GD started in the cone").passed
+
+
+def test_theorem3_check_fails_when_larger_cones_do_worse(tiny):
+    t = _good(tiny)
+    runs, sets = t["population"], t["datasets"]
+    lo1 = sets[(sets.panel == "b") & sets.token1_locally_optimal.astype(bool)].dataset
+    assert len(lo1), "the tiny population must contain a locally optimal token 1"
+    big = (runs.panel == "b") & (runs.kind == "cone") & (runs.R == max(CFG["cone_norms"]))
+    runs.loc[big, "outcome"] = "GMM"  # the widest start misses, the narrowest reaches: no growth
+    check = _check(fig1.judge(t, CFG), "population (b), Theorem 3")
+    assert not check.passed and "R=5: 0.00" in check.measured
+
+
+def test_sanity_check_fails_on_a_second_lmm(tiny):
+    t = _good(tiny)
+    d = t["datasets"]
+    d.loc[d.index[d.panel == "a"][0], "other_lmms"] = 1
+    check = _check(fig1.judge(t, CFG), "population (a): each of")
+    assert check.sanity and not check.passed
 
 
 def test_svm_directions_match_closed_form(tiny):
@@ -73,9 +113,45 @@ def test_outcome_rule_on_hand_made_prompts():
     data = mmts_fig1(0.0)
     P = np.array([[-5.0, 50.0, 0.0],   # along p_mm(token 0) ~ (-0.1, 1): GMM
                   [50.0, 0.0, 0.0],    # along p_mm(token 1) = (1, 0): LMM
-                  [0.01, 0.0, 0.0]])   # near 0: attention not saturated
-    tr = SimpleNamespace(W=P)
-    oc = fig1.outcomes(tr, data)
-    assert oc.outcome.tolist() == ["GMM", "LMM", "not saturated"]
-    assert oc.alpha.tolist()[:2] == ["0", "1"]
+                  [-1.0, -1.0, 0.0]])  # selects token 2 (score 0, not locally optimal): other
+    oc = fig1.outcomes(SimpleNamespace(W=P), data)
+    assert oc.outcome.tolist() == ["GMM", "LMM", "other"]
+    assert oc.alpha.tolist() == ["0", "1", "2"]
     assert oc["corr"][1] == pytest.approx(1.0)
+
+
+def test_populations_contain_the_figures_dataset_and_check_assumptions(tiny):
+    pa = fig1.population("a", CFG)
+    np.testing.assert_array_equal(pa.X[0], mmts_fig1(0.9).X)
+    assert not np.array_equal(pa.X[1], pa.X[0])
+    np.testing.assert_array_equal(pa.X[1, ..., 2], pa.X[0, ..., 2])  # scores kept, keys jittered
+    np.testing.assert_array_equal(fig1.population("c", CFG).X[0], mmts_fig1_notebook([0]).X[0])
+    sets = tiny["datasets"]
+    a = sets[sets.panel == "a"]
+    assert a.assumption_b.all() and (a.other_lmms == 0).all()   # Theorem 2's premises
+    b = sets[sets.panel == "b"]
+    assert not b.assumption_b.any()                              # scores (1, 0.9, 0)
+    assert bool(b.token1_locally_optimal.iloc[0])                # the figure's (b)
+    assert b.opt_margin_at_lmm.iloc[0] == pytest.approx(1.1)     # (k_1 - k_0) . (1, 0) = 1.1
+
+
+def test_population_runs_at_the_tiny_scale(tiny):
+    runs = tiny["population"]
+    S = len(CFG["starts"])
+    K = CFG["datasets"]
+    for panel in "abc":
+        r = runs[runs.panel == panel]
+        extra = len(CFG["cone_norms"]) if panel == "b" else 0
+        assert len(r) == K[panel] * (S + extra)
+    assert set(runs[runs.kind == "cone"].R) == set(CFG["cone_norms"])
+    checks = fig1.judge(tiny, CFG)
+    assert f"({K['a']} datasets x {S} starts)" in _check(checks, "population (a), Theorem 2").measured
+
+
+def test_lmm_census_finds_the_second_lmm_of_figure_8():
+    from attnsvm.experiments.mmts_fig8 import fig8_data
+
+    c = fig1.lmm_census(fig8_data().X[None])
+    assert c.gmm_locally_optimal[0] and c.other_lmms[0] == 1
+    pop = jitter_keys(mmts_fig1(0.9), 3)
+    assert (fig1.lmm_census(pop.X).other_lmms == 0).all()

@@ -1,4 +1,5 @@
-"""mmts-fig5: verdict logic on hand-built tables; attention probabilities in closed form."""
+"""mmts-fig5: verdict logic on tables built to pass and to fail; attention, logit gaps and the
+population in closed form at the tiny scale."""
 
 from __future__ import annotations
 
@@ -11,37 +12,67 @@ from attnsvm.experiments import mmts_fig5 as fig5
 CFG = fig5.EXPERIMENT.config("tiny")
 
 
-def _paths(corr=(0.0, 0.3, 1.2), logi=(0.0, -0.1, -2.0)):
+def _paths(corr=(0.0, 0.3, 1.2), logi=(0.0, -0.1, -2.0), pop_corr=None, support=True):
+    """Dataset 0 is the paper's symmetric geometry (logit gap = 2 p_2); dataset 1 an
+    asymmetric one whose C = 1 run already has a logit gap of 0.5."""
     rows = []
-    for loss, p2s in (("correlation", corr), ("logistic", logi)):
-        for C, p2 in zip((1.0, 2.0, 10.0), p2s):
-            for step in (0, CFG["transient_step"]):
-                rows.append(dict(loss=loss, C=C, step=step, p1=1.0, p2=p2 if step else 0.0))
-    return {"paths": pd.DataFrame(rows)}
+    for k, base in ((0, 0.0), (1, 0.5)):
+        for loss, p2s in (("correlation", corr if k == 0 else (pop_corr or corr)), ("logistic", logi)):
+            for C, p2 in zip((1.0, 2.0, 10.0), p2s):
+                for step in (0, CFG["transient_step"]):
+                    rows.append(dict(loss=loss, dataset=k, C=C, step=step, p1=1.0, p2=p2 if step else 0.0,
+                                     logit_gap=(base + 2 * p2) if step else 0.0))
+    geo = pd.DataFrame(dict(dataset=[0, 1], both_support=[True, support]))
+    return {"paths": pd.DataFrame(rows), "datasets": geo}
 
 
 def test_judge_passes_on_the_predicted_bias():
-    assert all(c.passed for c in fig5.judge(_paths(), CFG))
+    checks = fig5.judge(_paths(), CFG)
+    assert all(c.passed for c in checks), [c.claim for c in checks if not c.passed]
+    assert [i for i, c in enumerate(checks) if c.sanity] == [4, 5]
 
 
 @pytest.mark.parametrize("kw, failing", [
-    (dict(corr=(0.0, -0.3, 1.2)), [0]),        # correlation loss favours the low-score token
-    (dict(logi=(0.0, 0.1, -2.0)), [2]),        # logistic loss favours the high-score token
-    (dict(logi=(0.0, -2.0, -0.1)), [3]),       # bias shrinks with C
-    (dict(corr=(0.1, 0.3, 1.2)), [4]),         # C = 1 control is biased
+    (dict(corr=(0.0, -0.3, 1.2)), [0, 6]),        # correlation loss favours the low-score token
+    (dict(logi=(0.0, 0.1, -2.0)), [2, 8]),        # logistic loss favours the high-score token
+    (dict(logi=(0.0, -2.0, -0.1)), [3, 9]),       # bias shrinks with C
+    (dict(corr=(0.1, 0.3, 1.2)), [4]),            # C = 1 control of the symmetric geometry biased
+    (dict(pop_corr=(0.0, -0.01, 0.4)), [6]),      # one population geometry goes the wrong way
+    (dict(support=False), [5]),                   # a geometry outside the paper's construction
 ])
 def test_judge_fails_when_a_prediction_fails(kw, failing):
     checks = fig5.judge(_paths(**kw), CFG)
     assert [i for i, c in enumerate(checks) if not c.passed] == failing
 
 
-def test_attention_matches_closed_form():
-    paths = fig5.compute(CFG)["paths"]
-    # keys (0, 0) and (1, +-1): s_opt = sigmoid(p_1 +- p_2)
+@pytest.fixture(scope="module")
+def tiny():
+    return fig5.compute(CFG)
+
+
+def test_attention_and_logit_gap_match_closed_form(tiny):
+    paths = tiny["paths"]
+    paper = paths[paths.dataset == 0]
+    # keys (0, 0) and (1, +-1): s_opt = sigmoid(p_1 +- p_2), logit gap = 2 p_2
     sig = lambda u: 1.0 / (1.0 + np.exp(-u))  # noqa: E731
-    np.testing.assert_allclose(paths.s_high, sig(paths.p1 + paths.p2), rtol=1e-12)
-    np.testing.assert_allclose(paths.s_low, sig(paths.p1 - paths.p2), rtol=1e-12)
-    assert (paths[paths.C == 1].p2 == 0).all()
-    # the direction is measured against p_mm = (1, 0, 0)
-    last = paths[paths.step == paths.step.max()]
+    np.testing.assert_allclose(paper.s_high, sig(paper.p1 + paper.p2), rtol=1e-12)
+    np.testing.assert_allclose(paper.s_low, sig(paper.p1 - paper.p2), rtol=1e-12)
+    np.testing.assert_allclose(paper.logit_gap, 2 * paper.p2, atol=1e-12)
+    assert (paper[paper.C == 1].p2 == 0).all()
+    last = paper[paper.step == paper.step.max()]
     np.testing.assert_allclose(last.corr_mm, last.p1 / np.hypot(last.p1, last.p2), rtol=1e-10)
+
+
+def test_population_geometries_at_the_tiny_scale(tiny):
+    geo = tiny["datasets"]
+    assert len(geo) == CFG["datasets"] and geo.both_support.all()
+    np.testing.assert_allclose(geo.loc[0, ["k_high1", "k_high2", "k_low1", "k_low2"]].to_numpy(float),
+                               [1, 1, 1, -1])
+    data = fig5.population(CFG)
+    assert data.B == CFG["datasets"] * len(CFG["Cs"])
+    np.testing.assert_array_equal(data.X[:, 0, 1, 2], np.tile(CFG["Cs"], CFG["datasets"]))
+    np.testing.assert_array_equal(data.X[:, :, 0], 0.0)  # the non-optimal tokens stay at the origin
+    at = fig5.transient(tiny["paths"], CFG)
+    assert (at[at.C == 1].delta == 0).all()
+    checks = fig5.judge(tiny, CFG)
+    assert checks[5].passed and f"{CFG['datasets']} of {CFG['datasets']}" in checks[5].measured

@@ -11,16 +11,21 @@ from attnsvm.experiments import mmts_fig8 as fig8
 CFG = fig8.EXPERIMENT.config("tiny")
 
 
-def _tables(outs=("LMM", "LMM", "GMM", "GMM"), loc=True, nb1=0):
+def _tables(outs=("LMM", "LMM", "GMM", "GMM"), loc=True, nb1=0, pop=None, second=True):
     oc = pd.DataFrame([dict(start=i, c=60.0 * i, alpha="0,1" if o == "LMM" else "0,0", corr=0.999,
                             outcome=o) for i, o in enumerate(outs)])
     svm = pd.DataFrame([dict(name="GMM", locally_optimal=True, neighbours_seq1=1),
                         dict(name="LMM", locally_optimal=loc, neighbours_seq1=nb1)])
-    return {"outcome": oc, "svm": svm}
+    pop = pop or {1: ("GMM", "LMM"), 2: ("GMM", "GMM")}
+    runs = pd.DataFrame([dict(dataset=k, start=j, outcome=o, alpha="0,0", corr_gmm=0.999, corr_lmm=0.999)
+                         for k, outs_k in {0: ("GMM", "LMM"), **pop}.items() for j, o in enumerate(outs_k)])
+    sets = pd.DataFrame(dict(dataset=[0, 1, 2], gmm_locally_optimal=True, other_lmms=[1, int(second), 1]))
+    return {"outcome": oc, "svm": svm, "population": runs, "datasets": sets}
 
 
 def test_judge_passes_on_the_predicted_outcomes():
-    assert all(c.passed for c in fig8.judge(_tables(), CFG))
+    checks = fig8.judge(_tables(), CFG)
+    assert all(c.passed for c in checks) and [c.sanity for c in checks] == [True] + [False] * 5
 
 
 @pytest.mark.parametrize("kw, failing", [
@@ -29,6 +34,9 @@ def test_judge_passes_on_the_predicted_outcomes():
     (dict(outs=("LMM",) * 4), [1]),                           # GMM never reached
     (dict(outs=("GMM",) * 4), [2]),                           # LMM never reached: global convergence
     (dict(outs=("LMM", "other", "GMM", "not saturated")), [3]),
+    (dict(pop={1: ("GMM", "GMM"), 2: ("GMM", "GMM")}), [4]),  # no jittered dataset reaches its LMM
+    (dict(second=False, pop={1: ("GMM", "LMM"), 2: ("GMM", "GMM")}), [4]),  # ... where a 2nd LMM exists
+    (dict(pop={1: ("GMM", "LMM"), 2: ("GMM", "other")}), [5]),  # a population run misses
 ])
 def test_judge_fails_when_a_prediction_fails(kw, failing):
     checks = fig8.judge(_tables(**kw), CFG)
@@ -46,3 +54,12 @@ def test_the_two_directions_match_closed_form():
     assert svm.loc["LMM", "neighbours_seq1"] == 0 and svm.loc["LMM", "locally_optimal"]
     data = fig8.fig8_data()
     assert data.opt.tolist() == [0, 0] and data.gamma[1, 1] < data.gamma[1, 0]
+
+
+def test_population_at_the_tiny_scale():
+    t = fig8.compute(CFG)
+    runs, sets = t["population"], t["datasets"]
+    assert len(sets) == CFG["datasets"] and len(runs) == CFG["datasets"] * len(CFG["starts"])
+    assert sets.gmm_locally_optimal[0] and sets.other_lmms[0] == 1  # the figure's dataset
+    checks = fig8.judge(t, CFG)
+    assert f"({CFG['datasets']} datasets x {len(CFG['starts'])} starts)" in checks[5].measured

@@ -64,27 +64,50 @@ def test_outcomes_match_independent_svm():
     assert checked >= 4
 
 
-def test_growth_z():
-    z, lo, hi = F.growth_z(pd.Series([False] * 80 + [True] * 20), pd.Series([True] * 80 + [False] * 20))
-    assert (lo, hi) == (0.2, 0.8) and z > 8
-    assert F.growth_z(pd.Series([True, False]), pd.Series([True, False]))[0] == 0.0
+def test_trend_test_matches_the_closed_form():
+    # two groups (d = 0, 1) of 100: the Cochran-Armitage z equals the two-proportion z
+    d = pd.Series([0] * 100 + [1] * 100)
+    hit = pd.Series([True] * 20 + [False] * 80 + [True] * 80 + [False] * 20)
+    z, p = F.trend_test(d, hit)
+    pbar = 0.5
+    z2 = (0.8 - 0.2) / np.sqrt(pbar * (1 - pbar) * (1 / 100 + 1 / 100))
+    assert z == pytest.approx(z2, rel=1e-12) and p < 1e-15
+    assert F.trend_test(d, ~hit)[0] == pytest.approx(-z2)          # a decrease: negative z
+    assert F.trend_test(d, pd.Series([True] * 200)) == (0.0, 0.5)  # no variation: no trend
 
 
-def _tables(good: bool, trials: int = 200) -> dict:
+def test_wilson_interval_contains_the_share():
+    lo, hi = F.wilson(21, 1000)
+    assert lo < 0.021 < hi and hi - lo < 0.02
+    assert F.wilson(0, 50)[0] == pytest.approx(0.0, abs=1e-12)
+
+
+def test_quick_scale_is_a_prefix_of_the_full_population():
+    small = F.datasets({**CFG, "trials": 2, "population": 4})
+    big = F.datasets({**CFG, "trials": 4, "population": 4})
+    for k in range(len(CFG["ds"])):
+        np.testing.assert_array_equal(small.X[2 * k:2 * k + 2], big.X[4 * k:4 * k + 2])
+        np.testing.assert_array_equal(small.v[2 * k:2 * k + 2], big.v[4 * k:4 * k + 2])
+    with pytest.raises(ValueError, match="exceeds the population"):
+        F.datasets({**CFG, "trials": 5, "population": 4})
+
+
+def _tables(good: bool, trials: int = 400) -> dict:
+    """Built to pass: saturation and GMM shares rise with d, < 1% 'other' (negative gap);
+    built to fail: flat shares, 5% negative gaps among the saturated runs."""
     rng = np.random.default_rng(0)
     rows = []
     for d in [2, 4, 6, 8, 10, 15, 20]:
         frac = min(1.0, d / 8) if good else 0.5
         gmm = 0.05 + 0.02 * d if good else 0.1
+        bad = 0.004 if good else 0.05
         for t in range(trials):
             sat = rng.random() < frac
             u = rng.random()
-            out = "not saturated" if not sat else ("GMM" if u < gmm else ("LMM" if u < 0.99 or not good else "other"))
-            if not good and sat and u > 0.8:
-                out = "other"
-            gap = rng.uniform(0.01, 0.5) if out in ("GMM", "LMM") else rng.uniform(-0.2, 0.0)
+            out = "not saturated" if not sat else ("other" if u < bad else "GMM" if u < bad + gmm else "LMM")
+            gap = rng.uniform(-0.2, -0.01) if out == "other" else rng.uniform(0.01, 0.5)
             rows.append({"d": d, "trial": t, "saturated": sat, "outcome": out,
-                         "min_score_gap": gap, "svm_feasible": True, "corr_lmm": 0.995})
+                         "min_score_gap": gap if sat else np.nan, "svm_feasible": True, "corr_lmm": 0.995})
     return {"trials": pd.DataFrame(rows)}
 
 
@@ -92,5 +115,15 @@ def test_judge_passes_and_fails():
     good = F.judge(_tables(True), {})
     assert all(c.passed for c in good), [c.measured for c in good if not c.passed]
     bad = F.judge(_tables(False), {})
-    assert [c.passed for c in bad[:4]] == [False, False, False, False]
-    assert "negative score gap" in bad[2].note
+    assert [c.passed for c in bad] == [False, False, False, False, True]
+    assert "negative score gap" in bad[2].note and "By d" in bad[3].note
+    assert bad[-1].sanity and not any(c.sanity for c in bad[:-1])
+
+
+def test_negative_gap_check_uses_the_papers_one_percent():
+    t = _tables(True)["trials"]
+    sat = t.index[t.saturated]
+    n_neg = int(np.ceil(0.011 * len(sat)))  # 1.1% of the saturated runs: over the paper's 1%
+    t.loc[sat[:n_neg], "min_score_gap"] = -0.05
+    check = F.judge({"trials": t}, {})[3]
+    assert not check.passed and "needs <= 0.0100" in check.measured

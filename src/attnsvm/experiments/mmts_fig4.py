@@ -1,15 +1,24 @@
 """Max-Margin Token Selection, Figure 4: normalized GD vs GD on the prompt p.
 
-Setup (the dataset model of Figure 1(c), ``attnsvm.data.mmts_fig1_multi``): prompt
-model a_it = x_it^T W p with fixed W = diag(1, 1, 0), head v = e_3, n = 3 sequences of
-T = 7 tokens in d = 3, logistic loss; several random draws of the dataset (seeds) are
-trained at once, p_0 random with norm 0.1.  Both methods use the same step size eta:
-NGD p <- p - eta G / ||G||, GD p <- p - eta G.
+Setup (the paper's ``multi_input_converge`` notebook, which draws Fig. 4): prompt model
+a_it = x_it^T W p with fixed W = diag(1, 1, 0), head v = e_3, logistic loss, the Fig. 1(c)
+dataset (n = 3 sequences of T = 7 tokens in d = 3, ``attnsvm.data.mmts_fig1_notebook``,
+torch seed 0), p_0 = 0, 1000 iterations; each method at the notebook's own step size:
+NGD p <- p - 0.1 G / ||G||, GD p <- p - 1 * G.  The figure plots iterations 0-200 on a
+linear axis.  Population view: the same run on the notebook generator's seeds 0..K-1
+(seed 0 is the figure's dataset).
 
-Claim: NGD drives the average largest softmax probability (1/n) sum_i max_t s_it to 1
-(one token selected per input) much faster than GD, which suffers from vanishing
-gradients: under GD ||p_t|| levels off (grows like log t) while under NGD it grows like
-eta t.
+Claim (Sec. 4): NGD drives the softmax probability to 1 (one token selected per input)
+quicker than GD, which suffers from vanishing gradients: GD's ||p_t|| levels off.
+The probability is the paper's "largest softmax probability" (1/n) sum_i max_t s_it
+(column ``p_max``); the notebook plots the probability of token 0 (``p_sel_mean``),
+which is the same here once attention has settled on the optimal tokens.
+
+"Quicker" is measured as the first step with p_max >= 0.99 (the paper's saturation level,
+App. E); the paper gives no factor, so the verdict is "NGD first" and the speed-up is
+reported as measured.  "Levels off" is operationalised as: the increment of ||p|| over
+[T/2, T] is at most 1.3x the increment over [T/4, T/2] (logarithmic growth gives 1,
+linear growth 2), T = 1000.
 """
 
 from __future__ import annotations
@@ -18,85 +27,146 @@ import numpy as np
 import pandas as pd
 
 from attnsvm import plotting as P
-from attnsvm.data import MMTS_FIG1_W, mmts_fig1_multi, stack
-from attnsvm.experiments.base import Experiment, check_at_least, check_at_most
-from attnsvm.experiments.rates import first_hit, growth_ratio
+from attnsvm.data import MMTS_FIG1_W, mmts_fig1_notebook
+from attnsvm.experiments.base import Check, Experiment, check_at_least, check_at_most
 from attnsvm.models import PromptModel
 from attnsvm.optim import gd, ngd
 from attnsvm.train import train
 
-PROB = 0.99      # "selects a single token per input"
-SPEEDUP = 10.0   # "much faster": at least 10x fewer iterations
+PROB = 0.99     # "selects a single token per input" (the paper's saturation level)
+LEVEL = 1.3     # GD's ||p|| "levels off": increment ratio <= 1.3 (log: 1, linear: 2)
+LINEAR = 1.8    # NGD's ||p|| grows like eta t: increment ratio >= 1.8
 COLOR = {"NGD": P.COLORS[1], "GD": P.COLORS[0]}
 
 
 def compute(cfg):
-    data = stack([mmts_fig1_multi(seed=s) for s in range(cfg["seeds"])])
+    data = mmts_fig1_notebook(range(cfg["datasets"]))
     frames = []
-    for name, opt in (("NGD", ngd(cfg["lr"])), ("GD", gd(cfg["lr"]))):
+    for name, opt in (("NGD", ngd(cfg["lr_ngd"])), ("GD", gd(cfg["lr_gd"]))):
         tr = train(PromptModel(3, W_fixed=MMTS_FIG1_W), data, optimizer=opt, steps=cfg["steps"],
-                   init="random", scale=0.1, seed=cfg["seed"], record_every=cfg["record_every"])
-        m = tr.metrics.assign(optimizer=name)
-        # NGD trials stop once the gradient is exactly 0 (saturated in float64): carry the
-        # last row forward so every trial has a value at every recorded step.
+                   init="zero", record_every=cfg["record_every"])
+        m = tr.metrics[["trial", "step", "p_max", "p_sel_mean", "norm", "loss"]]
+        # a trial whose gradient is exactly 0 stops: carry its last row forward so every
+        # trial has a value at every recorded step
         steps = np.arange(0, cfg["steps"] + 1, cfg["record_every"])
         full = pd.MultiIndex.from_product([np.unique(m.trial), steps], names=["trial", "step"])
         m = m.set_index(["trial", "step"]).reindex(full).groupby(level="trial").ffill().reset_index()
-        frames.append(m)
+        frames.append(m.rename(columns={"trial": "dataset"}).assign(optimizer=name))
     return {"metrics": pd.concat(frames, ignore_index=True)}
+
+
+def first_hits(m: pd.DataFrame) -> pd.DataFrame:
+    """Per dataset: first step with p_max >= PROB for each optimizer (inf: never)."""
+    hit = m[m.p_max >= PROB].groupby(["dataset", "optimizer"]).step.min().unstack()
+    idx = np.unique(m.dataset)
+    hit = hit.reindex(index=idx, columns=["NGD", "GD"]).astype(float).fillna(np.inf)
+    return hit.assign(speedup=hit.GD / hit.NGD.clip(lower=1))
+
+
+def growth(m: pd.DataFrame, name: str) -> pd.Series:
+    """Per dataset: (||p_T|| - ||p_{T/2}||) / (||p_{T/2}|| - ||p_{T/4}||) for one optimizer."""
+    d = m[m.optimizer == name]
+    T = int(d.step.max())
+    steps = np.asarray(sorted(d.step.unique()))
+    at = {k: steps[np.abs(steps - k).argmin()] for k in (T // 4, T // 2, T)}
+    w = d[d.step.isin(at.values())].pivot(index="dataset", columns="step", values="norm")
+    a, b, c = (w[at[k]] for k in (T // 4, T // 2, T))
+    return (c - b) / (b - a).where((b - a) > 0)
+
+
+def _fmt(x: float) -> str:
+    return "never" if not np.isfinite(x) else f"{x:.0f}"
 
 
 def judge(tables, cfg):
     m = tables["metrics"]
     T = int(m.step.max())
-    med = first_hit(m, "p_max", PROB).fillna(np.inf).groupby("optimizer")["step"].median()
-    final = m[m.step == T].groupby("optimizer")["p_max"].median()
-    note = "" if np.isfinite(med["GD"]) else f"GD never reached {PROB} in {T} steps (counted as inf)"
-    ratio = med["GD"] / max(med["NGD"], 1) if np.isfinite(med["NGD"]) else np.nan
-    if not np.isfinite(med["NGD"]):
-        note = f"NGD never reached {PROB} in {T} steps"
+    hit = first_hits(m)
+    fig = hit.loc[0]
+    pop = hit.speedup
+    fin = pop[np.isfinite(pop)]
+    first = (hit.NGD < hit.GD)
+    never = int(np.isinf(hit.GD).sum())
+    g_gd, g_ngd = growth(m, "GD"), growth(m, "NGD")
+    pop_note = (f"speed-up GD/NGD over {len(hit)} datasets: median {pop.median():.1f}x, min {pop.min():.1f}x"
+                + (f", largest finite {fin.max():.1f}x" if len(fin) else "") + (f"; GD never reached {PROB} within {T} steps in {never} "
+                                           f"(counted as inf)" if never else ""))
     return [
-        check_at_least(f"NGD reaches average max softmax probability {PROB} at least "
-                       f"{SPEEDUP:g}x sooner than GD (same eta)",
-                       f"median steps GD / NGD ({med['GD']:.0f} / {med['NGD']:.0f})",
-                       ratio, SPEEDUP, note),
-        check_at_least("at the end GD's probability is still below NGD's (NGD - GD > 0)",
-                       "final median prob NGD - GD", final["NGD"] - final["GD"], 1e-12, fmt=".3g"),
-        check_at_least("NGD: ||p_t|| grows linearly (~ eta t): increment over [T/2, T] is ~2x "
-                       "that over [T/4, T/2] (>= 1.8)", "increment ratio NGD",
-                       growth_ratio(m, "NGD", T), 1.8),
-        check_at_most("GD: ||p_t|| levels off (logarithmic growth: equal increments per doubling "
-                      "of t, ratio <= 1.3; linear would be 2)", "increment ratio GD",
-                      growth_ratio(m, "GD", T), 1.3),
+        Check(f"the figure's dataset, p_0 = 0: NGD (eta 0.1) reaches the average largest softmax "
+              f"probability {PROB} before GD (eta 1), each at the notebook's step size",
+              f"first step >= {PROB}: NGD {_fmt(fig.NGD)}, GD {_fmt(fig.GD)} "
+              f"(speed-up {fig.speedup:.1f}x)", bool(fig.NGD < fig.GD),
+              "the paper says 'quicker' without a factor; the speed-up is reported, not tested "
+              "against a threshold"),
+        check_at_least(f"population (notebook generator, seeds 0..{len(hit) - 1}, p_0 = 0): NGD reaches "
+                       f"{PROB} before GD on every dataset", "datasets with NGD first",
+                       int(first.sum()), len(hit), pop_note, fmt="d"),
+        check_at_most(f"GD's ||p_t|| levels off (vanishing gradients): increment over [T/2, T] "
+                      f"<= {LEVEL}x that over [T/4, T/2], T = {T}, on every dataset",
+                      "largest increment ratio GD", float(g_gd.max()), LEVEL,
+                      f"figure's dataset {g_gd.loc[0]:.3f}, median {g_gd.median():.3f}; ||p_T||: GD "
+                      f"{m[(m.optimizer == 'GD') & (m.step == T)].norm.median():.3g}, NGD "
+                      f"{m[(m.optimizer == 'NGD') & (m.step == T)].norm.median():.3g} (medians)"),
+        check_at_least(f"NGD's ||p_t|| grows like eta t (increment ratio >= {LINEAR}; NGD steps "
+                       "have length eta, so this only checks that the direction settles)",
+                       "smallest increment ratio NGD", float(g_ngd.min()), LINEAR, sanity=True),
     ]
 
 
 def plot(tables, cfg, out):
     m = tables["metrics"]
-    m = m[m.step > 0]
-    fig, ax = P.subplots(2, width=4.0, height=3.1)
+    show = m[m.step <= cfg["show"]]
+    fig, ax = P.subplots(3, width=4.0, height=3.2)
+    lr = {"NGD": cfg["lr_ngd"], "GD": cfg["lr_gd"]}
     for name in ("NGD", "GD"):
-        d = m[m.optimizer == name]
-        P.band(ax[0], d, "step", "p_max", label=f"{name} (eta = {cfg['lr']:g})", color=COLOR[name])
-        P.band(ax[1], d, "step", "norm", label=name, color=COLOR[name])
-    t = np.unique(m.step)
-    ax[1].plot(t, cfg["lr"] * t, "k:", lw=1, label="eta t")
-    for a in ax:
-        a.set_xscale("log")
+        d = show[show.optimizer == name]
+        P.band(ax[0], d, "step", "p_max", color=COLOR[name], lw=0.8, alpha=0.6,
+               label=f"{name}, {cfg['datasets']} datasets (median, 10-90%)")
+        P.band(ax[1], d, "step", "norm", color=COLOR[name], lw=0.8, alpha=0.6)
+        f = d[d.dataset == 0]
+        ax[0].plot(f.step, f.p_max, color=COLOR[name], lw=2.5,
+                   label=f"{'Normalized GD' if name == 'NGD' else 'GD'} (eta = {lr[name]:g}), figure's dataset")
+        ax[1].plot(f.step, f.norm, color=COLOR[name], lw=2.5, label=f"{name}, figure's dataset")
     ax[0].axhline(PROB, color="gray", ls=":", lw=0.8)
-    ax[1].set_yscale("log")
-    P.label(ax[0], "iteration t", "(1/n) sum_i max_t s_it", "(a) largest softmax probability")
-    P.label(ax[1], "iteration t", "||p_t||", "(b) attention weight norm")
+    for a in ax[:2]:
+        a.set_xlim(0, cfg["show"])
+    P.label(ax[0], "iterations", "(1/n) sum_i max_t s_it", "(a) largest softmax probability", legend=False)
+    ax[0].legend(fontsize=6.5, loc="lower right")
+    P.label(ax[1], "iterations", "||p||", "(b) attention weight norm", legend=False)
+    ax[1].legend(fontsize=7, loc="upper left")
+    hit = first_hits(m)
+    gd_hit = hit.GD.replace(np.inf, cfg["steps"] * 1.05)
+    fin = np.isfinite(hit.GD)
+    ax[2].scatter(hit.NGD[fin], gd_hit[fin], s=14, color="k", label="one dataset")
+    if (~fin).any():
+        ax[2].scatter(hit.NGD[~fin], gd_hit[~fin], s=24, marker="^", color="k",
+                      label=f"GD never within {cfg['steps']} steps")
+    ax[2].scatter(hit.NGD.iloc[:1], gd_hit.iloc[:1], s=60, color=P.COLORS[3], zorder=3,
+                  label="figure's dataset (seed 0)")
+    lim = [0, max(float(gd_hit.max()), float(hit.NGD.max())) * 1.05]
+    ax[2].plot(lim, lim, color="gray", ls="--", lw=1, label="equal speed")
+    ax[2].plot(lim, [10 * x for x in lim], color="gray", ls=":", lw=1, label="GD 10x slower")
+    ax[2].set_xlim(0, float(hit.NGD.max()) * 1.3)
+    ax[2].set_ylim(0, lim[1])
+    P.label(ax[2], f"NGD: first step with prob >= {PROB}", f"GD: first step with prob >= {PROB}",
+            "(c) population: steps to select one token", legend=False)
+    ax[2].legend(fontsize=7, loc="lower right")
     return [P.save(fig, out, "mmts_fig4")]
 
 
-_C = dict(lr=0.1, seed=0)
+_C = dict(lr_ngd=0.1, lr_gd=1.0, steps=1000, show=200, record_every=1)
 EXPERIMENT = Experiment(
     name="mmts-fig4", title="Figure 4: normalized GD vs GD (softmax probability and ||p||)",
-    claim="NGD selects one token per input (max softmax probability -> 1) much faster than GD; "
-          "||p_t|| grows like eta t under NGD and levels off under GD.",
-    configs={"tiny": {**_C, "seeds": 2, "steps": 200, "record_every": 5},
-             "quick": {**_C, "seeds": 8, "steps": 1000, "record_every": 5},
-             "full": {**_C, "seeds": 32, "steps": 20000, "record_every": 50}},
+    claim="NGD selects one token per input (softmax probability -> 1) quicker than GD, whose "
+          "gradients vanish: under GD ||p_t|| levels off.",
+    configs={"tiny": {**_C, "datasets": 2, "steps": 200, "show": 100},
+             "quick": {**_C, "datasets": 8},
+             "full": {**_C, "datasets": 64}},
     compute=compute, judge=judge, plot=plot,
+    deviations=(
+        "float64 instead of the notebook's float32; the population view (notebook generator "
+        "seeds 0..K-1) is attnsvm's addition to the paper's single dataset.",
+        "'GD's norm levels off' is tested as an increment ratio <= 1.3 over [T/4, T/2, T] "
+        "(attnsvm's operationalisation; the paper shows the curve).",
+    ),
 )

@@ -9,9 +9,19 @@ with the SVM direction of the optimal tokens), LMM (the selected tokens alpha ar
 locally optimal and corr(p, p_mm(alpha)) > 0.99), or other.  Minimal score gap:
 min over i and SVM-neighbours t of gamma_{i,alpha_i} - gamma_it.
 
-Claim: as d grows, more runs saturate and more converge to the GMM; saturated runs
-almost always converge to an LMM (corr > 0.99); a negative minimal score gap occurs
-in fewer than ~1% of the problems.
+Claims (App. E, Figs. 9-10): as d grows, more runs saturate and more converge to the GMM;
+saturated runs almost always converge to an LMM; the saturated runs that do not are the
+ones with a negative minimal score gap, which "happens less than 1% of the problems"
+(Fig. 10: "< 1% of the instances"). The paper gives one pooled number, so the < 1% check
+is pooled over all d, counted over the saturated runs (where the gap is defined); the
+per-d shares and the share over all problems are reported beside it (table ``by_d``).
+"Grows with d" is tested over the whole d grid with a Cochran-Armitage trend test
+(one-sided, level 0.05); the paper states the growth without a test.
+
+The extracted paper text lost its symbols: n = 6, T = 8 and the d grid are the values
+this project has read from the paper's figure, not re-checked against the PDF; lr 1,
+1000 iterations, p_0 = 0, 1000 trials per d, saturation and correlation 0.99 are stated
+in the text.  The quick scale runs the first 150 problems of each d's population of 1000.
 
 All trials of one d train as one batch; with ``pad=True`` every d is zero-padded to
 d_max and all 7000 trials form a single batch (with W = I and p_0 = 0 the padded
@@ -42,13 +52,19 @@ def _pad(a: np.ndarray, d_max: int) -> np.ndarray:
 
 
 def datasets(cfg) -> TokenData:
-    """All trials of all d, zero-padded to d_max, in one batched TokenData (d order)."""
+    """All trials of all d, zero-padded to d_max, in one batched TokenData (d order).
+
+    Each d draws the whole population (``population`` problems, the paper's 1000) and
+    keeps the first ``trials``: a smaller scale is an exact prefix of the full one."""
     dm = max(cfg["ds"])
-    parts = [random_sphere(n=cfg["n"], T=cfg["T"], d=d, seed=cfg["seed"] + d, batch=cfg["trials"],
-                           cross=False) for d in cfg["ds"]]
-    return TokenData(X=np.concatenate([_pad(p.X, dm) for p in parts]),
-                     y=np.concatenate([p.y for p in parts]),
-                     v=np.concatenate([_pad(p.v, dm) for p in parts]))
+    m, k = cfg.get("population", cfg["trials"]), cfg["trials"]
+    if k > m:
+        raise ValueError(f"trials = {k} exceeds the population of {m} problems per d")
+    parts = [random_sphere(n=cfg["n"], T=cfg["T"], d=d, seed=cfg["seed"] + d, batch=m, cross=False)
+             for d in cfg["ds"]]
+    return TokenData(X=np.concatenate([_pad(p.X[:k], dm) for p in parts]),
+                     y=np.concatenate([p.y[:k] for p in parts]),
+                     v=np.concatenate([_pad(p.v[:k], dm) for p in parts]))
 
 
 def train_prompts(data: TokenData, cfg, dims: np.ndarray) -> np.ndarray:
@@ -94,7 +110,7 @@ def compute(cfg):
     df.insert(0, "norm", np.linalg.norm(p, axis=1))
     df.insert(0, "trial", np.tile(np.arange(cfg["trials"]), len(cfg["ds"])))
     df.insert(0, "d", dims)
-    return {"trials": df}
+    return {"trials": df, "by_d": per_d(df)}
 
 
 def shares(df: pd.DataFrame) -> pd.DataFrame:
@@ -102,13 +118,53 @@ def shares(df: pd.DataFrame) -> pd.DataFrame:
     return pd.crosstab(df.d, df.outcome, normalize="index").reindex(columns=OUTCOMES, fill_value=0.0)
 
 
-def growth_z(lo: pd.Series, hi: pd.Series) -> tuple[float, float, float]:
-    """Two-proportion z-score of the increase from the boolean sample ``lo`` to ``hi``."""
-    p_lo, p_hi = float(lo.mean()), float(hi.mean())
-    p = (lo.sum() + hi.sum()) / (len(lo) + len(hi))
-    se = np.sqrt(p * (1 - p) * (1 / len(lo) + 1 / len(hi)))
-    z = (p_hi - p_lo) / se if se > 0 else (0.0 if p_hi == p_lo else np.sign(p_hi - p_lo) * np.inf)
-    return float(z), p_lo, p_hi
+def trend_test(d: pd.Series, hit: pd.Series) -> tuple[float, float]:
+    """Cochran-Armitage test for an increasing trend of a proportion over ordered groups.
+
+    Groups are the values of ``d`` (scores s_g = d), x_g hits out of n_g trials, pooled
+    share pbar = sum x / sum n:  z = sum_g s_g (x_g - n_g pbar) /
+    sqrt(pbar (1 - pbar) [sum n_g s_g^2 - (sum n_g s_g)^2 / N]).  Returns (z, one-sided
+    p-value P(Z >= z)); z = 0, p = 0.5 when every trial (or none) is a hit.
+    """
+    from scipy.stats import norm
+
+    g = pd.DataFrame({"d": np.asarray(d, float), "x": np.asarray(hit, float)}).groupby("d").x
+    s, n, x = g.sum().index.to_numpy(float), g.size().to_numpy(float), g.sum().to_numpy(float)
+    N, pbar = n.sum(), x.sum() / n.sum()
+    var = pbar * (1 - pbar) * ((n * s**2).sum() - (n * s).sum() ** 2 / N)
+    if var <= 0:
+        return 0.0, 0.5
+    z = float((s * (x - n * pbar)).sum() / np.sqrt(var))
+    return z, float(norm.sf(z))
+
+
+def wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
+    """Wilson 95% interval of a binomial share k / n."""
+    if n == 0:
+        return np.nan, np.nan
+    p = k / n
+    c = (p + z * z / (2 * n)) / (1 + z * z / n)
+    h = z * np.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return float(c - h), float(c + h)
+
+
+def per_d(df: pd.DataFrame) -> pd.DataFrame:
+    """Per d: trials, saturated, GMM, LMM-or-GMM among saturated, negative gaps."""
+    sat = df.saturated.astype(bool)
+    neg = sat & (df.min_score_gap < 0)
+    g = pd.DataFrame({"d": df.d, "sat": sat, "gmm": df.outcome == "GMM",
+                      "conv": df.outcome.isin(["LMM", "GMM"]), "neg": neg}).groupby("d")
+    out = pd.DataFrame({"trials": g.size(), "saturated": g.sat.sum(), "gmm": g.gmm.sum(),
+                        "lmm_or_gmm": g.conv.sum(), "negative_gap": g.neg.sum()})
+    out["share_saturated"] = out.saturated / out.trials
+    out["share_gmm"] = out.gmm / out.trials
+    out["share_negative_of_saturated"] = out.negative_gap / out.saturated.where(out.saturated > 0)
+    return out.reset_index()
+
+
+ALPHA = 0.05     # one-sided significance level of the trend tests
+NEG_MAX = 0.01   # paper: a negative minimal score gap in "less than 1% of the problems"
+CONV_MIN = 0.99  # paper: the saturated runs that miss every LMM are those < 1% (App. E)
 
 
 def _note_negative(sat: pd.DataFrame) -> str:
@@ -125,41 +181,54 @@ def _note_negative(sat: pd.DataFrame) -> str:
 def judge(tables, cfg):
     df = tables["trials"]
     ds = [int(d) for d in sorted(df.d.unique())]
-    k = max(1, len(ds) // 3)
-    lo, hi = ds[:k], ds[-k:]
     sat = df[df.saturated]
+    tab = per_d(df)
     conv = sat.outcome.isin(["LMM", "GMM"]).mean() if len(sat) else np.nan
-    neg = float((sat.min_score_gap < 0).mean()) if len(sat) else np.nan
+    k_neg = int((sat.min_score_gap < 0).sum())
+    neg = k_neg / len(sat) if len(sat) else np.nan
+    lo, hi = wilson(k_neg, len(sat))
+    neg_all = k_neg / len(df)
     other = sat[sat.outcome == "other"]
     note_other = (f"{len(other)} saturated runs are 'other': {int((other.min_score_gap < 0).sum())} with a "
                   f"negative score gap, {int((~other.svm_feasible).sum())} with an infeasible SVM; their median "
-                  f"corr with p_mm(alpha) is {other.corr_lmm.median():.3f}") if len(other) else ""
-    grow = []
-    for what, hit in (("saturated", df.saturated), ("GMM", df.outcome == "GMM")):
-        z, p_lo, p_hi = growth_z(hit[df.d.isin(lo)], hit[df.d.isin(hi)])
-        grow.append(check_at_least(
-            f"over-parameterisation: the {what} share grows with d (d in {hi} vs d in {lo}; "
-            "two-proportion z-score >= 2, i.e. an increase beyond sampling noise)",
-            f"share {p_lo:.3f} -> {p_hi:.3f}, z", z, 2.0, fmt=".3g"))
+                  f"corr with p_mm(alpha) is {other.corr_lmm.median():.3f}. ") if len(other) else ""
+    conv_d = ", ".join(f"d={r.d}: {r.lmm_or_gmm / r.saturated:.3f}" for r in tab.itertuples() if r.saturated)
+    neg_d = ", ".join(f"d={r.d}: {r.negative_gap}/{r.saturated} = {r.share_negative_of_saturated:.2%}"
+                      for r in tab.itertuples() if r.saturated)
+    trend = []
+    for what, hit, col in (("saturated", df.saturated, "share_saturated"), ("GMM", df.outcome == "GMM", "share_gmm")):
+        z, pval = trend_test(df.d, hit)
+        sh = tab[col].to_numpy()
+        drops = int((np.diff(sh) < 0).sum())
+        trend.append(Check(
+            f"over-parameterisation: the {what} share grows with d over the whole grid d in {ds} "
+            f"(Cochran-Armitage trend test, one-sided p < {ALPHA})",
+            f"shares by d: {', '.join(f'{v:.3f}' for v in sh)}; z = {z:.3g}, "
+            + (f"p = {pval:.2g}" if pval > 0 else "p < 1e-300"),
+            bool(pval < ALPHA), f"{drops} of {len(sh) - 1} steps in d decrease the share"
+                                 + ("" if drops == 0 else " (the trend is not monotone)")))
     return [
-        *grow,
-        check_at_least("saturated runs converge to an LMM (GMM included) with corr > 0.99 "
-                       "in >= 95% of cases", f"share of {len(sat)} saturated runs", conv, 0.95,
-                       note_other),
-        check_at_most("a negative minimal score gap occurs in < 2% of the saturated problems (paper: < 1%)",
-                      f"share of {len(sat)} saturated runs", neg, 0.02,
-                      _note_negative(sat)),
+        *trend,
+        check_at_least(f"saturated runs converge to an LMM (GMM included, corr > {CORR}) 'almost always': "
+                       f"the paper puts the exceptions below 1%, i.e. share >= {CONV_MIN}",
+                       f"share of {len(sat)} saturated runs", conv, CONV_MIN,
+                       note_other + f"By d: {conv_d}."),
+        check_at_most("a negative minimal score gap occurs in < 1% of the problems (paper, App. E and "
+                      "Fig. 10), counted over the saturated runs (where the gap is defined)",
+                      f"share of {len(sat)} saturated runs (95% CI {lo:.2%}-{hi:.2%})", neg, NEG_MAX,
+                      f"By d: {neg_d}. Over all {len(df)} problems (the other reading of 'problems'): "
+                      f"{neg_all:.2%}. " + _note_negative(sat), fmt=".4f"),
         Check("every saturated run has a feasible SVM for its selected tokens (attention can "
               "only saturate along a separating direction)",
               f"{int(sat.svm_feasible.sum())} of {len(sat)} feasible", bool(sat.svm_feasible.all()),
-              "" if sat.svm_feasible.all() else "infeasible selections are counted as 'other'"),
+              "" if sat.svm_feasible.all() else "infeasible selections are counted as 'other'", sanity=True),
     ]
 
 
 def plot(tables, cfg, out):
     df = tables["trials"]
     sh = shares(df)
-    fig, ax = P.subplots(3, width=3.8, height=3.5)
+    fig, ax = P.subplots(4, width=3.8, height=3.5)
     x = np.arange(len(sh))
     bottom = np.zeros(len(sh))
     for o in OUTCOMES:
@@ -179,11 +248,18 @@ def plot(tables, cfg, out):
     gs = np.sort(g)
     ax[2].plot(gs, np.arange(1, len(gs) + 1) / max(len(gs), 1), color=P.COLORS[0])
     ax[2].axvline(0, color="gray", ls="--", lw=1, label="gap = 0")
+    ax[2].axhline(NEG_MAX, color=P.COLORS[1], ls=":", lw=1, label="paper: < 1% below 0")
     P.label(ax[2], "minimal score gap", "cumulative probability", "(c) CDF (Figure 10)")
+    tab = per_d(df)
+    x = np.arange(len(tab))
+    ax[3].bar(x, 100 * tab.share_negative_of_saturated.fillna(0).to_numpy(), width=0.7, color=P.COLORS[0])
+    ax[3].axhline(100 * NEG_MAX, color=P.COLORS[1], ls=":", lw=1.5, label="paper: < 1%")
+    ax[3].set_xticks(x, [str(d) for d in tab.d])
+    P.label(ax[3], "dimension d", "% of saturated runs", "(d) negative minimal score gap by d")
     return [P.save(fig, out, "mmts_fig9")]
 
 
-_C = dict(ds=[2, 4, 6, 8, 10, 15, 20], n=6, T=8, lr=1.0, seed=0, pad=False)
+_C = dict(ds=[2, 4, 6, 8, 10, 15, 20], n=6, T=8, lr=1.0, seed=0, pad=False, population=1000)
 EXPERIMENT = Experiment(
     name="mmts-fig9", title="Figures 9-10: over-parameterisation Monte-Carlo (outcomes, score gaps)",
     claim="As d grows more NGD runs saturate and converge to the GMM; saturated runs converge "
@@ -192,4 +268,10 @@ EXPERIMENT = Experiment(
              "quick": {**_C, "trials": 150, "steps": 1000},
              "full": {**_C, "trials": 1000, "steps": 1000}},
     compute=compute, judge=judge, plot=plot,
+    deviations=(
+        "The paper states that the saturated and GMM shares grow with d without a test; attnsvm "
+        "tests the trend over the whole d grid with a one-sided Cochran-Armitage test at level 0.05.",
+        "The paper's '< 1% of the problems' is checked pooled over d on the saturated runs (the "
+        "gap needs selected tokens); the share over all problems and per d is reported beside it.",
+    ),
 )
