@@ -217,3 +217,17 @@ def test_init_kinds():
 def test_model_bad_inputs(call, match):
     with pytest.raises(ValueError, match=match):
         call()
+
+
+def test_label_layout_must_fit_the_queries():
+    """Per-token labels need one query per token; per-sequence labels broadcast over the
+    queries of a seq-to-seq model (closed form == autograd there)."""
+    d = D.random_sphere(n=3, T=4, d=3, cross=False, seed=2)
+    with pytest.raises(ValueError, match=r"one label per query token \(y of shape \(n, T\)\)"):
+        M.WModel(3, query="first").objective(M.WModel(3).init(1), d.replace(y=np.ones((3, 4))))
+    model = M.WModel(3, query="seq2seq")
+    params = model.init(2, seed=1, scale=2.0)
+    L0, gap0, g0 = model.objective(params, d)
+    L1, gap1, g1 = model.objective(params, d, autograd=True)
+    torch.testing.assert_close(L0, L1)
+    torch.testing.assert_close(g0["W"], g1["W"], rtol=1e-10, atol=1e-13)

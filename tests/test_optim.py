@@ -16,6 +16,12 @@ from attnsvm import optim as O
 from attnsvm.train import train
 
 
+def _step(opt, P, G, gap=None):
+    """One update from a fresh state (log_gap from a plain gap)."""
+    lg = None if gap is None else torch.log(gap)
+    return opt.update(G, opt.init(P), P, lg)[0]
+
+
 def _pg(seed=0, B=4):
     g = torch.Generator().manual_seed(seed)
     P = {"K": torch.randn(B, 3, 2, generator=g, dtype=torch.float64),
@@ -54,9 +60,9 @@ def test_bregman_properties():
 
 def test_md_p2_equals_gd_bit_for_bit():
     P, G = _pg()
-    a, b = O.gd(0.3).step(P, G), O.mirror(2.0, 0.3).step(P, G)
+    a, b = _step(O.gd(0.3), P, G), _step(O.mirror(2.0, 0.3), P, G)
     assert all(torch.equal(a[k], b[k]) for k in P)
-    a, b = O.ngd(0.3).step(P, G), O.mirror(2.0, 0.3, normalized=True).step(P, G)
+    a, b = _step(O.ngd(0.3), P, G), _step(O.mirror(2.0, 0.3, normalized=True), P, G)
     assert all(torch.equal(a[k], b[k]) for k in P)
     data = D.random_sphere(n=3, T=4, d=4, batch=3)
     t1 = train(M.WModel(4), data, optimizer=O.gd(0.5), steps=100, record_every=10)
@@ -67,7 +73,7 @@ def test_md_p2_equals_gd_bit_for_bit():
 def test_mirror_update_rule_against_numpy():
     P, G = _pg(1)
     for p, normalized in ((3.0, False), (1.5, True)):
-        out = O.mirror(p, 0.2, normalized).step(P, G)
+        out = _step(O.mirror(p, 0.2, normalized), P, G)
         for k in P:
             W, g = P[k].numpy(), G[k].numpy()
             if normalized:
@@ -79,40 +85,217 @@ def test_mirror_update_rule_against_numpy():
 
 def test_ngd_per_tensor_and_global():
     P, G = _pg(2)
-    out = O.ngd(0.5).step(P, G)
+    out = _step(O.ngd(0.5), P, G)
     for k in P:
         step = (P[k] - out[k]).reshape(4, -1).norm(dim=1)
         torch.testing.assert_close(step, torch.full((4,), 0.5, dtype=torch.float64))
-    out = O.ngd(0.5, norm="global").step(P, G)
+    out = _step(O.ngd(0.5, norm="global"), P, G)
     tot = torch.sqrt(sum((P[k] - out[k]).reshape(4, -1).pow(2).sum(1) for k in P))
     torch.testing.assert_close(tot, torch.full((4,), 0.5, dtype=torch.float64))
+    for k in P:  # the global step is parallel to G
+        torch.testing.assert_close(out[k], P[k] - 0.5 * G[k] / torch.sqrt(
+            sum(G[j].reshape(4, -1).pow(2).sum(1) for j in G)).reshape(-1, *[1] * (G[k].ndim - 1)))
     Z = {k: torch.zeros_like(t) for k, t in G.items()}
-    assert all(torch.equal(O.ngd(0.5).step(P, Z)[k], P[k]) for k in P)
+    assert all(torch.equal(_step(O.ngd(0.5), P, Z)[k], P[k]) for k in P)
+
+
+def test_relative_step_moves_params_by_lr_times_their_norm():
+    P, G = _pg(7)
+    out = _step(O.ngd(0.01, norm="global", relative=True), P, G)
+    pn = torch.sqrt(sum(P[k].reshape(4, -1).pow(2).sum(1) for k in P))
+    tot = torch.sqrt(sum((P[k] - out[k]).reshape(4, -1).pow(2).sum(1) for k in P))
+    torch.testing.assert_close(tot, 0.01 * pn)
 
 
 def test_polyak_step_size():
     P, G = _pg(3)
     gap = torch.tensor([0.5, 1.0, 0.0, 2.0], dtype=torch.float64)
-    out = O.polyak(0.7).step(P, G, gap)
+    out = _step(O.polyak(0.7), P, G, gap)
     g2 = sum(G[k].reshape(4, -1).pow(2).sum(1) for k in G)
     eta = 0.7 * gap / g2
     for k in P:
         torch.testing.assert_close(out[k], P[k] - eta.reshape(-1, *[1] * (P[k].ndim - 1)) * G[k])
     Z = {k: torch.zeros_like(t) for k, t in G.items()}
-    assert all(torch.isfinite(O.polyak(1.0).step(P, Z, gap)[k]).all() for k in P)
+    assert all(torch.isfinite(_step(O.polyak(1.0), P, Z, gap)[k]).all() for k in P)
+    capped = _step(O.polyak(0.7, max_lr=1e-3), P, G, gap)
+    eta_c = torch.minimum(eta, torch.full_like(eta, 1e-3))
+    for k in P:
+        torch.testing.assert_close(capped[k], P[k] - eta_c.reshape(-1, *[1] * (P[k].ndim - 1)) * G[k])
+
+
+@pytest.mark.parametrize("name", ["ngd", "sign", "spectral", "coordinate", "polyak",
+                                  "mirror_norm", "adam0", "signum", "muon"])
+def test_normalised_rules_are_exact_for_underflowed_gradients(name):
+    """A gradient 1e-300 times smaller (its squares underflow float64) gives the same step
+    when handed over in scaled form: the direction is computed from G / max|G|."""
+    rules = {"ngd": O.ngd(0.1), "sign": O.sign_descent(0.1), "spectral": O.spectral_descent(0.1),
+             "coordinate": O.coordinate_descent(0.1), "polyak": O.polyak(0.5),
+             "mirror_norm": O.mirror(3.0, 0.1, normalized=True), "adam0": O.adam(0.1, eps=0.0),
+             "signum": O.signum(0.1), "muon": O.muon(0.1)}
+    opt = rules[name]
+    P, G = _pg(4)
+    lg = torch.log(torch.tensor([0.5, 1.0, 0.3, 2.0], dtype=torch.float64))
+    ref, st = opt.update(G, opt.init(P), P, lg)
+    tiny = O.Scaled.of(G, {k: torch.full((4,), -700.0, dtype=torch.float64) for k in G})
+    # the same direction, its scale 1e-304 below; Polyak's gap is shifted alike (ratio kept)
+    got, _ = opt.update(tiny, opt.init(P), P, lg - 700.0)
+    assert min(float(t.abs().max()) for t in tiny.value().values()) < 1e-300
+    for k in P:
+        torch.testing.assert_close(got[k], ref[k], rtol=1e-12, atol=1e-13)
+
+
+def test_sign_and_coordinate_descent_by_hand():
+    P = {"W": torch.tensor([[[1.0, 2.0], [3.0, 4.0]]], dtype=torch.float64)}
+    G = {"W": torch.tensor([[[-0.5, 0.0], [2.0, -3.0]]], dtype=torch.float64)}
+    np.testing.assert_array_equal(_step(O.sign_descent(0.1), P, G)["W"][0].numpy(),
+                                  [[1.1, 2.0], [2.9, 4.1]])
+    np.testing.assert_array_equal(_step(O.coordinate_descent(0.5), P, G)["W"][0].numpy(),
+                                  [[1.0, 2.0], [3.0, 4.5]])
+    m = {"W": torch.zeros(1, 2, 2, dtype=torch.float64)}
+    opt = O.signum(0.1, beta=0.5)
+    st = opt.init(P)
+    out, st = opt.update(G, st, P, None)  # m = 0.5 G
+    out, st = opt.update({"W": -G["W"] * 0.2}, st, out, None)  # m = 0.25 G - 0.1 G = 0.15 G
+    np.testing.assert_allclose(out["W"][0].numpy(), P["W"][0].numpy() - 0.2 * np.sign(G["W"][0].numpy()))
+    assert m["W"].sum() == 0
+
+
+def test_muon_update_is_the_polar_factor_of_nesterov_momentum():
+    rng = np.random.default_rng(0)
+    P = {"W": torch.as_tensor(rng.standard_normal((3, 4, 5))), "v": torch.as_tensor(rng.standard_normal((3, 4)))}
+    Gs = [{k: torch.as_tensor(rng.standard_normal(t.shape)) for k, t in P.items()} for _ in range(3)]
+    opt = O.muon(0.05, beta=0.9, nesterov=True)
+    st, cur = opt.init(P), P
+    m = {k: np.zeros(t.shape) for k, t in P.items()}
+    ref = {k: t.numpy().copy() for k, t in P.items()}
+    for G in Gs:
+        cur, st = opt.update(G, st, cur, None)
+        for k in P:
+            g = G[k].numpy()
+            m[k] = 0.9 * m[k] + g
+            A = g + 0.9 * m[k]
+            if A.ndim == 3:
+                U, S, Vt = np.linalg.svd(A, full_matrices=False)
+                D = U @ Vt
+            else:
+                D = A / np.linalg.norm(A, axis=1, keepdims=True)
+            ref[k] = ref[k] - 0.05 * D
+    for k in P:
+        np.testing.assert_allclose(cur[k].numpy(), ref[k], rtol=1e-11, atol=1e-12)
+    # Newton-Schulz: an approximate polar factor (singular values within [0.6, 1.25])
+    A = torch.as_tensor(rng.standard_normal((2, 6, 4)))
+    sv = torch.linalg.svdvals(O.newton_schulz(A, 5))
+    assert float(sv.min()) > 0.6 and float(sv.max()) < 1.25
+
+
+@pytest.mark.parametrize("wd", [0.0, 0.05])
+@pytest.mark.parametrize("eps", [1e-8, 1e-3])
+def test_adam_matches_torch_adam_step_by_step(eps, wd):
+    rng = np.random.default_rng(1)
+    W0 = rng.standard_normal((4, 3))
+    w = torch.nn.Parameter(torch.as_tensor(W0.copy()))
+    ref = (torch.optim.AdamW([w], lr=0.01, betas=(0.8, 0.99), eps=eps, weight_decay=wd) if wd else
+           torch.optim.Adam([w], lr=0.01, betas=(0.8, 0.99), eps=eps))
+    opt = (O.adamw(0.01, b1=0.8, b2=0.99, eps=eps, weight_decay=wd) if wd else
+           O.adam(0.01, b1=0.8, b2=0.99, eps=eps))
+    P = {"W": torch.as_tensor(W0.copy())[None]}
+    st = opt.init(P)
+    for t in range(25):
+        g = torch.as_tensor(rng.standard_normal((4, 3)) * 10.0 ** (-t % 5))
+        g[0, 0] = 0.0 if t % 3 == 0 else g[0, 0]  # some exactly-zero entries
+        w.grad = g.clone()
+        ref.step()
+        P, st = opt.update({"W": g[None]}, st, P, None)
+        torch.testing.assert_close(P["W"][0], w.detach(), rtol=1e-12, atol=1e-13)
+
+
+def test_adam_eps0_is_sign_like_and_finite():
+    P = {"W": torch.zeros(1, 2, 2, dtype=torch.float64)}
+    G = {"W": torch.tensor([[[1e-200, -3.0], [0.0, 5.0]]], dtype=torch.float64)}
+    out = _step(O.adam(0.1, eps=0.0), P, G)
+    # first step: m_hat / sqrt(v_hat) = sign(G) entrywise (0 where G = 0)
+    np.testing.assert_allclose(out["W"][0].numpy(), [[-0.1, 0.1], [0.0, -0.1]], rtol=1e-13)
+
+
+def test_momentum_matches_torch_sgd():
+    for nesterov in (False, True):
+        rng = np.random.default_rng(2)
+        W0 = rng.standard_normal((3, 3))
+        w = torch.nn.Parameter(torch.as_tensor(W0.copy()))
+        ref = torch.optim.SGD([w], lr=0.1, momentum=0.8, nesterov=nesterov)
+        opt = O.momentum(0.1, beta=0.8, nesterov=nesterov)
+        P = {"W": torch.as_tensor(W0.copy())[None]}
+        st = opt.init(P)
+        for _ in range(10):
+            g = torch.as_tensor(rng.standard_normal((3, 3)))
+            w.grad = g.clone()
+            ref.step()
+            P, st = opt.update({"W": g[None]}, st, P, None)
+        torch.testing.assert_close(P["W"][0], w.detach(), rtol=1e-13, atol=1e-14)
+
+
+def test_registry_lists_every_rule_and_each_runs():
+    P, G = _pg(5)
+    lg = torch.zeros(4, dtype=torch.float64)
+    assert {"gd", "ngd", "polyak", "mirror", "sgd", "sngd", "nsd", "sign", "spectral",
+            "coordinate", "momentum", "adam", "adamw", "signum", "muon"} <= set(O.RULES)
+    for name in O.RULES:
+        opt = O.get(name)
+        out, st = opt.update(G, opt.init(P), P, lg)
+        assert all(torch.isfinite(out[k]).all() and not torch.equal(out[k], P[k]) for k in P), name
+        assert all(v.shape[0] == 4 for v in st.values()), name  # state carries the trial dim
+    assert O.get("md1.5").hyper["p"] == 1.5 and O.get("sign_descent").name == "sign"
+    assert O.get("nsd", norm="spectral").hyper["norm"] == "spectral"
+
+
+def test_torch_adapter_equals_the_batched_rule():
+    from attnsvm.optim import torch_optimizer
+
+    rng = np.random.default_rng(3)
+    lin = torch.nn.Linear(4, 3).double()
+    W0, b0 = lin.weight.detach().clone(), lin.bias.detach().clone()
+    opt = torch_optimizer("muon", lin.parameters(), lr=0.05)
+    rule = O.muon(0.05)
+    P = {"0": W0[None].clone(), "1": b0[None].clone()}
+    st = rule.init(P)
+    for _ in range(3):
+        x = torch.as_tensor(rng.standard_normal((5, 4)))
+        opt.zero_grad()
+        lin(x).pow(2).sum().backward()
+        G = {"0": lin.weight.grad[None].clone(), "1": lin.bias.grad[None].clone()}
+        opt.step()
+        P, st = rule.update(G, st, P, None)
+    torch.testing.assert_close(lin.weight.detach(), P["0"][0])
+    torch.testing.assert_close(lin.bias.detach(), P["1"][0])
+
+
+def test_sgd_minibatches_depend_only_on_each_trials_seed():
+    """A batched SNGD run of B trials equals B separate runs with seeds seed + b."""
+    data = D.random_sphere(n=6, T=4, d=3, seed=0)
+    model = M.WModel(3)
+    init = model.init(3, seed=1)
+    batched = train(model, data, optimizer=O.sngd(0.2, batch_size=2), steps=30, seed=5, init=init)
+    for b in range(3):
+        one = train(model, data, optimizer=O.sngd(0.2, batch_size=2), steps=30, seed=5 + b,
+                    init={"W": init["W"][b:b + 1]})
+        assert torch.equal(batched.params["W"][b], one.params["W"][0]), b
 
 
 def test_sgd_minibatch_gradient_matches_subset():
+    from attnsvm.train import minibatch
+
     data = D.random_sphere(n=6, T=4, d=3, seed=0)
     model = M.WModel(3)
     traj = train(model, data, optimizer=O.sgd(0.2, batch_size=2), steps=1, seed=5, B=3,
                  record_params=True)
     W0 = torch.as_tensor(traj.param_history["W"][0])
-    gen = torch.Generator().manual_seed(5 + 7919)
-    idx = torch.rand(3, 6, generator=gen).argsort(1)[:, :2].numpy()
+    full = M.prepare(data)
+    sub = minibatch(full, 2, torch.arange(3) + 5, 0)
     for b in range(3):
-        sub = D.TokenData(X=data.X[idx[b]], y=data.y[idx[b]], z=data.z[idx[b]], v=data.v)
-        _, _, g = model.objective({"W": W0[b:b + 1]}, sub)
+        idx = [int(np.nonzero((data.X == sub["X"][b, j].numpy()).all((1, 2)))[0][0]) for j in range(2)]
+        assert len(set(idx)) == 2
+        one = D.TokenData(X=data.X[idx], y=data.y[idx], z=data.z[idx], v=data.v)
+        _, _, g = model.objective({"W": W0[b:b + 1]}, one)
         torch.testing.assert_close(traj.params["W"][b], W0[b] - 0.2 * g["W"][0])
 
 
@@ -134,7 +317,19 @@ def test_joint_training_same_rule_on_both_tensors():
     "call, match",
     [
         (lambda: O.mirror(1.0), "p > 1"),
-        (lambda: O.ngd(0.1, norm="spectral"), "norm must be"),
+        (lambda: O.ngd(0.1, norm="spectral"), "scope must be"),
+        (lambda: O.ngd(float("nan")), "lr must be a finite number > 0"),
+        (lambda: O.gd(-1.0), "lr must be a finite number > 0"),
+        (lambda: O.gd("fast"), "lr must be a finite number > 0"),
+        (lambda: O.adam(0.1, b2=1.0), "b2 must be a number in"),
+        (lambda: O.adam(0.1, eps=-1.0), "eps must be a finite number >= 0"),
+        (lambda: O.momentum(0.1, beta=1.5), "beta must be a number in"),
+        (lambda: O.sgd(0.1, batch_size=0), "batch_size must be an integer >= 1"),
+        (lambda: O.muon(0.1, ns_steps=0), "ns_steps must be a positive integer"),
+        (lambda: O.get("adamx"), "unknown optimizer 'adamx'"),
+        (lambda: O.get("adam", beta=0.3), "optimizer 'adam'"),
+        (lambda: O.get("mdx"), "needs a number p"),
+        (lambda: O.nsd("foo"), "unknown norm 'foo'"),
     ],
 )
 def test_optim_bad_inputs(call, match):
@@ -142,16 +337,15 @@ def test_optim_bad_inputs(call, match):
         call()
 
 
-def test_trial_norm_does_not_underflow_for_tiny_gradients():
-    # |g|^(7/3) underflows to 0 in float64 for g ~ 1e-139; the norm must not.
-    from attnsvm.optim import trial_norm
-
-    g = torch.full((2, 3, 3), 1e-139, dtype=torch.float64)
-    g[1] = 0.0
-    q = 7.0 / 3.0
-    expected = 1e-139 * 9 ** (1 / q)
-    got = trial_norm(g, q)
-    assert got[1] == 0.0
-    assert abs(got[0].item() / expected - 1) < 1e-12
-    big = torch.randn(4, 5, dtype=torch.float64)
-    assert torch.allclose(trial_norm(big, q), torch.linalg.vector_norm(big, ord=q, dim=1))
+def test_stopped_trials_keep_their_optimiser_state():
+    """Trial 1's data has identical tokens (gradient exactly 0): it stops at step 0 and its
+    parameters and Adam state stay frozen while trial 0 keeps training."""
+    good = D.random_sphere(n=3, T=4, d=3, seed=0)
+    X = good.X.copy()
+    X2 = np.repeat(X[:, :1], 4, axis=1)  # every token the same: attention has no gradient
+    data = D.TokenData(X=np.stack([X, X2]), y=np.stack([good.y, good.y]),
+                       z=np.stack([good.z, good.z]), v=np.stack([good.v, good.v]))
+    t = train(M.WModel(3), data, optimizer=O.adam(0.05), steps=20, record_every=5)
+    assert list(t.stop_step) == [-1, 0] and list(t.stop_reason) == ["", "zero gradient"]
+    assert float(t.state["t"][0]) == 20 and float(t.state["t"][1]) == 0
+    assert bool((t.state["m:W"][1] == 0).all()) and not bool((t.state["m:W"][0] == 0).all())

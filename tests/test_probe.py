@@ -133,7 +133,7 @@ def test_missing_model_is_a_clear_error(tmp_path, capsys):
     from attnsvm.cli import main
 
     assert main(["probe", "--model", str(tmp_path / "nope"), "--out", str(tmp_path / "o")]) == 2
-    assert "does not exist" in capsys.readouterr().out
+    assert "does not exist" in capsys.readouterr().err
 
 
 def test_packaged_model_and_corpus_resolve():

@@ -10,7 +10,11 @@ from __future__ import annotations
 
 import json
 import os
+import signal
+import subprocess
+import sys
 import textwrap
+import time
 from pathlib import Path
 
 import numpy as np
@@ -241,5 +245,147 @@ def test_cli_parses_grids_and_runs(tmp_path, monkeypatch, capsys):
     assert main(argv + ["--dry-run"]) == 0
     out = capsys.readouterr().out
     assert out.count(" done ") == 4 and out.count(" failed ") == 2
-    with pytest.raises(SystemExit, match="KEY=VALUES"):
-        main(["sweep", "sweep_cli_demo:EXP", "--grid", "d"])
+    assert main(["sweep", "sweep_cli_demo:EXP", "--grid", "d"]) == 2
+    err = capsys.readouterr().err
+    assert "--grid expects KEY=VALUES" in err and err.count("\n") == 1
+
+
+def test_corrupt_or_foreign_stores_are_refused_not_merged(tmp_path):
+    exp = make_experiment(tmp_path)
+    cells = grid(seed=[1, 2])
+    store = tmp_path / "s"
+    sweep(exp, cells, scale="tiny", store=store, progress=False)
+    n_calls = len(calls(tmp_path))
+    manifest = store / "manifest.json"
+    good = manifest.read_text()
+    bad_manifests = {
+        "{ torn": "manifest.json is corrupt",
+        "[1, 2]": "is not a sweep manifest",
+        '{"cells": {}}': "is not a sweep manifest",
+        '{"experiment": 3}': "is not a sweep manifest",
+    }
+    for text, problem in bad_manifests.items():
+        manifest.write_text(text)
+        with pytest.raises(ValueError, match=problem):
+            sweep(exp, cells, scale="tiny", store=store, progress=False)
+        with pytest.raises(ValueError, match=problem):
+            load(store)
+        assert manifest.read_text() == text  # refused: not rewritten, not merged
+    assert len(calls(tmp_path)) == n_calls
+    manifest.write_text(good.replace('"demo-closedform"', '"demo-other"'))
+    with pytest.raises(ValueError, match="holds a sweep of 'demo-other'"):
+        sweep(exp, cells, scale="tiny", store=store, progress=False)
+    # a deleted manifest is rebuilt from this experiment's cell records (nothing recomputed)
+    manifest.unlink()
+    res = sweep(exp, cells, scale="tiny", store=store, progress=False)
+    assert res.ok and list(res.cells.resumed) == [True, True]
+    assert json.loads(manifest.read_text())["experiment"] == exp.name
+    assert len(calls(tmp_path)) == n_calls
+    # ... but not from another experiment's records
+    manifest.unlink()
+    other = Experiment("demo-other", "-", "-", exp.configs, _compute, exp.judge, exp.plot)
+    with pytest.raises(ValueError, match="holds cells of 'demo-closedform'"):
+        sweep(other, cells, scale="tiny", store=store, progress=False)
+    # a folder that is not a store, and a file, are refused
+    junk = tmp_path / "junk"
+    junk.mkdir()
+    (junk / "thesis.tex").write_text("precious")
+    with pytest.raises(ValueError, match="non-empty folder without a sweep manifest.json"):
+        sweep(exp, cells, scale="tiny", store=junk, progress=False)
+    assert sorted(p.name for p in junk.iterdir()) == ["thesis.tex"]
+    with pytest.raises(ValueError, match="exists and is not a folder"):
+        sweep(exp, cells, scale="tiny", store=junk / "thesis.tex", progress=False)
+    # a new store claims its folder at once (a sweep killed before its first cell)
+    fresh = tmp_path / "fresh"
+    from attnsvm.sweep import _Store
+
+    _Store(fresh, exp.name)
+    assert json.loads((fresh / "manifest.json").read_text())["experiment"] == exp.name
+
+
+SLOW_EXPERIMENT = textwrap.dedent("""
+    import os
+    import time
+
+    import pandas as pd
+
+    from attnsvm.experiments import Experiment
+
+
+    def compute(cfg):
+        with open(os.path.join(cfg["dir"], f"worker-{os.getpid()}"), "w") as f:
+            f.write(str(os.getppid()))
+        time.sleep(cfg["sleep"])
+        return {"t": pd.DataFrame({"x": [cfg["seed"]]})}
+
+
+    EXP = Experiment("demo-slow", "-", "-", {"tiny": {"seed": 0, "sleep": 300.0, "dir": "."}},
+                     compute, lambda t, c: [], lambda t, c, o: [], in_default=False)
+""")
+
+
+def _children(pid: int) -> list[int]:
+    """Processes whose parent is ``pid`` (Linux /proc)."""
+    out = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            out.append(int(stat.parent.name))
+    return out
+
+
+def _alive(pid: int) -> bool:
+    """Running (a zombie waiting for a reaper counts as gone: it holds no memory)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM], ids=["SIGKILL", "SIGTERM"])
+def test_killed_process_sweep_leaves_no_worker_behind(tmp_path, sig):
+    (tmp_path / "slow_sweep_demo.py").write_text(SLOW_EXPERIMENT)
+    env = dict(os.environ,
+               PYTHONPATH=os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]))
+    store = tmp_path / "store"
+    log = tmp_path / "stderr.txt"
+    with open(log, "w") as err:  # a file, not a pipe: a surviving worker would hold a pipe open
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "attnsvm.cli", "sweep", "slow_sweep_demo:EXP", "--grid",
+             "seed=0:4", "--grid", f"dir={tmp_path}", "--scale", "tiny", "--executor",
+             "processes", "--workers", "2", "--store", str(store), "--no-progress"],
+            env=env, stdout=subprocess.DEVNULL, stderr=err)
+    workers: list[int] = []
+    children: list[int] = []
+    try:
+        deadline = time.monotonic() + 120
+        while len(workers) < 2:  # both workers are inside a 300 s cell
+            assert proc.poll() is None, log.read_text()
+            assert time.monotonic() < deadline, "the workers never started a cell"
+            time.sleep(0.1)
+            workers = [int(p.name.split("-")[1]) for p in tmp_path.glob("worker-*")]
+        children = _children(proc.pid)
+        assert set(workers) <= set(children)
+        proc.send_signal(sig)
+        proc.wait(timeout=60)
+        stderr = log.read_text()
+        deadline = time.monotonic() + 10
+        while any(_alive(p) for p in children) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert [p for p in children if _alive(p)] == [], "processes outlived the sweep"
+        if sig == signal.SIGTERM:  # handled: workers stopped, the store's manifest written
+            assert proc.returncode == 143 and "terminated" in stderr, stderr
+            assert json.loads((store / "manifest.json").read_text())["experiment"] == "demo-slow"
+        else:
+            assert proc.returncode == -signal.SIGKILL
+    finally:
+        for p in [proc.pid, *children]:  # never leave this test's processes behind
+            if _alive(p):
+                os.kill(p, signal.SIGKILL)
+        if proc.poll() is None:
+            proc.wait()

@@ -125,9 +125,13 @@ def test_make_optimizer_names():
     params = [torch.nn.Parameter(torch.zeros(2))]
     assert isinstance(make_optimizer("md1.1", params, 0.1), MirrorDescent)
     assert isinstance(make_optimizer("sngd", params, 0.1), SNGD)
-    with pytest.raises(ValueError, match="optimizer"):
-        make_optimizer("adam", params, 0.1)
-    with pytest.raises(ValueError, match="p must be > 1"):
+    assert make_optimizer("adam", params, 0.1, eps=0.0).rule.hyper["eps"] == 0.0
+    assert make_optimizer("muon", params, 0.1).rule.name == "muon"
+    with pytest.raises(ValueError, match="unknown optimizer 'nope'"):
+        make_optimizer("nope", params, 0.1)
+    with pytest.raises(ValueError, match="lr must be a finite number > 0"):
+        make_optimizer("sgd", params, float("nan"))
+    with pytest.raises(ValueError, match="needs p > 1"):
         make_optimizer("md1", params, 0.1)
 
 

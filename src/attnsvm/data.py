@@ -12,6 +12,7 @@ Shared parts given without B are broadcast to B at construction.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
@@ -19,6 +20,7 @@ import numpy as np
 
 __all__ = [
     "TokenData",
+    "load_arrays",
     "stack",
     "random_sphere",
     "planted",
@@ -33,10 +35,27 @@ __all__ = [
 
 
 def _as_float(name: str, a) -> np.ndarray:
+    """``a`` as a C-contiguous float64 array; refuses None, complex, string, object, ragged
+    and non-finite input with a ValueError naming the field."""
+    if a is None:
+        what = {"X": "tokens X of shape (n, T, d)", "y": "labels y of shape (n,)"}.get(name, name)
+        raise ValueError(f"{name} is None; TokenData needs {what}")
     try:
-        arr = np.asarray(a, dtype=np.float64)
-    except (TypeError, ValueError) as exc:
-        raise ValueError(f"{name} must be a numeric array; got {type(a).__name__}") from exc
+        raw = np.asarray(a)
+    except (TypeError, ValueError):  # ragged nested lists
+        raise ValueError(f"{name} must be a numeric array; got a ragged {type(a).__name__} "
+                         f"(rows of different lengths)") from None
+    kind = raw.dtype.kind
+    if kind == "c":
+        raise ValueError(f"{name} is complex ({raw.dtype}); TokenData holds real arrays")
+    if kind in "USa":
+        raise ValueError(f"{name} holds strings ({raw.dtype}), not numbers")
+    if kind == "O":
+        raise ValueError(f"{name} is an object array (dtype object, e.g. Python objects or "
+                         f"None entries); TokenData holds numeric arrays only")
+    if kind not in "biuf":
+        raise ValueError(f"{name} must be a numeric array; got dtype {raw.dtype}")
+    arr = raw.astype(np.float64, copy=False)
     if not np.all(np.isfinite(arr)):
         raise ValueError(f"{name} contains NaN or inf")
     return np.ascontiguousarray(arr)
@@ -79,15 +98,17 @@ class TokenData:
         X = _as_float("X", self.X)
         if X.ndim not in (3, 4):
             raise ValueError(f"X must have shape (n, T, d) or (B, n, T, d); got {X.shape}")
-        if X.size == 0 or X.shape[-3] == 0:
-            raise ValueError(f"X is empty (n = 0 sequences); got shape {X.shape}")
         if X.ndim == 4 and X.shape[0] == 0:
             raise ValueError(f"X has an empty batch (B = 0); got shape {X.shape}")
         n, T, d = X.shape[-3:]
+        if n == 0:
+            raise ValueError(f"X is empty (n = 0 sequences); got shape {X.shape}")
+        if T == 0:
+            raise ValueError(f"X has no tokens (T = 0 tokens per sequence); got shape {X.shape}")
+        if d == 0:
+            raise ValueError(f"X has empty tokens (d = 0 features per token); got shape {X.shape}")
         if T < 2:
             raise ValueError(f"X must have T >= 2 tokens per sequence; got T = {T} (shape {X.shape})")
-        if d < 1:
-            raise ValueError(f"X must have d >= 1; got shape {X.shape}")
         B = X.shape[0] if X.ndim == 4 else None
         object.__setattr__(self, "X", X)
 
@@ -109,8 +130,10 @@ class TokenData:
         if self.mask is not None:
             m = np.asarray(self.mask)
             if m.dtype != np.bool_:
-                if not np.all((m == 0) | (m == 1)):
-                    raise ValueError("mask must be boolean (True = valid token)")
+                if m.dtype.kind not in "iuf" or not np.all((m == 0) | (m == 1)):
+                    raise ValueError(f"mask must be boolean (True = valid token); got dtype "
+                                     f"{m.dtype}" + ("" if m.dtype.kind not in "iuf" else
+                                                     " with values other than 0 and 1"))
                 m = m.astype(bool)
             m = _check_shape("mask", np.ascontiguousarray(m), (n, T), B, "(n, T)")
             if not np.all(m.any(axis=-1)):
@@ -208,26 +231,121 @@ class TokenData:
 
     # ------------------------------------------------------------------- I/O
     def save(self, path) -> Path:
-        """Write to ``path`` (.npz, no pickles); absent fields are not stored."""
+        """Write to ``path`` (.npz, no pickles); absent fields are not stored.
+
+        The file is written under a temporary name and renamed, so an interrupted save
+        never leaves a truncated file at ``path``.
+        """
         path = Path(path)
+        if path.is_dir():
+            raise ValueError(f"{path}: is a directory; give a file name such as {path / 'data.npz'}")
+        if not path.parent.is_dir():
+            raise ValueError(f"{path}: cannot write: the folder {path.parent} does not exist")
         arrays = {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) is not None}
-        with open(path, "wb") as fh:
-            np.savez(fh, **arrays)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        try:
+            with open(tmp, "wb") as fh:
+                np.savez(fh, **arrays)
+            os.replace(tmp, path)
+        finally:
+            if tmp.exists():
+                tmp.unlink()
         return path
 
     @classmethod
     def load(cls, path) -> TokenData:
-        """Read a .npz written by ``save`` (``allow_pickle=False``) and validate it."""
-        with np.load(Path(path), allow_pickle=False) as f:
-            missing = [k for k in ("X", "y") if k not in f.files]
-            if missing:
-                raise ValueError(f"{path}: missing required arrays {missing}; has {f.files}")
-            return cls(**{k: f[k] for k in ("X", "y", "z", "mask", "v") if k in f.files})
+        """Read a .npz written by ``save`` (``allow_pickle=False``) and validate it.
+
+        Every problem with the file (missing, a folder, not an .npz archive, truncated,
+        a missing or pickled array, invalid contents) is a ValueError naming the file.
+        """
+        arrays = load_arrays(path, required=("X", "y"), optional=("z", "mask", "v"))
+        try:
+            return cls(**arrays)
+        except ValueError as exc:
+            raise ValueError(f"{path}: {exc}") from None
 
     def __repr__(self) -> str:
         parts = [f"{f.name}={getattr(self, f.name).shape}" for f in fields(self)
                  if getattr(self, f.name) is not None]
         return "TokenData(" + ", ".join(parts) + ")"
+
+
+# ----------------------------------------------------------------------- .npz I/O
+_ZIP_MAGIC = (b"PK\x03\x04", b"PK\x05\x06")  # a local file header; an empty archive
+_NPY_MAGIC = b"\x93NUMPY"
+
+
+def _describe_start(head: bytes) -> str:
+    """What a non-.npz file looks like, from its first bytes (for the error message)."""
+    if head.startswith(_NPY_MAGIC):
+        return ("a plain .npy array, not an .npz archive of named arrays; save with "
+                "TokenData.save or np.savez(path, X=..., y=...)")
+    if head[:1] == b"\x80":
+        return "a Python pickle, not an .npz archive (attnsvm does not load pickles)"
+    try:
+        text = head.decode("utf-8")
+    except UnicodeDecodeError:
+        text = None
+    if text is not None and all(c.isprintable() or c in "\r\n\t" for c in text):
+        return f"a text file (it starts with {text[:24]!r}), not an .npz archive"
+    return f"not an .npz archive (it starts with {head[:8]!r})"
+
+
+def load_arrays(path, required=("X", "y"), optional=()) -> dict[str, np.ndarray]:
+    """The arrays ``required + optional`` of the .npz file ``path`` (absent optional
+    arrays are left out), read with ``allow_pickle=False``.
+
+    Raises ValueError naming the file and the problem: no such file, a folder, an empty,
+    truncated or corrupt file, a plain .npy / pickle / text file, a missing required
+    array, an array of Python objects (pickled), or a member that is not a .npy array.
+    """
+    import zipfile
+    import zlib
+
+    p = Path(path)
+    if not p.exists():
+        raise ValueError(f"{p}: no such file")
+    if p.is_dir():
+        raise ValueError(f"{p}: is a directory, not an .npz file")
+    try:
+        with open(p, "rb") as fh:
+            head = fh.read(64)
+    except OSError as exc:
+        raise ValueError(f"{p}: cannot read the file ({exc.strerror or exc})") from None
+    if not head:
+        raise ValueError(f"{p}: the file is empty (0 bytes), not an .npz archive")
+    if not head.startswith(_ZIP_MAGIC):
+        raise ValueError(f"{p}: is {_describe_start(head)}")
+    broken = (zipfile.BadZipFile, zlib.error, EOFError, OSError)
+    try:
+        npz = np.load(p, allow_pickle=False)
+    except broken as exc:
+        raise ValueError(f"{p}: the .npz archive is truncated or corrupt ({exc})") from None
+    out = {}
+    with npz as f:
+        missing = [k for k in required if k not in f.files]
+        if missing:
+            raise ValueError(f"{p}: missing required arrays {missing}; the file has {f.files}")
+        for k in (*required, *optional):
+            if k not in f.files:
+                continue
+            try:
+                a = f[k]
+            except ValueError as exc:
+                if "allow_pickle" in str(exc) or "Object arrays" in str(exc):
+                    raise ValueError(
+                        f"{p}: array {k!r} holds Python objects (a pickled object array), "
+                        f"which attnsvm does not load (allow_pickle=False); store numeric "
+                        f"arrays only and leave absent fields out (np.savez(..., {k}=None) "
+                        f"writes such an array)") from None
+                raise ValueError(f"{p}: array {k!r} cannot be read ({exc})") from None
+            except broken as exc:
+                raise ValueError(f"{p}: array {k!r} is truncated or corrupt ({exc})") from None
+            if not isinstance(a, np.ndarray):
+                raise ValueError(f"{p}: member {k!r} of the archive is not a .npy array")
+            out[k] = a
+    return out
 
 
 def stack(items: list[TokenData]) -> TokenData:

@@ -6,21 +6,38 @@ Layout of ``out/``::
     verdicts.csv              every check of every experiment (one row each)
     tables/<exp>__<name>.parquet
     <exp>/<figure>.png
+    <exp>/result.json         the experiment's record: what its section is built from
+
+No lost work: :func:`save_result` writes one experiment's tables and record as soon as
+it finishes, and :func:`update_report` rebuilds ``report.md`` and ``verdicts.csv`` from
+*every* record in the folder. ``attnsvm reproduce`` calls both after each experiment, so
+a Ctrl-C or a kill loses at most the experiment that was running, and re-running some
+experiments into a folder replaces their sections and keeps the others. Each section
+names its scale; a folder holding records of several scales says so at the top. Every
+file is written under a temporary name and renamed, so none is ever left half-written.
 """
 
 from __future__ import annotations
 
 import datetime as _dt
+import json
+import math
 import os
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
 
-from attnsvm.experiments.base import Result
+from attnsvm.experiments.base import PAPERS, Check, Result
 
 INLINE_ROWS = 24  # tables up to this many rows are shown in the report itself
+RECORD = "result.json"
+RECORD_FORMAT = 1
+
+__all__ = ["markdown_table", "save_result", "load_records", "update_report", "write_report",
+           "verdict_frame", "differences_section", "RECORD"]
 
 
 def markdown_table(df: pd.DataFrame, floatfmt: str = ".4g") -> str:
@@ -38,115 +55,300 @@ def markdown_table(df: pd.DataFrame, floatfmt: str = ".4g") -> str:
     return "\n".join(lines)
 
 
-def write_tables(results: Sequence[Result], out: Path) -> dict[tuple[str, str], Path]:
+# ------------------------------------------------------------------ atomic files
+def _tmp(path: Path) -> Path:
+    return path.with_name(f".{path.name}.{os.getpid()}.tmp")
+
+
+def _atomic(path: Path, write) -> None:
+    """``write(tmp)`` then rename ``tmp`` to ``path``: readers see the old or the new file."""
+    tmp = _tmp(path)
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+
+
+def _atomic_text(path: Path, text: str) -> None:
+    _atomic(path, lambda tmp: tmp.write_text(text))
+
+
+# ----------------------------------------------------------------------- records
+def _jsonable(v: Any) -> Any:
+    """Config values as JSON: numpy -> Python, tuples -> lists, non-finite floats and
+    anything else -> their repr (the record is for reading, not for re-running)."""
+    if isinstance(v, (np.generic, np.ndarray)):
+        v = v.tolist()
+    if v is None or isinstance(v, (bool, int, str)):
+        return v
+    if isinstance(v, float):
+        return v if math.isfinite(v) else repr(v)
+    if isinstance(v, (list, tuple)):
+        return [_jsonable(x) for x in v]
+    if isinstance(v, dict):
+        return {str(k): _jsonable(x) for k, x in v.items()}
+    return repr(v) if not isinstance(v, Path) else str(v)
+
+
+def _rel(path: Path, out: Path) -> str:
+    """``path`` relative to ``out`` (POSIX), or absolute when it lies elsewhere."""
+    path = Path(path)
+    try:
+        return Path(os.path.relpath(path.resolve(), out.resolve())).as_posix()
+    except ValueError:  # another drive (Windows)
+        return str(path.resolve())
+
+
+def _scale(res: Result) -> str:
+    return str(res.config.get("scale", "?"))
+
+
+def to_record(res: Result, out: Path, tables: dict[str, str] | None = None) -> dict:
+    """The JSON record of ``res`` (figures and table files relative to ``out``)."""
+    e = res.experiment
+    return {
+        "format": RECORD_FORMAT,
+        "experiment": {"name": e.name, "title": e.title, "claim": e.claim, "paper": e.paper,
+                       "deviations": list(e.deviations)},
+        "scale": _scale(res),
+        "config": _jsonable(dict(res.config)),
+        "config_text": ", ".join(f"{k}={v}" for k, v in res.config.items()),
+        "seconds": float(res.seconds),
+        "error": res.error,
+        "finished": _dt.datetime.now().isoformat(timespec="seconds"),
+        "checks": [{"claim": c.claim, "measured": c.measured, "passed": bool(c.passed),
+                    "note": c.note, "sanity": bool(c.sanity)} for c in res.checks],
+        "figures": [_rel(Path(f), out) for f in res.figures],
+        "tables": {name: {"path": (tables or {}).get(name), "rows": int(len(df))}
+                   for name, df in res.tables.items()},
+    }
+
+
+def save_result(res: Result, out: Path | str) -> Path:
+    """Write one experiment's tables (``tables/<exp>__<name>.parquet``) and its record
+    (``<exp>/result.json``, written last) into ``out``; returns the record's path.
+
+    Table files of the experiment that its new result no longer has are removed, so the
+    folder never mixes an old run's tables into a new section.
+    """
+    out = Path(out)
+    name = res.experiment.name
     tdir = out / "tables"
     tdir.mkdir(parents=True, exist_ok=True)
-    paths = {}
-    for r in results:
-        for name, df in r.tables.items():
-            p = tdir / f"{r.experiment.name}__{name}.parquet"
-            df.to_parquet(p, index=False)
-            paths[(r.experiment.name, name)] = p
-    return paths
+    files = {}
+    for tname, df in res.tables.items():
+        path = tdir / f"{name}__{tname}.parquet"
+        _atomic(path, lambda tmp, df=df: df.to_parquet(tmp, index=False))
+        files[tname] = _rel(path, out)
+    for old in tdir.glob(f"{name}__*.parquet"):
+        if _rel(old, out) not in files.values():
+            old.unlink()
+    rec_dir = out / name
+    rec_dir.mkdir(parents=True, exist_ok=True)
+    path = rec_dir / RECORD
+    _atomic_text(path, json.dumps(to_record(res, out, files), indent=1))
+    return path
 
 
-def verdict_frame(results: Sequence[Result]) -> pd.DataFrame:
+def _paper_order(name: str) -> tuple:
+    papers = list(PAPERS)
+    prefix = name.split("-")[0]
+    return (papers.index(prefix) if prefix in papers else len(papers), name)
+
+
+def load_records(out: Path | str) -> tuple[list[dict], list[str]]:
+    """Every ``<exp>/result.json`` in ``out``, in paper order; and one line per record
+    that could not be read (named in the report instead of being dropped silently)."""
+    out = Path(out)
+    records, problems = {}, []
+    for path in sorted(out.glob(f"*/{RECORD}")):
+        try:
+            rec = json.loads(path.read_text())
+            name = rec["experiment"]["name"]
+            if rec.get("format") != RECORD_FORMAT:
+                raise ValueError(f"record format {rec.get('format')!r}, expected "
+                                 f"{RECORD_FORMAT}")
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            problems.append(f"`{_rel(path, out)}` could not be read ({type(exc).__name__}: "
+                            f"{exc}); its experiment has no section")
+            continue
+        records[name] = rec
+    return [records[k] for k in sorted(records, key=_paper_order)], problems
+
+
+def _as_records(results: Sequence[Result | dict], out: Path) -> list[dict]:
+    return [r if isinstance(r, dict) else to_record(r, out) for r in results]
+
+
+def _checks(rec: dict) -> list[Check]:
+    return [Check(**c) for c in rec.get("checks", [])]
+
+
+def _passed(rec: dict) -> bool:
+    return rec.get("error") is None and all(c.passed for c in _checks(rec))
+
+
+def _last_line(error: str) -> str:
+    lines = error.strip().splitlines()
+    return lines[-1] if lines else "error"
+
+
+# ------------------------------------------------------------------------ report
+def verdict_frame(results: Sequence[Result | dict], out: Path | str = ".") -> pd.DataFrame:
+    """One row per check of every experiment (and one per experiment that raised)."""
     rows = []
-    for r in results:
-        if r.error is not None:
-            rows.append(dict(experiment=r.experiment.name, claim="(experiment raised an error)",
-                             measured=r.error.strip().splitlines()[-1], verdict="error", note=""))
-        for c in r.checks:
-            rows.append(dict(experiment=r.experiment.name, kind="sanity" if c.sanity else "claim",
+    for rec in _as_records(results, Path(out)):
+        name, scale = rec["experiment"]["name"], rec.get("scale")
+        if rec.get("error") is not None:
+            rows.append(dict(experiment=name, scale=scale, kind="error",
+                             claim="(experiment raised an error)",
+                             measured=_last_line(rec["error"]), verdict="error", note=""))
+        for c in _checks(rec):
+            rows.append(dict(experiment=name, scale=scale, kind="sanity" if c.sanity else "claim",
                              claim=c.claim, measured=c.measured, verdict=c.verdict, note=c.note))
-    return pd.DataFrame(rows, columns=["experiment", "kind", "claim", "measured", "verdict", "note"])
+    return pd.DataFrame(rows, columns=["experiment", "scale", "kind", "claim", "measured",
+                                       "verdict", "note"])
 
 
-def differences_section(results: Sequence[Result]) -> list[str]:
+def differences_section(results: Sequence[Result | dict], out: Path | str = ".") -> list[str]:
     """Markdown lines of "Where this reproduction differs from the papers": every claim
     that does not hold (with its numbers and note: a finding, not a bug), every failing
     sanity check, and every departure from the paper's setting the experiments declare."""
     lines = ["## Where this reproduction differs from the papers", ""]
     items = []
-    for r in results:
-        name = r.experiment.name
-        for c in r.claims:
-            if not c.passed:
+    for rec in _as_records(results, Path(out)):
+        name = rec["experiment"]["name"]
+        for c in _checks(rec):
+            if c.passed:
+                continue
+            if not c.sanity:
                 items.append(f"- **{name}** (finding): the claim \"{c.claim}\" does not hold here: "
                              f"{c.measured}." + (f" {c.note}" if c.note else ""))
-        for c in r.sanity_checks:
-            if not c.passed:
+            else:
                 items.append(f"- **{name}** (set-up): the sanity check \"{c.claim}\" fails "
                              f"({c.measured}); the experiment's claims are not tested as meant.")
-        if r.error:
+        if rec.get("error"):
             items.append(f"- **{name}**: the experiment raised an error "
-                         f"({r.error.strip().splitlines()[-1]}).")
-        for dev in r.experiment.deviations:
+                         f"({_last_line(rec['error'])}).")
+        for dev in rec["experiment"].get("deviations", []):
             items.append(f"- **{name}** (setting): {dev}")
     lines += items if items else ["Nothing: every claim holds at the paper's setting."]
     return lines + [""]
 
 
-def write_report(results: Sequence[Result], out: Path | str, *, scale: str,
-                 total_seconds: float) -> Path:
-    """Write ``report.md``, ``verdicts.csv`` and the tables; returns the report's path."""
+def _scales_line(records: list[dict]) -> tuple[str, bool]:
+    counts: dict[str, int] = {}
+    for rec in records:
+        counts[rec.get("scale", "?")] = counts.get(rec.get("scale", "?"), 0) + 1
+    if len(counts) <= 1:
+        return f"at scale `{next(iter(counts), '?')}`", False
+    parts = ", ".join(f"`{s}` ({n})" for s, n in sorted(counts.items(), key=lambda kv: -kv[1]))
+    return f"at **mixed scales**: {parts}", True
+
+
+def render(records: list[dict], out: Path | str, problems: Sequence[str] = ()) -> Path:
+    """Write ``report.md`` and ``verdicts.csv`` of ``out`` from ``records``."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    table_paths = write_tables(results, out)
-    verdicts = verdict_frame(results)
-    verdicts.to_csv(out / "verdicts.csv", index=False)
+    verdicts = verdict_frame(records, out)
+    _atomic(out / "verdicts.csv", lambda tmp: verdicts.to_csv(tmp, index=False))
 
-    n_ok = sum(r.passed for r in results)
-    n_claims = sum(len(r.claims) for r in results)
-    ok_claims = sum(c.passed for r in results for c in r.claims)
-    n_san = sum(len(r.sanity_checks) for r in results)
-    ok_san = sum(c.passed for r in results for c in r.sanity_checks)
+    checks = {r["experiment"]["name"]: _checks(r) for r in records}
+    n_ok = sum(_passed(r) for r in records)
+    claims = [c for cs in checks.values() for c in cs if not c.sanity]
+    sanity = [c for cs in checks.values() for c in cs if c.sanity]
+    scales, mixed = _scales_line(records)
+    seconds = sum(float(r.get("seconds", 0.0)) for r in records)
     lines = [
         "# attnsvm reproduce report",
         "",
-        f"Generated {_dt.datetime.now().isoformat(timespec='seconds')} at scale `{scale}` "
-        f"in {total_seconds:.1f} s. {n_ok} of {len(results)} experiments: every check holds. "
-        f"Claims: {ok_claims} of {n_claims} hold; sanity checks of the set-up: {ok_san} of "
-        f"{n_san} hold.",
-        "Every verdict below is computed from this run's tables (see `verdicts.csv`).",
+        f"Updated {_dt.datetime.now().isoformat(timespec='seconds')}: {len(records)} "
+        f"experiments {scales}, {seconds:.1f} s of compute in all. {n_ok} of {len(records)} "
+        f"experiments: every check holds. Claims: {sum(c.passed for c in claims)} of "
+        f"{len(claims)} hold; sanity checks of the set-up: {sum(c.passed for c in sanity)} "
+        f"of {len(sanity)} hold.",
+        "Every verdict below is computed from the tables of the run that wrote its section "
+        "(see `verdicts.csv`); each section is rewritten when its experiment is run again "
+        "into this folder.",
         "",
-        "| experiment | figure | claims holding | sanity checks | time (s) |",
-        "|---|---|---|---|---|",
     ]
-    for r in results:
-        cl, sa = r.claims, r.sanity_checks
-        status = "error" if r.error else f"{sum(c.passed for c in cl)}/{len(cl)}"
-        san = "" if r.error else f"{sum(c.passed for c in sa)}/{len(sa)}"
-        lines.append(f"| [{r.experiment.name}](#{r.experiment.name}) | {r.experiment.title} "
-                     f"| {status} | {san} | {r.seconds:.1f} |")
-    lines += [""] + differences_section(results)
-    for r in results:
-        e = r.experiment
-        lines += ["", f"## {e.name}", "", f"**{e.title}** — *{e.paper}*", "",
-                  f"> {e.claim}", ""]
-        if e.deviations:
-            lines += ["Departures from the paper's setting:", ""]
-            lines += [f"- {dev}" for dev in e.deviations] + [""]
-        if r.error:
-            lines += ["**The experiment raised an error** (other experiments are unaffected):",
-                      "", "```", r.error.strip()[-3000:], "```"]
-        for fig in r.figures:
-            rel = os.path.relpath(fig, out)
-            lines += [f"![{e.name}: {Path(fig).stem}]({rel})", ""]
-        if r.checks:
-            df = pd.DataFrame([dict(kind="sanity" if c.sanity else "claim", claim=c.claim,
-                                    measured=c.measured,
-                                    verdict="**holds**" if c.passed else "**does not hold**",
-                                    note=c.note) for c in r.checks])
-            lines += [markdown_table(df), ""]
-        for name, df in r.tables.items():
-            rel = os.path.relpath(table_paths[(e.name, name)], out)
-            if len(df) <= INLINE_ROWS:
-                lines += [f"Table `{name}` ([parquet]({rel})):", "", markdown_table(df), ""]
-            else:
-                lines += [f"Table `{name}`: {len(df)} rows, [parquet]({rel}).", ""]
-        cfg = ", ".join(f"{k}={v}" for k, v in r.config.items())
-        lines += [f"<sub>config: {cfg}; {r.seconds:.1f} s</sub>", ""]
+    if mixed:
+        lines += ["**This folder mixes scales**: each experiment's section and row below names "
+                  "the scale its numbers come from; numbers of different scales are not "
+                  "comparable. Re-run the experiments at one scale into this folder to unify it.",
+                  ""]
+    for p in problems:
+        lines += [f"**Unreadable record**: {p}.", ""]
+    lines += ["| experiment | figure | scale | claims holding | sanity checks | time (s) |",
+              "|---|---|---|---|---|---|"]
+    for rec in records:
+        e, cs = rec["experiment"], checks[rec["experiment"]["name"]]
+        cl, sa = [c for c in cs if not c.sanity], [c for c in cs if c.sanity]
+        status = "error" if rec.get("error") else f"{sum(c.passed for c in cl)}/{len(cl)}"
+        san = "" if rec.get("error") else f"{sum(c.passed for c in sa)}/{len(sa)}"
+        lines.append(f"| [{e['name']}](#{e['name']}) | {e['title']} | {rec.get('scale')} "
+                     f"| {status} | {san} | {float(rec.get('seconds', 0.0)):.1f} |")
+    lines += [""] + differences_section(records, out)
+    for rec in records:
+        lines += _section(rec, checks[rec["experiment"]["name"]], out)
     path = out / "report.md"
-    path.write_text("\n".join(lines) + "\n")
+    _atomic_text(path, "\n".join(lines) + "\n")
     return path
+
+
+def _section(rec: dict, checks: list[Check], out: Path) -> list[str]:
+    e = rec["experiment"]
+    lines = ["", f"## {e['name']}", "", f"**{e['title']}** — *{e['paper']}* — scale "
+             f"`{rec.get('scale')}`", "", f"> {e['claim']}", ""]
+    if e.get("deviations"):
+        lines += ["Departures from the paper's setting:", ""]
+        lines += [f"- {dev}" for dev in e["deviations"]] + [""]
+    if rec.get("error"):
+        lines += ["**The experiment raised an error** (other experiments are unaffected):",
+                  "", "```", rec["error"].strip()[-3000:], "```"]
+    for fig in rec.get("figures", []):
+        lines += [f"![{e['name']}: {Path(fig).stem}]({fig})", ""]
+    if checks:
+        df = pd.DataFrame([dict(kind="sanity" if c.sanity else "claim", claim=c.claim,
+                                measured=c.measured,
+                                verdict="**holds**" if c.passed else "**does not hold**",
+                                note=c.note) for c in checks])
+        lines += [markdown_table(df), ""]
+    for name, info in rec.get("tables", {}).items():
+        rel, rows = info.get("path"), info.get("rows", 0)
+        link = f"[parquet]({rel})" if rel else "not saved"
+        df = None
+        if rel and rows <= INLINE_ROWS:
+            try:
+                df = pd.read_parquet(out / rel)
+            except (OSError, ValueError) as exc:
+                lines += [f"Table `{name}`: {link} cannot be read ({type(exc).__name__}).", ""]
+                continue
+        if df is not None:
+            lines += [f"Table `{name}` ({link}):", "", markdown_table(df), ""]
+        else:
+            lines += [f"Table `{name}`: {rows} rows, {link}.", ""]
+    lines += [f"<sub>scale {rec.get('scale')}; config: {rec.get('config_text', '')}; "
+              f"{float(rec.get('seconds', 0.0)):.1f} s; finished {rec.get('finished', '?')}"
+              f"</sub>", ""]
+    return lines
+
+
+def update_report(out: Path | str) -> Path:
+    """Rebuild ``report.md`` and ``verdicts.csv`` from every record in ``out``."""
+    records, problems = load_records(out)
+    return render(records, out, problems)
+
+
+def write_report(results: Sequence[Result], out: Path | str, *, scale: str | None = None,
+                 total_seconds: float | None = None) -> Path:
+    """Save every result (tables + record) into ``out``, then rebuild ``report.md`` and
+    ``verdicts.csv`` from all the records in ``out`` (those of earlier runs included);
+    returns the report's path. ``scale`` and ``total_seconds`` are accepted for
+    compatibility: each record carries its own scale and time."""
+    del scale, total_seconds
+    for res in results:
+        save_result(res, out)
+    return update_report(out)

@@ -4,14 +4,25 @@
     traj.metrics      tidy DataFrame, one row per (trial, step)
     traj.params       final parameters, dict of (B, ...) tensors
     traj.W            final effective W (B, d, d) [Prompt: p (B, d)] as numpy
+    traj.stops        one row per trial: stop_step, stop_reason
 
-Trials whose gradient is exactly zero are frozen (their parameters stop changing; the
-row column ``stopped`` turns True) and the run ends when every trial has stopped. A
-step that would produce a non-finite parameter also freezes its trial.
+Each step evaluates the stable objective with its gradient in scaled form
+(:meth:`AttentionModel.evaluate`), so normalised rules keep an exact direction however far
+the gradient has underflowed, and applies ``optimizer.update`` to the trials still
+running. A trial stops, with the reason recorded, only when it must:
+
+    "zero gradient"            the gradient is exactly 0 (every entry, in scaled form)
+    "non-finite step"          the update would make a parameter NaN or inf (overflow)
+    "no change in float64"     a full-batch stateless rule left every parameter bit-identical
+                               (the step is below the resolution of W: the run cannot move)
+
+A stopped trial's parameters and optimiser state are frozen; the run ends when every
+trial has stopped.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -22,7 +33,10 @@ from .metrics import correlation
 from .models import AttentionModel, prepare
 from .optim import Optimizer, ngd
 
-__all__ = ["train", "Trajectory", "minibatch"]
+__all__ = ["train", "Trajectory", "minibatch", "STOP_REASONS"]
+
+STOP_REASONS = ("zero gradient", "non-finite step", "no change in float64")
+LN10 = math.log(10.0)
 
 
 @dataclass
@@ -30,11 +44,13 @@ class Trajectory:
     """Result of ``train``.
 
     params: final parameters {name: (B, ...) tensor}; metrics: DataFrame with columns
-    trial, step, loss, loss_gap, norm [, norm_nuc, norm_head], p_sel_mean, p_sel_min,
-    p_max, soft_sparsity, corr_<ref>..., stopped; W: final model.W(params) as numpy;
-    param_history: {name: (n_records, B, ...)} if ``record_params``; record_steps:
+    trial, step, loss, loss_gap, log10_gap, norm [, norm_nuc, norm_head], p_sel_mean,
+    p_sel_min, p_max, soft_sparsity, corr_<ref>..., stopped; W: final model.W(params) as
+    numpy; param_history: {name: (n_records, B, ...)} if ``record_params``; record_steps:
     (n_records,) steps at which metrics were recorded; steps_run: steps executed;
-    stop_step: (B,) step at which each trial stopped (-1: still running at the end).
+    stop_step: (B,) step at which each trial stopped (-1: still running at the end);
+    stop_reason: (B,) why ("" while running; see ``STOP_REASONS``); state: the final
+    optimiser state.
     """
 
     params: dict
@@ -45,11 +61,61 @@ class Trajectory:
     stop_step: np.ndarray
     param_history: dict | None = None
     alpha: np.ndarray | None = None
+    stop_reason: np.ndarray | None = None
+    state: dict | None = None
     extra: dict = field(default_factory=dict)
 
     @property
     def stopped(self) -> np.ndarray:
         return self.stop_step >= 0
+
+    @property
+    def stops(self) -> pd.DataFrame:
+        """One row per trial: trial, stop_step (-1: ran to the end), stop_reason."""
+        reason = self.stop_reason if self.stop_reason is not None else np.full(len(self.stop_step), "")
+        return pd.DataFrame({"trial": np.arange(len(self.stop_step)), "stop_step": self.stop_step,
+                             "stop_reason": reason})
+
+    def __repr__(self) -> str:
+        B = len(self.stop_step)
+        n_stop = int(self.stopped.sum())
+        why = ""
+        if n_stop and self.stop_reason is not None:
+            r, c = np.unique(self.stop_reason[self.stopped], return_counts=True)
+            why = " (" + ", ".join(f"{ci} {ri}" for ri, ci in zip(r, c)) + ")"
+        cols = [c for c in self.metrics.columns if c not in ("trial", "step", "stopped")]
+        return (f"Trajectory(B={B}, steps_run={self.steps_run}, records={len(self.record_steps)}, "
+                f"stopped={n_stop}/{B}{why}, metrics={cols})")
+
+
+# ------------------------------------------------------------------ validation
+def _check_int(x, name: str, lo: int) -> int:
+    if isinstance(x, bool) or not isinstance(x, (int, np.integer)):
+        if isinstance(x, (float, np.floating)) and float(x).is_integer():
+            raise ValueError(f"{name} must be an integer >= {lo}; got the float {x!r}")
+        raise ValueError(f"{name} must be an integer >= {lo}; got {x!r}")
+    if x < lo:
+        raise ValueError(f"{name} must be an integer >= {lo}; got {x}")
+    return int(x)
+
+
+def _check_device(device):
+    if device is None:
+        return None
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError):
+        raise ValueError(f"device {device!r} is not a torch device (e.g. 'cpu', 'cuda', 'cuda:1')") from None
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(f"device {device!r} is not available: torch.cuda.is_available() is "
+                             "False (use device='cpu')")
+        if dev.index is not None and dev.index >= torch.cuda.device_count():
+            raise ValueError(f"device {device!r} does not exist: {torch.cuda.device_count()} CUDA "
+                             "device(s) visible")
+    elif dev.type == "mps" and not (hasattr(torch.backends, "mps") and torch.backends.mps.is_available()):
+        raise ValueError(f"device {device!r} is not available (use device='cpu')")
+    return dev
 
 
 def _init_params(model, init, B, seed, scale, device, dtype):
@@ -62,12 +128,19 @@ def _init_params(model, init, B, seed, scale, device, dtype):
         raise ValueError(f"init must have the keys {sorted(shapes)}; got {sorted(init)}")
     out = {}
     for k, shp in shapes.items():
-        t = torch.as_tensor(np.asarray(init[k]) if not isinstance(init[k], torch.Tensor) else init[k])
+        v = init[k]
+        try:
+            t = torch.as_tensor(v.detach().cpu().numpy() if isinstance(v, torch.Tensor) else
+                                np.asarray(v, dtype=np.float64))
+        except (TypeError, ValueError):
+            raise ValueError(f"init[{k!r}] must be a numeric array of shape {shp} or (B, *{shp})") from None
         t = t.to(device=device, dtype=dtype).clone()
         if tuple(t.shape) == shp:
             t = t.expand(B, *shp).clone()
         if tuple(t.shape) != (B, *shp):
             raise ValueError(f"init[{k!r}] must have shape {shp} or {(B, *shp)}; got {tuple(t.shape)}")
+        if not bool(torch.isfinite(t).all()):
+            raise ValueError(f"init[{k!r}] contains NaN or inf")
         out[k] = t
     return out
 
@@ -86,7 +159,10 @@ def _alpha_tensor(model, tdata, alpha, Q, B):
         if tdata.get("v") is None:
             return None
         return model._gamma(tdata, Q).argmax(-1)
-    a = torch.as_tensor(np.asarray(alpha), dtype=torch.long, device=tdata["X"].device)
+    a0 = np.asarray(alpha)
+    if a0.dtype == bool or not np.issubdtype(a0.dtype, np.integer):
+        raise ValueError(f"alpha must hold integer token indices; got dtype {a0.dtype}")
+    a = torch.as_tensor(a0, dtype=torch.long, device=tdata["X"].device)
     n = tdata["X"].shape[1]
     if a.ndim >= 1 and a.shape[-1] == n and Q == 1:
         a = a[..., None]
@@ -97,16 +173,68 @@ def _alpha_tensor(model, tdata, alpha, Q, B):
         raise ValueError(f"alpha must have shape (n,) = ({n},) or (B, n) = ({B}, {n}) "
                          f"[seq2seq (n, T)]; got {tuple(np.shape(alpha))}")
     if bool(((a < 0) | (a >= T)).any()):
-        raise ValueError(f"alpha must hold token indices in [0, T = {T}); got {np.asarray(alpha).tolist()}")
+        raise ValueError(f"alpha must hold token indices in [0, T = {T}); got {a0.tolist()}")
+    m = model._key_mask(tdata)
+    if m is not None:
+        mm = m if m.ndim == 4 else m[None, None].expand(1, n, Q, T)
+        ok = mm.expand(max(mm.shape[0], a.shape[0]), n, Q, T).gather(
+            -1, a.expand(max(mm.shape[0], a.shape[0]), n, Q)[..., None])
+        if not bool(ok.all()):
+            raise ValueError("alpha selects a masked (padding or causal-future) token")
     return a
 
 
-def minibatch(tdata: dict, B: int, batch_size: int, gen: torch.Generator) -> dict:
-    """Per-trial random subsets of ``batch_size`` sequences (without replacement): every
-    field gets a leading B. Draws from ``gen`` (CPU generator) -> reproducible."""
+def _check_refs(model, refs, B, dtype, device):
+    out = {}
+    shp = (model.d,) if type(model).__name__ == "PromptModel" else (model.d, model.d)
+    for name, R in (refs or {}).items():
+        try:
+            r = np.asarray(R.detach().cpu().numpy() if isinstance(R, torch.Tensor) else R,
+                           dtype=np.float64)
+        except (TypeError, ValueError):
+            raise ValueError(f"references[{name!r}] must be a numeric array of shape {shp}") from None
+        if r.shape not in (shp, (B, *shp)):
+            raise ValueError(f"references[{name!r}] must have shape {shp} or {(B, *shp)}; "
+                             f"got {r.shape}")
+        if not np.all(np.isfinite(r)):
+            raise ValueError(f"references[{name!r}] contains NaN or inf")
+        out[name] = torch.as_tensor(r, device=device, dtype=dtype)
+    return out
+
+
+# ------------------------------------------------------------------ mini-batches
+_M32 = 0xFFFFFFFF
+
+
+def _mul32(x: torch.Tensor, c: int) -> torch.Tensor:
+    """(x * c) mod 2^32 for int64 x in [0, 2^32) without int64 overflow (16-bit halves)."""
+    cl, ch = c & 0xFFFF, c >> 16
+    xl, xh = x & 0xFFFF, x >> 16
+    return (xl * cl + (((xh * cl + xl * ch) & 0xFFFF) << 16)) & _M32
+
+
+def _hash32(x: torch.Tensor) -> torch.Tensor:
+    """A 32-bit integer hash (Wellons' lowbias32) of int64 tensors in [0, 2^32)."""
+    x = x & _M32
+    x = x ^ (x >> 16)
+    x = _mul32(x, 0x7FEB352D)
+    x = x ^ (x >> 15)
+    x = _mul32(x, 0x846CA68B)
+    return x ^ (x >> 16)
+
+
+def minibatch(tdata: dict, batch_size: int, seeds: torch.Tensor, step: int) -> dict:
+    """Per-trial random subsets of ``batch_size`` sequences (without replacement).
+
+    Trial b's subset at a step is a function of (seeds[b], step) only (a counter-based
+    hash, vectorised over trials): a batched run of B trials draws the same batches as B
+    separate runs with those seeds. Every field gets a leading B = len(seeds)."""
     X = tdata["X"]
-    n = X.shape[1]
-    idx = torch.rand(B, n, generator=gen).argsort(dim=1)[:, :batch_size].to(X.device)
+    B, n = len(seeds), X.shape[1]
+    s = _hash32(seeds.to(torch.int64) & _M32)
+    s = _hash32(s ^ _hash32(torch.full_like(s, int(step) & _M32) ^ 0x9E3779B9))
+    keys = _hash32(s[:, None] ^ _mul32(torch.arange(n, dtype=torch.int64), 0x85EBCA6B)[None])
+    idx = keys.argsort(dim=1, stable=True)[:, :batch_size].to(X.device)
     out = {}
     for k, t in tdata.items():
         if k.startswith("_"):  # caches of the full data
@@ -120,14 +248,15 @@ def minibatch(tdata: dict, B: int, batch_size: int, gen: torch.Generator) -> dic
     return out
 
 
+# ---------------------------------------------------------------------- records
 def _record(model, params, tdata, lossf, alpha, refs, Q):
     """Per-trial metrics (B, n_metrics) and their names."""
     with torch.no_grad():
-        L, gap, _ = model.objective(params, tdata, lossf, grad=False)
+        ev = model.evaluate(params, tdata, lossf, grad=False)
         a = model._logits(params, tdata)
         s = torch.softmax(a, dim=-1)  # (B, n, Q, T)
         B = s.shape[0]
-        cols = {"loss": L, "loss_gap": gap}
+        cols = {"loss": ev.loss, "loss_gap": ev.gap, "log10_gap": ev.log_gap / LN10}
         cols.update(model.norms(params))
         if alpha is not None:
             ix = alpha.expand(B, *alpha.shape[1:])[..., None]
@@ -144,6 +273,11 @@ def _record(model, params, tdata, lossf, alpha, refs, Q):
     return names, torch.stack([cols[k].to(torch.float64).reshape(B) for k in names], dim=1)
 
 
+def _freeze(active: torch.Tensor, new: dict, old: dict) -> dict:
+    return {k: torch.where(active.reshape(-1, *([1] * (v.ndim - 1))), new[k], v)
+            for k, v in old.items()}
+
+
 def train(model: AttentionModel, data, loss="logistic", optimizer: Optimizer | None = None,
           steps: int = 1000, B: int | None = None, seed: int = 0, init="random",
           scale: float = 0.1, record_every: int | None = None, references: dict | None = None,
@@ -152,10 +286,11 @@ def train(model: AttentionModel, data, loss="logistic", optimizer: Optimizer | N
           autograd: bool = False) -> Trajectory:
     """Train B independent trials of ``model`` on ``data`` with a step rule.
 
-    Each step: (L, L - L*, G) = model.objective(params, data) (stable form, §8),
-    params <- optimizer.step(params, G, L - L*) for the trials still running.
-    A trial stops when G is exactly 0 (or a step would be non-finite).
+    Each step: (L, log(L - L*), G) = model.evaluate(params, data) (stable form, §8; G in
+    scaled form), (params, state) <- optimizer.update(G, state, params, log(L - L*)) for the
+    trials still running (see the module docstring for when a trial stops).
 
+    optimizer: an :class:`~attnsvm.optim.Optimizer` or a registered name (default NGD, lr 0.1).
     data: TokenData, unbatched (shared by all trials) or batched with B datasets.
     init: "random" | "zero" | "balanced" | "unbalanced" (with ``scale``, ``seed``) or a
     dict {name: (..) or (B, ..)} of initial parameters.
@@ -163,39 +298,60 @@ def train(model: AttentionModel, data, loss="logistic", optimizer: Optimizer | N
     and last step. references: {name: (d, d) or (B, d, d) [Prompt: (d,) or (B, d)]};
     adds corr_<name> = <W, R> / (|W| |R|). alpha: selected tokens for p_sel (default
     opt = argmax gamma when data has v). batch_size (or optimizer.batch_size):
-    mini-batch of sequences per trial and step (SGD/SNGD), drawn from ``seed``.
-    autograd: use torch.autograd of the stable objective instead of the closed-form gradient
-    (linear heads, fixed or trained; other heads always use autograd).
+    mini-batch of sequences per trial and step (SGD/SNGD); trial b's batches depend only
+    on its seed ``seed + b`` and the step. autograd: torch.autograd of the stable objective
+    instead of the closed-form gradient (linear heads; other heads always use autograd).
+    device: "cpu", "cuda", ... (must exist).
     """
     from .losses import get_loss
+    from .optim import get as get_optimizer
 
     lossf = get_loss(loss)
-    optimizer = ngd(0.1) if optimizer is None else optimizer
+    optimizer = ngd(0.1) if optimizer is None else get_optimizer(optimizer)
+    if not isinstance(model, AttentionModel):
+        raise ValueError(f"model must be an attnsvm AttentionModel; got {type(model).__name__}")
+    steps = _check_int(steps, "steps", 0)
+    seed = _check_int(seed, "seed", 0)
+    device = _check_device(device)
     tdata = prepare(data, device=device, dtype=dtype)
+    if tdata["X"].shape[-1] != model.d:
+        raise ValueError(f"the model has d = {model.d} but the data has d = {tdata['X'].shape[-1]}")
     Bx = tdata["X"].shape[0]
     if B is None:
         B = Bx if not isinstance(init, dict) else _dict_batch(init, model, Bx)
+    B = _check_int(B, "B", 1)
     if Bx != 1 and B != Bx:
         raise ValueError(f"data holds B = {Bx} datasets but B = {B} trials were requested")
-    if steps < 0:
-        raise ValueError(f"steps must be >= 0; got {steps}")
+    if isinstance(scale, bool) or not (isinstance(scale, (int, float)) and math.isfinite(scale)
+                                       and scale > 0):
+        raise ValueError(f"scale must be a finite number > 0; got {scale!r}")
     params = _init_params(model, init, B, seed, scale, device, dtype)
-    Q = model._logits(params, tdata).shape[2] if steps >= 0 else 1
+    first = model.evaluate(params, tdata, lossf, grad=True, autograd=autograd)
+    a0 = model._logits(params, tdata)
+    Q = a0.shape[2]
+    if not (not bool((torch.isnan(a0) | torch.isposinf(a0)).any())
+            and bool(torch.isfinite(first.loss).all())
+            and all(bool(torch.isfinite(t).all()) for t in first.grads.tensors.values())):
+        big = float(tdata["X"].abs().max())
+        raise ValueError(f"the objective is not finite at the start (max |X| = {big:.3g}): the "
+                         "data overflow float64 in the logits or the gradient; rescale X (and z): "
+                         "the max-margin direction does not depend on the scale of the tokens")
     alpha_t = _alpha_tensor(model, tdata, alpha, Q, B)
-    refs = {}
-    for name, R in (references or {}).items():
-        refs[name] = torch.as_tensor(np.asarray(R), device=tdata["X"].device, dtype=dtype)
+    refs = _check_refs(model, references, B, dtype, tdata["X"].device)
     bs = batch_size if batch_size is not None else optimizer.batch_size
     n = tdata["X"].shape[1]
-    if bs is not None and not 1 <= bs <= n:
-        raise ValueError(f"batch_size must be in [1, n = {n}]; got {bs}")
-    gen = torch.Generator().manual_seed(int(seed) + 7919)
-    k = max(1, steps // 100) if record_every is None else int(record_every)
-    if k < 1:
-        raise ValueError(f"record_every must be >= 1; got {record_every}")
+    if bs is not None:
+        bs = _check_int(bs, "batch_size", 1)
+        if bs > n:
+            raise ValueError(f"batch_size must be in [1, n = {n}]; got {bs}")
+    seeds = torch.arange(B, dtype=torch.int64) + seed
+    k = max(1, steps // 100) if record_every is None else _check_int(record_every, "record_every", 1)
 
+    state = optimizer.init(params)
+    check_stall = bs is None and not optimizer.stateful
     active = torch.ones(B, dtype=torch.bool, device=tdata["X"].device)
     stop_step = torch.full((B,), -1, dtype=torch.long)
+    reason = np.full(B, "", dtype=object)
     rec_steps, rec_vals, hist, names = [], [], [], None
 
     def record(t):
@@ -206,6 +362,17 @@ def train(model: AttentionModel, data, loss="logistic", optimizer: Optimizer | N
         if record_params:
             hist.append({kk: v.detach().cpu().clone() for kk, v in params.items()})
 
+    def stop(mask, t, why):
+        nonlocal active
+        mask = mask & active
+        if bool(mask.any()):
+            mc = mask.cpu()
+            stop_step[mc] = t
+            reason[mc.numpy()] = why
+            active = active & ~mask
+            return True
+        return False
+
     it = range(steps)
     if progress:
         from tqdm.auto import tqdm
@@ -213,34 +380,32 @@ def train(model: AttentionModel, data, loss="logistic", optimizer: Optimizer | N
         it = tqdm(it, desc="train", unit="step")
     t = 0
     all_active = True
+    ev = first
     for t in it:
         if t % k == 0:
             record(t)
-        batch = tdata if bs is None else minibatch(tdata, B, bs, gen)
-        _, gap, grads = model.objective(params, batch, lossf, autograd=autograd,
-                                        need_gap=optimizer.needs_gap)
-        # exactly zero: every entry 0 (a squared norm would underflow already at |G| ~ 1e-162)
-        nonzero = torch.stack([(g.reshape(B, -1) != 0).any(1) for g in grads.values()]).any(0)
-        zero = ~nonzero & active
-        if bool(zero.any()):
-            stop_step[zero.cpu()] = t
-            active = active & ~zero
+        if t > 0 or bs is not None:
+            batch = tdata if bs is None else minibatch(tdata, bs, seeds, t)
+            ev = model.evaluate(params, batch, lossf, autograd=autograd, need_gap=optimizer.needs_gap)
+        grads = ev.grads
+        if stop(~grads.nonzero(), t, "zero gradient"):
             all_active = False
             if not bool(active.any()):
                 break
-        new = optimizer.step(params, grads, gap)
+        new, new_state = optimizer.update(grads, state, params, ev.log_gap)
         # one reduction per trial: non-finite (or overflowing) parameters freeze the trial
         fin = torch.isfinite(sum(v.reshape(B, -1).sum(1) for v in new.values()))
-        if not bool(fin.all()):
-            bad = ~fin & active
-            stop_step[bad.cpu()] = t
-            active = active & fin
+        if stop(~fin, t, "non-finite step"):
             all_active = False
+        if check_stall:
+            same = torch.stack([(new[kk] == v).reshape(B, -1).all(1) for kk, v in params.items()]).all(0)
+            if stop(same, t, "no change in float64"):
+                all_active = False
         if all_active:
-            params = new
+            params, state = new, new_state
         else:
-            params = {kk: torch.where(active.reshape(B, *([1] * (v.ndim - 1))), new[kk], v)
-                      for kk, v in params.items()}
+            params = _freeze(active, new, params)
+            state = _freeze(active, new_state, state) if state else state
             if not bool(active.any()):
                 t += 1
                 break
@@ -272,4 +437,6 @@ def train(model: AttentionModel, data, loss="logistic", optimizer: Optimizer | N
         stop_step=stop_step.numpy(),
         param_history=history,
         alpha=None if alpha_t is None else alpha_t.cpu().numpy(),
+        stop_reason=reason.astype(str),
+        state=state,
     )

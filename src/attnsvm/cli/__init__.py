@@ -8,12 +8,20 @@ Each sub-command lives in its own module of this package, exposing
 
 Command modules import heavy libraries (torch, cvxpy, transformers) inside
 ``run`` only, so ``attnsvm --help`` and ``attnsvm list`` start instantly.
+
+Errors: :func:`main` is the one place that turns an exception into what the user sees.
+A user error (a ValueError or OSError: a bad file, a bad argument value, an argument a
+command would ignore) is one line on stderr, ``attnsvm CMD: error: ...``, and exit
+status 2; a usage error found by argparse is one line too (exit 2). Any other exception
+is a bug: one line that says so, exit 1. ``--debug`` (or ``ATTNSVM_DEBUG=1``) re-raises
+instead, with the full traceback. Ctrl-C is exit 130.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 # command name -> module in attnsvm.cli
@@ -27,17 +35,46 @@ COMMANDS = {
     "sweep": "sweep",
 }
 
+USER_ERRORS = (ValueError, OSError)
+
 
 def _load(name: str):
     return importlib.import_module(f"attnsvm.cli.{COMMANDS[name]}")
 
 
+class _Parser(argparse.ArgumentParser):
+    """An ArgumentParser whose usage errors are one line on stderr (exit 2)."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {one_line(message)} (`{self.prog} --help` "
+                     f"shows the usage)\n")
+
+
+def one_line(text: str) -> str:
+    """``text`` on one line: its non-blank lines joined by '; '."""
+    lines = [line.strip() for line in str(text).splitlines() if line.strip()]
+    return "; ".join(lines)
+
+
+def describe(exc: BaseException) -> str:
+    """The message of ``exc`` on one line (KeyError's repr quotes dropped)."""
+    if isinstance(exc, KeyError) and len(exc.args) == 1:
+        msg = str(exc.args[0])
+    elif isinstance(exc, OSError) and exc.strerror and exc.filename is not None:
+        msg = f"{exc.filename}: {exc.strerror}"
+    else:
+        msg = str(exc)
+    return one_line(msg) or type(exc).__name__
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="attnsvm",
         description="Max-margin token selection in attention: train, solve, reproduce.",
     )
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    parser.add_argument("--debug", action="store_true",
+                        help="show the Python traceback of an error instead of one line")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     for name in COMMANDS:
         try:
             mod = _load(name)
@@ -47,17 +84,49 @@ def build_parser() -> argparse.ArgumentParser:
             raise
         p = sub.add_parser(name, help=mod.HELP, description=mod.HELP)
         mod.configure(p)
+        p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                       help="show the Python traceback of an error instead of one line")
         p.set_defaults(_module=mod)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run ``attnsvm ARGV``; returns the exit status (never raises for a user error)."""
     parser = build_parser()
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # --help (0) or a usage error (2), already printed
+        return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 2)
     if not getattr(args, "_module", None):
         parser.print_help()
         return 2
-    return int(args._module.run(args) or 0)
+    debug = args.debug or os.environ.get("ATTNSVM_DEBUG", "") not in ("", "0")
+    prog = f"attnsvm {args.command}"
+    try:
+        return int(args._module.run(args) or 0)
+    except KeyboardInterrupt:
+        if debug:
+            raise
+        print(f"\n{prog}: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:  # `attnsvm list | head`: the reader left; nothing to report
+        try:
+            sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - silence the exit flush
+        except OSError:
+            pass
+        return 141
+    except USER_ERRORS as exc:
+        if debug:
+            raise
+        print(f"{prog}: error: {describe(exc)}", file=sys.stderr)
+        return 2
+    except Exception as exc:  # noqa: BLE001 - a bug: one line, the traceback on request
+        if debug:
+            raise
+        print(f"{prog}: internal error ({type(exc).__name__}): {describe(exc)} "
+              f"(a bug; `attnsvm --debug {args.command} ...` shows the traceback)",
+              file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import argparse
 
+from attnsvm.cli._args import nonnegative_int, positive_int
+
 HELP = "probe a local pretrained transformer: head sparsity and corr with the max-margin SVM"
 
 
@@ -16,25 +18,30 @@ def configure(p: argparse.ArgumentParser) -> None:
                    help="text file, one sentence per line, '#' comments (default: the shipped "
                         "public-domain corpus)")
     p.add_argument("--out", default="results/probe", help="output directory (default results/probe)")
-    p.add_argument("--max-sentences", type=int, default=None, help="sentences used (default 16)")
-    p.add_argument("--max-tokens", type=int, default=None, help="truncation length (default 32)")
-    p.add_argument("--max-queries", type=int, default=None,
+    p.add_argument("--max-sentences", type=positive_int, default=None, help="sentences used (default 16)")
+    p.add_argument("--max-tokens", type=positive_int, default=None, help="truncation length (default 32)")
+    p.add_argument("--max-queries", type=positive_int, default=None,
                    help="(sentence, query) pairs per head SVM (default 32)")
     p.add_argument("--min-attention", type=float, default=None,
                    help="queries enter the SVM if their max attention >= this (default 0.5)")
-    p.add_argument("--null-draws", type=int, default=None,
+    p.add_argument("--null-draws", type=nonnegative_int, default=None,
                    help="random-selection SVMs per head for the null baseline (default 2)")
     p.add_argument("--bias", choices=["augment", "ignore"], default=None,
                    help="key-bias term: constant-1 query coordinate (default) or dropped")
-    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--seed", type=nonnegative_int, default=None)
     p.add_argument("--quiet", action="store_true")
 
 
 def run(args: argparse.Namespace) -> int:
     from dataclasses import replace
+    from pathlib import Path
 
     from attnsvm.realdata.probe import ModelNotFoundError, ProbeConfig, run_probe
 
+    if args.corpus is not None and not Path(args.corpus).is_file():  # before the model loads
+        what = "is a directory" if Path(args.corpus).is_dir() else "does not exist"
+        raise ValueError(f"--corpus {args.corpus}: {what}; give a text file, one sentence "
+                         f"per line")
     over = dict(max_sentences=args.max_sentences, max_tokens=args.max_tokens,
                 max_queries=args.max_queries, min_attention=args.min_attention,
                 null_draws=args.null_draws, bias=args.bias, seed=args.seed)
@@ -43,8 +50,7 @@ def run(args: argparse.Namespace) -> int:
         res = run_probe(args.model, args.corpus, args.out, cfg,
                         progress=None if args.quiet else print)
     except (ModelNotFoundError, FileNotFoundError) as exc:
-        print(f"attnsvm probe: {exc}")
-        return 2
+        raise ValueError(str(exc)) from None  # one line on stderr (attnsvm.cli.main)
     print("\n".join(res.summary))
     print(f"\n{res.meta['sentences']} sentences, {res.meta['tokens']} tokens, "
           f"{res.meta['seconds']:.0f}s; table and figure in {args.out}/")

@@ -1,8 +1,17 @@
-"""``attnsvm reproduce [NAMES...] [--full] [--out DIR]``: run the papers' experiments."""
+"""``attnsvm reproduce [NAMES...] [--full] [--out DIR]``: run the papers' experiments.
+
+Each experiment's tables, figures, verdicts and report section are on disk as soon as it
+finishes (``DIR/<name>/result.json``, and ``report.md`` / ``verdicts.csv`` rebuilt from
+every record in ``DIR``): an interrupt loses at most the experiment that was running, and
+re-running some experiments into ``DIR`` replaces their sections and keeps the others.
+"""
 
 from __future__ import annotations
 
 import argparse
+import sys
+
+from attnsvm.cli._args import positive_int
 
 HELP = "run the papers' experiments (all, or NAMES) and write a report with figures and verdicts"
 
@@ -10,29 +19,37 @@ HELP = "run the papers' experiments (all, or NAMES) and write a report with figu
 def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("names", nargs="*", metavar="NAME",
                    help="experiments to run (default: all; `attnsvm list` shows them); "
-                        "a prefix such as `mmts` selects a whole paper")
+                        "a prefix such as `mmts` selects a whole paper; module:ATTR names an "
+                        "Experiment outside the registry")
     scale = p.add_mutually_exclusive_group()
     scale.add_argument("--full", dest="scale", action="store_const", const="full",
                        help="the papers' scale (slow) instead of the quick default")
     scale.add_argument("--scale", choices=["tiny", "quick", "full"], default="quick",
                        help="configuration size (tiny is for smoke tests)")
-    p.add_argument("--out", default="attnsvm-report", help="output folder (default %(default)s)")
-    p.add_argument("--threads", type=int, default=1,
+    p.add_argument("--out", default="attnsvm-report",
+                   help="output folder (default %(default)s); sections of experiments not run "
+                        "now are kept")
+    p.add_argument("--threads", type=positive_int, default=1,
                    help="torch intra-op threads (default 1: the experiments' tensors are small, "
                         "and extra threads cost more than they gain on a shared machine)")
     p.set_defaults(scale="quick")
 
 
 def select(names: list[str], registry: dict) -> list:
-    """Experiments matching exact names or paper prefixes; default: those ``in_default``."""
+    """Experiments matching exact names, paper prefixes or ``module:ATTR``; default: those
+    ``in_default``. An unknown name is a ValueError listing the known ones."""
     if not names:
         return [e for e in registry.values() if e.in_default]
+    from attnsvm.experiments import resolve
+
     chosen = []
     for n in names:
-        hits = [e for k, e in registry.items() if k == n or k.startswith(n + "-")]
+        if ":" in n:
+            hits = [resolve(n)]
+        else:
+            hits = [e for k, e in registry.items() if k == n or k.startswith(n + "-")]
         if not hits:
-            raise SystemExit(f"attnsvm reproduce: unknown experiment {n!r}; "
-                             f"known: {', '.join(registry)}")
+            raise ValueError(f"unknown experiment {n!r}; known: {', '.join(registry)}")
         chosen += [e for e in hits if e not in chosen]
     return chosen
 
@@ -42,17 +59,31 @@ def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from attnsvm.experiments import registry, run_experiment
-    from attnsvm.report import write_report
+    from attnsvm.report import save_result, update_report
 
     exps = select(args.names, registry())
     out = Path(args.out)
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"--out {out}: exists and is not a folder")
+    for exp in exps:
+        exp.config(args.scale)  # an experiment without this scale: refused before any run
+    out.mkdir(parents=True, exist_ok=True)
     results = []
     t0 = time.perf_counter()
     print(f"attnsvm reproduce: {len(exps)} experiments at scale {args.scale!r} -> {out}/",
           flush=True)
+    path = out / "report.md"
     for i, exp in enumerate(exps, 1):
         print(f"[{i}/{len(exps)}] {exp.name:<22s}", end=" ", flush=True)
-        res = run_experiment(exp, args.scale, out / exp.name, threads=args.threads)
+        try:
+            res = run_experiment(exp, args.scale, out / exp.name, threads=args.threads)
+        except KeyboardInterrupt:
+            done = ", ".join(r.experiment.name for r in results) or "none"
+            print(f"\nattnsvm reproduce: interrupted during {exp.name}; finished in this run "
+                  f"(in {path}): {done}", file=sys.stderr)
+            return 130
+        save_result(res, out)
+        path = update_report(out)  # the report is current after every experiment
         results.append(res)
         if res.error:
             print(f"ERROR after {res.seconds:.1f} s: {res.error.strip().splitlines()[-1]}")
@@ -60,7 +91,6 @@ def run(args: argparse.Namespace) -> int:
             ok = sum(c.passed for c in res.checks)
             print(f"{res.seconds:6.1f} s  {ok}/{len(res.checks)} checks hold", flush=True)
     total = time.perf_counter() - t0
-    path = write_report(results, out, scale=args.scale, total_seconds=total)
     n_err = sum(r.error is not None for r in results)
     n_fail = sum((r.error is None) and not r.passed for r in results)
     print(f"done in {total:.1f} s: report {path}  ({n_fail} with a failing check, "

@@ -15,6 +15,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from attnsvm.cli._args import positive_int
+
 HELP = "run an experiment over a grid of config overrides (local, processes or Dask), " \
        "stored as Parquet with resume"
 
@@ -35,7 +37,7 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--address", default=None,
                    help="Dask scheduler address (tcp://host:8786); implies --executor dask; "
                         "default with dask: a LocalCluster on this machine")
-    p.add_argument("--workers", type=int, default=None,
+    p.add_argument("--workers", type=positive_int, default=None,
                    help="worker processes for processes / the Dask LocalCluster "
                         "(default: all cores)")
     p.add_argument("--no-retry-failed", dest="retry_failed", action="store_false",
@@ -112,16 +114,13 @@ def _is_int(text: str) -> bool:
 
 
 def run(args: argparse.Namespace) -> int:
-    from attnsvm.sweep import _Store, cell_key, grid, resolve_experiment, sweep
+    from attnsvm.sweep import SweepTerminated, _Store, cell_key, grid, resolve_experiment, sweep
 
-    try:
-        axes = dict(parse_axis(s) for s in args.grid)
-    except ValueError as exc:
-        raise SystemExit(f"attnsvm sweep: {exc}") from None
+    axes = dict(parse_axis(s) for s in args.grid)  # a ValueError is one line (cli.main)
     try:
         exp = resolve_experiment(args.name)
-    except (KeyError, ImportError, AttributeError, TypeError) as exc:
-        raise SystemExit(f"attnsvm sweep: {exc}") from None
+    except KeyError as exc:
+        raise ValueError(exc.args[0]) from None
     cells = grid(**axes)
     executor = "dask" if args.address else args.executor
     store = args.store or f"sweeps/{exp.name}"
@@ -144,11 +143,10 @@ def run(args: argparse.Namespace) -> int:
         res = sweep(exp, cells, scale=args.scale, store=store, executor=executor,
                     address=args.address, workers=args.workers, progress=args.progress,
                     retry_failed=args.retry_failed, strict=args.strict)
-    except ValueError as exc:
-        raise SystemExit(f"attnsvm sweep: {exc}") from None
-    except KeyboardInterrupt:
-        print(f"\nattnsvm sweep: interrupted; finished cells are in {store}/, "
+    except KeyboardInterrupt as exc:
+        how = "terminated" if isinstance(exc, SweepTerminated) else "interrupted"
+        print(f"\nattnsvm sweep: {how}; finished cells are in {store}/, "
               f"the same command resumes", file=sys.stderr)
-        return 130
+        return 143 if isinstance(exc, SweepTerminated) else 130
     print(res.summary())
     return 0 if res.ok else 1

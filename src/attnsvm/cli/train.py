@@ -4,66 +4,195 @@ from __future__ import annotations
 
 import argparse
 
+from attnsvm.cli._args import (
+    nonnegative_float,
+    nonnegative_int,
+    positive_float,
+    positive_int,
+    torch_device,
+)
+
 HELP = "train attention models (built-in demo or a .npz TokenData) and summarise the run"
+
+QUERIES = ["cross", "first", "last", "seq2seq", "causal"]
+DEFAULT_TRIALS = 200
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--data", default=None,
                         help="TokenData .npz (default: the random_sphere demo n=6 T=8 d=10)")
     parser.add_argument("--model", default="W", choices=["W", "KQ", "Diag", "Prompt"])
-    parser.add_argument("--query", default="cross", choices=["cross", "first", "last", "seq2seq", "causal"])
-    parser.add_argument("--optimizer", default="ngd", choices=["gd", "ngd", "polyak", "mirror"])
-    parser.add_argument("--lr", type=float, default=0.1, help="step size (Polyak: its c)")
-    parser.add_argument("--p", type=float, default=2.0, help="l_p exponent for --optimizer mirror")
+    parser.add_argument("--query", default=None, choices=QUERIES,
+                        help="where the queries come from (default cross: the data's z; "
+                             "first/last: a token of the sequence; not for --model Prompt)")
+    parser.add_argument("--optimizer", default="ngd", metavar="RULE",
+                        help="a rule of attnsvm.optim (default %(default)s): "
+                             + ", ".join(_rule_names()) + ", or md<p> (l_p mirror descent)")
+    parser.add_argument("--lr", type=positive_float, default=0.1,
+                        help="step size > 0 (Polyak: its c; default %(default)s)")
+    parser.add_argument("--opt-arg", action="append", default=[], metavar="KEY=VALUE",
+                        help="another hyper-parameter of the rule, e.g. --opt-arg eps=0 "
+                             "--opt-arg beta=0.9 (repeatable)")
+    parser.add_argument("--p", type=float, default=None,
+                        help="l_p exponent > 1 for --optimizer mirror (default 2)")
     parser.add_argument("--loss", default="logistic", choices=["logistic", "exponential", "correlation"])
-    parser.add_argument("--trials", type=int, default=200, help="B independent trials")
-    parser.add_argument("--steps", type=int, default=500)
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--trials", type=positive_int, default=None,
+                        help=f"B independent trials (default {DEFAULT_TRIALS}; a batched "
+                             f"--data file sets B)")
+    parser.add_argument("--steps", type=nonnegative_int, default=500)
+    parser.add_argument("--seed", type=nonnegative_int, default=0)
     parser.add_argument("--init", default="random", choices=["random", "zero", "balanced", "unbalanced"])
-    parser.add_argument("--scale", type=float, default=0.1, help="initialisation norm")
-    parser.add_argument("--record-every", type=int, default=None)
+    parser.add_argument("--scale", type=nonnegative_float, default=0.1, help="initialisation norm")
+    parser.add_argument("--record-every", type=positive_int, default=None)
     parser.add_argument("--device", default=None, help="torch device, e.g. cuda")
     parser.add_argument("--progress", action="store_true", help="show a progress bar")
-    parser.add_argument("--out", default=None, help="write the metrics table (.parquet or .csv)")
+    parser.add_argument("--out", default=None,
+                        help="write the metrics table (.parquet or .csv); an existing file "
+                             "is kept unless --force")
+    parser.add_argument("--force", action="store_true", help="overwrite an existing --out file")
+
+
+def _rule_names() -> list[str]:
+    from attnsvm.optim import RULES
+
+    return sorted(RULES)
+
+
+def _value(text: str):
+    """A hyper-parameter value from the command line: bool, int, float, None or a string."""
+    low = text.strip().lower()
+    if low in ("true", "false"):
+        return low == "true"
+    if low in ("none", "null"):
+        return None
+    for cast in (int, float):
+        try:
+            return cast(text)
+        except ValueError:
+            pass
+    return text
+
+
+def make_optimizer(name: str, lr: float, p: float | None, pairs: list[str]):
+    """The rule ``name`` of ``attnsvm.optim.get`` with lr (Polyak: c), p (mirror) and the
+    ``KEY=VALUE`` pairs; a ValueError names a bad pair, rule or hyper-parameter."""
+    from attnsvm import optim as O
+
+    hyper = {}
+    for pair in pairs:
+        if "=" not in pair:
+            raise ValueError(f"--opt-arg {pair!r}: expected KEY=VALUE, e.g. eps=0")
+        key, val = pair.split("=", 1)
+        hyper[key.strip()] = _value(val)
+    rule = O.get(name)  # the name is checked before its hyper-parameters
+    hyper["c" if rule.name == "polyak" else "lr"] = lr
+    if p is not None:
+        hyper["p"] = p
+    return O.get(name, **hyper)
+
+
+def check_out(path: str | None, force: bool):
+    """The ``--out`` path, checked before any work is done: a .parquet or .csv file in an
+    existing folder, not a folder, and not an existing file unless ``force``."""
+    from pathlib import Path
+
+    if path is None:
+        return None
+    out = Path(path)
+    if out.suffix not in (".parquet", ".csv"):
+        raise ValueError(f"--out {path}: the metrics table is written as .parquet or .csv; "
+                         f"give a file name ending in one of them")
+    if out.is_dir():
+        raise ValueError(f"--out {path}: is a directory; give a file name")
+    if not out.parent.is_dir():
+        raise ValueError(f"--out {path}: the folder {out.parent} does not exist")
+    if out.exists() and not force:
+        raise ValueError(f"--out {path}: the file exists; pass --force to overwrite it, or "
+                         f"give another name")
+    return out
+
+
+def write_table(df, out, force: bool) -> None:
+    """Write ``df`` to ``out`` under a temporary name, then rename (never a torn file)."""
+    import os
+
+    if out.exists() and not force:  # appeared while training
+        raise ValueError(f"--out {out}: the file appeared while training; pass --force to "
+                         f"overwrite it")
+    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
+    try:
+        if out.suffix == ".parquet":
+            df.to_parquet(tmp, index=False)
+        else:
+            df.to_csv(tmp, index=False)
+        os.replace(tmp, out)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
 
 
 def run(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
     from attnsvm import data as D
     from attnsvm import models as M
-    from attnsvm import optim as O
     from attnsvm.train import train
+
+    # every argument is checked before the data is loaded or anything is trained
+    out = check_out(args.out, args.force)
+    if args.model == "Prompt" and args.query not in (None, "cross"):
+        raise ValueError(f"--query {args.query} does not apply to --model Prompt (its one "
+                         f"query is the trained prompt p); leave --query out")
+    query = args.query or "cross"
+    if args.p is not None and args.optimizer != "mirror":
+        raise ValueError(f"--p applies to --optimizer mirror only (got --optimizer "
+                         f"{args.optimizer})")
+    p = 2.0 if args.p is None and args.optimizer == "mirror" else args.p
+    if args.optimizer == "mirror" and not (p > 1 and p < float("inf")):
+        raise ValueError(f"--p must be a finite number > 1 for l_p mirror descent; got {args.p}")
+    opt = make_optimizer(args.optimizer, args.lr, p, args.opt_arg)
+    device = torch_device(args.device)
 
     if args.data:
         data = D.TokenData.load(args.data)
-        B = data.B if data.batched else args.trials
+        if data.batched and args.trials is not None and args.trials != data.B:
+            raise ValueError(f"--data {args.data} holds B = {data.B} datasets (one per "
+                             f"trial); --trials {args.trials} disagrees: leave --trials out")
+        B = data.B if data.batched else (args.trials or DEFAULT_TRIALS)
         source = args.data
     else:
-        data = D.random_sphere(seed=args.seed, batch=args.trials)
-        B = args.trials
+        B = args.trials or DEFAULT_TRIALS
+        data = D.random_sphere(seed=args.seed, batch=B)
         source = f"random_sphere(n=6, T=8, d=10, batch={B})"
+    if args.model != "Prompt" and query == "cross" and data.z is None:
+        raise ValueError(f"--query cross needs cross-attention queries z, and {source} has "
+                         f"none; use --query first|last (self-attention: the first or last "
+                         f"token is the query) or add z to the file")
+    if data.seq2seq and (args.model == "Prompt" or query in ("cross", "first", "last")):
+        what = "--model Prompt" if args.model == "Prompt" else f"--query {query}"
+        fix = ("--model W|KQ|Diag with --query seq2seq|causal" if args.model == "Prompt"
+               else "--query seq2seq|causal")
+        raise ValueError(f"{source} holds seq-to-seq labels y of shape (n, T) (one per query "
+                         f"token), which {what} cannot use (one query per sequence); use "
+                         f"{fix}, or labels y of shape (n,)")
     d = data.d
-    kw = {} if args.model == "Prompt" else {"query": args.query}
+    kw = {} if args.model == "Prompt" else {"query": query}
     model = {"W": M.WModel, "KQ": M.KQModel, "Diag": M.DiagModel, "Prompt": M.PromptModel}[args.model](d, **kw)
-    opt = {"gd": lambda: O.gd(args.lr), "ngd": lambda: O.ngd(args.lr), "polyak": lambda: O.polyak(args.lr),
-           "mirror": lambda: O.mirror(args.p, args.lr)}[args.optimizer]()
     traj = train(model, data, loss=args.loss, optimizer=opt, steps=args.steps, B=B, seed=args.seed,
                  init=args.init, scale=args.scale, record_every=args.record_every,
-                 progress=args.progress, device=args.device)
+                 progress=args.progress, device=device)
     last = traj.metrics.groupby("trial").last()
-    print(f"data: {source}; model {args.model} ({args.query}); {args.optimizer} lr={args.lr}; "
+    shown_query = "" if args.model == "Prompt" else f" ({query})"
+    print(f"data: {source}; model {args.model}{shown_query}; {opt!r}; "
           f"{args.loss} loss; {B} trials x {traj.steps_run} steps")
-    print(f"  final loss gap L - L*: median {last['loss_gap'].median():.3e}  max {last['loss_gap'].max():.3e}")
+    print(f"  final loss gap L - L*: median {last['loss_gap'].median():.3e}  max {last['loss_gap'].max():.3e}"
+          f"  (log10: median {last['log10_gap'].median():.1f})")
     if "p_sel_mean" in last:
         print(f"  p_sel (prob. of the optimal token): mean {last['p_sel_mean'].mean():.4f}  "
               f"min {last['p_sel_min'].min():.4f}")
-    print(f"  norm ||W||: mean {last['norm'].mean():.3f}   stopped trials: {int(traj.stopped.sum())}")
-    if args.out:
-        out = Path(args.out)
-        if out.suffix == ".parquet":
-            traj.metrics.to_parquet(out, index=False)
-        else:
-            traj.metrics.to_csv(out, index=False)
+    stops = traj.stops[traj.stopped]
+    why = "" if stops.empty else " (" + ", ".join(
+        f"{c} {r}" for r, c in stops.stop_reason.value_counts().items()) + ")"
+    print(f"  norm ||W||: mean {last['norm'].mean():.3f}   stopped trials: {int(traj.stopped.sum())}{why}")
+    if out is not None:
+        write_table(traj.metrics, out, args.force)
         print(f"  metrics ({len(traj.metrics)} rows) -> {out}")
     return 0

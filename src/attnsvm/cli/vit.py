@@ -4,6 +4,10 @@ descent; attention sparsity and key-query norm along training (attnsvm.realdata.
 from __future__ import annotations
 
 import argparse
+import math
+import re
+
+from attnsvm.cli._args import nonnegative_int, positive_int
 
 HELP = "train a small ViT on the bundled digits with SGD/SNGD/mirror descent; sparsity vs norm"
 
@@ -12,15 +16,15 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--full", action="store_true",
                    help="the long run (5 seeds, 100 epochs, 2 layers; ~25 min on 2 cores)")
     p.add_argument("--out", default="results/vit", help="output directory (default results/vit)")
-    p.add_argument("--seeds", type=int, nargs="+", default=None, help="training seeds")
-    p.add_argument("--epochs", type=int, default=None, help="epochs per run")
+    p.add_argument("--seeds", type=nonnegative_int, nargs="+", default=None, help="training seeds")
+    p.add_argument("--epochs", type=positive_int, default=None, help="epochs per run")
     p.add_argument("--optimizers", nargs="+", default=None,
                    help="subset of sgd sngd md1.1 md2 md3 (md<p> for any p > 1)")
     p.add_argument("--lr", nargs="+", default=None, metavar="NAME=LR",
                    help="learning-rate overrides, e.g. --lr sgd=0.05 md1.1=0.01")
-    p.add_argument("--layers", type=int, default=None, help="transformer blocks")
+    p.add_argument("--layers", type=positive_int, default=None, help="transformer blocks")
     p.add_argument("--dtype", choices=["float32", "float64"], default=None)
-    p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    p.add_argument("--threads", type=positive_int, default=None, help="torch CPU threads")
     p.add_argument("--quiet", action="store_true")
 
 
@@ -33,8 +37,14 @@ def run(args: argparse.Namespace) -> int:
         try:
             lr[name] = float(value)
         except ValueError:
-            print(f"attnsvm vit: --lr expects NAME=LR; got {item!r}")
-            return 2
+            raise ValueError(f"--lr expects NAME=LR (e.g. sgd=0.05); got {item!r}") from None
+        if not (math.isfinite(lr[name]) and lr[name] > 0):
+            raise ValueError(f"--lr {item}: the learning rate must be a finite number > 0")
+    for o in args.optimizers or []:
+        m = re.fullmatch(r"md([0-9.eE+-]+)", o)
+        if o not in ("sgd", "sngd") and not (m and _is_p(m.group(1))):
+            raise ValueError(f"--optimizers {o}: use sgd, sngd or md<p> with p > 1 "
+                             f"(e.g. md1.1, md3)")
     cfg = config_from(
         args.full,
         seeds=tuple(args.seeds) if args.seeds else None,
@@ -46,10 +56,9 @@ def run(args: argparse.Namespace) -> int:
         lr=lr,
     )
     missing = [o for o in cfg.optimizers if o not in cfg.lr]
-    for o in missing:
-        print(f"attnsvm vit: no learning rate for {o!r}; give one with --lr {o}=LR")
     if missing:
-        return 2
+        raise ValueError(f"no learning rate for {', '.join(missing)}; give one with "
+                         + " ".join(f"--lr {o}=LR" for o in missing))
     res = run_vit(cfg, out=args.out, progress=None if args.quiet else print)
     print()
     print("\n".join(res.summary))
@@ -58,3 +67,11 @@ def run(args: argparse.Namespace) -> int:
     for name, path in res.figures.items():
         print(f"  {name}: {path}")
     return 0
+
+
+def _is_p(text: str) -> bool:
+    try:
+        p = float(text)
+    except ValueError:
+        return False
+    return math.isfinite(p) and p > 1

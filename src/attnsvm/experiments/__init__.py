@@ -26,7 +26,7 @@ from attnsvm.experiments.base import (
 
 __all__ = [
     "PAPERS", "Check", "Experiment", "Result", "Tables", "check_at_least", "check_at_most",
-    "registry", "get", "run_experiment",
+    "registry", "get", "resolve", "run_experiment",
 ]
 
 _PRIVATE = {"base"}
@@ -60,6 +60,33 @@ def get(name: str) -> Experiment:
     if name not in reg:
         raise KeyError(f"unknown experiment {name!r}; `attnsvm list` shows {len(reg)} names")
     return reg[name]
+
+
+def resolve(experiment: Experiment | str) -> Experiment:
+    """An :class:`Experiment`, a registered name (``"mmts-fig4"``), or ``"module:ATTR"``.
+
+    ``"module:ATTR"`` imports ``module`` and takes its attribute ``ATTR``, so experiments
+    outside the registry (your own, a notebook's module) can be run and swept too.
+    Raises KeyError for an unknown name, ValueError for a ``module:ATTR`` that cannot be
+    imported or is not an Experiment, TypeError for anything else.
+    """
+    if isinstance(experiment, Experiment):
+        return experiment
+    if not isinstance(experiment, str):
+        raise TypeError(f"experiment must be an Experiment or a name; got {type(experiment)}")
+    if ":" not in experiment:
+        return get(experiment)
+    module, _, attr = experiment.partition(":")
+    try:
+        mod = importlib.import_module(module)
+    except ImportError as exc:
+        raise ValueError(f"{experiment}: cannot import module {module!r} ({exc})") from None
+    if not hasattr(mod, attr):
+        raise ValueError(f"{experiment}: module {module!r} has no attribute {attr!r}")
+    obj = getattr(mod, attr)
+    if not isinstance(obj, Experiment):
+        raise ValueError(f"{experiment} is a {type(obj).__name__}, not an Experiment")
+    return obj
 
 
 @contextmanager

@@ -21,6 +21,10 @@ Executors
 ``"local"``      one cell after the other, in this process (debugging, tiny sweeps).
 ``"processes"``  a ``concurrent.futures.ProcessPoolExecutor`` (spawned workers, one
                  cell per worker at a time, torch limited to one thread per worker).
+                 No worker outlives the sweep: Ctrl-C and SIGTERM stop the pool (the
+                 store's manifest is written, :class:`SweepTerminated` is raised for
+                 SIGTERM), and a worker whose parent dies, by SIGKILL too, exits at once
+                 (``PR_SET_PDEATHSIG`` on Linux, a parent-pid watchdog everywhere).
 ``"dask"``       ``dask.distributed``: ``Client(address)`` for a running cluster
                  (``dask scheduler`` / ``dask worker`` / dask-jobqueue ...), else a
                  ``LocalCluster`` with ``workers`` single-threaded worker processes.
@@ -47,6 +51,12 @@ Store layout
 ``full`` runs of one cell are two cells). Files are written to a temporary name and
 renamed, so a killed sweep never leaves half a file behind. One sweep at a time per
 store: two concurrent sweeps on the same store may compute a cell twice.
+
+A store belongs to one experiment, named in its manifest (written when the store is
+created) and in every cell record. A store of another experiment, a manifest that is
+corrupt or names no experiment, and a non-empty folder that is not a store are refused
+with a ValueError, never merged into; deleting a damaged manifest rebuilds it from the
+cell records of the same experiment.
 """
 
 from __future__ import annotations
@@ -62,11 +72,18 @@ import pandas as pd
 from attnsvm.experiments.base import Experiment
 
 from .cells import _canonical, _unbox, cell_key, grid
-from .executors import EXECUTORS, _run_dask, _run_local, _run_processes, resolve_experiment
+from .executors import (
+    EXECUTORS,
+    SweepTerminated,
+    _run_dask,
+    _run_local,
+    _run_processes,
+    resolve_experiment,
+)
 from .store import CELL_COLUMN, MANIFEST, _cells_frame, _now, _Store, load
 
 __all__ = ["grid", "sweep", "load", "cell_key", "resolve_experiment", "SweepResult",
-           "EXECUTORS"]
+           "SweepTerminated", "EXECUTORS"]
 
 
 @dataclass

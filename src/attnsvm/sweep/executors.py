@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import importlib
 import os
 import socket
 import sys
@@ -17,30 +16,17 @@ from attnsvm.experiments.base import Experiment
 
 from .store import _check_table
 
-__all__ = ["EXECUTORS", "resolve_experiment"]
+__all__ = ["EXECUTORS", "SweepTerminated", "resolve_experiment"]
 
 EXECUTORS = ("local", "processes", "dask")
 
 
 def resolve_experiment(experiment: Experiment | str) -> Experiment:
-    """An :class:`Experiment`, a registered name (``"mmts-fig4"``), or ``"module:ATTR"``.
+    """An :class:`Experiment`, a registered name (``"mmts-fig4"``), or ``"module:ATTR"``
+    (see :func:`attnsvm.experiments.resolve`)."""
+    from attnsvm.experiments import resolve
 
-    ``"module:ATTR"`` imports ``module`` and takes its attribute ``ATTR``, so experiments
-    outside the registry (your own, a notebook's module) can be swept from the CLI too.
-    """
-    if isinstance(experiment, Experiment):
-        return experiment
-    if not isinstance(experiment, str):
-        raise TypeError(f"experiment must be an Experiment or a name; got {type(experiment)}")
-    if ":" in experiment:
-        module, _, attr = experiment.partition(":")
-        obj = getattr(importlib.import_module(module), attr)
-        if not isinstance(obj, Experiment):
-            raise TypeError(f"{experiment} is a {type(obj).__name__}, not an Experiment")
-        return obj
-    from attnsvm.experiments import get
-
-    return get(experiment)
+    return resolve(experiment)
 
 
 _THREADS_LIMITED = False
@@ -107,15 +93,74 @@ def _run_local(exp: Experiment, jobs: list[tuple[str, dict]]) -> Iterator[tuple[
         yield key, _execute(exp, cfg)
 
 
+class SweepTerminated(KeyboardInterrupt):
+    """SIGTERM reached a sweep running a process pool: raised in the sweep's thread so that
+    its workers are stopped and the store's manifest is written (like Ctrl-C)."""
+
+
+def _raise_terminated(signum, frame):  # noqa: ARG001 - the signal handler's signature
+    raise SweepTerminated(f"terminated by signal {signum}")
+
+
+def _die_with_parent(parent: int, poll_s: float = 0.5) -> None:
+    """End this worker process as soon as the sweep's process ``parent`` is gone.
+
+    Linux: ``prctl(PR_SET_PDEATHSIG, SIGKILL)``, so the kernel kills the worker when the
+    parent dies, SIGKILL included (strictly: when the parent's thread that started the
+    worker exits; :func:`_run_processes` starts them from the sweep's thread, which outlives
+    the pool). Everywhere, as a fallback: a daemon thread that polls ``os.getppid()`` and
+    exits when the worker has been reparented. A worker whose parent died before this ran
+    exits at once.
+    """
+    if sys.platform.startswith("linux"):
+        try:
+            import ctypes
+            import signal
+
+            PR_SET_PDEATHSIG = 1
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(PR_SET_PDEATHSIG, ctypes.c_ulong(signal.SIGKILL), ctypes.c_ulong(0),
+                       ctypes.c_ulong(0), ctypes.c_ulong(0))
+        except (OSError, AttributeError):  # no prctl: the watchdog below still works
+            pass
+    if os.getppid() != parent:
+        os._exit(1)
+
+    def watch() -> None:
+        while True:
+            time.sleep(poll_s)
+            if os.getppid() != parent:
+                os._exit(1)
+
+    import threading
+
+    threading.Thread(target=watch, name="attnsvm-parent-watchdog", daemon=True).start()
+
+
+def _worker_init(parent: int) -> None:
+    """Initializer of every process-pool worker: one thread, and die with the parent."""
+    _limit_threads()
+    _die_with_parent(parent)
+
+
 def _run_processes(exp: Experiment, jobs: list[tuple[str, dict]], workers: int | None
                    ) -> Iterator[tuple[str, tuple]]:
+    """Cells on a pool of spawned workers. No worker outlives the sweep: Ctrl-C, SIGTERM
+    (handled while the pool runs, when the sweep runs in the main thread) and an
+    exception terminate them; SIGKILL of this process ends them through
+    :func:`_die_with_parent`."""
     import multiprocessing
+    import signal
+    import threading
     from concurrent.futures import ProcessPoolExecutor, as_completed
 
     payload = _pack(exp)
+    previous = None
+    if threading.current_thread() is threading.main_thread():
+        previous = signal.signal(signal.SIGTERM, _raise_terminated)
     pool = ProcessPoolExecutor(max_workers=workers or os.cpu_count() or 1,
                                mp_context=multiprocessing.get_context("spawn"),
-                               initializer=_limit_threads)
+                               initializer=_worker_init, initargs=(os.getpid(),))
     clean = False
     try:
         futures = {pool.submit(_execute, payload, cfg, None): key for key, cfg in jobs}
@@ -127,6 +172,8 @@ def _run_processes(exp: Experiment, jobs: list[tuple[str, dict]], workers: int |
             for proc in list((getattr(pool, "_processes", None) or {}).values()):
                 proc.terminate()
         pool.shutdown(wait=clean, cancel_futures=True)
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
 
 
 def _future_outcome(fut: Any) -> tuple:

@@ -62,34 +62,83 @@ def _atomic_write_text(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
+def _manifest_experiment(root: Path) -> str | None:
+    """The experiment named by ``root/manifest.json`` (None: no manifest). A manifest
+    that cannot be read, is not JSON, or names no experiment is a ValueError: such a store
+    is refused, never merged into."""
+    manifest = root / MANIFEST
+    if not manifest.exists():
+        return None
+    fix = (f"delete {manifest} to rebuild it from the cell records in {root / RECORDS}, "
+           f"or pass another store")
+    try:
+        doc = json.loads(manifest.read_text())
+    except OSError as exc:
+        raise ValueError(f"store {root}: cannot read {MANIFEST} ({exc.strerror or exc}); "
+                         f"refusing to use the store") from None
+    except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError
+        raise ValueError(f"store {root}: {MANIFEST} is corrupt ({exc}); refusing to merge "
+                         f"into it: {fix}") from None
+    if not isinstance(doc, dict) or not isinstance(doc.get("experiment"), str):
+        raise ValueError(f"store {root}: {MANIFEST} is not a sweep manifest (it names no "
+                         f"experiment); refusing to merge into it: {fix}")
+    return doc["experiment"]
+
+
 class _Store:
-    """The folder a sweep writes; only the sweep's own process touches it."""
+    """The folder a sweep writes; only the sweep's own process touches it.
+
+    A store belongs to one experiment (named in its manifest, and in every cell record):
+    a store of another experiment, a corrupt manifest, or a non-empty folder that is not
+    a sweep store is refused with a ValueError. A new store's manifest is written at once.
+    """
 
     def __init__(self, root: Path, experiment: str | None, create: bool = True):
         self.root = Path(root)
         self.experiment = experiment
-        manifest = self.root / MANIFEST
-        if manifest.exists():
-            try:
-                stored = json.loads(manifest.read_text()).get("experiment")
-            except (OSError, ValueError):
-                stored = None
-            if experiment is not None and stored not in (None, experiment):
-                raise ValueError(f"store {self.root} holds a sweep of {stored!r}, "
-                                 f"not {experiment!r}; pass another store")
-            if self.experiment is None:
-                self.experiment = stored
-        if create:
-            (self.root / RECORDS).mkdir(parents=True, exist_ok=True)
+        if self.root.exists() and not self.root.is_dir():
+            raise ValueError(f"store {self.root} exists and is not a folder")
+        stored = _manifest_experiment(self.root)
+        if experiment is not None and stored not in (None, experiment):
+            raise ValueError(f"store {self.root} holds a sweep of {stored!r}, "
+                             f"not {experiment!r}; pass another store")
+        if self.experiment is None:
+            self.experiment = stored
         self.records: dict[str, dict] = {}
         rec_dir = self.root / RECORDS
         if rec_dir.is_dir():
             for p in rec_dir.glob("*.json"):
                 try:
-                    self.records[p.stem] = json.loads(p.read_text())
-                except (OSError, ValueError):  # a torn record: the cell runs again
+                    rec = json.loads(p.read_text())
+                except (OSError, ValueError):  # a damaged record: the cell runs again
                     continue
+                if isinstance(rec, dict):
+                    self.records[p.stem] = rec
+        if experiment is not None and stored is None:
+            self._check_adoptable()
         self._last_manifest = 0.0
+        if create:
+            rec_dir.mkdir(parents=True, exist_ok=True)
+            if stored is None:
+                self.write_manifest()  # claim the folder for this experiment now
+
+    def _check_adoptable(self) -> None:
+        """No manifest: the folder must be new or empty, or hold cell records of this
+        experiment only (a store whose manifest was deleted to rebuild it)."""
+        others = sorted({r["experiment"] for r in self.records.values()
+                         if isinstance(r.get("experiment"), str)} - {self.experiment})
+        if others:
+            raise ValueError(f"store {self.root} holds cells of {others[0]!r}, not "
+                             f"{self.experiment!r}; pass another store")
+        if self.records or not self.root.is_dir():
+            return
+        stray = sorted(p.name for p in self.root.iterdir()
+                       if not p.name.startswith(".") and p.name != RECORDS)
+        if stray:
+            raise ValueError(f"store {self.root} is a non-empty folder without a sweep "
+                             f"{MANIFEST} (it holds {', '.join(stray[:3])}"
+                             f"{', ...' if len(stray) > 3 else ''}); refusing to write into "
+                             f"it: pass a new or empty folder")
 
     def table_path(self, table: str, key: str) -> Path:
         return self.root / table / f"{CELL_COLUMN}={key}.parquet"
@@ -114,6 +163,7 @@ class _Store:
         return list(tables)
 
     def record(self, key: str, rec: dict) -> None:
+        rec = dict(rec, experiment=self.experiment)
         self.records[key] = rec
         _atomic_write_text(self.root / RECORDS / f"{key}.json", json.dumps(rec, indent=1))
         if time.monotonic() - self._last_manifest > _MANIFEST_EVERY_S:

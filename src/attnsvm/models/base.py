@@ -1,0 +1,244 @@
+"""``AttentionModel``: one attention layer, batched over trials (THEORY §2).
+
+Logits a_{iqt} = x_{it}^T W z_{iq}, attention s_{iq} = softmax_t(a_{iq}), output
+f_{iq} = h(X_i^T s_{iq}). A model is a plain object (not an ``nn.Module``): parameters are
+a dict of tensors with a leading trial dim B, so B independent trials are one tensor
+program. Subclasses (:mod:`attnsvm.models.params`) define the parameterisation:
+``_param_shapes``, ``W`` (the effective key-query matrix), ``_wz`` (the vectors W z_iq) and
+``_grads_from_ga`` (closed-form parameter gradients from dL/da). Queries and masks live in
+:mod:`.attention`, heads in :mod:`.heads`, the stable objective in :mod:`.objective`.
+
+Data: a ``TokenData`` or the dict of :func:`~attnsvm.models.inputs.prepare`: X (Bx, n, T, d)
+with Bx = 1 (shared) or B (one dataset per trial); y (Bx, n) or (Bx, n, T); z (Bx, n, d);
+mask; v (Bx, d).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from attnsvm.losses import get_loss
+from attnsvm.norms import FRO
+from attnsvm.scores import scores
+
+from . import attention as A
+from . import objective as O
+from .heads import Head
+from .inputs import prepare
+
+__all__ = ["AttentionModel", "INIT_KINDS"]
+
+INIT_KINDS = ("random", "zero", "balanced", "unbalanced")
+
+
+class AttentionModel:
+    """Base class: queries, masks, heads, forward pass and the stable objective.
+
+    d: token dimension; query: "cross" | "first" | "last" | "seq2seq" | "causal";
+    head: "linear" | "relu" | callable; train_head: train v (linear) or V (relu);
+    head_width / V: width or fixed weights of a relu head.
+    """
+
+    has_query_data = True
+
+    def __init__(self, d: int, query: str = "cross", head="linear", train_head: bool = False,
+                 head_width: int | None = None, V=None):
+        if isinstance(d, bool) or not isinstance(d, (int, np.integer)) or d < 1:
+            raise ValueError(f"d must be a positive integer; got {d!r}")
+        if query not in A.QUERIES:
+            raise ValueError(f"query must be one of {A.QUERIES}; got {query!r}")
+        self.d = int(d)
+        self.query = query
+        self._headf = Head(self.d, head, train_head, head_width, V)
+        self.head = head
+        self.train_head = self._headf.train
+        self.head_width = self._headf.width
+        self.V_fixed = self._headf.V_fixed
+
+    def __repr__(self) -> str:
+        head = self.head if isinstance(self.head, str) else "callable"
+        extra = ", train_head=True" if self.train_head else ""
+        return f"{type(self).__name__}(d={self.d}, query={self.query!r}, head={head!r}{extra})"
+
+    # ------------------------------------------------------------ parameters
+    def _param_shapes(self) -> dict:
+        raise NotImplementedError
+
+    def param_shapes(self) -> dict:
+        """Per-trial shapes of the trained tensors (without the leading B)."""
+        shapes = dict(self._param_shapes())
+        if self._headf.param:
+            shapes[self._headf.param] = self._headf.param_shape()
+        return shapes
+
+    def init(self, B: int = 1, seed: int = 0, scale: float = 0.1, kind: str = "random",
+             device=None, dtype=torch.float64) -> dict:
+        """Initial parameters for B independent trials.
+
+        kind: "random" (i.i.d. N(0,1) entries, each tensor rescaled to Frobenius norm
+        ``scale`` per trial), "zero" (all 0), "balanced" (K = Q, k = q; random otherwise),
+        "unbalanced" (K = a random, Q = 0; k = a, q = 0). Seeded via torch.Generator
+        (CPU, then moved to ``device``): the same seed gives bit-identical tensors.
+        """
+        if kind not in INIT_KINDS:
+            raise ValueError(f"init kind must be one of {INIT_KINDS}; got {kind!r}")
+        gen = torch.Generator().manual_seed(int(seed))
+        out = {}
+        for name, shape in self.param_shapes().items():
+            a = torch.randn((B, *shape), generator=gen, dtype=torch.float64)
+            nrm = a.reshape(B, -1).norm(dim=1).reshape(B, *([1] * len(shape)))
+            out[name] = scale * a / nrm if kind != "zero" else torch.zeros_like(a)
+        out = self._shape_init(out, kind)
+        return {k: t.to(device=device, dtype=dtype) for k, t in out.items()}
+
+    def _shape_init(self, params, kind):
+        if kind in ("balanced", "unbalanced"):
+            raise ValueError(f"init kind {kind!r} applies to KQModel and DiagModel only")
+        return params
+
+    def W(self, params) -> torch.Tensor:
+        """Effective key-query matrix (B, d, d)."""
+        raise NotImplementedError
+
+    def norms(self, params) -> dict:
+        """Per-trial norms for the metrics table: {"norm": ||W||_F (B,), ...} (scale-safe)."""
+        W = self.W(params)
+        out = {"norm": FRO.value(W, vector=W.ndim == 2)}
+        if self._headf.param:
+            h = params[self._headf.param]
+            out["norm_head"] = FRO.value(h.reshape(h.shape[0], -1), vector=True)
+        return out
+
+    def _reg(self, params):
+        """Ridge term added to the objective per trial (B,), or None."""
+        return None
+
+    def _reg_grads(self, params) -> dict:
+        """Plain gradients of ``_reg`` ({} when there is none)."""
+        return {}
+
+    # ------------------------------------------------------------- geometry
+    def queries(self, data: dict) -> torch.Tensor:
+        """Query vectors z_{iq}: (Bx, n, Q, d)."""
+        return A.queries(self.query, data)
+
+    def _key_mask(self, data) -> torch.Tensor | None:
+        return A.key_mask(self.query, data)
+
+    def _query_weights(self, data, Q: int) -> torch.Tensor:
+        return A.query_weights(data, Q)
+
+    def _wz(self, params, Z) -> torch.Tensor:
+        """(W z_{iq}) for all queries: (B, n, Q, d) (or broadcastable)."""
+        raise NotImplementedError
+
+    def logits(self, params, data) -> torch.Tensor:
+        """a_{iqt} = x_{it}^T W z_{iq}: (B, n, T) [one query] or (B, n, T, T) [seq2seq]."""
+        data = prepare(data)
+        a = self._logits(params, data)
+        return a[:, :, 0] if self._single(data) else a
+
+    def _single(self, data) -> bool:
+        return self.query in ("cross", "first", "last") or not self.has_query_data
+
+    def _logits(self, params, data) -> torch.Tensor:
+        X = data["X"]
+        WZ = self._wz(params, self.queries(data) if self.has_query_data else None)
+        if WZ.shape[2] == 1:  # one query: elementwise beats many tiny batched matmuls
+            a = (X * WZ).sum(-1)[:, :, None, :]  # (B, n, 1, T)
+        else:
+            a = WZ @ X.transpose(-1, -2)  # (B, n, Q, T)
+        m = self._key_mask(data)
+        if m is not None:
+            a = a.masked_fill(~m, float("-inf"))
+        return a
+
+    def attention(self, params, data) -> torch.Tensor:
+        """s = softmax over keys: (B, n, T) or (B, n, T, T) (seq2seq: [query k, key t])."""
+        return torch.softmax(self.logits(params, data), dim=-1)
+
+    def _forward(self, params, data):
+        a = self._logits(params, data)
+        s = torch.softmax(a, dim=-1)
+        U = A.pool_anchored(a, s, data["X"])  # (B, n, Q, d)
+        return self._headf(params, U, data), a, s
+
+    def forward(self, params, data) -> torch.Tensor:
+        """f_{iq} = h(X_i^T s_{iq}): (B, n) or (B, n, T) (seq2seq)."""
+        data = prepare(data)
+        f = self._forward(params, data)[0]
+        return f[:, :, 0] if self._single(data) else f
+
+    __call__ = forward
+
+    # ------------------------------------------------------------- objective
+    @property
+    def fixed_linear(self) -> bool:
+        return self._headf.fixed_linear
+
+    def _labels(self, data, Q):
+        y = data["y"]
+        if y.ndim == 3 and Q == 1:
+            raise ValueError(f"the data hold one label per query token (y of shape (n, T)) but "
+                             f"query={self.query!r} has one query per sequence; use "
+                             "query='seq2seq' or 'causal', or labels y of shape (n,)")
+        return y[:, :, None] if y.ndim == 2 else y  # (Bx, n, Q)
+
+    def _gamma(self, data, Q):
+        """gamma_{iqt} = y_{iq} v^T x_{it} (Bx, n, Q, T) (attnsvm.scores) with inadmissible
+        keys (padding, causal future) at -inf."""
+        self._labels(data, Q)  # the label layout must fit the queries
+        g = scores(data["X"], data["y"], data["v"])
+        g = g[:, :, None, :] if g.ndim == 3 else g
+        m = self._key_mask(data)
+        return g if m is None else g.masked_fill(~m, float("-inf"))
+
+    def _consts(self, data, Q):
+        """Step-independent terms of the fixed-head objective, cached in ``data``:
+        gamma with masked keys -> 0 (Bx, n, Q, T), gamma_opt (Bx, n, Q) (0 for a query slot
+        without admissible key), query weights w (Bx|1, n, Q), whether any key is masked."""
+        key = ("_consts", type(self).__name__, self.query, Q)
+        cache = data.setdefault("_cache", {})
+        if key not in cache:
+            gam = self._gamma(data, Q)
+            gopt = gam.max(-1).values
+            cache[key] = (torch.nan_to_num(gam, neginf=0.0), torch.nan_to_num(gopt, neginf=0.0),
+                          self._query_weights(data, Q), bool(torch.isinf(gam).any()))
+        return cache[key]
+
+    def evaluate(self, params, data, loss="logistic", grad: bool = True, autograd: bool = False,
+                 need_gap: bool = True) -> O.Objective:
+        """Risk L (B,), gap L - L* (B,), log(L - L*) (B,) and the scaled gradient
+        (:class:`~attnsvm.optim.Scaled`), in the stable form of :mod:`.objective`.
+
+        L* = sum w loss(gamma_opt) for a fixed linear head, 0 otherwise. ``autograd=True``
+        uses torch.autograd of the stable objective (the reference path) instead of the
+        closed form; other heads always use autograd. ``need_gap=False`` (closed form) may
+        skip L and log(L - L*) (returned as None)."""
+        lossf = get_loss(loss)
+        data = prepare(data)
+        if self.fixed_linear:
+            if data.get("v") is None:
+                raise ValueError("a fixed linear head needs data.v of shape (d,); got None")
+            return O.fixed_linear(self, params, data, lossf, grad, autograd, need_gap)
+        if self.head == "linear":
+            return O.trained_linear(self, params, data, lossf, grad, autograd, need_gap)
+        return O.autograd_head(self, params, data, lossf, grad)
+
+    def objective(self, params, data, loss="logistic", grad: bool = True, autograd: bool = False,
+                  need_gap: bool = True):
+        """(L (B,), L - L* (B,), plain gradients {name: (B, ...)} or None): :meth:`evaluate`
+        with the gradient unscaled (it may underflow to 0 far past saturation: the trainer
+        uses :meth:`evaluate`)."""
+        ev = self.evaluate(params, data, loss, grad, autograd, need_gap)
+        return ev.loss, ev.gap, (None if ev.grads is None else ev.grads.value())
+
+    def _gx(self, data, Ga):
+        """GX_{iq} = sum_t (dL/da_iqt) x_it: (B, n, Q, d)."""
+        if Ga.shape[2] == 1:
+            return (Ga[:, :, 0, :, None] * data["X"]).sum(2)[:, :, None, :]
+        return Ga @ data["X"]
+
+    def _grads_from_ga(self, params, data, Ga) -> dict:
+        raise NotImplementedError

@@ -1,0 +1,192 @@
+"""The risk, its gap L - L* and its gradient, exact far past saturation (THEORY §3, §4, §8).
+
+    L = sum_iq w_iq loss(y_iq f_iq),   w_iq = 1 / (n Q) (or the valid queries' share)
+
+Three objectives, chosen by the head:
+
+* fixed linear head v (L* = sum w loss(gamma_opt) > 0): with the anchor k = argmax_t a_t,
+  c_t = gamma_k - gamma_t, delta = sum_t s_t c_t and D = (gamma_opt - gamma_k) + delta >= 0,
+  u = gamma_opt - D = y f and
+
+      L - L* = sum_iq w_iq gap(gamma_opt, D),      dL/da_t = w loss'(u) s_t (delta - c_t);
+
+* trained linear head (L* = 0): c_t = v^T x_t, cd_t = c_t - c_k, delta = sum_t s_t cd_t,
+  f = c_k + delta, u = y f, lam = w loss'(u) y and
+
+      dL/da_t = lam s_t (cd_t - delta),            dL/dv = sum_iq lam X_i^T s_iq;
+
+* any other head: autograd of L with the anchored pooling U = x_k + sum_{t != k} s_t (x_t - x_k).
+
+Scaled form. With s_t = exp(M) r_t off the anchor (:func:`~attnsvm.models.attention.softmax_terms`)
+delta = exp(M) delta_r and every entry of row iq of dL/da is
+
+      w loss'(u) exp(M) (s_t delta_r - r_t c_t)    [fixed head]
+      lam exp(M) (r_t cd_t - s_t delta_r)          [trained head],
+
+so the gradient is returned as :class:`~attnsvm.optim.Scaled`: O(1) tensors times
+exp(log scale) with log scale = max_iq (log w + log(-loss'(u)) + M) [+ the chain rule's
+max], computed in the log domain. Likewise log(L - L*) = logsumexp_iq (log w +
+log gap(gamma_opt, D)) with log D = M + log delta_r once the anchor is the optimal token.
+Nothing underflows: a run of 10^5 normalised steps keeps an exact direction.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+from attnsvm.losses import log_gap, log_neg_deriv, log_value
+from attnsvm.optim.base import Scaled
+
+from .attention import pool_anchored, softmax_terms
+
+__all__ = ["Objective", "fixed_linear", "trained_linear", "autograd_head"]
+
+
+class Objective(NamedTuple):
+    """Per-trial risk L (B,), gap L - L* (B,) (may underflow to 0), log(L - L*) (B,) or
+    None, and the gradient (a :class:`Scaled`, or None when not asked for)."""
+
+    loss: torch.Tensor
+    gap: torch.Tensor
+    log_gap: torch.Tensor | None
+    grads: Scaled | None
+
+
+def _logsum_rows(x):
+    """logsumexp over the (n, Q) dims of a (B, n, Q) tensor -> (B,) (nan rows, i.e. query
+    slots without an admissible key and weight 0, count as -inf)."""
+    x = torch.nan_to_num(x, nan=float("-inf"))
+    return torch.logsumexp(x.reshape(x.shape[0], -1), dim=1)
+
+
+def _row_factors(rho):
+    """exp(rho - max rho) per trial and the max (B,): row weights of a scaled gradient.
+    rho (B, n, Q) log scales (-inf: a zero row; nan rows are dropped)."""
+    rho = torch.nan_to_num(rho, nan=float("-inf"))
+    top = rho.reshape(rho.shape[0], -1).amax(1)
+    topf = torch.where(torch.isfinite(top), top, torch.zeros_like(top))
+    return torch.exp(rho - topf[:, None, None]), top
+
+
+def _with_reg(model, params, grads: Scaled) -> Scaled:
+    extra = model._reg_grads(params)
+    return grads if not extra else grads.add(extra)
+
+
+def _scaled_attention_grads(model, params, data, Ga, log_scale) -> Scaled:
+    raw = model._grads_from_ga(params, data, torch.nan_to_num(Ga))
+    return Scaled.of(raw, {k: log_scale for k in raw})
+
+
+def fixed_linear(model, params, data, lossf, grad=True, autograd=False, need_gap=True) -> Objective:
+    """Fixed linear head v: (L, L - L*, log(L - L*), scaled dL/dparams); module docstring."""
+    if autograd and grad:
+        return _fixed_linear_autograd(model, params, data, lossf)
+    with torch.no_grad():
+        a = model._logits(params, data)
+        B, n, Q, T = a.shape
+        gam0, gopt, w, _ = model._consts(data, Q)
+        st = softmax_terms(a)
+        gk = gam0.expand(B, n, Q, T).gather(-1, st.k)  # (B, n, Q, 1)
+        c = gk - gam0  # (B, n, Q, T), 0 at the anchor
+        delta_r = (st.r * c).sum(-1)  # delta = exp(M) delta_r
+        gk = gk[..., 0]
+        D = (gopt - gk) + st.eM * delta_r
+        u = gopt - D
+        L = gap = lg = grads = None
+        logw = torch.log(w)
+        if need_gap or not grad:
+            opt_anchor = gk >= gopt  # the anchor is an optimal token: D = delta exactly
+            logD = torch.where(opt_anchor, st.M + torch.log(delta_r), torch.log(D))
+            lg = _logsum_rows(logw + log_gap(lossf, gopt, logD, D))
+            gap = torch.exp(lg)
+            L = (w * lossf.value(gopt)).sum((1, 2)) + gap
+        if grad:
+            fac, top = _row_factors(logw + log_neg_deriv(lossf, u) + st.M)
+            Ga = -fac[..., None] * (st.s * delta_r[..., None] - st.r * c)
+            grads = _with_reg(model, params, _scaled_attention_grads(model, params, data, Ga, top))
+    return Objective(L, gap, lg, grads)
+
+
+def _fixed_linear_autograd(model, params, data, lossf) -> Objective:
+    """Reference path: torch.autograd of the stable gap (no scaling; underflows like any
+    plain float64 computation far past saturation)."""
+    params = {k: t.detach().requires_grad_(True) for k, t in params.items()}
+    with torch.enable_grad():
+        a = model._logits(params, data)
+        B, n, Q, T = a.shape
+        gam0, gopt, w, masked = model._consts(data, Q)
+        s = torch.softmax(a, dim=-1)
+        k = a.detach().argmax(-1, keepdim=True)
+        gk = gam0.expand(B, n, Q, T).gather(-1, k)
+        c = gk - gam0
+        D = (gopt - gk[..., 0]) + (s * c).sum(-1)
+        gap = (w * lossf.gap(gopt, D)).sum((1, 2))
+        reg = model._reg(params)
+        obj = gap.sum() + (reg.sum() if reg is not None else 0.0)
+        g = torch.autograd.grad(obj, list(params.values()))
+    gap = gap.detach()
+    L = (w * lossf.value(gopt)).sum((1, 2)) + gap
+    return Objective(L, gap, torch.log(gap), Scaled.of(dict(zip(params, g))))
+
+
+def trained_linear(model, params, data, lossf, grad=True, autograd=False, need_gap=True) -> Objective:
+    """Trained linear head (W-part and v-part scaled separately); module docstring."""
+    if autograd and grad:
+        return autograd_head(model, params, data, lossf, grad=True)
+    with torch.no_grad():
+        a = model._logits(params, data)
+        B, n, Q, T = a.shape
+        st = softmax_terms(a)
+        X, v = data["X"], params["v"]
+        c = (X * v[:, None, None, :]).sum(-1)[:, :, None, :]  # c_it = v^T x_it: (B, n, 1, T)
+        ck = c.expand(B, n, Q, T).gather(-1, st.k)  # (B, n, Q, 1)
+        cd = c - ck  # exactly 0 at the anchor
+        m = model._key_mask(data)
+        if m is not None:  # masked keys: s = r = 0 there; keep 0 * cd finite
+            cd = cd.masked_fill(~m, 0.0)
+        delta_r = (st.r * cd).sum(-1)
+        y = model._labels(data, Q)
+        u = y * (ck[..., 0] + st.eM * delta_r)
+        w = model._query_weights(data, Q)
+        logw = torch.log(w)
+        L = lg = grads = None
+        if need_gap or not grad:
+            L = (w * lossf.value(u)).sum((1, 2))
+            lg = _logsum_rows(logw + log_value(lossf, u))
+        if grad:
+            rho_v = logw + log_neg_deriv(lossf, u)  # log |lam|, lam = w loss'(u) y = -|lam| y
+            fv, top_v = _row_factors(rho_v)
+            fa, top_a = _row_factors(rho_v + st.M)
+            Ga = (-y * fa)[..., None] * (st.r * cd - st.s * delta_r[..., None])
+            grads = _scaled_attention_grads(model, params, data, Ga, top_a)
+            r = ((-y * fv)[..., None] * st.s).sum(2)  # sum_q lam_iq s_iqt / e^{top_v}: (B, n, T)
+            gv = (torch.nan_to_num(r)[..., None] * X).sum((1, 2))
+            vs = Scaled.of({"v": gv}, {"v": top_v})
+            grads = _with_reg(model, params, Scaled({**grads.tensors, **vs.tensors},
+                                                    {**grads.log_scale, **vs.log_scale}))
+    return Objective(L, L, lg, grads)
+
+
+def autograd_head(model, params, data, lossf, grad=True) -> Objective:
+    """Any head: L = sum w loss(y h(U)) by torch.autograd, with the anchored pooling U
+    (L* = 0). The gradient is exact to float64 as long as it is representable."""
+    if grad:
+        params = {k: t.detach().requires_grad_(True) for k, t in params.items()}
+    with torch.set_grad_enabled(grad):
+        a = model._logits(params, data)
+        s = torch.softmax(a, dim=-1)
+        f = model._headf(params, pool_anchored(a, s, data["X"]), data)
+        u = model._labels(data, a.shape[2]) * f
+        w = model._query_weights(data, a.shape[2])
+        L = (w * lossf.value(u)).sum((1, 2))
+        lg = _logsum_rows(torch.log(w) + log_value(lossf, u)).detach()
+        if not grad:
+            return Objective(L.detach(), L.detach(), lg, None)
+        reg = model._reg(params)
+        obj = L.sum() + (reg.sum() if reg is not None else 0.0)
+        g = torch.autograd.grad(obj, list(params.values()), allow_unused=True)
+    grads = {k: (torch.zeros_like(p) if gi is None else gi) for (k, p), gi in zip(params.items(), g)}
+    return Objective(L.detach(), L.detach(), lg, Scaled.of(grads))
