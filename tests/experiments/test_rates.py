@@ -162,3 +162,15 @@ def test_planted_properties_table():
     props = R.planted_properties(data, cfg)
     assert len(props) == cfg["B"] and (props.score_gap >= 0.5 - 1e-12).all()
     assert (props.d >= props.nT).all() and (props.max_abs_cos_noise < 1).all()
+
+
+def test_rate_slopes_read_log10_gap_below_float64():
+    """With ``log10_gap`` (the trainer's exact log of L - L*) the fit goes on where the
+    float64 value L - L* is 0."""
+    t = np.arange(0, 8001, 100)
+    norm = 0.1 * t
+    m = pd.DataFrame({"optimizer": "NGD", "trial": 0, "step": t, "norm": norm, "corr_mm": 1.0,
+                      "loss_gap": np.exp(-norm / 0.5), "log10_gap": -norm / 0.5 / np.log(10)})
+    sl = R.rate_slopes(m, pd.DataFrame({"trial": [0], "norm_mm": [0.5]}))
+    assert sl.slope.iat[0] == pytest.approx(-2.0)
+    assert (m.loss_gap == 0).sum() > 30  # most of those points are 0 in float64

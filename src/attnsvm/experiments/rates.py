@@ -47,16 +47,20 @@ def first_hit(df: pd.DataFrame, col: str, thr: float, by=("optimizer", "trial"))
 
 
 # ------------------------------------------------------------------ rates-planted
-def freeze_steps(m: pd.DataFrame) -> pd.DataFrame:
+def freeze_steps(m: pd.DataFrame, stops: pd.DataFrame | None = None) -> pd.DataFrame:
     """Per (optimizer, trial): the recorded step from which ||W_t|| never changes again.
 
-    A trial the trainer stopped (gradient exactly 0, ``stopped``) is frozen by design; one that
-    is *not* stopped but whose norm stays bit-identical over the last records made zero steps
-    although its gradient is not 0: the step rule underflowed (Polyak: ||G||_F^2 computed as a
-    sum of squares underflows to 0 once |G| < ~1e-162, and its step c (L - L*) / ||G|| G / ||G||
-    is then set to 0). Columns: optimizer, trial, freeze_step (NaN: moving at the end),
-    stop_step (first step the trainer marked the trial stopped, NaN if never), reason.
+    A trial the trainer stopped (``stopped``) is frozen by design; one that is *not* stopped
+    but whose norm stays bit-identical over the last records made zero steps although its
+    gradient is not 0: the step rule underflowed. (Before the scale-free steps of
+    ``attnsvm.optim``, Polyak did so at step ~380-760 on this data: ||G||_F^2 computed as a
+    sum of squares underflowed to 0 at |G| ~ 1e-163; this guard keeps such a freeze from
+    passing unnoticed.) Columns: optimizer, trial, freeze_step (NaN: moving at the end),
+    stop_step (first step the trainer marked the trial stopped, NaN if never), reason (with
+    the trainer's own reason when ``stops``, ``Trajectory.stops`` plus ``optimizer``, is given).
     """
+    why = {} if stops is None else {(r.optimizer, r.trial): r.stop_reason
+                                    for r in stops.itertuples() if r.stop_reason}
     rows = []
     for (opt, trial), g in m.sort_values("step").groupby(["optimizer", "trial"]):
         nrm, steps = g["norm"].to_numpy(), g["step"].to_numpy()
@@ -66,7 +70,8 @@ def freeze_steps(m: pd.DataFrame) -> pd.DataFrame:
         stop = g.loc[g.stopped.astype(bool), "step"]
         stop_step = float(stop.min()) if len(stop) else np.nan
         reason = ("moving at the end" if not frozen else
-                  "stopped by the trainer: gradient exactly 0" if np.isfinite(stop_step) else
+                  f"stopped by the trainer: {why.get((opt, trial), 'gradient exactly 0')}"
+                  if np.isfinite(stop_step) else
                   "frozen, not marked stopped: zero steps although the gradient is not 0 "
                   "(the step rule underflowed)")
         rows.append(dict(optimizer=opt, trial=trial, freeze_step=float(steps[last]) if frozen
@@ -85,15 +90,16 @@ def compute_planted(cfg):
     data = _data(cfg)
     z = data.X[:, :, 0, :]
     sol = att_svm_batch(data.X, z, data.opt)
-    frames = []
+    frames, stops = [], []
     for name, make in OPTIMIZERS.items():
         tr = train(WModel(data.d, query="first"), data, optimizer=make(cfg), steps=cfg["steps"],
                    init="zero", references={"mm": np.nan_to_num(sol.W_)},
                    record_every=cfg["record_every"])
         frames.append(tr.metrics.assign(optimizer=name))
+        stops.append(tr.stops.assign(optimizer=name))
     m = pd.concat(frames, ignore_index=True)
     m["one_minus_s_opt"] = 1.0 - m["p_sel_mean"]
-    fr = freeze_steps(m)
+    fr = freeze_steps(m, pd.concat(stops, ignore_index=True))
     m = _mark_frozen(m, fr)
     svm = pd.DataFrame({"trial": np.arange(cfg["B"]), "norm_mm": sol.norm_,
                         "feasible": sol.feasible_})
@@ -124,14 +130,17 @@ def rate_slopes(m: pd.DataFrame, svm: pd.DataFrame, optimizer: str = "NGD") -> p
     """Per trial: least-squares slope of log(L - L*) against ||W|| over the aligned rows
     (corr >= 0.99, 0 < L - L* < 1e-3, parameters still moving: records after a trial froze
     repeat one point), and the prediction -1/||W_mm||."""
-    d = m[(m.optimizer == optimizer) & (m.corr_mm >= CORR) & (m.loss_gap > 0) & (m.loss_gap < 1e-3)]
+    m = m.assign(ln_gap=m.log10_gap * np.log(10.0) if "log10_gap" in m else
+                 np.log(m.loss_gap.where(m.loss_gap > 0)))  # log10_gap: exact below 1e-308
+    d = m[(m.optimizer == optimizer) & (m.corr_mm >= CORR) & np.isfinite(m.ln_gap)
+          & (m.ln_gap < np.log(1e-3))]
     if "frozen" in d:
         d = d[~d.frozen.astype(bool)]
     rows = []
     for trial, g in d.groupby("trial"):
         if len(g) < 3:
             continue
-        slope = np.polyfit(g["norm"], np.log(g["loss_gap"]), 1)[0]
+        slope = np.polyfit(g["norm"], g["ln_gap"], 1)[0]
         pred = -1.0 / float(svm.set_index("trial").loc[trial, "norm_mm"])
         rows.append({"trial": trial, "slope": slope, "predicted": pred})
     return pd.DataFrame(rows, columns=["trial", "slope", "predicted"])
@@ -218,7 +227,8 @@ def plot_planted(tables, cfg, out):
         first = m[m.frozen.astype(bool)].groupby("optimizer").step.min()
         m = m[m.step < m.optimizer.map(first).fillna(np.inf)]
     fig, ax = P.subplots(4, width=3.6, height=3.0)
-    panels = [("corr_mm", "corr(W_t, W_mm)", False), ("loss_gap", "L - L*", True),
+    gap = ("log10_gap", "log10(L - L*)", False) if "log10_gap" in m else ("loss_gap", "L - L*", True)
+    panels = [("corr_mm", "corr(W_t, W_mm)", False), gap,
               ("one_minus_s_opt", "1 - s_opt (mean over i)", True), ("norm", "||W_t||_F", True)]
     for a, (col, lab, logy) in zip(ax, panels):
         for name in OPTIMIZERS:
@@ -372,11 +382,6 @@ EXPERIMENTS = [
             "the `data` table), W_0 = 0, GD lr 1, NGD lr 0.1, Polyak c = 1, over B datasets.",
             "Thresholds (corr 0.99, 5x fewer iterations, growth ratio 1.8 / 1.3, slope error "
             "0.2) are attnsvm's: the paper states rates, not numbers.",
-            "Polyak freezes in float64 at step ~380-760 (L - L* ~ 1e-162): attnsvm.optim.polyak "
-            "computes ||G||_F as sqrt(sum G^2), which underflows to 0 once |G| < ~1e-162, and "
-            "the step is then 0 although the gradient is not; the trainer does not mark these "
-            "trials stopped. The experiment finds the freeze (the `frozen` table), ends the "
-            "curves and the rate fits there; every Polyak claim is decided before it.",
         )),
     Experiment(
         name="rates-joint", title="Joint training of the decoder v and W (NGD)",
