@@ -15,10 +15,12 @@ hands the gradient over in scaled form), so the flow goes on far past the float6
 of the loss (L - L* ~ 10^(-10^20)) and the direction reached is the flow's, not the point
 where a loss or a gradient norm underflowed. (Before the scale-free steps, the same runs
 froze at L - L* ~ 1e-164 because sqrt(sum G^2) underflowed to 0: dataset seed 4 of
-``kqflow-diag`` then read corr 0.52 with the l_1 SVM; it reaches 0.9999 now.)
+``kqflow-diag`` then read corr 0.52 with the l_1 SVM; it reaches 0.9995 now.)
 
 Both experiments state the claim over a population of datasets (``random_sphere``, dataset
-seeds 0..N-1, one draw each; quick uses the first seeds of full): the paper's theorem
+seeds 0..N-1, one draw each; quick runs the same population as full: the time goes into
+the steps, not the datasets, and a smaller sample passed a check the full one fails): the
+paper's theorem
 applies to every dataset whose flow reaches the minimal loss (the optimal tokens are
 selected, min_i s_{i,opt_i} -> 1), so the verdict asks for every such run (share 100%) and
 lists the others.
@@ -66,7 +68,7 @@ def flow(model, data, init: dict, cfg: dict, refs: dict, record_params: bool = F
 
 
 def _datasets(cfg):
-    """Dataset seeds 0..N-1, one ``random_sphere`` draw each (quick = the first seeds of full)."""
+    """Dataset seeds 0..N-1, one ``random_sphere`` draw each."""
     return [random_sphere(cfg["n"], cfg["T"], cfg["d"], seed=s) for s in range(cfg["datasets"])]
 
 
@@ -326,7 +328,7 @@ EXPERIMENTS = [
               "over diagonal matrices, not to the l_2 one.",
         configs={
             "tiny": dict(_DIAG, datasets=2, alphas=(0.01,), steps=400, records=40, rel=0.1),
-            "quick": dict(_DIAG, datasets=8),
+            "quick": dict(_DIAG, datasets=32),  # the cost is per step, not per dataset
             "full": dict(_DIAG, datasets=32),
         },
         compute=compute_diag, judge=judge_diag, plot=_plot_diag,
@@ -346,7 +348,7 @@ EXPERIMENTS = [
               "gives.",
         configs={
             "tiny": dict(_NUC, datasets=2, steps=400, records=40, rel=0.1),
-            "quick": dict(_NUC, datasets=4),
+            "quick": dict(_NUC, datasets=16),  # the cost is per step, not per dataset
             "full": dict(_NUC, datasets=16),
         },
         compute=compute_nuclear, judge=judge_nuclear, plot=_plot_nuclear,
@@ -356,7 +358,10 @@ EXPERIMENTS = [
             "No ridge: the paper's flow is unregularised. The earlier version added the "
             "float64-eps ridge of the TF-as-SVM literature, which stops the flow at the "
             "minimiser of L + eps ||(K, Q)||^2 (a point of the regularisation path, ||W|| ~ 1e2) "
-            "instead of following it to the limit.",
+            "instead of following it to the limit; measured with that ridge (and the earlier "
+            "trainer) 15 of 16 datasets read corr >= 0.99 with W_nuc at ||W|| ~ 1e2 (seed 3: "
+            "0.81). Without it, halving the step twice (rel 0.01, 0.005) moved the final corr "
+            "by < 1e-3 on seeds 1, 3, 7 (0.988, 0.978, 0.958): the shortfall is the flow's.",
             "The paper's general (K, Q) result assumes the initial singular spaces aligned with "
             "the data features; a random balanced start K = Q does not satisfy it, so this "
             "population tests the claim beyond that assumption.",
