@@ -105,3 +105,72 @@ def test_joint_head_reference_matches_cvxpy():
             solver=cp.CLARABEL)
         ref = v[b] @ u.value / (np.linalg.norm(v[b]) * np.linalg.norm(u.value))
         assert last.corr_v.iloc[b] == pytest.approx(ref, abs=1e-6)
+
+
+def _freeze_frame():
+    """Three trials of one optimiser: moving, stopped by the trainer at 400, frozen (norm
+    constant from 300 on without being marked stopped)."""
+    t = np.arange(0, 1001, 10)
+    rows = [pd.DataFrame({"optimizer": "X", "trial": 0, "step": t, "norm": 0.1 * t,
+                          "stopped": False}),
+            pd.DataFrame({"optimizer": "X", "trial": 1, "step": t,
+                          "norm": 0.1 * np.minimum(t, 400), "stopped": t >= 400}),
+            pd.DataFrame({"optimizer": "X", "trial": 2, "step": t,
+                          "norm": 0.1 * np.minimum(t, 300), "stopped": False})]
+    return pd.concat(rows, ignore_index=True)
+
+
+def test_freeze_steps_tells_stopped_from_frozen():
+    fr = R.freeze_steps(_freeze_frame()).set_index("trial")
+    assert np.isnan(fr.loc[0, "freeze_step"]) and fr.loc[0, "reason"] == "moving at the end"
+    assert fr.loc[1, "freeze_step"] == 400 and fr.loc[1, "stop_step"] == 400
+    assert "stopped by the trainer" in fr.loc[1, "reason"]
+    assert fr.loc[2, "freeze_step"] == 300 and np.isnan(fr.loc[2, "stop_step"])
+    assert "not marked stopped" in fr.loc[2, "reason"]
+    m = R._mark_frozen(_freeze_frame(), R.freeze_steps(_freeze_frame()))
+    assert m[m.trial == 2].query("step > 300").frozen.all()
+    assert not m[m.trial == 2].query("step <= 300").frozen.any()
+    assert not m[m.trial == 0].frozen.any()
+
+
+def test_growth_ratio_and_slopes_stop_at_a_freeze():
+    m = R._mark_frozen(_freeze_frame(), R.freeze_steps(_freeze_frame()))
+    m = m[m.trial != 1].assign(stopped=False)
+    # linear growth until the freeze at 300: cut there, both trials are linear (~2); over the
+    # whole run the frozen trial would read 0 and the median 1
+    assert R.growth_ratio(m, "X", 1000) == pytest.approx(2.0, abs=0.3)
+    assert R.growth_ratio(m.drop(columns="frozen"), "X", 1000) == pytest.approx(1.0)
+    m = m.assign(optimizer="NGD", corr_mm=1.0, loss_gap=np.exp(-m.norm / 0.5) * 1e-3)
+    sl = R.rate_slopes(m, pd.DataFrame({"trial": [0, 2], "norm_mm": [0.5, 0.5]}))
+    # trial 2 has only its moving records (0..300) in the fit: exact slope, no repeated point
+    assert np.allclose(sl.slope, -2.0)
+
+
+def test_judge_planted_reports_frozen_trials():
+    t = _planted_tables(True)
+    t["frozen"] = pd.DataFrame([dict(optimizer="Polyak", trial=b, freeze_step=380.0,
+                                     stop_step=np.nan, reason="frozen, not marked stopped: x")
+                                for b in NORM_MM])
+    checks = R.judge_planted(t, {})
+    poly = next(c for c in checks if c.claim.startswith("Polyak"))
+    assert poly.passed and "2 of 2 Polyak trials frozen" in poly.note
+
+
+def test_planted_properties_table():
+    cfg = R.EXPERIMENTS[0].config("tiny")
+    data = R._data(cfg)
+    props = R.planted_properties(data, cfg)
+    assert len(props) == cfg["B"] and (props.score_gap >= 0.5 - 1e-12).all()
+    assert (props.d >= props.nT).all() and (props.max_abs_cos_noise < 1).all()
+
+
+def test_rate_slopes_read_log10_gap_below_float64():
+    """With ``log10_gap`` (the trainer's exact log of L - L*) the fit goes on where the
+    float64 value L - L* is 0."""
+    t = np.arange(0, 8001, 100)
+    norm = 0.1 * t
+    m = pd.DataFrame({"optimizer": "NGD", "trial": 0, "step": t, "norm": norm, "corr_mm": 1.0,
+                      "loss_gap": np.exp(-norm / 0.5), "log10_gap": -norm / 0.5 / np.log(10)})
+    sl = R.rate_slopes(m, pd.DataFrame({"trial": [0], "norm_mm": [0.5]}))
+    assert sl.slope.iat[0] == pytest.approx(-2.0)
+    assert (m.loss_gap == 0).sum() > 30  # most of those points are 0 in float64

@@ -1,32 +1,39 @@
 """Gradient flow on separate key and query weights (Sheen et al. 2024): nuclear / l_1 bias.
 
 Setup: one attention layer with the fixed linear head v of the data, cross-attention
-queries z_i, exponential loss, gradient flow from a small initialisation. The paper
-proves that when the loss is driven to its infimum, W = K Q^T converges in direction to
-the nuclear-norm ATT-SVM (not the Frobenius one that training W directly gives), and that
-for diagonal weights W = diag(k * q) the limit is the l_1 SVM over diagonal matrices,
-min ||w||_1 s.t. sum_j (x_{i,opt_i} - x_it)_j w_j z_ij >= 1 (THEORY §5, §9).
+queries z_i, exponential loss, gradient flow from a small initialisation, no regulariser.
+The paper proves that *when gradient flow achieves the minimal loss value*, W = K Q^T
+converges in direction to the nuclear-norm ATT-SVM (not the Frobenius one that training W
+directly gives), and that for diagonal weights W = diag(k * q) the limit is the l_1 SVM over
+diagonal matrices, min ||w||_1 s.t. sum_j (x_{i,opt_i} - x_it)_j w_j z_ij >= 1 (THEORY §5, §9).
 
-Gradient-flow proxy: gradient flow and normalized GD with one global norm over all
-factors trace the same curve (a change of time), so the runs use NGD (``ngd(norm=
-"global")``) with a step rel * ||theta|| per trial (rel = 1%: every step moves the
-parameters by 1% of their norm, whatever their scale), re-set every ``stage`` steps.
-Small steps at the small start, large ones once the loss is small; halving rel does not
-change the results (checked when the experiment was written).
-TODO(engine): a relative-step rule in attnsvm.optim would replace the stage loop.
+Gradient-flow proxy: gradient flow and normalised GD with one global norm over all factors
+trace the same curve (a change of time); the runs use ``ngd(rel, norm="global",
+relative=True)``: every step moves the parameters by ``rel`` times their norm, small at the
+small start, large once the loss is small. The steps are computed scale-free (the trainer
+hands the gradient over in scaled form), so the flow goes on far past the float64 underflow
+of the loss (L - L* ~ 10^(-10^20)) and the direction reached is the flow's, not the point
+where a loss or a gradient norm underflowed. (Before the scale-free steps, the same runs
+froze at L - L* ~ 1e-164 because sqrt(sum G^2) underflowed to 0: dataset seed 4 of
+``kqflow-diag`` then read corr 0.52 with the l_1 SVM; it reaches 0.9995 now.)
 
-``kqflow-diag``: random_sphere(n=3, T=3, d=8, seed=6), chosen because its l_1 and l_2
-diagonal SVMs differ clearly (correlation 0.67; the l_1 one has 3 nonzeros of 8). Starts
-k = a, q = 0 with a = alpha * 1 (every coordinate alike) for several alpha, plus random-shape
-a (alpha * sqrt(d) * unit Gaussian): coordinates with small |a_j| start late (w_j grows like
-a_j^2 t), and such runs may reach the float64 limit of the exponential loss (the gradient
-underflows to exactly 0 and the run stops) before aligning with the l_1 SVM.
+Both experiments state the claim over a population of datasets (``random_sphere``, dataset
+seeds 0..N-1, one draw each; quick runs the same population as full: the time goes into
+the steps, not the datasets, and a smaller sample passed a check the full one fails): the
+paper's theorem
+applies to every dataset whose flow reaches the minimal loss (the optimal tokens are
+selected, min_i s_{i,opt_i} -> 1), so the verdict asks for every such run (share 100%) and
+lists the others.
 
-``kqflow-nuclear``: random_sphere(n=6, T=2, d=6, seed=7): rank(W_nuc) = 1, rank(W_fro) = 6,
-correlation 0.65. (K, Q) with m = d from a small balanced start K = Q, with the float64-eps
-ridge of the literature (KQModel's default): the flow then settles at the minimiser of
-L + eps(|K|^2 + |Q|^2), a nuclear-norm-regularised solution (exactly low rank, direction
-within ~1e-4 of W_nuc). Numerical rank: singular values > RANK_RTOL * the largest.
+``kqflow-diag``: n = 3, T = 3, d = 8; starts k = alpha 1, q = 0 for alpha in ``alphas``
+(the claim is about the small ones, alpha <= ``small_alpha``). Diagnosis of a run that does
+not reach the l_1 SVM: the l_1 SVM restricted to the support the run kept (coordinates with
+|w_j| > 1e-3 max |w|) and its l_1 norm against the unrestricted one.
+
+``kqflow-nuclear``: n = 6, T = 2, d = 6; (K, Q) with m = d from a small balanced start
+K = Q (scale 0.01), no ridge (the paper's flow). Numerical rank: singular values >
+RANK_RTOL * the largest. Diagnosis: for a run of lower rank than W_nuc, the nuclear SVM
+restricted to that rank (``att_svm(norm="nuc", rank=r)``).
 """
 
 from __future__ import annotations
@@ -36,8 +43,8 @@ import pandas as pd
 import torch
 
 from attnsvm import plotting as P
-from attnsvm.data import random_sphere
-from attnsvm.experiments.base import Check, Experiment, check_at_least, check_at_most
+from attnsvm.data import random_sphere, stack
+from attnsvm.experiments.base import Experiment, check_at_least
 from attnsvm.metrics import correlation, numerical_rank
 from attnsvm.models import DiagModel, KQModel
 from attnsvm.optim import ngd
@@ -45,247 +52,319 @@ from attnsvm.svm import att_svm
 from attnsvm.train import train
 
 CORR = 0.99         # "converged in direction" (THEORY §7)
-SAT = 0.99          # every sequence selects its optimal token: min_i s_{i,opt_i} >= 0.99
-DISTINCT = 0.8      # the two candidate SVMs must differ: corr(W_a, W_b) <= 0.8
-RANK_RTOL = 1e-2    # ~ the runs' directional accuracy (1 - corr ~ 1e-4, distance ~ 1e-2)
+SAT = 0.99          # the flow reached the minimal loss: min_i s_{i,opt_i} >= 0.99
+DISTINCT = 0.8      # the two candidate SVMs differ on a dataset: corr(W_a, W_b) <= 0.8
+RANK_RTOL = 1e-2    # numerical rank: singular values > 1e-2 sigma_1
+SUPPORT_RTOL = 1e-3  # support of a diagonal w: |w_j| > 1e-3 max |w|
 
 
-def gradient_flow(model, data, init: dict, cfg: dict, refs: dict, record_params=False):
-    """Relative-step NGD in stages (module docstring). Returns (metrics, params, W history)."""
-    params, frames, hist, offset = init, [], [], 0
-    for k in range(cfg["stages"]):
-        first = next(iter(params.values()))
-        nrm = torch.sqrt(sum(t.reshape(len(t), -1).pow(2).sum(1) for t in params.values()))
-        lr = cfg["rel"] * nrm.reshape(-1, *([1] * (first.ndim - 1)))
-        tr = train(model, data, loss="exponential", optimizer=ngd(lr, norm="global"),
-                   steps=cfg["stage"], init=params, references=refs, record_params=record_params,
-                   record_every=cfg["stage"] // cfg["records_per_stage"])
-        m = tr.metrics if k == 0 else tr.metrics[tr.metrics.step > 0]
-        frames.append(m.assign(step=m.step + offset))
-        if record_params:
-            flat = {n: torch.as_tensor(v.reshape(-1, *v.shape[2:]))  # (R * B, ...)
-                    for n, v in tr.param_history.items()}
-            W = model.W(flat).numpy().reshape(len(tr.record_steps), -1, model.d, model.d)
-            hist.append((tr.record_steps[(k > 0):] + offset, W[(k > 0):]))
-        params, offset = tr.params, offset + tr.steps_run
-        if tr.stopped.all():
-            break
-    return pd.concat(frames, ignore_index=True), params, hist
+def flow(model, data, init: dict, cfg: dict, refs: dict, record_params: bool = False):
+    """Relative-step NGD (module docstring) for ``cfg["steps"]`` steps, ``cfg["records"]``
+    records. Returns the ``Trajectory``."""
+    return train(model, data, loss="exponential",
+                 optimizer=ngd(cfg["rel"], norm="global", relative=True), steps=cfg["steps"],
+                 init=init, references=refs, record_params=record_params,
+                 record_every=max(1, cfg["steps"] // cfg["records"]))
 
 
-def _diag_svm(data, norm):
-    """min ||w|| over diagonal W = diag(w): tokens x_it * z_i, query 1 (e = 1)."""
-    sol = att_svm(data.X * data.z[:, None, :], np.ones((data.n, 1)), data.opt, norm=norm)
-    return sol.W_[:, 0]
+def _datasets(cfg):
+    """Dataset seeds 0..N-1, one ``random_sphere`` draw each."""
+    return [random_sphere(cfg["n"], cfg["T"], cfg["d"], seed=s) for s in range(cfg["datasets"])]
+
+
+def _diag_svm(data, norm, keep=None):
+    """min ||w|| over diagonal W = diag(w): tokens x_it * z_i, query 1 (e = 1); ``keep``: a
+    boolean mask of the coordinates allowed to be nonzero (the others fixed at 0). -> (d,),
+    NaN if infeasible."""
+    A = data.X * data.z[:, None, :]
+    keep = np.ones(data.d, bool) if keep is None else np.asarray(keep, bool)
+    sol = att_svm(A[..., keep], np.ones((data.n, 1)), data.opt, norm=norm)
+    w = np.full(data.d, np.nan)
+    if sol.feasible_:
+        w[:] = 0.0
+        w[keep] = sol.W_[:, 0]
+    return w
+
+
+def _corr(a, b) -> float:
+    return float(correlation(np.asarray(a, float), np.asarray(b, float), vector=True))
 
 
 # ------------------------------------------------------------------ kqflow-diag
 def compute_diag(cfg):
-    data = random_sphere(cfg["n"], cfg["T"], cfg["d"], seed=cfg["seed"])
-    w1, w2 = _diag_svm(data, "l1"), _diag_svm(data, "fro")
-    d, alphas, nr = cfg["d"], np.asarray(cfg["alphas"], float), cfg["n_random"]
-    rng = np.random.default_rng(cfg["seed"])
-    a_rand = rng.standard_normal((nr, d))
-    a_rand *= cfg["alpha_random"] * np.sqrt(d) / np.linalg.norm(a_rand, axis=1, keepdims=True)
-    k0 = np.concatenate([alphas[:, None] * np.ones((len(alphas), d)), a_rand])
-    runs = pd.DataFrame({"trial": np.arange(len(k0)),
-                         "init": ["uniform"] * len(alphas) + ["random shape"] * nr,
-                         "alpha": np.concatenate([alphas, np.full(nr, cfg["alpha_random"])])})
-    init = {"k": torch.as_tensor(k0), "q": torch.zeros(len(k0), d, dtype=torch.float64)}
-    m, params, _ = gradient_flow(DiagModel(d), data, init, cfg,
-                                 {"l1": np.diag(w1), "l2": np.diag(w2)})
-    curves = m.merge(runs, on="trial")
+    datas = _datasets(cfg)
+    N, d, alphas = len(datas), cfg["d"], np.asarray(cfg["alphas"], float)
+    w1 = np.stack([_diag_svm(x, "l1") for x in datas])
+    w2 = np.stack([_diag_svm(x, "fro") for x in datas])
+    runs = pd.DataFrame({"trial": np.arange(N * len(alphas)), "seed": np.tile(np.arange(N), len(alphas)),
+                         "alpha": np.repeat(alphas, N)})
+    data = stack(datas * len(alphas))  # trial = alpha index * N + dataset seed
+    init = {"k": torch.as_tensor(np.repeat(alphas, N)[:, None] * np.ones((len(runs), d))),
+            "q": torch.zeros(len(runs), d, dtype=torch.float64)}
+    refs = {"l1": np.stack([np.diag(w) for w in np.nan_to_num(w1)] * len(alphas)),
+            "l2": np.stack([np.diag(w) for w in np.nan_to_num(w2)] * len(alphas))}
+    tr = flow(DiagModel(d), data, init, cfg, refs)
+    curves = tr.metrics.merge(runs, on="trial")
+    w = (tr.params["k"] * tr.params["q"]).numpy()
+    rows = []
+    for r in runs.itertuples():
+        x, wl1, wr = datas[r.seed], w1[r.seed], w[r.trial]
+        keep = np.abs(wr) > SUPPORT_RTOL * np.abs(wr).max()
+        ws = _diag_svm(x, "l1", keep)
+        rows.append(dict(trial=r.trial, support=int(keep.sum()),
+                         support_l1=int((np.abs(wl1) > 1e-6 * np.abs(wl1).max()).sum()),
+                         corr_support_l1=_corr(wr, ws),
+                         support_l1_excess=float(np.abs(ws).sum() / np.abs(wl1).sum() - 1)))
     last = curves.loc[curves.groupby("trial").step.idxmax()]
-    w = (params["k"] * params["q"]).numpy()
-    coords = pd.DataFrame({"trial": np.repeat(runs.trial, d), "j": np.tile(np.arange(d), len(w)),
-                           "w": w.reshape(-1)})
-    svm = pd.DataFrame({"j": np.arange(d), "w_l1": w1, "w_l2": w2})
-    final = last[["trial", "init", "alpha", "step", "norm", "corr_l1", "corr_l2", "p_sel_min",
-                  "loss_gap", "stopped"]].reset_index(drop=True)
-    return {"final": final, "curves": curves, "coords": coords, "svm": svm}
+    final = (last[["trial", "seed", "alpha", "step", "norm", "log10_gap", "corr_l1", "corr_l2",
+                   "p_sel_min"]]
+             .merge(pd.DataFrame(rows), on="trial")
+             .assign(stop_reason=tr.stop_reason[last.trial.to_numpy()]).reset_index(drop=True))
+    svm = pd.DataFrame({"seed": np.arange(N), "feasible": ~np.isnan(w1).any(1) & ~np.isnan(w2).any(1),
+                        "corr_l1_l2": [_corr(a, b) for a, b in zip(w1, w2)],
+                        "nnz_l1": (np.abs(w1) > 1e-6 * np.nanmax(np.abs(w1), 1, keepdims=True)).sum(1)})
+    final = final.merge(svm[["seed", "corr_l1_l2"]], on="seed")
+    return {"final": final, "curves": curves, "svm": svm}
+
+
+def _list(df, cols, fmt=".3f", limit=8) -> str:
+    items = [f"seed {int(r.seed)}: " + ", ".join(f"{c} {getattr(r, c):{fmt}}" for c in cols)
+             for r in df.head(limit).itertuples()]
+    return "; ".join(items) + (f"; ... ({len(df) - limit} more)" if len(df) > limit else "")
 
 
 def judge_diag(tables, cfg):
     f, svm = tables["final"], tables["svm"]
-    c12 = float(correlation(svm.w_l1.to_numpy(), svm.w_l2.to_numpy()))
-    uni, rnd = f[f.init == "uniform"], f[f.init == "random shape"]
-    small = uni[uni.alpha <= cfg["small_alpha"]]
-    checks = [
-        check_at_most(f"the setting separates the predictions: corr(w_l1, w_l2) <= {DISTINCT}",
-                      "corr(w_l1, w_l2)", c12, DISTINCT,
-                      note=f"nonzeros: l_1 {int((svm.w_l1.abs() > 1e-6 * svm.w_l1.abs().max()).sum())}"
-                           f", l_2 {int((svm.w_l2.abs() > 1e-6 * svm.w_l2.abs().max()).sum())}"),
-        check_at_least(f"every run selects the optimal tokens (min_i s_opt >= {SAT})",
-                       "min over runs", float(f.p_sel_min.min()), SAT),
-        check_at_least(f"small uniform starts (alpha <= {cfg['small_alpha']:g}): W = diag(k*q) -> "
-                       f"the l_1 SVM (corr >= {CORR})", "min corr(W, W_l1)",
-                       float(small.corr_l1.min()), CORR,
-                       note="; ".join(f"alpha = {r.alpha:g}: {r.corr_l1:.4f} (l_2: {r.corr_l2:.4f})"
-                                      for r in uni.itertuples())),
-        Check("every uniform start ends closer to the l_1 SVM than to the l_2 SVM",
-              f"corr(W, W_l1) - corr(W, W_l2) >= {float((uni.corr_l1 - uni.corr_l2).min()):.4f}",
-              bool((uni.corr_l1 > uni.corr_l2).all())),
+    small = f[f.alpha <= cfg["small_alpha"]]
+    reach = small[small.p_sel_min >= SAT]
+    missed = small[small.p_sel_min < SAT]
+    cond = (f"{len(reach)} of {len(small)} small-start runs reach the minimal loss (the "
+            f"theorem's condition)" + (f"; the others select non-optimal tokens: "
+                                       f"{_list(missed, ['p_sel_min'])}" if len(missed) else ""))
+    bad = reach[reach.corr_l1 < CORR]
+    restricted = bad[(bad.corr_support_l1 >= CORR) & (bad.support_l1_excess > 1e-6)]
+    diag = "" if not len(bad) else (
+        f"; not at the l_1 SVM: {_list(bad, ['corr_l1', 'corr_l2', 'corr_support_l1'])}"
+        + (f"; {len(restricted)} of them converge to the l_1 SVM restricted to the support "
+           f"the run kept (a KKT point of the factorised problem that is not the global l_1 "
+           f"SVM; l_1 norm {restricted.support_l1_excess.min():.1%}-"
+           f"{restricted.support_l1_excess.max():.1%} above it)" if len(restricted) else ""))
+    disc = reach[reach.corr_l1_l2 <= DISTINCT]
+    closer = (disc.corr_l1 > disc.corr_l2)
+    return [
+        check_at_least("the diagonal ATT-SVM is feasible on every dataset (the separability "
+                       "assumption)", "share of datasets", float(svm.feasible.mean()), 1.0,
+                       fmt=".2f", sanity=True,
+                       note=f"{len(svm)} datasets; the l_1 and l_2 SVMs differ (corr <= "
+                            f"{DISTINCT}) on {int((svm.corr_l1_l2 <= DISTINCT).sum())}"),
+        check_at_least(
+            f"small starts (alpha <= {cfg['small_alpha']:g}) that reach the minimal loss: "
+            f"W = diag(k*q) -> the l_1 SVM (corr >= {CORR}) in every run",
+            "share of those runs", float((reach.corr_l1 >= CORR).mean()) if len(reach) else np.nan,
+            1.0, fmt=".3f", note=cond + diag),
+        check_at_least(
+            f"... and ends closer to the l_1 SVM than to the l_2 one, on every dataset where the "
+            f"two differ (corr(w_l1, w_l2) <= {DISTINCT})", "share of those runs",
+            float(closer.mean()) if len(disc) else np.nan, 1.0, fmt=".3f",
+            note=f"{len(disc)} runs" + ("" if closer.all() else "; closer to l_2: " + _list(
+                disc[~closer], ["corr_l1", "corr_l2"]))),
     ]
-    if len(rnd):
-        checks.append(Check(
-            "random-shape small starts: the median run is closer to the l_1 SVM than to the l_2 one",
-            f"median corr with l_1: {rnd.corr_l1.median():.4f}, with l_2: {rnd.corr_l2.median():.4f}",
-            bool(rnd.corr_l1.median() > rnd.corr_l2.median()),
-            note=f"{int((rnd.corr_l1 >= CORR).sum())} of {len(rnd)} reach corr >= {CORR} before "
-                 "the loss underflows (coordinates with small |a_j| start late)"))
-    return checks
 
 
 def _plot_diag(tables, cfg, out):
-    c, f, svm, co = tables["curves"], tables["final"], tables["svm"], tables["coords"]
-    fig, ax = P.subplots(3, width=4.2, height=3.3)
-    for i, (_, g) in enumerate(c[c.init == "uniform"].groupby("trial")):
-        g = g[g.norm > 0]
-        col = P.COLORS[i % len(P.COLORS)]
-        ax[0].plot(g.norm, g.corr_l1, color=col, label=f"alpha = {g.alpha.iat[0]:g}")
-        ax[0].plot(g.norm, g.corr_l2, color=col, ls=":")
-    for _, g in c[c.init == "random shape"].groupby("trial"):
-        g = g[g.norm > 0]
-        ax[1].plot(g.norm, g.corr_l1, color=P.COLORS[0], alpha=0.6, lw=1)
-        ax[1].plot(g.norm, g.corr_l2, color=P.COLORS[1], alpha=0.6, lw=1, ls=":")
-    ax[1].plot([], [], color=P.COLORS[0], label="corr with l_1 SVM")
-    ax[1].plot([], [], color=P.COLORS[1], ls=":", label="corr with l_2 SVM")
-    ax[0].plot([], [], color="k", ls=":", label="(dotted: corr with l_2 SVM)")
-    for a, t in zip(ax[:2], ["uniform start k = alpha 1, q = 0 (solid: l_1)",
-                             "random-shape starts |a| = alpha sqrt(d)"]):
-        a.set_xscale("log")
-        P.label(a, "||W||_F (flow time, reparametrised)", "correlation", t)
-    best = f[f.init == "uniform"].sort_values("alpha").trial.iat[0]
-    w = co[co.trial == best].w.to_numpy()
-    x = np.arange(len(svm))
-    for k, (vec, name) in enumerate([(svm.w_l1, "l_1 SVM"), (svm.w_l2, "l_2 SVM"),
-                                     (w, "trained diag(k*q), smallest alpha")]):
-        v = np.asarray(vec, float)
-        ax[2].bar(x + (k - 1) * 0.27, v / np.abs(v).max(), width=0.27, color=P.COLORS[k], label=name)
-    ax[2].set_ylim(-1.1, 1.75)
-    P.label(ax[2], "coordinate j", "w_j / max_j |w_j|", "diagonal of W: trained vs SVMs",
-            legend=False)
-    ax[2].legend(loc="upper right")
+    c, f = tables["curves"], tables["final"]
+    fig, ax = P.subplots(2, width=4.4, height=3.4)
+    small = c[(c.alpha <= cfg["small_alpha"]) & (c.norm > 0)]
+    reached = set(f[(f.alpha <= cfg["small_alpha"]) & (f.p_sel_min >= SAT)].trial)
+    for trial, g in small.groupby("trial"):
+        ok = trial in reached
+        ax[0].plot(np.log10(g.norm), g.corr_l1, lw=1, alpha=0.7,
+                   color=P.COLORS[0] if ok else P.COLORS[7], ls="-" if ok else ":")
+    ax[0].plot([], [], color=P.COLORS[0], label="reaches the minimal loss")
+    ax[0].plot([], [], color=P.COLORS[7], ls=":", label="selects other tokens")
+    ax[0].axhline(CORR, color="k", lw=0.8, ls="--")
+    P.label(ax[0], "log10 ||W||_F (flow time, reparametrised)", "corr(W, W_l1)",
+            f"small starts alpha = {cfg['small_alpha']:g} ({len(reached)} of "
+            f"{small.trial.nunique()} reach L*)")
+    ax[0].legend(loc="lower right", fontsize=8)
+    for i, (a, g) in enumerate(f.groupby("alpha")):
+        ok = g.p_sel_min >= SAT
+        ax[1].scatter(g.corr_l2[ok], g.corr_l1[ok], s=18, color=P.COLORS[i],
+                      label=f"alpha = {a:g}")
+        ax[1].scatter(g.corr_l2[~ok], g.corr_l1[~ok], s=18, facecolors="none",
+                      edgecolors=P.COLORS[i], label=f"alpha = {a:g}, other tokens" if (~ok).any()
+                      else None)
+    lim = [min(0, float(f[["corr_l1", "corr_l2"]].min().min())), 1.0]
+    ax[1].plot(lim, lim, "k--", lw=0.8, label="equal")
+    P.label(ax[1], "final corr(W, W_l2)", "final corr(W, W_l1)",
+            f"{f.seed.nunique()} datasets: l_1 vs l_2 SVM")
+    ax[1].legend(loc="lower right", fontsize=7)
     return [P.save(fig, out, "kqflow_diag")]
 
 
 # ------------------------------------------------------------------ kqflow-nuclear
 def compute_nuclear(cfg):
-    data = random_sphere(cfg["n"], cfg["T"], cfg["d"], seed=cfg["seed"])
-    sols = {nm: att_svm(data.X, data.z, data.opt, norm=nm) for nm in ("nuc", "fro")}
-    model = KQModel(cfg["d"], m=cfg["d"])
-    init = model.init(cfg["B"], seed=cfg["seed"], scale=cfg["init_scale"], kind="balanced")
-    m, params, hist = gradient_flow(model, data, init, cfg,
-                                    {nm: s.W_ for nm, s in sols.items()}, record_params=True)
-    steps = np.concatenate([h[0] for h in hist])
-    W = np.concatenate([h[1] for h in hist])  # (R, B, d, d)
-    sv = np.linalg.svd(W, compute_uv=False)
+    datas = _datasets(cfg)
+    N, d = len(datas), cfg["d"]
+    sols = {nm: [att_svm(x.X, x.z, x.opt, norm=nm) for x in datas] for nm in ("nuc", "fro")}
+    model = KQModel(d, m=d, reg=cfg["reg"])
+    init = model.init(N, seed=cfg["init_seed"], scale=cfg["init_scale"], kind="balanced")
+    refs = {nm: np.stack([np.nan_to_num(s.W_) for s in v]) for nm, v in sols.items()}
+    tr = flow(model, stack(datas), init, cfg, refs, record_params=True)
+    steps = tr.record_steps
+    flat = {k: torch.as_tensor(v.reshape(-1, *v.shape[2:])) for k, v in tr.param_history.items()}
+    W = model.W(flat).numpy().reshape(len(steps), N, d, d)
+    sv = np.linalg.svd(W / np.maximum(np.abs(W).max((2, 3), keepdims=True), 1e-300),
+                       compute_uv=False)
     sv = sv / np.maximum(sv[..., :1], 1e-300)
-    R, B, d = sv.shape
-    spectrum = pd.DataFrame({"step": np.repeat(steps, B * d), "trial": np.tile(np.repeat(
-        np.arange(B), d), R), "k": np.tile(np.arange(d), R * B), "sv_rel": sv.reshape(-1)})
-    Wf = model.W(params).numpy()
-    final = m.loc[m.groupby("trial").step.idxmax(), ["trial", "step", "norm", "norm_nuc",
-                                                     "corr_nuc", "corr_fro", "p_sel_min"]]
-    final = final.assign(rank=numerical_rank(Wf, RANK_RTOL)).reset_index(drop=True)
-    svm = pd.DataFrame([dict(norm=nm, rank=int(numerical_rank(s.W_, RANK_RTOL)),
-                             norm_value=s.norm_, corr_nuc_fro=float(correlation(
-                                 sols["nuc"].W_, sols["fro"].W_)), **{f"sv{k}": v for k, v in
-                             enumerate(np.linalg.svd(s.W_, compute_uv=False) /
-                                       np.linalg.svd(s.W_, compute_uv=False)[0])})
-                        for nm, s in sols.items()])
-    return {"final": final, "curves": m, "spectrum": spectrum, "svm": svm}
+    spectrum = pd.DataFrame({"step": np.repeat(steps, N * d),
+                             "trial": np.tile(np.repeat(np.arange(N), d), len(steps)),
+                             "k": np.tile(np.arange(d), len(steps) * N), "sv_rel": sv.reshape(-1)})
+    m = tr.metrics.rename(columns={"trial": "seed"})
+    Wf = tr.W
+    rank = numerical_rank(Wf, RANK_RTOL)
+    rows = []
+    for s, x in enumerate(datas):
+        r_nuc = int(numerical_rank(sols["nuc"][s].W_, RANK_RTOL))
+        low = np.nan
+        if rank[s] < r_nuc:  # diagnosis: the nuclear SVM restricted to the run's rank
+            low = _corr(Wf[s].ravel(), att_svm(x.X, x.z, x.opt, norm="nuc", rank=int(rank[s])).W_.ravel())
+        rows.append(dict(seed=s, rank=int(rank[s]), rank_nuc=r_nuc,
+                         rank_fro=int(numerical_rank(sols["fro"][s].W_, RANK_RTOL)),
+                         corr_nuc_fro=_corr(sols["nuc"][s].W_.ravel(), sols["fro"][s].W_.ravel()),
+                         corr_rank_restricted=low,
+                         feasible=bool(sols["nuc"][s].feasible_ and sols["fro"][s].feasible_)))
+    last = m.loc[m.groupby("seed").step.idxmax(), ["seed", "step", "norm", "norm_nuc", "log10_gap",
+                                                   "corr_nuc", "corr_fro", "p_sel_min"]]
+    final = last.merge(pd.DataFrame(rows), on="seed").assign(stop_reason=tr.stop_reason)
+    return {"final": final.reset_index(drop=True), "curves": m, "spectrum": spectrum}
 
 
 def judge_nuclear(tables, cfg):
-    f, svm = tables["final"], tables["svm"].set_index("norm")
-    r_nuc, r_fro = int(svm.loc["nuc", "rank"]), int(svm.loc["fro", "rank"])
-    c = float(svm.loc["nuc", "corr_nuc_fro"])
-    ranks = sorted(f["rank"].unique().tolist())
+    f = tables["final"]
+    reach = f[f.p_sel_min >= SAT]
+    missed = f[f.p_sel_min < SAT]
+    cond = (f"{len(reach)} of {len(f)} runs reach the minimal loss (the theorem's condition)"
+            + (f"; the others: {_list(missed, ['p_sel_min'])}" if len(missed) else ""))
+    bad = reach[reach.corr_nuc < CORR]
+    lowr = bad[bad["rank"] < bad.rank_nuc]
+    diag = "" if not len(bad) else (
+        f"; not at W_nuc: {_list(bad, ['corr_nuc', 'corr_fro'])}"
+        + (f"; of lower rank than W_nuc (rank {sorted(set(lowr['rank']))} vs "
+           f"{sorted(set(lowr.rank_nuc))}): {_list(lowr, ['corr_rank_restricted'])} "
+           "(corr with the nuclear SVM restricted to that rank)" if len(lowr) else ""))
+    disc = reach[reach.corr_nuc_fro <= DISTINCT]
+    closer = disc.corr_nuc > disc.corr_fro
+    same_rank = reach["rank"] == reach.rank_nuc
+    lower = reach["rank"] < reach.rank_fro
     return [
-        Check(f"the setting separates the predictions: rank(W_nuc) < rank(W_fro) and "
-              f"corr(W_nuc, W_fro) <= {DISTINCT}",
-              f"ranks {r_nuc} and {r_fro} (rtol {RANK_RTOL:g}); corr {c:.3f}",
-              bool(r_nuc < r_fro and c <= DISTINCT)),
-        check_at_least(f"every run selects the optimal tokens (min_i s_opt >= {SAT})",
-                       "min over runs", float(f.p_sel_min.min()), SAT),
-        check_at_least(f"K Q^T -> the nuclear-norm SVM (corr >= {CORR}, every run)",
-                       "min corr(KQ^T, W_nuc)", float(f.corr_nuc.min()), CORR),
-        Check("K Q^T is closer to W_nuc than to W_fro in every run",
-              f"max corr(KQ^T, W_fro) = {f.corr_fro.max():.4f} < min corr(KQ^T, W_nuc) = "
-              f"{f.corr_nuc.min():.4f}" if (f.corr_nuc > f.corr_fro).all()
-              else f"{int((f.corr_nuc <= f.corr_fro).sum())} runs closer to W_fro",
-              bool((f.corr_nuc > f.corr_fro).all())),
-        Check(f"numerical rank of K Q^T (rtol {RANK_RTOL:g}) equals rank(W_nuc) and is <= "
-              "rank(W_fro) in every run",
-              f"ranks of K Q^T: {ranks}; W_nuc: {r_nuc}; W_fro: {r_fro}",
-              bool((f["rank"] == r_nuc).all() and (f["rank"] <= r_fro).all()),
-              note=f"after {int(f.step.max())} steps"),
+        check_at_least("both ATT-SVMs (nuclear, Frobenius) are feasible on every dataset",
+                       "share of datasets", float(f.feasible.mean()), 1.0, fmt=".2f", sanity=True,
+                       note=f"rank(W_nuc) < rank(W_fro) on {int((f.rank_nuc < f.rank_fro).sum())}"
+                            f" of {len(f)} datasets; corr(W_nuc, W_fro) <= {DISTINCT} on "
+                            f"{int((f.corr_nuc_fro <= DISTINCT).sum())}"),
+        check_at_least(f"runs that reach the minimal loss: K Q^T -> the nuclear-norm SVM "
+                       f"(corr >= {CORR}) in every run", "share of those runs",
+                       float((reach.corr_nuc >= CORR).mean()) if len(reach) else np.nan, 1.0,
+                       fmt=".3f", note=cond + diag),
+        check_at_least(f"... and end closer to W_nuc than to W_fro on every dataset where the two "
+                       f"differ (corr(W_nuc, W_fro) <= {DISTINCT})", "share of those runs",
+                       float(closer.mean()) if len(disc) else np.nan, 1.0, fmt=".3f",
+                       note=f"{len(disc)} runs" + ("" if closer.all() else "; closer to W_fro: "
+                                                   + _list(disc[~closer], ["corr_nuc", "corr_fro"]))),
+        check_at_least(f"numerical rank of K Q^T (rtol {RANK_RTOL:g}) equals rank(W_nuc) in every "
+                       "run that reaches the minimal loss", "share of those runs",
+                       float(same_rank.mean()) if len(reach) else np.nan, 1.0, fmt=".3f",
+                       note="" if same_rank.all() else "rank differs: " + _list(
+                           reach[~same_rank], ["rank", "rank_nuc"], fmt="d")),
+        check_at_least("K Q^T has lower rank than W_fro in every run that reaches the minimal "
+                       "loss", "share of those runs", float(lower.mean()) if len(reach) else np.nan,
+                       1.0, fmt=".3f",
+                       note=f"ranks of K Q^T: {sorted(set(reach['rank']))}; W_fro: "
+                            f"{sorted(set(reach.rank_fro))}"),
     ]
 
 
 def _plot_nuclear(tables, cfg, out):
-    c, sp, svm = tables["curves"], tables["spectrum"], tables["svm"].set_index("norm")
-    fig, ax = P.subplots(3, width=4.2, height=3.3)
-    for trial, g in c.groupby("trial"):
-        g = g[g.step > 0]
-        ax[0].plot(g.step, g.corr_nuc, color=P.COLORS[0], lw=1,
-                   label="corr with W_nuc" if trial == 0 else None)
-        ax[0].plot(g.step, g.corr_fro, color=P.COLORS[1], lw=1, ls=":",
-                   label="corr with W_fro" if trial == 0 else None)
-    ax[0].set_xscale("log")
-    P.label(ax[0], "iteration (relative-step NGD)", "correlation", "K Q^T against the two SVMs")
-    g = sp[(sp.trial == 0) & (sp.step > 0)]
-    for k, gk in g.groupby("k"):
-        if k > 0:
-            ax[1].plot(gk.step, gk.sv_rel, color=P.COLORS[k % len(P.COLORS)], label=f"sigma_{k + 1}")
-    ax[1].axhline(RANK_RTOL, color="k", ls="--", lw=1, label=f"rank tolerance {RANK_RTOL:g}")
-    ax[1].set_xscale("log")
-    ax[1].set_yscale("log")
-    P.label(ax[1], "iteration", "sigma_k / sigma_1 of K Q^T", "spectrum over training (run 0)")
+    c, f, sp = tables["curves"], tables["final"], tables["spectrum"]
+    fig, ax = P.subplots(3, width=4.2, height=3.4)
+    for s, g in c[c.norm > 0].groupby("seed"):
+        ax[0].plot(np.log10(g.norm), g.corr_nuc, color=P.COLORS[0], lw=1, alpha=0.7,
+                   label="corr with W_nuc" if s == 0 else None)
+        ax[0].plot(np.log10(g.norm), g.corr_fro, color=P.COLORS[1], lw=1, ls=":", alpha=0.7,
+                   label="corr with W_fro" if s == 0 else None)
+    ax[0].axhline(CORR, color="k", lw=0.8, ls="--")
+    P.label(ax[0], "log10 ||K Q^T||_F (flow time, reparametrised)", "correlation",
+            f"{len(f)} datasets: K Q^T against the two SVMs")
+    ax[0].legend(loc="lower right", fontsize=8)
+    ax[1].scatter(f.corr_fro, f.corr_nuc, s=18, color=P.COLORS[0])
+    ax[1].plot([0, 1], [0, 1], "k--", lw=0.8, label="equal")
+    P.label(ax[1], "final corr(K Q^T, W_fro)", "final corr(K Q^T, W_nuc)", "end of the flow")
     last = sp[sp.step == sp.step.max()]
-    d = int(sp.k.max()) + 1
-    x = np.arange(1, d + 1)
-    for i, nm in enumerate(("nuc", "fro")):
-        ax[2].semilogy(x, np.maximum([svm.loc[nm, f"sv{k}"] for k in range(d)], 1e-17), "o-",
-                       color=P.COLORS[i], label=f"W_{nm} (rank {svm.loc[nm, 'rank']})")
-    for trial, g in last.groupby("trial"):
-        ax[2].semilogy(x, np.maximum(g.sv_rel, 1e-17), "x", color=P.COLORS[2],
-                       label="trained K Q^T" if trial == 0 else None)
-    ax[2].axhline(RANK_RTOL, color="k", ls="--", lw=1)
-    P.label(ax[2], "k", "sigma_k / sigma_1", "final singular values")
+    x = np.arange(1, int(sp.k.max()) + 2)
+    for s, g in last.groupby("trial"):
+        ax[2].semilogy(x, np.maximum(g.sv_rel, 1e-17), "-", color=P.COLORS[2], lw=0.8, alpha=0.6,
+                       label="trained K Q^T" if s == 0 else None)
+    ax[2].axhline(RANK_RTOL, color="k", ls="--", lw=1, label=f"rank tolerance {RANK_RTOL:g}")
+    ranks = f[["rank", "rank_nuc", "rank_fro"]].mean()
+    P.label(ax[2], "k", "sigma_k / sigma_1", f"final spectra (mean rank: K Q^T {ranks['rank']:.2f}, "
+            f"W_nuc {ranks.rank_nuc:.2f}, W_fro {ranks.rank_fro:.2f})")
+    ax[2].title.set_fontsize(8)
     return [P.save(fig, out, "kqflow_nuclear")]
 
 
-_FLOW = dict(rel=0.01, records_per_stage=5)
+_FLOW = dict(rel=0.02, records=100)
+_DIAG = dict(n=3, T=3, d=8, alphas=(0.01, 1.0), small_alpha=0.01, steps=3000, **_FLOW)
+_NUC = dict(n=6, T=2, d=6, init_scale=0.01, init_seed=0, reg=0.0, steps=9000, **_FLOW)
+_GF = ("Gradient flow is simulated by NGD with a relative step rel = 0.02 of the parameter "
+       "norm (one global norm; a change of time along the flow); the flow is run to a fixed "
+       "length in log-norm, far past the float64 range of the loss, not to t = infinity.")
 EXPERIMENTS = [
     Experiment(
         name="kqflow-diag",
         title="Diagonal (k, q) gradient flow: W = diag(k*q) -> the l_1 SVM, not the l_2 one",
-        claim="Gradient flow on diagonal key/query weights from a small unbalanced start "
-              "(k = a, q = 0) converges in direction to the l_1-norm ATT-SVM over diagonal "
-              "matrices, not to the l_2 one.",
+        claim="Gradient flow on diagonal key/query weights from a small start (k = a, q = 0) "
+              "that reaches the minimal loss converges in direction to the l_1-norm ATT-SVM "
+              "over diagonal matrices, not to the l_2 one.",
         configs={
-            "tiny": dict(n=3, T=3, d=8, seed=6, alphas=(0.01,), n_random=1, alpha_random=0.01,
-                         small_alpha=0.01, stages=8, stage=25, **_FLOW),
-            "quick": dict(n=3, T=3, d=8, seed=6, alphas=(0.001, 0.01, 0.1, 1.0), n_random=6,
-                          alpha_random=0.01, small_alpha=0.01, stages=60, stage=50, **_FLOW),
-            "full": dict(n=3, T=3, d=8, seed=6, alphas=(1e-4, 1e-3, 0.01, 0.1, 1.0), n_random=32,
-                         alpha_random=0.01, small_alpha=0.01, stages=150, stage=100,
-                         **dict(_FLOW, rel=0.005)),
+            "tiny": dict(_DIAG, datasets=2, alphas=(0.01,), steps=400, records=40, rel=0.1),
+            "quick": dict(_DIAG, datasets=32),  # the cost is per step, not per dataset
+            "full": dict(_DIAG, datasets=32),
         },
-        compute=compute_diag, judge=judge_diag, plot=_plot_diag),
+        compute=compute_diag, judge=judge_diag, plot=_plot_diag,
+        deviations=(
+            "Population of datasets instead of one chosen instance (the earlier version used "
+            "dataset seed 6 only): random_sphere(n = 3, T = 3, d = 8) seeds 0..N-1; the paper's "
+            "own data and start are not in the seed text (abstract only) nor in the stored "
+            "public code; the start k = alpha 1, q = 0 is kept from the earlier version.",
+            _GF,
+        )),
     Experiment(
         name="kqflow-nuclear",
         title="(K, Q) gradient flow: K Q^T -> the nuclear-norm SVM, of lower rank than W_fro",
         claim="Gradient flow on separate key and query matrices from a small balanced start "
-              "converges in direction to the nuclear-norm ATT-SVM, a lower-rank solution than "
-              "the Frobenius one that training W directly gives.",
+              "that reaches the minimal loss converges in direction to the nuclear-norm "
+              "ATT-SVM, a lower-rank solution than the Frobenius one that training W directly "
+              "gives.",
         configs={
-            "tiny": dict(n=6, T=2, d=6, seed=7, B=1, init_scale=0.01, stages=6, stage=25, **_FLOW),
-            "quick": dict(n=6, T=2, d=6, seed=7, B=4, init_scale=0.01, stages=40, stage=50, **_FLOW),
-            "full": dict(n=6, T=2, d=6, seed=7, B=16, init_scale=0.01, stages=120, stage=100,
-                         **dict(_FLOW, rel=0.005)),
+            "tiny": dict(_NUC, datasets=2, steps=400, records=40, rel=0.1),
+            "quick": dict(_NUC, datasets=16),  # the cost is per step, not per dataset
+            "full": dict(_NUC, datasets=16),
         },
-        compute=compute_nuclear, judge=judge_nuclear, plot=_plot_nuclear),
+        compute=compute_nuclear, judge=judge_nuclear, plot=_plot_nuclear,
+        deviations=(
+            "Population of datasets (random_sphere(n = 6, T = 2, d = 6) seeds 0..N-1) instead "
+            "of the one chosen instance (seed 7) of the earlier version.",
+            "No ridge: the paper's flow is unregularised. The earlier version added the "
+            "float64-eps ridge of the TF-as-SVM literature, which stops the flow at the "
+            "minimiser of L + eps ||(K, Q)||^2 (a point of the regularisation path, ||W|| ~ 1e2) "
+            "instead of following it to the limit; measured with that ridge (and the earlier "
+            "trainer) 15 of 16 datasets read corr >= 0.99 with W_nuc at ||W|| ~ 1e2 (seed 3: "
+            "0.81). Without it, halving the step twice (rel 0.01, 0.005) moved the final corr "
+            "by < 1e-3 on seeds 1, 3, 7 (0.988, 0.978, 0.958): the shortfall is the flow's.",
+            "The paper's general (K, Q) result assumes the initial singular spaces aligned with "
+            "the data features; a random balanced start K = Q does not satisfy it, so this "
+            "population tests the claim beyond that assumption.",
+            _GF,
+        )),
 ]
