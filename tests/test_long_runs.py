@@ -138,3 +138,17 @@ def test_train_refuses_a_model_of_another_dimension():
         train(M.WModel(4), D.random_sphere(n=4, T=5, d=3), steps=1)
     with pytest.raises(ValueError, match="d must be a positive integer"):
         M.WModel(0)
+
+
+def test_an_overflowing_product_KQ_stops_the_trial_cleanly():
+    """K, Q finite but W = K Q^T overflowing used to crash the metrics (svdvals of inf)."""
+    data = D.random_sphere(n=3, T=4, d=3, seed=0)
+    model = M.KQModel(3, reg=0.0)
+    big = np.full((3, 3), 1e153)  # W = K Q^T ~ 3e306, finite; a few relative steps overflow it
+    tr = train(model, data, optimizer=O.ngd(0.5, norm="global", relative=True), steps=50,
+               init={"K": big, "Q": big}, record_every=10)
+    assert list(tr.stop_reason) == ["non-finite step"] and tr.stop_step[0] >= 0
+    with pytest.raises(ValueError, match="initial parameters overflow"):
+        train(model, data, steps=1, init={"K": 100 * big, "Q": 100 * big})
+    assert np.isfinite(tr.W).all()
+    assert np.isfinite(tr.metrics.drop(columns=["trial", "step", "stopped"]).to_numpy()).all()

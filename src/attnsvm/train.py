@@ -326,6 +326,8 @@ def train(model: AttentionModel, data, loss="logistic", optimizer: Optimizer | N
                                        and scale > 0):
         raise ValueError(f"scale must be a finite number > 0; got {scale!r}")
     params = _init_params(model, init, B, seed, scale, device, dtype)
+    if not bool(model.finite(params).all()):
+        raise ValueError("the initial parameters overflow float64 in W (e.g. K Q^T): start smaller")
     first = model.evaluate(params, tdata, lossf, grad=True, autograd=autograd)
     a0 = model._logits(params, tdata)
     Q = a0.shape[2]
@@ -381,26 +383,35 @@ def train(model: AttentionModel, data, loss="logistic", optimizer: Optimizer | N
     t = 0
     all_active = True
     ev = first
+    prev = prev_state = None
     for t in it:
-        if t % k == 0:
-            record(t)
         if t > 0 or bs is not None:
             batch = tdata if bs is None else minibatch(tdata, bs, seeds, t)
             ev = model.evaluate(params, batch, lossf, autograd=autograd, need_gap=optimizer.needs_gap)
         grads = ev.grads
+        if prev is not None:  # the last step overflowed the objective (logits, W): undo it
+            bad = grads.nonfinite() & active
+            if stop(bad, t - 1, "non-finite step"):
+                params = _freeze(bad, prev, params)
+                state = _freeze(bad, prev_state, state) if state else state
+                all_active = False
+                if not bool(active.any()):
+                    break
+        if t % k == 0:
+            record(t)
         if stop(~grads.nonzero(), t, "zero gradient"):
             all_active = False
             if not bool(active.any()):
                 break
         new, new_state = optimizer.update(grads, state, params, ev.log_gap)
-        # one reduction per trial: non-finite (or overflowing) parameters freeze the trial
-        fin = torch.isfinite(sum(v.reshape(B, -1).sum(1) for v in new.values()))
-        if stop(~fin, t, "non-finite step"):
+        # non-finite (or overflowing) parameters, or effective W = K Q^T, freeze the trial
+        if stop(~model.finite(new), t, "non-finite step"):
             all_active = False
         if check_stall:
             same = torch.stack([(new[kk] == v).reshape(B, -1).all(1) for kk, v in params.items()]).all(0)
             if stop(same, t, "no change in float64"):
                 all_active = False
+        prev, prev_state = params, state
         if all_active:
             params, state = new, new_state
         else:

@@ -80,7 +80,12 @@ class SoftmaxTerms(NamedTuple):
 
 
 def softmax_terms(a: torch.Tensor) -> SoftmaxTerms:
-    """Anchor, softmax and the scaled non-anchor probabilities of logits a (B, n, Q, T)."""
+    """Anchor, softmax and the scaled non-anchor probabilities of logits a (B, n, Q, T).
+
+    A query slot without any admissible key (all logits -inf; its weight is 0) gets
+    uniform logits instead of NaN; an overflowed logit (+inf or NaN) stays NaN, so that
+    the trainer sees the overflow instead of a silently dropped row."""
+    a = a.masked_fill(torch.isneginf(a).all(-1, keepdim=True), 0.0)
     ls = torch.log_softmax(a, dim=-1)
     k = a.detach().argmax(-1, keepdim=True)
     off = ls.scatter(-1, k, float("-inf"))

@@ -41,6 +41,7 @@ class AttentionModel:
     """
 
     has_query_data = True
+    factorised = False  # W is a product of the parameters (its entries may overflow first)
 
     def __init__(self, d: int, query: str = "cross", head="linear", train_head: bool = False,
                  head_width: int | None = None, V=None):
@@ -100,6 +101,15 @@ class AttentionModel:
     def W(self, params) -> torch.Tensor:
         """Effective key-query matrix (B, d, d)."""
         raise NotImplementedError
+
+    def finite(self, params) -> torch.Tensor:
+        """(B,) bool: every parameter (and, for factorised models, W itself) is finite."""
+        m = torch.stack([v.reshape(v.shape[0], -1).abs().amax(1) for v in params.values()]).amax(0)
+        ok = torch.isfinite(m)
+        if self.factorised:
+            W = self.W(params)
+            ok = ok & torch.isfinite(W.reshape(W.shape[0], -1).abs().amax(1))
+        return ok
 
     def norms(self, params) -> dict:
         """Per-trial norms for the metrics table: {"norm": ||W||_F (B,), ...} (scale-safe)."""

@@ -54,17 +54,16 @@ class Objective(NamedTuple):
     grads: Scaled | None
 
 
-def _logsum_rows(x):
-    """logsumexp over the (n, Q) dims of a (B, n, Q) tensor -> (B,) (nan rows, i.e. query
-    slots without an admissible key and weight 0, count as -inf)."""
-    x = torch.nan_to_num(x, nan=float("-inf"))
+def _logsum_rows(x, w):
+    """logsumexp over the (n, Q) dims of a (B, n, Q) tensor -> (B,); rows of weight w = 0
+    (padded query slots) are left out, a NaN row (overflow) makes the trial's value NaN."""
+    x = torch.where(w > 0, x, torch.full_like(x, float("-inf")))
     return torch.logsumexp(x.reshape(x.shape[0], -1), dim=1)
 
 
 def _row_factors(rho):
     """exp(rho - max rho) per trial and the max (B,): row weights of a scaled gradient.
-    rho (B, n, Q) log scales (-inf: a zero row; nan rows are dropped)."""
-    rho = torch.nan_to_num(rho, nan=float("-inf"))
+    rho (B, n, Q) log scales (-inf: a zero row; NaN propagates to the trial's scale)."""
     top = rho.reshape(rho.shape[0], -1).amax(1)
     topf = torch.where(torch.isfinite(top), top, torch.zeros_like(top))
     return torch.exp(rho - topf[:, None, None]), top
@@ -76,7 +75,7 @@ def _with_reg(model, params, grads: Scaled) -> Scaled:
 
 
 def _scaled_attention_grads(model, params, data, Ga, log_scale) -> Scaled:
-    raw = model._grads_from_ga(params, data, torch.nan_to_num(Ga))
+    raw = model._grads_from_ga(params, data, Ga)
     return Scaled.of(raw, {k: log_scale for k in raw})
 
 
@@ -100,7 +99,7 @@ def fixed_linear(model, params, data, lossf, grad=True, autograd=False, need_gap
         if need_gap or not grad:
             opt_anchor = gk >= gopt  # the anchor is an optimal token: D = delta exactly
             logD = torch.where(opt_anchor, st.M + torch.log(delta_r), torch.log(D))
-            lg = _logsum_rows(logw + log_gap(lossf, gopt, logD, D))
+            lg = _logsum_rows(logw + log_gap(lossf, gopt, logD, D), w)
             gap = torch.exp(lg)
             L = (w * lossf.value(gopt)).sum((1, 2)) + gap
         if grad:
@@ -155,7 +154,7 @@ def trained_linear(model, params, data, lossf, grad=True, autograd=False, need_g
         L = lg = grads = None
         if need_gap or not grad:
             L = (w * lossf.value(u)).sum((1, 2))
-            lg = _logsum_rows(logw + log_value(lossf, u))
+            lg = _logsum_rows(logw + log_value(lossf, u), w)
         if grad:
             rho_v = logw + log_neg_deriv(lossf, u)  # log |lam|, lam = w loss'(u) y = -|lam| y
             fv, top_v = _row_factors(rho_v)
@@ -163,7 +162,7 @@ def trained_linear(model, params, data, lossf, grad=True, autograd=False, need_g
             Ga = (-y * fa)[..., None] * (st.r * cd - st.s * delta_r[..., None])
             grads = _scaled_attention_grads(model, params, data, Ga, top_a)
             r = ((-y * fv)[..., None] * st.s).sum(2)  # sum_q lam_iq s_iqt / e^{top_v}: (B, n, T)
-            gv = (torch.nan_to_num(r)[..., None] * X).sum((1, 2))
+            gv = (r[..., None] * X).sum((1, 2))
             vs = Scaled.of({"v": gv}, {"v": top_v})
             grads = _with_reg(model, params, Scaled({**grads.tensors, **vs.tensors},
                                                     {**grads.log_scale, **vs.log_scale}))
@@ -182,7 +181,7 @@ def autograd_head(model, params, data, lossf, grad=True) -> Objective:
         u = model._labels(data, a.shape[2]) * f
         w = model._query_weights(data, a.shape[2])
         L = (w * lossf.value(u)).sum((1, 2))
-        lg = _logsum_rows(torch.log(w) + log_value(lossf, u)).detach()
+        lg = _logsum_rows(torch.log(w) + log_value(lossf, u), w).detach()
         if not grad:
             return Objective(L.detach(), L.detach(), lg, None)
         reg = model._reg(params)

@@ -57,6 +57,8 @@ class KQModel(AttentionModel):
     float64 machine epsilon (keeps norms bounded, as in the literature).
     """
 
+    factorised = True
+
     def __init__(self, d: int, m: int | None = None, reg: float = EPS, **kw):
         super().__init__(d, **kw)
         if m is not None and (isinstance(m, bool) or int(m) != m or m < 1):
@@ -110,6 +112,8 @@ class DiagModel(AttentionModel):
 
     Gradients: g_j = sum (dL/da) x_{itj} z_{iqj}; dL/dk = g * q, dL/dq = g * k.
     """
+
+    factorised = True
 
     def _param_shapes(self):
         return {"k": (self.d,), "q": (self.d,)}

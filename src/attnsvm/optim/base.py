@@ -75,10 +75,11 @@ def _bshape(t: torch.Tensor) -> tuple:
 def normalize(t: torch.Tensor, log_scale: torch.Tensor | None = None):
     """(t / m, log m [+ log_scale]) with m = max|t| per trial (over all dims but the first).
 
-    A trial whose t is 0 gets (0, -inf). t (B, ...) -> ((B, ...), (B,))."""
+    A trial whose t is 0 gets (0, -inf); one with a NaN or inf entry a log scale of nan or
+    +inf (see :meth:`Scaled.nonfinite`). t (B, ...) -> ((B, ...), (B,))."""
     m = t.reshape(t.shape[0], -1).abs().amax(1) if t.numel() else t.new_zeros(t.shape[0])
     safe = torch.where(m > 0, m, torch.ones_like(m))
-    ls = torch.where(m > 0, torch.log(safe), torch.full_like(m, -math.inf))
+    ls = torch.where(m > 0, torch.log(safe), torch.where(torch.isnan(m), m, torch.full_like(m, -math.inf)))
     if log_scale is not None:
         ls = ls + log_scale
     return t / safe.reshape(_bshape(t)), ls
@@ -133,6 +134,10 @@ class Scaled(NamedTuple):
     def nonzero(self) -> torch.Tensor:
         """(B,) bool: the gradient of the trial is not exactly zero."""
         return torch.stack([torch.isfinite(l) for l in self.log_scale.values()]).any(0)
+
+    def nonfinite(self) -> torch.Tensor:
+        """(B,) bool: the gradient of the trial has a NaN or inf entry (overflow)."""
+        return torch.stack([torch.isnan(l) | torch.isposinf(l) for l in self.log_scale.values()]).any(0)
 
 
 def as_scaled(grads) -> Scaled:
