@@ -183,7 +183,7 @@ def test_other_norms_unit_margin_and_rank():
     for norm in (1.5, 3.0, "l1", "nuc"):
         sol = att_svm(X, z, alpha, norm=norm)
         assert sol.feasible_
-        assert sol.violation_ == 0.0 and abs(sol.margin_ - 1) < 1e-6, norm
+        assert sol.violation_ <= 1e-12 and abs(sol.margin_ - 1) < 1e-6, norm
         assert sol.gap_ < 1e-4, (norm, sol.gap_)
         if norm == "nuc":
             assert sol.rank(1e-5) <= fro.rank()
