@@ -67,14 +67,14 @@ __all__ = [
 MAX_BATCH_N = 400  # constraints per problem up to which B > 1 problems use the batched Gram IPM
 NUC_SLACK = 1e-6  # nuclear SCS working set: Frobenius support + constraints with margin <= 1 + this
 SMALLEST_NORMAL = np.finfo(float).tiny
-# the returned W must keep full relative precision in its largest entries
-MIN_REPRESENTABLE = SMALLEST_NORMAL * 2.0**53
+# the largest entry of a returned W must be a normal float64 (full relative precision)
+MIN_REPRESENTABLE = SMALLEST_NORMAL
 
 #: solver names accepted besides the cvxpy solvers; the Frobenius ones apply to the
 #: Frobenius norm only, the nuclear ones to the nuclear norm only
 SOLVERS = {
-    "fro": ("auto", "fast", "ipm", "mnp"),
-    "nuc": ("auto", "fast", "barrier", "working_set"),
+    FRO: ("auto", "fast", "ipm", "mnp"),
+    NUC: ("auto", "fast", "barrier", "working_set"),
 }
 
 
@@ -151,12 +151,12 @@ def _solver_key(solver, N: Norm) -> str | None:
     if solver is None:
         return None
     key = str(solver).lower()
-    own = SOLVERS.get(N.name, ("auto",))
+    own = SOLVERS.get(N, ("auto", "fast"))
     if key in own:
         return key
     for nm, keys in SOLVERS.items():
         if key in keys and key not in ("auto", "fast"):
-            raise ValueError(f"solver {solver!r} applies to the {nm!r} norm only, not "
+            raise ValueError(f"solver {solver!r} applies to the {nm.name!r} norm only, not "
                              f"{N.name!r}; use one of {list(own)} or a cvxpy solver name")
     if key == "fast":
         return None
@@ -212,7 +212,7 @@ FAST = {FRO: _fro_fast, NUC: _nuc_fast}
 def _raw_solve(cs: ConstraintSet, N: Norm, key) -> Raw:
     """One problem (unbatched, normalised) by the fast path of its norm or cvxpy."""
     r = None
-    own = key in (None, "auto", "fast", *SOLVERS.get(N.name, ()))
+    own = key in (None, "auto", "fast", *SOLVERS.get(N, ()))
     if own and N in FAST:
         r = FAST[N](cs, key)
     if r is None:
@@ -251,7 +251,8 @@ def _solve_cvxpy(cs: ConstraintSet, norm, solver=None, eps: float | None = None,
     if len(ie):
         cons.append(rows(ie, te) @ w == cs.b[ie, te])
     prob = cp.Problem(cp.Minimize(N.objective(W)), cons)
-    solver = (solver or N.solver).upper()
+    # vectors (e = 1): every norm is a vector norm (nuc / spectral: l_2), no SDP needed
+    solver = (solver or (N.solver if e > 1 else "CLARABEL")).upper()
     kw = {}
     if solver == "SCS":
         acc = eps if eps is not None else 1e-8
@@ -832,12 +833,12 @@ def _to_user_units(cs: ConstraintSet, out: Outcome, N: Norm, tol: float):
     W = _ldexp(c.W, -e)
     back = _ldexp(W, e)
     fin = np.isfinite(W).all((1, 2))
-    redo = np.nonzero(c.feasible & fin & ~np.all(back == c.W, (1, 2)))[0]
-    if len(redo):
-        c.put(redo, certify(cs.take(redo), back[redo], c.lam[redo], N, tol))
     amax_s = np.abs(np.nan_to_num(c.W)).max((1, 2))
     amax = np.abs(np.where(fin[:, None, None], W, 0.0)).max((1, 2))
     rep = ~c.feasible | (fin & ((amax_s == 0) | (amax >= MIN_REPRESENTABLE)))
+    redo = np.nonzero(c.feasible & rep & ~np.all(back == c.W, (1, 2)))[0]
+    if len(redo):
+        c.put(redo, certify(cs.take(redo), back[redo], c.lam[redo], N, tol))
     nrm = _ldexp(c.norm, -e)
     dual = _ldexp(c.lam, -2 * e)
     return W, nrm, dual, rep, e
