@@ -645,7 +645,7 @@ def _to_feasible(cs: ConstraintSet, W: np.ndarray, lam: np.ndarray):
     rhs_eq = (cs.eqmask & (cs.b != 0)).any((1, 2))
     fix = (ratio > 0) & np.isfinite(ratio) & ~rhs_eq & np.isfinite(W).all((1, 2))
     r = np.where(fix, ratio, 1.0)
-    return W / r[:, None, None], lam / (r**2)[:, None, None]
+    return W / r[:, None, None], lam / r[:, None, None]  # S(lam) in ||W|| d||W||: degree 1
 
 
 def _retry_gap(N: Norm) -> float:
@@ -733,14 +733,14 @@ def solve(cs: ConstraintSet, norm="fro", *, solver=None, tol: float = 1e-6,
     fk_bound = np.zeros(B)
     fk_lam = np.zeros((B, n, T))
 
-    def try_farkas(idx, lam_c):
-        if len(idx) == 0:
-            return
-        sub = cs.take(idx)
-        ok, bound, lv = farkas_verify(sub, farkas_polish(sub, lam_c))
-        fk_ok[idx] = ok
-        fk_bound[idx] = np.maximum(fk_bound[idx], bound)
-        fk_lam[idx] = np.where(ok[:, None, None], lv, fk_lam[idx])
+    def try_farkas(idx, lam_c, chunk=1024):
+        for s in range(0, len(idx), chunk):  # chunks bound the (chunk, K, K) Gram memory
+            ix, lc = idx[s:s + chunk], lam_c[s:s + chunk]
+            sub = cs.take(ix)
+            ok, bound, lv = farkas_verify(sub, farkas_polish(sub, lc))
+            fk_ok[ix] = ok
+            fk_bound[ix] = np.maximum(fk_bound[ix], bound)
+            fk_lam[ix] = np.where(ok[:, None, None], lv, fk_lam[ix])
 
     try_farkas(np.nonzero(~cert.feasible & has_cand)[0], cand[~cert.feasible & has_cand])
     # 5. second solver for answers that do not certify, or certify a large gap
