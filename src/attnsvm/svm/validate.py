@@ -76,22 +76,22 @@ def as_mask(mask, shape: tuple[int, ...], name: str = "mask") -> np.ndarray:
     return np.array(m, dtype=bool)
 
 
-def _int_array(a, name: str) -> np.ndarray:
+def _int_array(a, name: str, what: str = "token") -> np.ndarray:
     """Integer array (floats / bools / strings refused, never truncated)."""
     try:
         arr = np.asarray(a)
     except Exception:
-        raise ValueError(f"{name} must be an integer array of token indices") from None
+        raise ValueError(f"{name} must be an integer array of {what} indices") from None
     if arr.dtype == np.bool_:
-        raise ValueError(f"{name} must hold integer token indices; got booleans")
+        raise ValueError(f"{name} must hold integer {what} indices; got booleans")
     if arr.dtype == object and arr.size and all(isinstance(v, numbers.Integral)
                                                  and not isinstance(v, bool) for v in arr.flat):
         arr = arr.astype(np.int64)
     if not np.issubdtype(arr.dtype, np.integer):
         if arr.size == 0 and arr.dtype == np.float64:  # np.asarray([]) is float
             return arr.astype(np.int64)
-        raise ValueError(f"{name} must hold integer token indices; got dtype {arr.dtype} "
-                         "(floats are refused, not truncated: pass e.g. alpha.astype(int))")
+        raise ValueError(f"{name} must hold integer {what} indices; got dtype {arr.dtype} "
+                         f"(floats are refused, not truncated: pass e.g. {name}.astype(int))")
     return arr.astype(np.int64, copy=False)
 
 
@@ -136,7 +136,7 @@ def as_support(support, n: int, name: str = "support") -> np.ndarray:
             raise ValueError(f"{name} must be a bool mask of shape ({n},) or integer "
                              f"indices; got a bool array of shape {s.shape}")
         return s.copy()
-    idx = _int_array(support, name)
+    idx = _int_array(support, name, "sequence")
     if idx.ndim != 1:
         raise ValueError(f"{name} indices must be a 1-d list; got shape {idx.shape}")
     if idx.size and (idx.min() < 0 or idx.max() >= n):
