@@ -16,12 +16,14 @@ A single problem is a batch of one.  The steps of :func:`solve`:
    set; any norm: cvxpy with the norm's own expression and solver);
 3. every answer is rescaled to be exactly feasible and certified by
    :func:`~attnsvm.svm.solution.certify` (one batched call);
-4. answers that do not certify (violated constraints, or a gap above what the solver
-   should reach) are re-solved with a second, different solver and re-certified;
-5. problems without a feasible answer get a Farkas certificate (the solver's own
-   multipliers, polished, else an LP), which must pass
+4. problems without a feasible answer get a Farkas certificate (the solver's own
+   multipliers, polished, or an LP vertex), which must pass
    :func:`~attnsvm.svm.solution.farkas_verify` before "infeasible" is reported; its
-   support names the conflicting sequences.  Neither verified: "uncertified".
+   support names the conflicting sequences;
+5. answers that certify neither way, or certify a gap above what the solver should
+   reach, are re-solved with a second, different solver and re-certified; what is then
+   still unresolved gets an LP Farkas vertex (and so does every infeasible problem when
+   an irreducible conflict is asked for).  Neither verified: "uncertified".
 
 The status of every problem is read off the certificate, never off a solver's word.
 """
@@ -743,7 +745,24 @@ def solve(cs: ConstraintSet, norm="fro", *, solver=None, tol: float = 1e-6,
             fk_lam[ix] = np.where(ok[:, None, None], lv, fk_lam[ix])
 
     try_farkas(np.nonzero(~cert.feasible & has_cand)[0], cand[~cert.feasible & has_cand])
-    # 5. second solver for answers that do not certify, or certify a large gap
+    lp_done = np.zeros(B, bool)
+
+    def try_lp(b):
+        lp_done[b] = True
+        lam_lp = farkas_lp(cs.take(b))
+        if lam_lp is None:
+            return
+        sub = cs.take([b])
+        ok, bound, lv = farkas_verify(sub, farkas_polish(sub, lam_lp[None]))
+        if ok[0]:
+            fk_ok[b] = True
+            fk_lam[b] = lv[0]
+            fk_bound[b] = max(fk_bound[b], bound[0])
+
+    # 5. an LP vertex for problems the solver gave no answer for (it says "infeasible")
+    for b in np.nonzero(need & ~zb & ~fk_ok & ~np.isfinite(cert.W).all((1, 2)))[0]:
+        try_lp(b)
+    # 6. second solver for answers that do not certify, or certify a large gap
     gap = np.where(np.isnan(cert.gap), np.inf, cert.gap)
     retry = need & ~zb & ~fk_ok & (~cert.feasible | (gap > _retry_gap(N)))
     for b in np.nonzero(retry)[0]:
@@ -759,19 +778,11 @@ def solve(cs: ConstraintSet, norm="fro", *, solver=None, tol: float = 1e-6,
             names[b] = f"{r.solver} (fallback)"
             hints[b] = r.status
             iters[b] += r.n_iter
-    # 6. LP Farkas certificates: for what is still unresolved, and for irreducible sets
-    lp_idx = [b for b in range(B) if need[b] and not cert.feasible[b]
-              and (not fk_ok[b] or (irreducible and not zb[b]))]
-    for b in lp_idx:
-        lam_lp = farkas_lp(cs.take(b))
-        if lam_lp is None:
-            continue
-        sub = cs.take([b])
-        ok, bound, lv = farkas_verify(sub, farkas_polish(sub, lam_lp[None]))
-        if ok[0]:
-            fk_ok[b] = True
-            fk_lam[b] = lv[0]
-            fk_bound[b] = max(fk_bound[b], bound[0])
+    # 7. LP certificates for what is still unresolved, and irreducible sets where asked
+    for b in range(B):
+        if (need[b] and not cert.feasible[b] and not lp_done[b]
+                and (not fk_ok[b] or (irreducible and not zb[b]))):
+            try_lp(b)
     # a feasible answer and a verified Farkas certificate cannot both exist
     fk_ok &= ~cert.feasible
     status = np.where(
