@@ -1,12 +1,15 @@
 """Benchmark: Frobenius / nuclear ATT-SVM, naive cvxpy build vs attnsvm's solvers.
 
     python benchmarks/bench_svm.py [--quick] [--no-nuc] [--nuc-only] [--nuc-scs]
+                                   [--no-norms] [--norms-only]
 
 Random feasible (planted) instances: z_i random unit vectors, tokens Gaussian, alpha_i =
 argmax_t x_it^T W* z_i for a random W* (so W* separates, the SVM is feasible).
 (a) naive: a Python loop adding one scalar cvxpy constraint per token, default solver
     (as in the papers' notebooks); skipped above (100, 16, 32).
 (b) attnsvm.svm.att_svm (fast path).  Prints time ratio, agreement, peak memory.
+Then: batched prompt SVMs (mmts-fig9 shape), the nuclear norm, and every norm of
+attnsvm.norms (single solve vs the naive loop build; batched B problems vs one by one).
 """
 
 from __future__ import annotations
@@ -33,6 +36,8 @@ def planted(n, T, d, seed=0):
 def naive(X, z, alpha, norm="fro"):
     import cvxpy as cp
 
+    from attnsvm.norms import get_norm
+
     n, T, d = X.shape
     W = cp.Variable((d, d))
     cons = []
@@ -40,8 +45,7 @@ def naive(X, z, alpha, norm="fro"):
         for t in range(T):
             if t != alpha[i]:
                 cons.append((X[i, alpha[i]] - X[i, t]) @ W @ z[i] >= 1)
-    obj = cp.norm(W, "fro") if norm == "fro" else cp.normNuc(W)
-    prob = cp.Problem(cp.Minimize(obj), cons)
+    prob = cp.Problem(cp.Minimize(get_norm(norm).cvxpy(W)), cons)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         prob.solve()
@@ -50,12 +54,14 @@ def naive(X, z, alpha, norm="fro"):
 
 def feasible_norm(X, z, alpha, W, norm):
     """||W|| / min(1, min margin): the norm of W rescaled to be exactly feasible."""
+    from attnsvm.norms import get_norm
+
     n, T, d = X.shape
     D = X[np.arange(n), alpha][:, None, :] - X
     m = ((D @ W) * z[:, None, :]).sum(-1)
     m[np.arange(n), alpha] = np.inf
     mm = m.min()
-    nrm = np.linalg.norm(W) if norm == "fro" else np.linalg.svd(W, compute_uv=False).sum()
+    nrm = float(get_norm(norm).value(W))
     return nrm / min(1.0, mm), max(0.0, 1 - mm)
 
 
@@ -91,9 +97,14 @@ def main(argv=None):
     ap.add_argument("--nuc-only", action="store_true", help="only the nuclear-norm comparison")
     ap.add_argument("--nuc-scs", action="store_true",
                     help="also time the previous cvxpy+SCS nuclear working set")
+    ap.add_argument("--no-norms", action="store_true", help="skip the every-norm section")
+    ap.add_argument("--norms-only", action="store_true", help="only the every-norm section")
     args = ap.parse_args(argv)
     from attnsvm.svm import att_svm
 
+    if args.norms_only:
+        norms_bench(*((10, 5, 4, 8) if args.quick else (20, 8, 10, 50)))
+        return
     if args.nuc_only:
         nuclear_bench(*((20, 8, 10) if args.quick else (100, 16, 32)), args.nuc_scs)
         return
@@ -126,10 +137,49 @@ def main(argv=None):
               f"{peak:>9.1f}", flush=True)
     print(f"max RSS of the process: {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**10:.0f} MiB")
     batch_bench(1000 if args.quick else 7000)
-    if args.no_nuc:
-        return
-    n, T, d = (20, 8, 10) if args.quick else (100, 16, 32)
-    nuclear_bench(n, T, d, args.nuc_scs)
+    if not args.no_nuc:
+        n, T, d = (20, 8, 10) if args.quick else (100, 16, 32)
+        nuclear_bench(n, T, d, args.nuc_scs)
+    if not args.no_norms:
+        norms_bench(*((10, 5, 4, 8) if args.quick else (20, 8, 10, 50)))
+
+
+def norms_bench(n, T, d, B):
+    """Every norm at (n, T, d): the naive loop build (cvxpy, the norm's expression, default
+    solver) vs att_svm (certified), and B problems by att_svm_batch vs one by one."""
+    from attnsvm.svm import att_svm, att_svm_batch
+
+    naive(*planted(4, 3, 3, seed=1), "linf")  # imports and set-up not timed
+    print(f"\nevery norm at {(n, T, d)} ({n * (T - 1)} constraints); batches of B={B}")
+    print(f"  {'norm':<9} {'naive s':>8} {'attnsvm s':>10} {'ratio':>6} {'status':>19} "
+          f"{'gap':>8} {'rel.diff value':>15} {'batch ms/pb':>12} {'1-by-1 ms/pb':>13}")
+    X, z, alpha = planted(n, T, d)
+    rng = np.random.default_rng(1)
+    Xb = rng.standard_normal((B, n, T, d))
+    zb = rng.standard_normal((B, n, d))
+    Wb = rng.standard_normal((B, d, d))
+    ab = np.argmax(((Xb @ Wb[:, None]) * zb[:, :, None, :]).sum(-1), axis=-1)
+    for norm in ("fro", "nuc", "spectral", "l1", "linf", "l1.5", "l3"):
+        t0 = time.perf_counter()
+        Wn, _ = naive(X, z, alpha, norm)
+        t_naive = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        sol = att_svm(X, z, alpha, norm=norm)
+        t_fast = time.perf_counter() - t0
+        nn, _ = feasible_norm(X, z, alpha, Wn, norm)
+        t0 = time.perf_counter()
+        bs = att_svm_batch(Xb, zb, ab, norm=norm)
+        t_b = time.perf_counter() - t0
+        k = min(B, 10)
+        t0 = time.perf_counter()
+        for b in range(k):
+            att_svm(Xb[b], zb[b], ab[b], norm=norm)
+        t_1 = (time.perf_counter() - t0) / k
+        print(f"  {norm:<9} {t_naive:>8.2f} {t_fast:>10.3f} {t_naive / t_fast:>6.1f} "
+              f"{sol.status_:>19} {sol.gap_:>8.1e} {abs(nn - sol.norm_) / sol.norm_:>15.1e} "
+              f"{1e3 * t_b / B:>12.2f} {1e3 * t_1:>13.2f}   (batch: "
+              f"{int((bs.status_ == 'optimal').sum())}/{B} optimal, max gap "
+              f"{np.nanmax(bs.gap_):.1e})", flush=True)
 
 
 def nuclear_bench(n, T, d, with_scs_ws=False):

@@ -106,7 +106,7 @@ def test_nuclear_working_set_rounds_match_cvxpy():
 def test_nuclear_warm_start_is_strictly_dual_feasible(seed):
     # multipliers of a centred working set, plus new constraints entering with the warm-start
     # values, keep ||sum_k lam_k Delta_k z_k^T||_op < 1 (so the barrier can resume)
-    from attnsvm.svm.problems import _nuc_warm_start
+    from attnsvm.svm.engine import _nuc_warm_start
 
     X, z, alpha = planted(30, 6, 5, seed)
     cs = _constraints(X, z, alpha, np.ones((30, 6), bool))

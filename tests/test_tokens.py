@@ -88,3 +88,25 @@ def test_outcome_prompt_model():
     p = prompt_svm(X, None, opt).W_
     df = outcome(np.stack([30 * p / np.linalg.norm(p), 0 * p]), X, y, v)
     assert df.outcome.tolist() == ["GMM", "not saturated"]
+
+
+def test_outcome_in_the_runs_own_geometry():
+    # a run that converged in direction to the nuclear-norm SVM (as GD on (K, Q) does) is
+    # GMM when judged with norm="nuc", and not when judged against the Frobenius SVM
+    rng = np.random.default_rng(4)
+    n, T, d = 4, 5, 5
+    X = rng.standard_normal((n, T, d))
+    z = rng.standard_normal((n, d))
+    y, v = np.ones(n), rng.standard_normal(d)
+    opt = scores(X, y, v).argmax(1)
+    nuc = att_svm(X, z, opt, norm="nuc")
+    fro = att_svm(X, z, opt)
+    Wb = np.stack([40 * nuc.W_ / np.linalg.norm(nuc.W_), 40 * fro.W_ / np.linalg.norm(fro.W_)])
+    c_nf = (nuc.W_ * fro.W_).sum() / np.linalg.norm(nuc.W_) / np.linalg.norm(fro.W_)
+    assert c_nf < 0.99  # the two geometries are distinguishable on this instance
+    dn = outcome(Wb, X, y, v, z, norm="nuc")
+    df = outcome(Wb, X, y, v, z)
+    assert dn.outcome[0] == "GMM" and np.isclose(dn.corr_gmm[0], 1.0, atol=1e-8)
+    assert np.isclose(dn.corr_gmm[1], c_nf, atol=1e-8) and dn.outcome[1] != "GMM"
+    assert df.outcome[1] == "GMM" and np.isclose(df.corr_gmm[0], c_nf, atol=1e-8)
+    assert (dn.gmm_status == "optimal").all()

@@ -95,59 +95,80 @@ def _corr(A, B):
 
 
 def outcome(W, X, y, v, z=None, *, probs=None, W_key=None, mask=None, saturation=0.99,
-            threshold=0.99):
+            threshold=0.99, norm="fro"):
     """Per-trial verdict of a run (THEORY §7), batched over trials.
 
     Parameters: final W (B, d, e) with queries z ((n, e) or (B, n, e)), or, with z=None,
     the prompt p (B, d') with keys W_key^T x (W_key default I); data X (n, T, d) or
     (B, n, T, d), y (n,) / (B, n), v (d,) / (B, d); probs (B, n, T) final attention
-    (computed by softmax when None).
+    (computed by softmax when None).  ``norm``: the geometry the run is judged in (any
+    norm of :func:`attnsvm.norms.get_norm`): "fro" for GD / NGD on W, "nuc" for GD on
+    (K, Q) (W = K Q^T), "l1" for diagonal (k, q), "linf" for sign descent, ...
 
     alpha = argmax_t s_it (reached tokens), opt = argmax_t gamma_it.
       "not saturated" if mean_i s_{i,alpha_i} < saturation;
       "GMM" if corr(W, W_mm(opt)) > threshold;
       "LMM" if alpha is locally optimal and corr(W, W_mm(alpha)) > threshold;
       "other" otherwise.
-    Returns a pandas DataFrame, one row per trial: trial, outcome, corr_gmm, corr_lmm,
-    alpha_is_opt, locally_optimal, min_score_gap, p_sel_mean, gmm_feasible, lmm_feasible.
-    W_mm are solved with the batched Frobenius path (att_svm_batch / prompt_svm_batch).
+    W_mm are the max-margin solutions in ``norm``, solved and certified by the batched
+    engine (att_svm_batch / prompt_svm_batch); SVM-neighbours are their active
+    constraints.  Returns a pandas DataFrame, one row per trial: trial, outcome, corr_gmm,
+    corr_lmm, alpha_is_opt, locally_optimal, min_score_gap, p_sel_mean, gmm_feasible,
+    lmm_feasible, gmm_status, lmm_status.
     """
     import pandas as pd
 
     from .svm.batch import att_svm_batch, prompt_svm_batch
+    from .svm.validate import as_array, as_mask, as_norm
 
-    W = np.asarray(W, float)
+    N = as_norm(norm)
+    W = as_array(W, "W", (2, 3), "(B, d, e) or prompt p (B, d)")
     prompt = z is None
     B = W.shape[0]
-    X = np.asarray(X, float)
+    X = as_array(X, "X", (3, 4), "(n, T, d) or (B, n, T, d)")
     if X.ndim == 3:
         X = np.broadcast_to(X, (B, *X.shape))
-    if X.ndim != 4 or X.shape[0] != B:
+    if X.shape[0] != B:
         raise ValueError(f"X must have shape (n, T, d) or ({B}, n, T, d); got {X.shape}")
     _, n, T, d = X.shape
-    y = np.broadcast_to(np.asarray(y, float), (B, n))
-    v = np.broadcast_to(np.asarray(v, float), (B, d))
+    y = as_array(y, "y", (1, 2), "(n,) or (B, n)")
+    v = as_array(v, "v", (1, 2), "(d,) or (B, d)")
+    try:
+        y = np.broadcast_to(y, (B, n))
+        v = np.broadcast_to(v, (B, d))
+    except ValueError:
+        raise ValueError(f"y must have shape ({n},) or ({B}, {n}) and v ({d},) or ({B}, {d}); "
+                         f"got {y.shape} and {v.shape}") from None
+    if mask is not None:
+        mask = as_mask(mask, (B, n, T))
     if prompt and W.ndim != 2:
-        raise ValueError(f"prompt model: p must have shape (B, d); got {W.shape}")
+        raise ValueError(f"prompt model: p must have shape (B, d'); got {W.shape}")
     if not prompt:
-        z = np.broadcast_to(np.asarray(z, float), (B, n, W.shape[-1]))
+        if W.ndim != 3 or W.shape[1] != d:
+            raise ValueError(f"W must have shape ({B}, {d}, e); got {W.shape}")
+        z = as_array(z, "z", (2, 3), "(n, e) or (B, n, e)")
+        try:
+            z = np.broadcast_to(z, (B, n, W.shape[-1]))
+        except ValueError:
+            raise ValueError(f"z must have shape ({n}, {W.shape[-1]}) or ({B}, {n}, "
+                             f"{W.shape[-1]}); got {z.shape}") from None
     if probs is None:
         probs = attention_probs(X, W, z, W_key=W_key, mask=mask)
-    probs = np.asarray(probs, float)
+    probs = as_array(probs, "probs", (3,), "(B, n, T)")
     if probs.shape != (B, n, T):
         raise ValueError(f"probs must have shape ({B}, {n}, {T}); got {probs.shape}")
     gamma = (X @ v[:, None, :, None])[..., 0] * y[..., None]
     if mask is not None:
-        gamma = np.where(np.asarray(mask, bool), gamma, -np.inf)
+        gamma = np.where(mask, gamma, -np.inf)
     opt = opt_tokens(gamma)
     alpha = selected_tokens(probs)
     p_sel = _take(probs, alpha).mean(-1)
     if prompt:
-        gmm = prompt_svm_batch(X, W_key, opt, mask=mask)
-        lmm = prompt_svm_batch(X, W_key, alpha, mask=mask)
+        gmm = prompt_svm_batch(X, W_key, opt, mask=mask, norm=N)
+        lmm = prompt_svm_batch(X, W_key, alpha, mask=mask, norm=N)
     else:
-        gmm = att_svm_batch(X, z, opt, mask=mask)
-        lmm = att_svm_batch(X, z, alpha, mask=mask)
+        gmm = att_svm_batch(X, z, opt, mask=mask, norm=N)
+        lmm = att_svm_batch(X, z, alpha, mask=mask, norm=N)
     corr_gmm = np.where(gmm.feasible_, _corr(W, np.nan_to_num(gmm.W_)), np.nan)
     corr_lmm = np.where(lmm.feasible_, _corr(W, np.nan_to_num(lmm.W_)), np.nan)
     alpha_is_opt = (_take(gamma, alpha) == _take(gamma, opt)).all(-1)
@@ -161,4 +182,5 @@ def outcome(W, X, y, v, z=None, *, probs=None, W_key=None, mask=None, saturation
         "trial": np.arange(B), "outcome": out, "corr_gmm": corr_gmm, "corr_lmm": corr_lmm,
         "alpha_is_opt": alpha_is_opt, "locally_optimal": loc, "min_score_gap": gap,
         "p_sel_mean": p_sel, "gmm_feasible": gmm.feasible_, "lmm_feasible": lmm.feasible_,
+        "gmm_status": gmm.status_.astype(str), "lmm_status": lmm.status_.astype(str),
     })

@@ -2,17 +2,23 @@
 
 Public API::
 
-    att_svm(X, z, alpha=None, *, y=None, v=None, norm="fro"|"nuc"|"l1"|p, rank=None, mask=None)
+    att_svm(X, z, alpha=None, *, y=None, v=None, norm="fro", rank=None, mask=None)
+        norm: "fro" | "nuc" | "spectral" | "l1" | "linf" | p | "l<p>" (attnsvm.norms)
     prompt_svm(X, W=None, alpha=None, ...)          # solution is the vector p
-    seq2seq_svm(X, alpha, causal=False, mask=None)
+    seq2seq_svm(X, alpha, causal=False, mask=None, norm="fro")
     head_svm(R, y, p=2);  relaxed_svm(X, alpha, y, ...)
     multitoken_svm(X, z, s, threshold=1e-3, W_trained=None)
-    att_svm_batch(X, z, alpha) / prompt_svm_batch(X, W, alpha) -> BatchSolution
+    att_svm_batch(X, z, alpha, norm=...) / prompt_svm_batch(X, W, alpha, norm=...) -> BatchSolution
     Solution / BatchSolution: W_, norm_, margin_, violation_, kkt_residual_, gap_, dual_,
         support_, margins_, status_, solver_, feasible_, conflict_, alpha_
+
+One engine (:mod:`attnsvm.svm.engine`) solves every problem, single (B = 1) or batched,
+and one certificate (:func:`attnsvm.svm.solution.certify`), computed from the returned W on
+all constraints, sets ``feasible_`` and ``status_``; "infeasible" needs a verified Farkas
+certificate.  Inputs are validated in one place (:mod:`attnsvm.svm.validate`).
 """
 
-from .batch import BatchSolution, att_svm_batch, prompt_svm_batch
+from .batch import att_svm_batch, prompt_svm_batch
 from .multitoken import MultiTokenSolution, multitoken_svm, selected_sets
 from .problems import (
     att_svm,
@@ -24,7 +30,14 @@ from .problems import (
     scores,
     seq2seq_svm,
 )
-from .solution import ConstraintSet, Solution, dual_norm, primal_norm
+from .solution import (
+    BatchSolution,
+    ConstraintSet,
+    NotRepresentableError,
+    Solution,
+    dual_norm,
+    primal_norm,
+)
 
 __all__ = [
     "att_svm",
@@ -43,6 +56,7 @@ __all__ = [
     "BatchSolution",
     "MultiTokenSolution",
     "ConstraintSet",
+    "NotRepresentableError",
     "primal_norm",
     "dual_norm",
 ]

@@ -122,17 +122,23 @@ def primal_ipm(cs: ConstraintSet, tol: float = 1e-9, max_iter: int = 80):
 def polish_fro(cs: ConstraintSet, W: np.ndarray, lam: np.ndarray, rounds: int = 8):
     """Exact active-set polish: on a support S solve min ||W|| s.t. <A_k, W> = b_k (k in S).
 
-    S starts from the multipliers / near-active constraints of the given solution;
-    constraints with negative multipliers are dropped and violated ones added (a few
-    primal-dual active-set rounds).  Accepted only if the multipliers are >= 0 and every
-    constraint holds to 1e-10 (relative); returns (W, lam, accepted).
+    S starts from the equalities (always in S) and the multipliers / near-active
+    inequalities of the given solution; inequalities with negative multipliers are
+    dropped and violated ones added (a few primal-dual active-set rounds).  Accepted only
+    if the inequality multipliers are >= 0 and every constraint holds to 1e-10
+    (relative); returns (W, lam, accepted).  Unbatched ``cs``.
     """
-    valid = cs.valid
+    valid, ineq, eqm = cs.valid, cs.ineq, cs.eqmask
     if not valid.any():
         return W, lam, False
     m = cs.margins(W)
+    pos = ineq & (cs.b > 0)
+    if pos.any() and not (eqm & (cs.b != 0)).any():  # margins of W scaled to feasibility
+        ratio = float((m[pos] / cs.b[pos]).min())
+        if ratio > 0:
+            m = m / ratio
     lmax = float(np.abs(lam[valid]).max()) if valid.any() else 0.0
-    S = valid & ((lam > 1e-6 * lmax) | (m <= cs.b + 1e-9 * np.maximum(1.0, np.abs(cs.b))))
+    S = eqm | (ineq & ((lam > 1e-6 * lmax) | (m <= cs.b + 1e-9 * np.maximum(1.0, np.abs(cs.b)))))
     scale = max(1.0, float(np.abs(cs.b).max()))
     for _ in range(rounds):
         ii, tt = np.nonzero(S)
@@ -140,19 +146,26 @@ def polish_fro(cs: ConstraintSet, W: np.ndarray, lam: np.ndarray, rounds: int = 
             return W, lam, False
         M = np.einsum("kd,ke->kde", cs.Delta[ii, tt], cs.Z[ii]).reshape(len(ii), -1)
         bS = cs.b[ii, tt]
-        w, *_ = np.linalg.lstsq(M, bS, rcond=None)
-        l_S, *_ = np.linalg.lstsq(M.T, w, rcond=None)
+        # rows scaled to unit norm (same equations): lstsq is then accurate row by row even
+        # when constraints differ in size by 1e9 (near-duplicate tokens)
+        rn = np.linalg.norm(M, axis=1)
+        rn = np.where(rn > 0, rn, 1.0)
+        w, *_ = np.linalg.lstsq(M / rn[:, None], bS / rn, rcond=None)
+        l_R, *_ = np.linalg.lstsq((M / rn[:, None]).T, w, rcond=None)  # scaled multipliers
+        l_S = l_R / rn
         if not np.all(np.isfinite(w)):
             return W, lam, False
         Wp = w.reshape(W.shape)
         mp = cs.margins(Wp)
-        neg = l_S < -1e-10 * max(1.0, np.abs(l_S).max())
-        viol = valid & ~S & (mp < cs.b - 1e-10 * scale)
+        # rounding in m_k = <A_k, W> is ~ eps ||A_k|| ||W||: allowed 500 eps of it
+        slack = 1e-13 * cs.row_norms() * np.linalg.norm(w)
+        neg = ineq[ii, tt] & (l_R < -1e-10 * max(1e-300, np.abs(l_R).max()))
+        viol = ineq & ~S & (mp < cs.b - 1e-10 * scale - slack)
         if not neg.any() and not viol.any():
-            if np.linalg.norm(M @ w - bS) > 1e-8 * scale * np.sqrt(len(bS)):
+            if np.any(np.abs(M @ w - bS) > 1e-9 * scale + slack[ii, tt]):
                 return W, lam, False
             lp = np.zeros_like(lam)
-            lp[ii, tt] = np.maximum(l_S, 0.0)
+            lp[ii, tt] = np.where(ineq[ii, tt], np.maximum(l_S, 0.0), l_S)
             return Wp, lp, True
         S[ii[neg], tt[neg]] = False
         S |= viol

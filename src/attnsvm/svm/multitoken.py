@@ -2,15 +2,21 @@
 
 Selected set of sequence i: O_i = {t : s_it >= threshold} (final softmax probabilities).
 
-    W_dir = argmin ||W||_F  s.t. (x_it - x_itau)^T W z_i = 0   for t, tau in O_i,
-                                 (x_it - x_itau)^T W z_i >= 1  for t in O_i, tau not in O_i;
-    W_fin = argmin ||W||_F  s.t. (x_itau - x_it)^T W z_i = log(s_itau / s_it)  for t, tau in O_i;
+    W_dir = argmin ||W||  s.t. (x_it - x_itau)^T W z_i = 0   for t, tau in O_i,
+                               (x_it - x_itau)^T W z_i >= 1  for t in O_i, tau not in O_i;
+    W_fin = argmin ||W||  s.t. (x_itau - x_it)^T W z_i = log(s_itau / s_it)  for t, tau in O_i;
     W_eq  = W_fin + R W_dir,  R = argmin_R ||W_fin + R W_dir - W_trained||_F
-          = <W_trained - W_fin, W_dir> / ||W_dir||^2;
+          = <W_trained - W_fin, W_dir> / ||W_dir||_F^2;
     predictivity = corr(W_trained, W_eq).
 
-Equalities over all pairs in O_i are expressed against one reference token o_i in O_i
-(equivalent, and non-redundant).
+Both problems go through the shared engine (:func:`attnsvm.svm.engine.solve`) as
+constraint sets with equality constraints, and come back as certified
+:class:`~attnsvm.svm.solution.Solution` objects (``dir_``, ``fin_``).  Layout: one row
+(pseudo-sequence) per pair (i, t in O_i) with selected token t and inequalities over
+tau not in O_i; the row of the reference token o_i (the most attended one) also carries
+the equalities against every other t in O_i (equalities over all pairs follow from these
+and are not repeated).  Frobenius norm by default (the papers'); any norm of
+:func:`attnsvm.norms.get_norm` may be given.
 """
 
 from __future__ import annotations
@@ -20,6 +26,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..metrics import correlation
+from . import engine
+from .solution import Solution
+from .validate import as_array, as_mask, as_norm
 
 __all__ = ["MultiTokenSolution", "multitoken_svm", "selected_sets"]
 
@@ -38,7 +47,8 @@ def _corr(A, B) -> float:
 class MultiTokenSolution:
     """W_dir_, W_fin_, W_eq_ (d, e); R_ (float); sets_ (n, T) bool; predictivity_ =
     corr(W_trained, W_eq) (nan without W_trained), corr_dir_ = corr(W_trained, W_dir);
-    feasible_ (W_dir problem), status_, solver_."""
+    feasible_, status_, solver_, violation_, gap_ of the W_dir problem; ``dir_`` and
+    ``fin_`` the certified :class:`Solution` of each problem."""
 
     W_dir_: np.ndarray | None
     W_fin_: np.ndarray
@@ -52,80 +62,88 @@ class MultiTokenSolution:
     status_: str
     solver_: str
     violation_: float = float("nan")
+    gap_: float = float("nan")
+    dir_: Solution | None = None
+    fin_: Solution | None = None
     extra: dict = field(default_factory=dict)
 
     def __repr__(self) -> str:
         return (f"MultiTokenSolution(feasible={self.feasible_}, |O|={int(self.sets_.sum())}, "
                 f"R={self.R_:.4g}, predictivity={self.predictivity_:.4f}, "
-                f"corr_dir={self.corr_dir_:.4f}, status={self.status_!r})")
+                f"corr_dir={self.corr_dir_:.4f}, status={self.status_!r}, gap={self.gap_:.1e})")
 
     summary = __repr__
 
 
-def multitoken_svm(X, z, s, threshold: float = 1e-3, W_trained=None, mask=None,
-                   solver: str = "CLARABEL") -> MultiTokenSolution:
+def _rows(X, O, valid, s):
+    """The row layout: (row_seq, sel, ineq_valid, eq_cells, b_fin) for rows (i, t in O_i)."""
+    n, T, _ = X.shape
+    ref = np.argmax(np.where(O, s, -np.inf), axis=1)  # reference token o_i (most attended)
+    ri, rt = np.nonzero(O)
+    ineq = (valid & ~O)[ri]  # tau not in O_i
+    is_ref = rt == ref[ri]
+    eqc = O[ri] & is_ref[:, None] & (np.arange(T)[None, :] != rt[:, None])
+    with np.errstate(divide="ignore"):
+        b_fin = np.where(eqc, np.log(s[ri, rt][:, None]) - np.log(np.where(eqc, s[ri], 1.0)), 0.0)
+    return ri, rt, ineq, eqc, b_fin
+
+
+def multitoken_svm(X, z, s, threshold: float = 1e-3, W_trained=None, mask=None, *,
+                   norm="fro", solver=None, tol: float = 1e-6) -> MultiTokenSolution:
     """Solve W_dir, W_fin and W_eq (see module docstring).
 
-    X (n, T, d), z (n, e), s (n, T) final attention probabilities, mask (n, T) bool,
-    W_trained (d, e) optional.  W_fin is the exact least-norm solution of its
-    equalities (lstsq); W_dir a QP (cvxpy, one equality and one inequality block).
+    X (n, T, d), z (n, e), s (n, T) final attention probabilities (> 0 on the selected
+    sets), mask (n, T) bool, W_trained (d, e) optional.  Both problems are certified by
+    the engine; ``feasible_`` / ``status_`` are those of W_dir.
     """
-    import cvxpy as cp
-
-    from .problems import _arr, _mask
-
-    X = _arr(X, "X", (3,), "(n, T, d)")
+    X = as_array(X, "X", (3,), "(n, T, d)")
     n, T, d = X.shape
-    z = _arr(z, "z", (2,), "(n, e)")
+    z = as_array(z, "z", (2,), "(n, e)")
     if z.shape[0] != n:
         raise ValueError(f"z must have shape ({n}, e); got {z.shape}")
-    s = _arr(s, "s", (2,), "(n, T)")
+    s = as_array(s, "s", (2,), "(n, T)")
     if s.shape != (n, T):
         raise ValueError(f"s must have shape ({n}, {T}); got {s.shape}")
-    valid = _mask(mask, (n, T))
+    threshold = float(threshold)
+    if not (np.isfinite(threshold) and threshold > 0):
+        raise ValueError(f"threshold must be a finite number > 0; got {threshold}")
+    valid = as_mask(mask, (n, T))
     O = selected_sets(s, threshold) & valid
     if not O.any(1).all():
-        raise ValueError("every sequence needs a selected token (s >= threshold)")
-    e = z.shape[1]
-    ref = np.argmax(np.where(O, s, -np.inf), axis=1)  # reference token o_i (most attended)
-    # equality rows: t in O_i \ {o_i}: (x_it - x_io)^T W z_i  (= 0 for W_dir, = log(s_it/s_io) for W_fin)
-    ei, et = np.nonzero(O & (np.arange(T)[None, :] != ref[:, None]))
-    Deq = X[ei, et] - X[ei, ref[ei]]
-    Meq = np.einsum("kd,ke->kde", Deq, z[ei]).reshape(len(ei), d * e)
-    beq = np.log(s[ei, et] / s[ei, ref[ei]])
-    # inequality rows: t in O_i, tau not in O_i (valid): (x_it - x_itau)^T W z_i >= 1
-    ii, tt, uu = np.nonzero(O[:, :, None] & (valid & ~O)[:, None, :])
-    Min = np.einsum("kd,ke->kde", X[ii, tt] - X[ii, uu], z[ii]).reshape(len(ii), d * e)
-    if len(ei):
-        w_fin, *_ = np.linalg.lstsq(Meq, beq, rcond=None)
-    else:
-        w_fin = np.zeros(d * e)
-    W_fin = w_fin.reshape(d, e)
-    W = cp.Variable(d * e)
-    cons = []
-    if len(ii):
-        cons.append(Min @ W >= 1)
-    if len(ei):
-        cons.append(Meq @ W == 0)
-    prob = cp.Problem(cp.Minimize(0.5 * cp.sum_squares(W)), cons)
-    try:
-        prob.solve(solver=solver)
-        status = str(prob.status)
-    except cp.error.SolverError as exc:  # pragma: no cover
-        status = f"solver_error: {exc}"
-    feasible = status in ("optimal", "optimal_inaccurate") and W.value is not None
-    W_dir = np.asarray(W.value).reshape(d, e) if feasible else None
-    viol = float("nan")
-    if feasible:
-        viol = float(max(np.maximum(1 - Min @ W.value, 0).max() if len(ii) else 0.0,
-                         np.abs(Meq @ W.value).max() if len(ei) else 0.0))
+        bad = np.nonzero(~O.any(1))[0][:10].tolist()
+        raise ValueError(f"every sequence needs a selected token (s >= threshold); none in "
+                         f"sequences {bad}")
+    Wt = None
+    if W_trained is not None:
+        Wt = as_array(W_trained, "W_trained", (2,), "(d, e)")
+        if Wt.shape != (d, z.shape[1]):
+            raise ValueError(f"W_trained must have shape ({d}, {z.shape[1]}); got {Wt.shape}")
+    N = as_norm(norm)
+    ri, rt, ineq, eqc, b_fin = _rows(X, O, valid, s)
+    Xr, Zr = X[ri][None], z[ri][None]
+    # W_dir: inequalities (b = 1) and equalities (b = 0)
+    cs_dir = engine.build_constraints(Xr, Zr, rt[None], (ineq | eqc)[None],
+                                      np.where(eqc, 0.0, 1.0)[None], eqc[None])
+    # W_fin: the equalities with b = log(s_o / s_t) alone
+    cs_fin = engine.build_constraints(Xr, Zr, rt[None], eqc[None], b_fin[None], eqc[None])
+
+    def run(cs, problem):
+        out = engine.solve(cs, N, solver=solver, tol=tol)
+        sol = engine.to_solution(cs, out, alpha=rt, problem=problem, vector=False, norm=N,
+                                 tol=tol)
+        sol.conflict_ = tuple(sorted({int(ri[c]) for c in sol.conflict_}))
+        return sol
+
+    sd = run(cs_dir, "multitoken_dir")
+    sf = run(cs_fin, "multitoken_fin")
+    W_fin = sf.W_ if sf.feasible_ else np.full((d, z.shape[1]), np.nan)
+    W_dir = sd.W_ if sd.feasible_ else None
     R = float("nan")
     W_eq = None
     pred = corr_dir = float("nan")
-    corr_fin = _corr(np.asarray(W_trained, float), W_fin) if W_trained is not None else float("nan")
-    if feasible:
-        if W_trained is not None:
-            Wt = _arr(W_trained, "W_trained", (2,), "(d, e)")
+    corr_fin = _corr(Wt, W_fin) if Wt is not None and sf.feasible_ else float("nan")
+    if W_dir is not None and sf.feasible_:
+        if Wt is not None:
             nd = float((W_dir**2).sum())
             R = float(((Wt - W_fin) * W_dir).sum() / nd) if nd > 0 else 0.0
             W_eq = W_fin + R * W_dir
@@ -135,5 +153,5 @@ def multitoken_svm(X, z, s, threshold: float = 1e-3, W_trained=None, mask=None,
             W_eq = W_fin.copy()
     return MultiTokenSolution(W_dir_=W_dir, W_fin_=W_fin, W_eq_=W_eq, R_=R, sets_=O,
                               predictivity_=pred, corr_dir_=corr_dir, corr_fin_=corr_fin,
-                              feasible_=feasible, status_=status, solver_=solver,
-                              violation_=viol)
+                              feasible_=sd.feasible_, status_=sd.status_, solver_=sd.solver_,
+                              violation_=sd.violation_, gap_=sd.gap_, dir_=sd, fin_=sf)

@@ -1,19 +1,43 @@
-"""Solution objects, constraint sets and certificates of the max-margin problems.
+"""Constraint sets, solution objects and THE certificate of the max-margin problems.
 
 Every problem of THEORY §5 with margin constraints is, after flattening, a set of
 linear constraints on a matrix ``W`` (d, e):
 
-    m_k(W) = Delta_k^T W z_k >= b_k,      k = (i, t) with valid[i, t]
+    m_k(W) = Delta_k^T W z_k >= b_k   (inequalities)   or   = b_k   (equalities, ``eq``)
 
-with ``Delta`` (n, T, d) the token differences x_{i,alpha_i} - x_{it}, ``Z`` (n, e) the
-query of sequence i and ``b`` (n, T) the right-hand side (1, or 0 for the relaxed
-problem).  The constraint matrix of k is A_k = Delta_k z_k^T, so
-<A_k, A_l> = (Delta_k . Delta_l)(z_k . z_l).  The prompt problem is the case e = 1,
-z = 1 (W is then the vector p as a (d, 1) matrix).
+for k = (i, t) with valid[i, t]; ``Delta`` (n, T, d) holds the token differences
+x_{i,alpha_i} - x_{it}, ``Z`` (n, e) the query of sequence i, ``b`` (n, T) the right-hand
+side (1; 0 in the relaxed problem; any value for an equality).  The constraint matrix of
+k is A_k = Delta_k z_k^T.  The prompt problem is the case e = 1, z = 1.
 
-Multipliers ``dual_`` always refer to the squared problem min 1/2 ||W||^2 (whatever
-the norm), so that 1^T lambda = ||W_mm||^2 at the optimum and, for the Frobenius
-norm, W_mm = sum_k lambda_k A_k.
+Every array may carry leading batch dims (B problems of the same shape): one code path
+serves a single problem (B = 1) and a batch.
+
+Scale.  A constraint set is stored *normalised*: Delta and Z are divided by powers of two
+so their largest entries lie in [1/2, 1); ``exp`` records the exponent, A_k(original) =
+2^exp A_k(stored).  Power-of-two scaling is exact in floating point, so the solution of
+the original problem is W = 2^-exp W_stored bit for bit, and every solver and the
+certificate work at unit scale (no under/overflow for tokens at 1e-200 or 1e+200).
+
+The certificate (:func:`certify`), computed from the returned W alone against ALL
+constraints, vectorised over the batch:
+
+    margin      min_k m_k / b_k over inequalities with b_k > 0
+    violation   max( max_ineq (b_k - m_k)^+, max_eq |m_k - b_k| ) / max(1, |b_k|)
+    gap         (||W|| / min(1, margin) - lb) / lb,  lb = sum_k lam_k b_k / ||sum_k lam_k A_k||_*
+                (weak duality: lb <= ||W'|| for every feasible W', for any lam >= 0 on the
+                inequalities, so gap bounds the relative suboptimality of W)
+    kkt         stationarity of min 1/2||W||^2 (||W - S||/||W|| for the self-dual Frobenius
+                norm; max(| ||S||_*/||W|| - 1 |, | <S, W>/||W||^2 - 1 |) otherwise) and
+                complementarity max_k |lam_k (m_k - b_k)| / ||W||^2
+
+``feasible_`` and ``status_`` are derived from these numbers only (never from a solver's
+word): feasible iff violation <= FEAS_TOL; "optimal" iff feasible and gap <= GAP_OPTIMAL.
+An infeasible verdict needs a verified Farkas certificate (:func:`farkas_verify`).
+
+Multipliers ``dual_`` always refer to the squared problem min 1/2 ||W||^2 (whatever the
+norm), so that sum_k lam_k b_k = ||W_mm||^2 at the optimum and, for the Frobenius norm,
+W_mm = sum_k lambda_k A_k.
 """
 
 from __future__ import annotations
@@ -22,7 +46,41 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-__all__ = ["ConstraintSet", "Solution", "dual_norm", "primal_norm"]
+__all__ = [
+    "ConstraintSet",
+    "Solution",
+    "BatchSolution",
+    "Certificate",
+    "NotRepresentableError",
+    "certify",
+    "farkas_verify",
+    "primal_norm",
+    "dual_norm",
+    "FEAS_TOL",
+    "GAP_OPTIMAL",
+    "GAP_INACCURATE",
+    "FARKAS_BOUND",
+]
+
+FEAS_TOL = 1e-9  # violation_ (relative to the unit margin) of a feasible answer
+GAP_OPTIMAL = 1e-6  # certified relative duality gap of an "optimal" answer
+GAP_INACCURATE = 1e-3  # ... of an "optimal_inaccurate" one (larger: "suboptimal")
+# Farkas: lam >= 0 with sum lam_k b_k = 1 and ||sum lam_k A_k||_F <= 1 / FARKAS_BOUND (data
+# normalised to max |entry| in [1/2, 1)) proves that every W meeting all constraints has
+# ||W||_F >= FARKAS_BOUND in those units: infeasible to working precision
+FARKAS_BOUND = 1e9
+
+
+class NotRepresentableError(OverflowError, ValueError):
+    """The max-margin solution exists but over- or underflows float64 at the input's scale.
+
+    ``solution`` holds the certified solution of the normalised problem (W_ in units of
+    2^-scale_exp) and ``scale_exp`` the exponent: W = 2^-scale_exp * solution.W_."""
+
+    def __init__(self, msg, solution=None, scale_exp=None):
+        super().__init__(msg)
+        self.solution = solution
+        self.scale_exp = scale_exp
 
 
 def single_thread(fn):
@@ -44,78 +102,79 @@ def single_thread(fn):
 
 
 # ----------------------------------------------------------------------------- norms
-def _norm_name(norm) -> str | float:
-    if isinstance(norm, str):
-        key = norm.lower()
-        if key in ("fro", "frobenius", "l2", "2"):
-            return "fro"
-        if key in ("nuc", "nuclear", "trace"):
-            return "nuc"
-        if key in ("l1", "1"):
-            return "l1"
-        try:
-            return _norm_name(float(key))
-        except ValueError:
-            raise ValueError(f"norm must be 'fro', 'nuc', 'l1' or a float p > 1; got {norm!r}") from None
-    p = float(norm)
-    if not np.isfinite(p) or p < 1:
-        raise ValueError(f"norm must be 'fro', 'nuc', 'l1' or a float p > 1; got {norm!r}")
-    if p == 1:
-        return "l1"
-    if p == 2:
-        return "fro"
-    return p
-
-
 def primal_norm(W: np.ndarray, norm) -> float:
-    """||W|| for norm in {"fro", "nuc", "l1", p}; vectors use the l2 / l_p norm."""
-    norm = _norm_name(norm)
+    """||W|| in ``norm`` (any spec of :func:`attnsvm.norms.get_norm`); vectors: the
+    vector norm (l_2 for nuc / spectral)."""
+    from ..norms import get_norm
+
     W = np.asarray(W, dtype=float)
-    if norm == "fro":
-        return float(np.linalg.norm(W))
-    if norm == "nuc":
-        return float(np.linalg.svd(W, compute_uv=False).sum()) if W.ndim == 2 else float(np.linalg.norm(W))
-    if norm == "l1":
-        return float(np.abs(W).sum())
-    return float((np.abs(W) ** norm).sum() ** (1.0 / norm))
+    return float(get_norm(norm).value(W, vector=W.ndim == 1))
 
 
 def dual_norm(W: np.ndarray, norm) -> float:
-    """The dual norm ||W||_*: fro -> fro, nuc -> spectral, l1 -> max abs, l_p -> l_q."""
-    norm = _norm_name(norm)
+    """The dual norm ||W||_* (fro -> fro, nuc <-> spectral, l1 <-> linf, l_p -> l_q)."""
+    from ..norms import get_norm
+
     W = np.asarray(W, dtype=float)
-    if norm == "fro":
-        return float(np.linalg.norm(W))
-    if norm == "nuc":
-        return float(np.linalg.norm(W, 2)) if W.ndim == 2 else float(np.linalg.norm(W))
-    if norm == "l1":
-        return float(np.abs(W).max()) if W.size else 0.0
-    q = norm / (norm - 1.0)
-    return float((np.abs(W) ** q).sum() ** (1.0 / q))
+    return float(get_norm(norm).dual.value(W, vector=W.ndim == 1))
+
+
+def _norm_name(norm) -> str:
+    """Canonical name of a norm spec, ``get_norm(norm).name`` (ValueError if unknown); kept
+    for callers of the former helper (``attnsvm solve`` compares names)."""
+    from ..norms import get_norm
+
+    return get_norm(norm).name
+
+
+def _exp2(m: np.ndarray) -> np.ndarray:
+    """Integer e with m = f 2^e, f in [1/2, 1) (0 where m == 0 or not finite)."""
+    m = np.asarray(m, dtype=float)
+    ok = np.isfinite(m) & (m > 0)
+    return np.where(ok, np.frexp(np.where(ok, m, 1.0))[1], 0).astype(np.int64)
+
+
+def _ldexp(a: np.ndarray, e) -> np.ndarray:
+    """a * 2^e with e broadcast over a's leading dims (exact unless it over/underflows)."""
+    a = np.asarray(a, dtype=float)
+    e = np.asarray(e, dtype=np.int64)
+    e = e.reshape(e.shape + (1,) * (a.ndim - e.ndim))
+    with np.errstate(over="ignore", under="ignore"):
+        return np.ldexp(a, e)
 
 
 # ----------------------------------------------------------------------- constraints
 @dataclass
 class ConstraintSet:
-    """Constraints Delta_k^T W z_k >= b_k in padded (n, T) layout.
+    """Constraints Delta_k^T W z_k >= b_k (== b_k where ``eq``) in padded (..., n, T) layout.
 
-    Delta (n, T, d), Z (n, e), valid (n, T) bool, b (n, T).  Invalid entries (the
-    selected token itself, masked tokens, causal future) carry Delta = 0 and are
-    ignored everywhere.
+    Delta (..., n, T, d), Z (..., n, e), valid (..., n, T) bool, b (..., n, T),
+    eq (..., n, T) bool or None (no equality), exp (...) int: A(original) = 2^exp A(here).
+    Invalid entries (the selected token itself, masked tokens, causal future) carry
+    Delta = 0 and are ignored everywhere.  Leading dims are batch dims.
     """
 
     Delta: np.ndarray
     Z: np.ndarray
     valid: np.ndarray
     b: np.ndarray
+    eq: np.ndarray | None = None
+    exp: np.ndarray | int = 0
 
+    # ------------------------------------------------------------- shape
     @property
     def shape(self) -> tuple[int, int]:
         return (self.Delta.shape[-3], self.Delta.shape[-2])
 
     @property
-    def n_constraints(self) -> int:
-        return int(self.valid.sum())
+    def batch_shape(self) -> tuple[int, ...]:
+        return self.Delta.shape[:-3]
+
+    @property
+    def n_constraints(self):
+        """Number of valid constraints (an int, or an array over the batch)."""
+        c = self.valid.sum((-2, -1))
+        return int(c) if np.ndim(c) == 0 else c
 
     @property
     def d(self) -> int:
@@ -125,27 +184,201 @@ class ConstraintSet:
     def e(self) -> int:
         return self.Z.shape[-1]
 
+    @property
+    def eqmask(self) -> np.ndarray:
+        """valid equality constraints (..., n, T)."""
+        if self.eq is None:
+            return np.zeros(self.valid.shape, bool)
+        return self.valid & self.eq
+
+    @property
+    def ineq(self) -> np.ndarray:
+        """valid inequality constraints (..., n, T)."""
+        return self.valid if self.eq is None else self.valid & ~self.eq
+
+    @property
+    def has_eq(self) -> bool:
+        return self.eq is not None and bool(self.eqmask.any())
+
+    def take(self, idx) -> ConstraintSet:
+        """The problems ``idx`` of a batched set (idx an int gives an unbatched set)."""
+        exp = np.broadcast_to(np.asarray(self.exp), self.batch_shape)
+        return ConstraintSet(self.Delta[idx], self.Z[idx], self.valid[idx], self.b[idx],
+                             None if self.eq is None else self.eq[idx], exp[idx])
+
+    def with_valid(self, valid: np.ndarray) -> ConstraintSet:
+        """The same constraints restricted to ``valid`` (a working set)."""
+        return ConstraintSet(self.Delta, self.Z, valid, self.b, self.eq, self.exp)
+
+    def batched(self) -> ConstraintSet:
+        """This (unbatched) set as a batch of one."""
+        if self.batch_shape:
+            return self
+        return ConstraintSet(self.Delta[None], self.Z[None], self.valid[None], self.b[None],
+                             None if self.eq is None else self.eq[None],
+                             np.asarray(self.exp)[None])
+
+    # ---------------------------------------------------------- algebra
     def margins(self, W: np.ndarray) -> np.ndarray:
-        """m_it = Delta_it^T W z_i, (n, T) (0 at invalid entries)."""
-        m = ((self.Delta @ W) * self.Z[:, None, :]).sum(-1)
+        """m_it = Delta_it^T W z_i, (..., n, T) (0 at invalid entries); W (..., d, e)."""
+        m = ((self.Delta @ W[..., None, :, :]) * self.Z[..., :, None, :]).sum(-1)
         return np.where(self.valid, m, 0.0)
 
     def combine(self, lam: np.ndarray) -> np.ndarray:
-        """sum_k lam_k A_k = sum_i (sum_t lam_it Delta_it) z_i^T, shape (d, e)."""
+        """sum_k lam_k A_k = sum_i (sum_t lam_it Delta_it) z_i^T, shape (..., d, e)."""
         lam = np.where(self.valid, lam, 0.0)
-        u = np.einsum("it,itd->id", lam, self.Delta)
-        return u.T @ self.Z
+        u = np.einsum("...it,...itd->...id", lam, self.Delta)
+        return np.swapaxes(u, -1, -2) @ self.Z
 
     def dense(self) -> np.ndarray:
-        """The (N, d*e) matrix of vec(A_k) (C order) over the valid constraints."""
+        """The (N, d*e) matrix of vec(A_k) (C order) over the valid constraints (unbatched)."""
         ii, tt = np.nonzero(self.valid)
         return np.einsum("kd,ke->kde", self.Delta[ii, tt], self.Z[ii]).reshape(len(ii), -1)
 
-    def scale(self) -> float:
-        """max_k ||A_k||_F (0 if there is no constraint)."""
-        nrm = np.linalg.norm(self.Delta, axis=-1) * np.linalg.norm(self.Z, axis=-1)[:, None]
-        nrm = np.where(self.valid, nrm, 0.0)
-        return float(nrm.max()) if nrm.size else 0.0
+    def row_norms(self) -> np.ndarray:
+        """||A_k||_F = ||Delta_k|| ||z_k|| (..., n, T) (0 where invalid)."""
+        nrm = np.linalg.norm(self.Delta, axis=-1) * np.linalg.norm(self.Z, axis=-1)[..., :, None]
+        return np.where(self.valid, nrm, 0.0)
+
+    def scale(self):
+        """max_k ||A_k||_F (0 if there is no constraint); an array over the batch."""
+        nrm = self.row_norms()
+        if nrm.size == 0:
+            return 0.0 if not self.batch_shape else np.zeros(self.batch_shape)
+        out = nrm.max((-2, -1))
+        return float(out) if np.ndim(out) == 0 else out
+
+    def needs_margin(self) -> np.ndarray:
+        """Problems (batch shape) whose answer cannot be W = 0: an inequality with b > 0 or
+        an equality with b != 0."""
+        pos = (self.ineq & (self.b > 0)) | (self.eqmask & (self.b != 0))
+        return pos.any((-2, -1))
+
+
+# ---------------------------------------------------------------------- certificate
+@dataclass
+class Certificate:
+    """The certificate of B candidate answers (all arrays over the batch, normalised units).
+
+    W (B, d, e) the answer (NaN rows: none), lam (B, n, T) multipliers of
+    min 1/2||W||^2 (0 where none), margins (B, n, T), norm, margin, violation, kkt, gap,
+    lower (lb) (B,), feasible (B,) bool, support (B, n, T) bool.
+    """
+
+    W: np.ndarray
+    lam: np.ndarray
+    margins: np.ndarray
+    norm: np.ndarray
+    margin: np.ndarray
+    violation: np.ndarray
+    kkt: np.ndarray
+    gap: np.ndarray
+    lower: np.ndarray
+    feasible: np.ndarray
+    support: np.ndarray
+
+    def take(self, idx) -> Certificate:
+        return Certificate(**{k: getattr(self, k)[idx] for k in self.__dataclass_fields__})
+
+    def put(self, idx, other: Certificate) -> None:
+        for k in self.__dataclass_fields__:
+            getattr(self, k)[idx] = getattr(other, k)
+
+
+def certify(cs: ConstraintSet, W: np.ndarray, lam: np.ndarray | None, norm,
+            tol_active: float = 1e-6) -> Certificate:
+    """THE certificate of answers ``W`` (B, d, e) with multipliers ``lam`` (B, n, T) for the
+    batched constraint set ``cs`` (normalised), computed on ALL constraints, vectorised.
+
+    Rows of W that are not finite mean "no answer" (feasible False, numbers NaN).  ``lam``
+    may be None (then only the primal numbers are reported; gap and kkt are NaN).
+    See the module docstring for the formulas.
+    """
+    from ..norms import get_norm
+
+    N = get_norm(norm)
+    B = cs.batch_shape[0]
+    valid, b = cs.valid, cs.b
+    ineq, eqm = cs.ineq, cs.eqmask
+    W = np.asarray(W, dtype=float)
+    has = np.isfinite(W).all((-2, -1))
+    Wz = np.where(has[:, None, None], W, 0.0)
+    if lam is None:
+        lam_given = np.zeros(B, bool)
+        lam = np.zeros(valid.shape)
+    else:
+        lam = np.asarray(lam, dtype=float)
+        lam_given = np.isfinite(lam).all((-2, -1))
+    lam = np.where(lam_given[:, None, None], np.nan_to_num(lam), 0.0)
+    lam = np.where(ineq, np.maximum(lam, 0.0), np.where(eqm, lam, 0.0))
+    with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+        m = cs.margins(Wz)
+        bs = np.maximum(1.0, np.abs(b))
+        pos = ineq & (b > 0)
+        margin = np.where(pos, m / np.where(pos, b, 1.0), np.inf).min((1, 2))
+        v_in = np.where(ineq, np.maximum(b - m, 0.0) / bs, 0.0).max((1, 2))
+        v_eq = np.where(eqm, np.abs(m - b) / bs, 0.0).max((1, 2))
+        viol = np.maximum(v_in, v_eq)
+        nrm = np.asarray(N.value(Wz, vector=False), dtype=float)
+        feasible = has & (viol <= FEAS_TOL) & np.isfinite(nrm)
+        S = cs.combine(lam)
+        dn = np.asarray(N.dual.value(S, vector=False), dtype=float)
+        lb_num = (lam * b).sum((1, 2))
+        lower = np.where((dn > 0) & (lb_num > 0), lb_num / np.where(dn > 0, dn, 1.0), 0.0)
+        rhs_eq = (eqm & (b != 0)).any((1, 2))
+        # W / margin is feasible (and no larger in norm when margin >= 1) unless an
+        # equality with b != 0 pins the scale
+        fix = np.where((margin > 0) & (margin < 1) & ~rhs_eq, margin, 1.0)
+        upper = nrm / fix
+        need = cs.needs_margin()
+        gap = np.where(lower > 0, np.maximum(upper - lower, 0.0) / lower, np.inf)
+        gap = np.where(need, gap, np.where(nrm == 0, 0.0, np.inf))
+        gap = np.where(feasible & lam_given, gap, np.nan)
+        n2 = np.where(nrm > 0, nrm**2, 1.0)
+        if N.dual == N:  # self-dual (Hilbert) norm: stationarity is W = sum lam_k A_k
+            stat = np.linalg.norm((Wz - S).reshape(B, -1), axis=1) / np.sqrt(n2)
+        else:  # S in ||W|| d||W||  <=>  ||S||_* = ||W|| and <S, W> = ||W||^2
+            stat = np.maximum(np.abs(dn / np.sqrt(n2) - 1.0),
+                              np.abs((S * Wz).sum((1, 2)) / n2 - 1.0))
+        comp = np.where(ineq, np.abs(lam * (m - b)), 0.0).max((1, 2)) / n2
+        kkt = np.maximum(stat, comp)
+        kkt = np.where(need, np.where(nrm > 0, kkt, np.inf), np.where(nrm == 0, 0.0, kkt))
+        kkt = np.where(has & lam_given, kkt, np.nan)
+    support = valid & (eqm | (m <= b + tol_active * bs)) & has[:, None, None]
+    nan = np.full(B, np.nan)
+    return Certificate(
+        W=W, lam=lam, margins=np.where(has[:, None, None], m, np.nan),
+        norm=np.where(has, nrm, np.inf), margin=np.where(has, margin, nan),
+        violation=np.where(has, viol, nan), kkt=kkt, gap=gap, lower=lower,
+        feasible=feasible, support=support,
+    )
+
+
+def farkas_verify(cs: ConstraintSet, lam: np.ndarray):
+    """Verify Farkas certificates of infeasibility, vectorised over the batch.
+
+    ``lam`` (B, n, T): a certificate needs lam_k >= 0 on inequalities (any sign on
+    equalities), sum_k lam_k b_k > 0 and ||sum_k lam_k A_k||_F <= sum_k lam_k b_k /
+    FARKAS_BOUND.  For every W then  sum lam_k b_k <= sum lam_k m_k(W) ... (feasible W)
+    <= ||S||_F ||W||_F,  so every feasible W has ||W||_F >= FARKAS_BOUND (normalised units).
+
+    Returns (ok (B,) bool, bound (B,) the proven lower bound sum lam b / ||S||_F on the
+    Frobenius norm of any feasible W in normalised units (inf for S = 0), lam normalised to
+    sum lam b = 1 (B, n, T)).
+    """
+    lam = np.nan_to_num(np.asarray(lam, dtype=float))
+    ineq = cs.ineq
+    lam = np.where(cs.valid, lam, 0.0)
+    sign_ok = np.where(ineq, lam >= 0, True).all((-2, -1))
+    lb = (lam * cs.b).sum((-2, -1))
+    good = sign_ok & (lb > 0) & np.isfinite(lb)
+    lam = lam / np.where(good, lb, 1.0)[..., None, None]
+    with np.errstate(invalid="ignore", over="ignore"):
+        S = cs.combine(lam)
+        r = np.linalg.norm(S.reshape(*S.shape[:-2], -1), axis=-1)
+    bound = np.where(good, np.where(r > 0, 1.0 / np.where(r > 0, r, 1.0), np.inf), 0.0)
+    ok = good & (bound >= FARKAS_BOUND)
+    return ok, bound, lam
 
 
 # -------------------------------------------------------------------------- solution
@@ -155,21 +388,31 @@ class Solution:
 
     Attributes
     ----------
-    W_ : (d, d) / (d, e) matrix, or (d,) vector for prompt / head problems; None if infeasible.
-    norm_ : ||W_|| in the problem's norm (inf if infeasible).
-    margin_ : min_k m_k(W_) over the constraints (for the relaxed problem: over b_k = 1).
-    violation_ : max_k max(0, b_k - m_k(W_)) (relative to the unit margin).
-    kkt_residual_ : max of the relative stationarity residual (Frobenius:
+    W_ : (d, d) / (d, e) matrix, or (d,) vector for prompt / head problems; None if no
+        answer (infeasible or uncertified).
+    norm_ : ||W_|| in the problem's norm (inf without an answer).
+    margin_ : min_k m_k(W_) / b_k over the constraints with b_k > 0.
+    violation_ : max_k max(0, b_k - m_k(W_)) (|m_k - b_k| for equalities), relative to the
+        unit margin.
+    kkt_residual_ : relative stationarity residual of min 1/2||W||^2 (Frobenius:
         ||W - sum lambda_k A_k|| / ||W||; other norms: ||sum lambda A||_* = ||W|| and
         <sum lambda A, W> = ||W||^2) and the complementarity max lambda_k (m_k - b_k) / ||W||^2.
-    gap_ : relative duality gap (||W|| - lb) / lb, lb = sum lambda_k b_k / ||sum lambda_k A_k||_*.
+    gap_ : certified relative duality gap (||W|| - lb) / lb, lb = sum lambda_k b_k /
+        ||sum lambda_k A_k||_* (a lower bound on the optimal norm).
     dual_ : (n, T) multipliers lambda of min 1/2||W||^2 (0 at alpha, masked tokens).
     support_ : (n, T) bool, active constraints m_k <= b_k + tol_active (SVM-neighbours).
     margins_ : (n, T) constraint values m_k(W_) (0 where invalid).
-    status_, solver_ : strings; feasible_ : bool.
+    status_ : from the certificate only: "optimal" (feasible, gap <= 1e-6),
+        "optimal_inaccurate" (gap <= 1e-3), "suboptimal", "infeasible" (a verified Farkas
+        certificate), "uncertified" (neither verified), "heuristic_rank" (rank-constrained
+        heuristic, feasible).
+    solver_ : the solver that produced W_.  feasible_ : bool (violation_ <= 1e-9).
     conflict_ : indices of the sequences of an (irreducible where possible) infeasible
-        subsystem (empty tuple when feasible).
+        subsystem, from the verified Farkas certificate (empty tuple when feasible).
     alpha_ : the selected token indices the problem was built from.
+    extra : n_constraints, scale_exp (the internal normalisation: the solver worked on
+        W * 2^scale_exp), farkas_bound (infeasible: every W meeting the constraints has
+        ||W||_F >= this), lower_bound (certified lower bound on the optimal norm).
     """
 
     W_: np.ndarray | None
@@ -186,7 +429,7 @@ class Solution:
     feasible_: bool
     conflict_: tuple = ()
     alpha_: np.ndarray | None = None
-    norm: str | float = "fro"
+    norm: str = "fro"
     problem: str = "att_svm"
     n_iter_: int = 0
     time_: float = 0.0
@@ -204,8 +447,11 @@ class Solution:
         """W_ / ||W_||_F (None when infeasible)."""
         if self.W_ is None:
             return None
-        nrm = np.linalg.norm(self.W_)
-        return self.W_ / nrm if nrm > 0 else self.W_
+        m = np.abs(self.W_).max() if self.W_.size else 0.0
+        if m == 0:
+            return self.W_
+        W1 = self.W_ / m
+        return W1 / np.linalg.norm(W1)
 
     def rank(self, rtol: float = 1e-7) -> int:
         """Numerical rank of W_ (singular values > rtol * largest)."""
@@ -218,7 +464,7 @@ class Solution:
         shape = None if self.W_ is None else tuple(self.W_.shape)
         if not self.feasible_:
             return (
-                f"Solution({self.problem}, norm={self.norm!r}, INFEASIBLE, status={self.status_!r}, "
+                f"Solution({self.problem}, norm={self.norm!r}, {self.status_.upper()}, "
                 f"conflict={list(self.conflict_)}, solver={self.solver_!r})"
             )
         return (
@@ -232,8 +478,18 @@ class Solution:
         """A multi-line, human-readable certificate."""
         lines = [f"{self.problem} (norm={self.norm}) solved by {self.solver_}: status {self.status_}"]
         if not self.feasible_:
-            lines.append("  INFEASIBLE: no W satisfies all margin constraints.")
-            lines.append(f"  conflicting sequences: {list(self.conflict_)}")
+            if self.status_ == "infeasible":
+                lines.append("  INFEASIBLE: no W satisfies all margin constraints (verified Farkas "
+                             "certificate: sum lam_k A_k ~ 0 with sum lam_k b_k > 0).")
+                lines.append(f"  conflicting sequences: {list(self.conflict_)}")
+                zero = self.extra.get("zero_constraints")
+                if zero is not None and len(zero):
+                    lines.append(f"  constraints with A_k = 0 (token equal to the selected one, "
+                                 f"or a zero query): {len(zero)}, e.g. (i, t) = "
+                                 f"{[tuple(int(v) for v in z) for z in zero[:5]]}")
+            else:
+                lines.append("  NO CERTIFIED ANSWER: neither a feasible W nor a Farkas certificate "
+                             "of infeasibility could be verified.")
             return "\n".join(lines)
         n_con = int(self.extra.get("n_constraints", 0))
         lines += [
@@ -251,83 +507,68 @@ class Solution:
         return "\n".join(lines)
 
 
-def certify(
-    cs: ConstraintSet,
-    W: np.ndarray | None,
-    lam: np.ndarray | None,
-    *,
-    norm="fro",
-    status: str,
-    solver: str,
-    alpha=None,
-    problem: str = "att_svm",
-    n_iter: int = 0,
-    time_: float = 0.0,
-    tol_active: float = 1e-6,
-    vector: bool = False,
-    rescale: bool = False,
-    conflict: tuple = (),
-) -> Solution:
-    """Build a Solution with its certificate computed on ALL constraints of ``cs``.
+@dataclass(repr=False)
+class BatchSolution:
+    """Solutions of B problems (leading dimension B on every array).
 
-    ``W`` (d, e) (None = infeasible), ``lam`` (n, T) multipliers of min 1/2||W||^2 (may be
-    None: then only feasibility numbers are reported).  ``rescale`` divides W by its
-    minimal margin ratio when < 1 so the returned point is exactly feasible (used for
-    first-order / SCS answers); ``lam`` is scaled along.
+    W_ (B, d, e) or (B, d) for prompt problems (NaN where there is no answer); norm_,
+    margin_, violation_, kkt_residual_, gap_ (B,); dual_, support_, margins_ (B, n, T);
+    feasible_ (B,) bool; status_ (B,) str; conflict_ list of B tuples; solver_ (B,) str.
+    ``sol[b]`` gives the :class:`Solution` of problem b; ``len(sol)`` = B.
     """
-    norm = _norm_name(norm)
-    n_con = cs.n_constraints
-    if W is None:
+
+    W_: np.ndarray
+    norm_: np.ndarray
+    margin_: np.ndarray
+    violation_: np.ndarray
+    kkt_residual_: np.ndarray
+    gap_: np.ndarray
+    dual_: np.ndarray
+    support_: np.ndarray
+    margins_: np.ndarray
+    feasible_: np.ndarray
+    status_: np.ndarray
+    solver_: np.ndarray
+    conflict_: list
+    alpha_: np.ndarray
+    norm: str = "fro"
+    problem: str = "att_svm"
+    time_: float = 0.0
+    tol_active: float = 1e-6
+    extra: dict = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return len(self.feasible_)
+
+    @property
+    def neighbours_(self) -> np.ndarray:
+        return self.support_
+
+    def __getitem__(self, b: int) -> Solution:
+        feas = bool(self.feasible_[b])
+        extra = {k: v[b] for k, v in self.extra.items() if isinstance(v, np.ndarray)
+                 and v.shape[:1] == (len(self),)}
         return Solution(
-            W_=None, norm_=float("inf"), margin_=float("nan"), violation_=float("nan"),
-            kkt_residual_=float("nan"), gap_=float("nan"), dual_=None, support_=None,
-            margins_=None, status_=status, solver_=solver, feasible_=False,
-            conflict_=tuple(int(c) for c in conflict), alpha_=alpha, norm=norm, problem=problem,
-            n_iter_=n_iter, time_=time_, tol_active=tol_active, extra={"n_constraints": n_con},
+            W_=self.W_[b] if feas else None, norm_=float(self.norm_[b]),
+            margin_=float(self.margin_[b]), violation_=float(self.violation_[b]),
+            kkt_residual_=float(self.kkt_residual_[b]), gap_=float(self.gap_[b]),
+            dual_=self.dual_[b] if feas else None, support_=self.support_[b] if feas else None,
+            margins_=self.margins_[b] if feas else None, status_=str(self.status_[b]),
+            solver_=str(self.solver_[b]), feasible_=feas, conflict_=tuple(self.conflict_[b]),
+            alpha_=self.alpha_[b], norm=self.norm, problem=self.problem,
+            tol_active=self.tol_active, extra=extra,
         )
-    W = np.asarray(W, dtype=float)
-    m = cs.margins(W)
-    pos = cs.valid & (cs.b > 0)
-    if rescale and pos.any():
-        ratio = float((m[pos] / cs.b[pos]).min())
-        if 0 < ratio < 1:
-            W = W / ratio
-            m = m / ratio
-            if lam is not None:
-                lam = lam / ratio**2
-    margin = float(m[pos].min()) if pos.any() else float("inf")
-    viol = float(np.maximum(cs.b - m, 0.0)[cs.valid].max()) if n_con else 0.0
-    nrm = primal_norm(W, norm)
-    kkt = float("nan")
-    gap = float("nan")
-    if lam is None and n_con == 0:
-        lam = np.zeros(cs.valid.shape)
-    if lam is not None:
-        lam = np.where(cs.valid, np.maximum(lam, 0.0), 0.0)
-        S = cs.combine(lam)
-        if nrm > 0:
-            comp = float(np.abs(lam * (m - cs.b)).max()) / nrm**2 if n_con else 0.0
-            if norm == "fro":
-                stat = float(np.linalg.norm(W - S)) / nrm
-            else:
-                dn = dual_norm(S, norm)
-                stat = max(abs(dn / nrm - 1.0), abs(float((S * W).sum()) / nrm**2 - 1.0))
-            kkt = max(stat, comp)
-            lb_num = float((lam * cs.b).sum())
-            dn = dual_norm(S, norm)
-            if dn > 0 and lb_num > 0:
-                lb = lb_num / dn
-                # the upper bound is only valid for an exactly feasible point
-                feas_scale = 1.0 / margin if 0 < margin < 1 else 1.0
-                gap = max(nrm * feas_scale - lb, 0.0) / lb
-        else:  # W = 0 is optimal iff no constraint has b > 0
-            kkt = 0.0 if not pos.any() else float("inf")
-            gap = 0.0 if not pos.any() else float("inf")
-    support = cs.valid & (m <= cs.b + tol_active * np.maximum(1.0, np.abs(cs.b)))
-    out_W = W[:, 0] if vector else W
-    return Solution(
-        W_=out_W, norm_=nrm, margin_=margin, violation_=viol, kkt_residual_=kkt, gap_=gap,
-        dual_=lam, support_=support, margins_=m, status_=status, solver_=solver,
-        feasible_=True, conflict_=(), alpha_=alpha, norm=norm, problem=problem,
-        n_iter_=n_iter, time_=time_, tol_active=tol_active, extra={"n_constraints": n_con},
-    )
+
+    def __repr__(self) -> str:
+        B = len(self)
+        nf = int(self.feasible_.sum())
+        f = self.feasible_
+        mv = float(np.nanmax(self.violation_[f])) if nf else float("nan")
+        mg = float(np.nanmax(self.gap_[f])) if nf else float("nan")
+        ni = int((self.status_ == "infeasible").sum())
+        return (f"BatchSolution({self.problem}, norm={self.norm!r}, B={B}, feasible={nf}/{B}, "
+                f"infeasible={ni}, max violation={mv:.1e}, max gap={mg:.1e}, "
+                f"time={self.time_:.3g}s)")
+
+    def summary(self) -> str:
+        return repr(self)

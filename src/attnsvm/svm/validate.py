@@ -1,0 +1,184 @@
+"""Argument validation for the max-margin problems, in one place.
+
+Every public solver (``att_svm``, ``prompt_svm``, ``seq2seq_svm``, ``head_svm``,
+``relaxed_svm``, ``multitoken_svm``, the batch solvers) and ``tokens.outcome`` check their
+inputs with these functions, so a bad argument gets the same clear :class:`ValueError`
+(naming the argument and the problem) whichever entry point it came through.
+
+Rules:
+  * arrays are real and finite (NaN / inf refused), of the documented shape;
+  * token indices (``alpha``) are integers (floats are refused, not truncated; bools are
+    refused), in range, of the right length, and never select a masked token;
+  * masks are boolean (or 0/1 numbers, read as booleans);
+  * labels are +-1; ``support`` indices are integers in range (or a bool mask);
+  * ``alpha="opt"`` (or None) needs valid labels y and a head v.
+"""
+
+from __future__ import annotations
+
+import numbers
+
+import numpy as np
+
+__all__ = [
+    "as_array",
+    "as_mask",
+    "as_alpha",
+    "as_labels",
+    "as_support",
+    "resolve_alpha",
+    "as_norm",
+    "opt_alpha",
+]
+
+
+def as_array(x, name: str, ndim: tuple[int, ...], shape_doc: str) -> np.ndarray:
+    """``x`` as a finite float64 array with ndim in ``ndim``; ValueError naming ``name``."""
+    if x is None:
+        raise ValueError(f"{name} is required: an array of shape {shape_doc}")
+    try:
+        a = np.asarray(x)
+    except Exception:  # ragged lists and the like
+        raise ValueError(f"{name} must be a numeric array of shape {shape_doc}") from None
+    if a.dtype == object or a.dtype.kind in "USVMm" or np.iscomplexobj(a):
+        raise ValueError(f"{name} must be a real numeric array of shape {shape_doc}; "
+                         f"got dtype {a.dtype}")
+    a = a.astype(float, copy=False)
+    if a.ndim not in ndim:
+        raise ValueError(f"{name} must have shape {shape_doc}; got {a.shape}")
+    if not np.all(np.isfinite(a)):
+        bad = int((~np.isfinite(a)).sum())
+        raise ValueError(f"{name} contains NaN or inf ({bad} entries)")
+    return a
+
+
+def as_mask(mask, shape: tuple[int, ...], name: str = "mask") -> np.ndarray:
+    """Boolean mask of ``shape`` (True = valid token); None = all valid.
+
+    Accepts bool arrays and numeric 0/1 arrays; anything else (0.5, 2, NaN, strings)
+    is refused.  A mask may be given without its leading batch dim (broadcast)."""
+    if mask is None:
+        return np.ones(shape, bool)
+    m = np.asarray(mask)
+    if m.dtype != np.bool_:
+        if m.dtype == object or m.dtype.kind not in "iuf":
+            raise ValueError(f"{name} must be a boolean array (True = valid token); "
+                             f"got dtype {m.dtype}")
+        if not np.all((m == 0) | (m == 1)):
+            raise ValueError(f"{name} must be boolean (True = valid token); got values other "
+                             f"than 0 / 1")
+        m = m.astype(bool)
+    if m.shape != tuple(shape):
+        if len(shape) == 3 and m.shape == tuple(shape[1:]):  # one mask for every problem
+            m = np.broadcast_to(m, shape)
+        else:
+            raise ValueError(f"{name} must have shape {tuple(shape)}; got {m.shape}")
+    return np.array(m, dtype=bool)
+
+
+def _int_array(a, name: str, what: str = "token") -> np.ndarray:
+    """Integer array (floats / bools / strings refused, never truncated)."""
+    try:
+        arr = np.asarray(a)
+    except Exception:
+        raise ValueError(f"{name} must be an integer array of {what} indices") from None
+    if arr.dtype == np.bool_:
+        raise ValueError(f"{name} must hold integer {what} indices; got booleans")
+    if arr.dtype == object and arr.size and all(isinstance(v, numbers.Integral)
+                                                 and not isinstance(v, bool) for v in arr.flat):
+        arr = arr.astype(np.int64)
+    if not np.issubdtype(arr.dtype, np.integer):
+        if arr.size == 0 and arr.dtype == np.float64:  # np.asarray([]) is float
+            return arr.astype(np.int64)
+        raise ValueError(f"{name} must hold integer {what} indices; got dtype {arr.dtype} "
+                         f"(floats are refused, not truncated: pass e.g. {name}.astype(int))")
+    return arr.astype(np.int64, copy=False)
+
+
+def as_alpha(alpha, shape: tuple[int, ...], T: int, valid: np.ndarray | None = None,
+             name: str = "alpha", what: str = "sequences") -> np.ndarray:
+    """Selected-token indices of ``shape`` (e.g. (n,) or (B, n)), integer, in [0, T), not
+    selecting a masked token (``valid`` of shape ``shape + (T,)``)."""
+    a = _int_array(alpha, name)
+    if a.shape != tuple(shape):
+        raise ValueError(f"{name} must have shape {tuple(shape)} (one token index per "
+                         f"sequence); got {a.shape}")
+    if a.size and (a.min() < 0 or a.max() >= T):
+        bad = a[(a < 0) | (a >= T)][:5].tolist()
+        raise ValueError(f"{name} out of range: token indices must lie in [0, {T - 1}]; "
+                         f"got {bad}")
+    if valid is not None and a.size:
+        ok = np.take_along_axis(valid, a[..., None], -1)[..., 0]
+        if not ok.all():
+            idx = np.argwhere(~ok)
+            lead = idx[:, 0] if idx.shape[1] == 1 else idx[:, 0]
+            bad = sorted({int(i) for i in lead})[:10]
+            raise ValueError(f"{name} selects masked tokens in {what} {bad}")
+    return a
+
+
+def as_labels(y, n: int, name: str = "y") -> np.ndarray:
+    """Labels y (n,) in {-1, +1}."""
+    y = as_array(y, name, (1,), "(n,)")
+    if y.shape != (n,):
+        raise ValueError(f"{name} must have shape ({n},); got {y.shape}")
+    if not np.all(np.abs(y) == 1.0):
+        bad = np.unique(y[np.abs(y) != 1.0])[:5].tolist()
+        raise ValueError(f"{name} must hold labels in {{-1, +1}}; got values {bad}")
+    return y
+
+
+def as_support(support, n: int, name: str = "support") -> np.ndarray:
+    """Support sequences as a bool mask (n,), from a bool mask or integer indices."""
+    s = np.asarray(support)
+    if s.dtype == np.bool_:
+        if s.shape != (n,):
+            raise ValueError(f"{name} must be a bool mask of shape ({n},) or integer "
+                             f"indices; got a bool array of shape {s.shape}")
+        return s.copy()
+    idx = _int_array(support, name, "sequence")
+    if idx.ndim != 1:
+        raise ValueError(f"{name} indices must be a 1-d list; got shape {idx.shape}")
+    if idx.size and (idx.min() < 0 or idx.max() >= n):
+        bad = idx[(idx < 0) | (idx >= n)][:5].tolist()
+        raise ValueError(f"{name} indices out of range [0, {n - 1}]: {bad}")
+    S = np.zeros(n, bool)
+    S[idx] = True
+    return S
+
+
+def opt_alpha(X: np.ndarray, y: np.ndarray, v: np.ndarray, valid: np.ndarray) -> np.ndarray:
+    """opt_i = argmax over valid t of y_i v^T x_it (ties: lowest index), (..., n).
+
+    Computed on X and v scaled by powers of two (exact, order-preserving): no overflow
+    for tokens and heads at 1e+200."""
+    def p2(a):
+        m = np.abs(a).max() if a.size else 0.0
+        return np.ldexp(a, -int(np.frexp(m)[1])) if np.isfinite(m) and m > 0 else a
+
+    g = y[..., None] * (p2(X) @ p2(v)[..., :, None])[..., 0]
+    return np.argmax(np.where(valid, g, -np.inf), axis=-1)
+
+
+def resolve_alpha(alpha, X: np.ndarray, valid: np.ndarray, y=None, v=None,
+                  name: str = "alpha") -> np.ndarray:
+    """alpha (n,) from an explicit index array, or None / "opt" = argmax_t y_i v^T x_it."""
+    n, T, d = X.shape
+    if alpha is None or (isinstance(alpha, str) and alpha == "opt"):
+        if y is None or v is None:
+            raise ValueError(f"{name} is required (or give y and v to use {name} = opt)")
+        y = as_labels(y, n)
+        v = as_array(v, "v", (1,), "(d,)")
+        if v.shape != (d,):
+            raise ValueError(f"v must have shape ({d},); got {v.shape}")
+        return opt_alpha(X, y, v, valid)
+    if isinstance(alpha, str):
+        raise ValueError(f"{name} must be token indices or 'opt'; got {alpha!r}")
+    return as_alpha(alpha, (n,), T, valid, name)
+
+
+def as_norm(norm):
+    """The :class:`attnsvm.norms.Norm` of a name / number / Norm (ValueError if unknown)."""
+    from ..norms import get_norm
+
+    return get_norm(norm)
