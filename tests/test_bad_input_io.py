@@ -194,8 +194,8 @@ SOLVE_ARG_CASES = [
     (["--rank", "2"], "--rank applies to the nuclear norm only (--norm nuc); got --norm fro"),
     (["--norm", "l1", "--rank", "1"], "--rank applies to the nuclear norm only"),
     (["--rank", "0"], "argument --rank: expected an integer >= 1; got '0'"),
-    (["--norm", "0.5"], "--norm 0.5: norm must be 'fro', 'nuc', 'l1' or a float p > 1"),
-    (["--norm", "banana"], "--norm banana: norm must be"),
+    (["--norm", "0.5"], "--norm 0.5: an entrywise norm needs p >= 1"),
+    (["--norm", "banana"], "--norm banana: unknown norm 'banana'"),
     (["--problem", "prompt", "--norm", "nuc"], "does not apply to the prompt SVM, which is Frobenius only"),
 ]
 

@@ -138,7 +138,7 @@ def test_duals_and_parsing():
     assert l_p(2) is get_norm("fro")
     N = get_norm("nuc")
     assert get_norm(N) is N and hash(get_norm("l3")) == hash(get_norm(3.0))
-    for bad, msg in [("foo", "unknown norm 'foo'"), (0.5, "p >= 1"), ("l0.3", "unknown norm"),
+    for bad, msg in [("foo", "unknown norm 'foo'"), (0.5, "p >= 1"), ("l0.3", "needs p >= 1"),
                      (True, "name or a number"), (None, "name or a number")]:
         with pytest.raises(ValueError, match=msg):
             get_norm(bad)

@@ -363,7 +363,9 @@ def get_norm(spec) -> Norm:
             p = float(num)
         except ValueError:
             p = None
-        if p is not None and p >= 1:
+        if p is not None:
+            if not p >= 1:
+                raise ValueError(f"an entrywise norm needs p >= 1; got {spec!r}")
             return l_p(p)
         known = ", ".join(sorted({N.name for N in _ALIASES.values()}))
         raise ValueError(f"unknown norm {spec!r}; use one of {known} or 'l<p>' / a number "
