@@ -385,3 +385,12 @@ def test_analyse_call_float32_model_runs_in_float64():
     rows, sel, _ = analyse_call(call, TrackConfig(null_draws=0, rot_draws=2))
     assert all(1e-9 < r["recompute_err"] < 1e-5 for r in rows)
     assert sel.prob.dtype == np.float64
+
+
+def test_non_finite_weights_are_reported_not_crashed_on():
+    model = MyModel().double()
+    with torch.no_grad():
+        model.block.qk.weight[0, 0] = float("nan")
+    x = torch.randn(2, 5, 6, dtype=torch.float64)
+    tab = Tracker(model, x, extractors={"block": my_extractor}).record(0)
+    assert (tab.status == "non-finite inputs or weights").all() and not tab.feasible.any()

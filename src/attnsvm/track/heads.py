@@ -352,6 +352,12 @@ def analyse_call(call: AttentionCall, cfg: TrackConfig | None = None, *, key=(0,
     import pandas as pd
 
     cfg = cfg or TrackConfig()
+    finite = all(bool(torch.isfinite(t).all()) for t in (call.hidden, call.W_q, call.W_k, call.b_q)
+                 if t is not None)
+    if not finite:  # a diverged run: say so in every row instead of failing inside an SVD
+        rows = [dict(head=h, causal=bool(call.causal), status="non-finite inputs or weights",
+                     feasible=False) for h in range(call.n_heads)]
+        return rows, None, ({} if matrices else None)
     s_t, allowed_t, qv_t = recompute_attention(call)
     s = s_t.cpu().numpy()
     allowed = allowed_t.cpu().numpy()
