@@ -394,3 +394,17 @@ def test_non_finite_weights_are_reported_not_crashed_on():
     x = torch.randn(2, 5, 6, dtype=torch.float64)
     tab = Tracker(model, x, extractors={"block": my_extractor}).record(0)
     assert (tab.status == "non-finite inputs or weights").all() and not tab.feasible.any()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+def test_tracking_on_cuda_equals_cpu():
+    model, inp = MODELS["gpt2"]
+    cfg = TrackConfig(max_queries=6, null_draws=1, rot_draws=4)
+    cpu = Tracker(model, inp, config=cfg).record(0)
+    gpu_model = model.to("cuda")
+    try:
+        gpu = Tracker(gpu_model, {k: v.to("cuda") for k, v in inp.items()}, config=cfg).record(0)
+    finally:
+        model.to("cpu")
+    for col in ("soft_sparsity", "wqk_norm", "corr_mm", "margin_ratio", "corr_rot_mean"):
+        np.testing.assert_allclose(gpu[col], cpu[col], rtol=1e-9, atol=1e-12)

@@ -60,8 +60,8 @@ def corpus() -> tuple[np.ndarray, list[str]]:
 
 def windows(ids: torch.Tensor, n: int, T: int, generator) -> torch.Tensor:
     """n random windows of T consecutive ids: (n, T)."""
-    start = torch.randint(0, len(ids) - T, (n,), generator=generator)
-    return ids[start[:, None] + torch.arange(T)]
+    start = torch.randint(0, len(ids) - T, (n,), generator=generator).to(ids.device)
+    return ids[start[:, None] + torch.arange(T, device=ids.device)]
 
 
 def make_optimizer(spec: dict, params) -> torch.optim.Optimizer:
@@ -96,7 +96,7 @@ def _model(cfg, vocab: int, seed: int):
     with torch.random.fork_rng():
         torch.manual_seed(seed)
         model = tf.GPT2LMHeadModel(conf)
-    return model.to(getattr(torch, cfg["dtype"]))
+    return model.to(device=cfg.get("device", "cpu"), dtype=getattr(torch, cfg["dtype"]))
 
 
 def train_run(cfg, spec: dict, seed: int, data):
@@ -148,9 +148,10 @@ def compute(cfg):
     cut = int(0.9 * len(ids))
     g = torch.Generator().manual_seed(12345)
     val = ids[cut:]
-    data = dict(train=ids[:cut], vocab=len(chars),
-                probe=windows(val, cfg["probe_seqs"], cfg["context"], g),
-                val_batch=windows(val, cfg["val_seqs"], cfg["context"], g))
+    dev = cfg.get("device", "cpu")
+    data = dict(train=ids[:cut].to(dev), vocab=len(chars),
+                probe=windows(val, cfg["probe_seqs"], cfg["context"], g).to(dev),
+                val_batch=windows(val, cfg["val_seqs"], cfg["context"], g).to(dev))
     tracks, losses = [], []
     for spec in cfg["optimizers"]:
         for seed in range(cfg["seeds"]):
@@ -314,7 +315,8 @@ OPTIMIZERS = (
     {"name": "SGD", "rule": "torch.optim.SGD", "lr": 0.5},
 )
 _C = dict(optimizers=OPTIMIZERS, n_layer=2, n_head=4, n_embd=64, context=64, batch=32,
-          probe_seqs=8, val_seqs=64, max_queries=32, null_draws=1, rot_draws=32, dtype="float32")
+          probe_seqs=8, val_seqs=64, max_queries=32, null_draws=1, rot_draws=32, dtype="float32",
+          device="cpu")
 EXPERIMENT = Experiment(
     name="mmts-fig7-gpt2",
     title="Figure 7 on text: a GPT-2 trained from scratch on the Python docs (AdamW, SGD), "
