@@ -300,8 +300,10 @@ def plot(tables, cfg, out):
         a.set_xscale("symlog", linthresh=1)
     ax[1].set_yscale("log")
     ax[2].set_xscale("log")
-    P.label(ax[0], "step", "corr(W_head, W_mm)", "(a) alignment with the SVM (median, 10-90%)")
-    ax[0].legend(fontsize=6)
+    ax[0].set_ylim(-0.1, 1.1)  # correlations on their [0, 1] scale; the legend sits above the data
+    P.label(ax[0], "step", "corr(W_head, W_mm)", "(a) alignment with the SVM (median, 10-90%)",
+            legend=False)
+    ax[0].legend(fontsize=6, ncol=2, loc="upper center")
     P.label(ax[1], "step", "margin ratio", "(b) margin ratio (1 = max-margin)")
     P.label(ax[2], "||W|| (W = W_k^T W_q / sqrt(d_h))", "soft-sparsity 1/||s||^2",
             "(c) sparsity against ||W|| (one line per head)")
