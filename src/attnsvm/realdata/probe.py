@@ -349,11 +349,14 @@ def summarize(table: pd.DataFrame) -> list[str]:
                    "(negative: sparser heads are more SVM-like).")
     if len(ctl):
         seeds = ctl.init_seed.nunique()
+        cs = ctl.dropna(subset=["corr_mm"])
+        rot = (f"{(cs.corr_mm > cs.corr_rot_max).mean():.0%} of {len(cs)} control heads with an SVM"
+               if len(cs) else "no control head has an SVM")
         out.append(
             f"Control (same architecture, random weights, {seeds} seed(s), same tokens): "
             f"soft-sparsity mean {ctl.soft_sparsity.mean():.2f} vs {pre.soft_sparsity.mean():.2f}; "
             f"queries with max attention >= 0.5: {ctl.frac_max_05.mean():.0%} vs {pre.frac_max_05.mean():.0%}; "
-            f"head above the largest rotation: {(ctl.corr_mm > ctl.corr_rot_max).mean():.0%} of control heads.")
+            f"head above the largest rotation: {rot}.")
         for stat, name in (("corr_mm", "corr(W_head, W_mm)"), ("margin_ratio", "margin ratio")):
             c = compare(table, stat)
             if not c["n_control"]:
