@@ -408,3 +408,26 @@ def test_tracking_on_cuda_equals_cpu():
         model.to("cpu")
     for col in ("soft_sparsity", "wqk_norm", "corr_mm", "margin_ratio", "corr_rot_mean"):
         np.testing.assert_allclose(gpu[col], cpu[col], rtol=1e-9, atol=1e-12)
+
+
+@pytest.mark.parametrize("arch", ["gpt2", "bert"])
+def test_sdpa_attention_tracks_like_eager(arch):
+    """With sdpa the module returns no probabilities and passes a bool (or no) mask: the
+    statistics must equal the eager model's (same weights)."""
+    tf = transformers
+    ids, mask = _ids()
+    tabs = {}
+    for impl in ("eager", "sdpa"):
+        torch.manual_seed(0)
+        if arch == "gpt2":
+            m = tf.GPT2Model(tf.GPT2Config(vocab_size=40, n_positions=16, n_embd=8, n_layer=1, n_head=2,
+                                           attn_implementation=impl, bos_token_id=0, eos_token_id=0))
+        else:
+            m = tf.BertModel(tf.BertConfig(vocab_size=40, hidden_size=8, num_hidden_layers=1,
+                                           num_attention_heads=2, intermediate_size=16,
+                                           attn_implementation=impl))
+        tabs[impl] = Tracker(_sharpen(m.double().eval()), dict(input_ids=ids, attention_mask=mask),
+                             config=TrackConfig(null_draws=0, rot_draws=2)).record(0)
+    assert tabs["sdpa"].recompute_err.isna().all()
+    for col in ("soft_sparsity", "n_queries", "corr_mm", "margin_ratio"):
+        np.testing.assert_allclose(tabs["sdpa"][col], tabs["eager"][col], rtol=1e-12, atol=1e-12)
