@@ -15,6 +15,11 @@ command would ignore) is one line on stderr, ``attnsvm CMD: error: ...``, and ex
 status 2; a usage error found by argparse is one line too (exit 2). Any other exception
 is a bug: one line that says so, exit 1. ``--debug`` (or ``ATTNSVM_DEBUG=1``) re-raises
 instead, with the full traceback. Ctrl-C is exit 130.
+
+Figures: :func:`main` selects matplotlib's non-interactive Agg backend before it runs a
+command, so the commands render figures on a headless machine. Importing attnsvm (the
+library, ``attnsvm.plotting`` included) never changes the backend: a notebook keeps its
+inline plots.
 """
 
 from __future__ import annotations
@@ -90,6 +95,16 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def use_agg() -> None:
+    """Select matplotlib's Agg backend (headless figures) for the command about to run; the
+    CLI is the one place that does so (importing attnsvm leaves the backend alone)."""
+    try:
+        import matplotlib
+    except ImportError:  # pragma: no cover - matplotlib is a dependency
+        return
+    matplotlib.use("Agg")
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run ``attnsvm ARGV``; returns the exit status (never raises for a user error)."""
     parser = build_parser()
@@ -102,6 +117,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     debug = args.debug or os.environ.get("ATTNSVM_DEBUG", "") not in ("", "0")
     prog = f"attnsvm {args.command}"
+    use_agg()
     try:
         return int(args._module.run(args) or 0)
     except KeyboardInterrupt:
