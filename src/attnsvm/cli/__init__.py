@@ -20,6 +20,11 @@ Figures: :func:`main` selects matplotlib's non-interactive Agg backend before it
 command, so the commands render figures on a headless machine. Importing attnsvm (the
 library, ``attnsvm.plotting`` included) never changes the backend: a notebook keeps its
 inline plots.
+
+Help: every option's help ends with its default (:class:`~attnsvm.cli._args.HelpFormatter`),
+and a command module may set ``EPILOG`` (text shown after the options, e.g. the .npz
+format). Default outputs go under one root, ``attnsvm-out/<command>/`` (``--out`` /
+``--store`` override it).
 """
 
 from __future__ import annotations
@@ -28,6 +33,8 @@ import argparse
 import importlib
 import os
 import sys
+
+from attnsvm.cli._args import HelpFormatter
 
 # command name -> module in attnsvm.cli
 COMMANDS = {
@@ -76,6 +83,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="attnsvm",
         description="Max-margin token selection in attention: train, solve, reproduce.",
+        epilog="`attnsvm COMMAND --help` shows a command's options and their defaults. "
+               "Outputs go under attnsvm-out/<command>/ unless --out (sweep: --store) says "
+               "otherwise. The mathematics: docs/theory.md.",
+        formatter_class=HelpFormatter,
     )
     parser.add_argument("--debug", action="store_true",
                         help="show the Python traceback of an error instead of one line")
@@ -87,7 +98,8 @@ def build_parser() -> argparse.ArgumentParser:
             if exc.name and exc.name.startswith("attnsvm.cli"):
                 continue
             raise
-        p = sub.add_parser(name, help=mod.HELP, description=mod.HELP)
+        p = sub.add_parser(name, help=mod.HELP, description=getattr(mod, "DESCRIPTION", mod.HELP),
+                           epilog=getattr(mod, "EPILOG", None), formatter_class=HelpFormatter)
         mod.configure(p)
         p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
                        help="show the Python traceback of an error instead of one line")
