@@ -83,9 +83,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="attnsvm",
         description="Max-margin token selection in attention: train, solve, reproduce.",
-        epilog="`attnsvm COMMAND --help` shows a command's options and their defaults. "
+        epilog="`attnsvm COMMAND --help` shows a command's options and their defaults.\n"
                "Outputs go under attnsvm-out/<command>/ unless --out (sweep: --store) says "
-               "otherwise. The mathematics: docs/theory.md.",
+               "otherwise.\nThe mathematics: docs/theory.md; extending: docs/extending.md.",
         formatter_class=HelpFormatter,
     )
     parser.add_argument("--debug", action="store_true",
