@@ -215,7 +215,8 @@ def test_solve_refuses_norm_and_rank_the_prompt_problem_would_ignore(files, caps
     assert_one_line_error(rc, err, "does not apply to the prompt SVM")
     rc, _, err = run_cli(capsys, "solve", files["no_z.npz"], "--problem", "att")
     assert_one_line_error(rc, err, "--problem att needs cross-attention queries z",
-                          "use --problem prompt")
+                          "use --query first|last|seq2seq|causal (self-attention) or --problem "
+                          "prompt")
     rc, _, err = run_cli(capsys, "solve", files["batched.npz"])
     assert_one_line_error(rc, err, "holds B = 2 datasets", "solve takes one")
     rc, _, err = run_cli(capsys, "solve", files["no_y.npz"])
@@ -333,7 +334,7 @@ def test_usage_errors_are_one_line(capsys):
     rc, _, err = run_cli(capsys, "train", "--model", "Nope")
     assert_one_line_error(rc, err, "argument --model: invalid choice: 'Nope'")
     rc, _, err = run_cli(capsys, "solve")
-    assert_one_line_error(rc, err, "the following arguments are required: data")
+    assert_one_line_error(rc, err, "the following arguments are required: DATA.npz")
     assert run_cli(capsys, "--help")[0] == 0
 
 

@@ -389,3 +389,70 @@ def test_killed_process_sweep_leaves_no_worker_behind(tmp_path, sig):
                 os.kill(p, signal.SIGKILL)
         if proc.poll() is None:
             proc.wait()
+
+
+LIST_DEMO = """
+import pandas as pd
+from attnsvm.experiments import Experiment
+
+def compute(cfg):
+    return {"t": pd.DataFrame({"total": [sum(cfg["ds"]) * cfg["k"]], "n_ds": [len(cfg["ds"])]})}
+
+EXP = Experiment("demo-lists", "-", "-", {"tiny": {"ds": [2, 4], "k": 1, "norm": "fro"}},
+                 compute, lambda t, c: [], lambda t, c, o: [], in_default=False)
+"""
+
+
+def test_cli_grid_takes_list_values(tmp_path, monkeypatch, capsys):
+    from attnsvm.cli import main
+    from attnsvm.cli.sweep import parse_axis
+
+    assert parse_axis("ds=[2,4,8]") == ("ds", [[2, 4, 8]])
+    assert parse_axis("ds=[2,4],[8, 16]") == ("ds", [[2, 4], [8, 16]])
+    assert parse_axis("ds=[0:3],[[1],[]]") == ("ds", [[0, 1, 2], [[1], []]])
+    assert parse_axis('norm=["fro", "nuc"],"a,b"') == ("norm", [["fro", "nuc"], "a,b"])
+    assert parse_axis('lr={"sgd": 0.1}') == ("lr", [{"sgd": 0.1}])
+    for bad, msg in [("ds=[2,4", "unbalanced brackets"), ("ds=2,4]", "unbalanced brackets"),
+                     ("ds=[2]x", "must end with ']'"), ('s="abc', "unbalanced quotes"),
+                     ("lr={sgd: 1}", "is not a JSON object")]:
+        with pytest.raises(ValueError, match=msg):
+            parse_axis(bad)
+
+    (tmp_path / "sweep_list_demo.py").write_text(LIST_DEMO)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    store = tmp_path / "lists"
+    base = ["sweep", "sweep_list_demo:EXP", "--scale", "tiny", "--store", str(store),
+            "--no-progress"]
+    # --dry-run checks the grid and prints the cells, list values included; runs nothing
+    assert main(base + ["--grid", "ds=[1,2,3],[10]", "--grid", "k=1,2", "--dry-run"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[-1].startswith("4 cells of demo-lists at scale 'tiny'")
+    assert [line.split(maxsplit=2)[2] for line in out[:-1]] == [
+        "{'ds': [1, 2, 3], 'k': 1}", "{'ds': [1, 2, 3], 'k': 2}",
+        "{'ds': [10], 'k': 1}", "{'ds': [10], 'k': 2}"]
+    assert not store.exists()
+    # the run hands compute the lists
+    assert main(base + ["--grid", "ds=[1,2,3],[10]", "--grid", "k=1,2"]) == 0
+    capsys.readouterr()
+    t = load(store)["t"].sort_values(["k", "total"])
+    assert t[["total", "n_ds", "k"]].values.tolist() == [[6, 3, 1], [10, 1, 1], [12, 3, 2],
+                                                         [20, 1, 2]]
+
+    # keys and value shapes are checked against the config before anything runs
+    cases = [
+        (["--grid", "sed=1"], "--grid sed: demo-lists has no config key 'sed' at scale 'tiny'; "
+                              "its keys: ds, k, norm"),
+        (["--grid", "ds=2,4"], "--grid ds=2: ds is a list in demo-lists's config ([2, 4]); "
+                               "a list value goes in brackets"),
+        (["--grid", "k=[1,2]"], "k is a single number in demo-lists's config (1); for one "
+                                "cell per value write k=1,2"),
+        (["--grid", "k=1", "--grid", "k=2"], "--grid k is given twice"),
+        (["--scale", "full", "--grid", "k=1"], "demo-lists has no scale 'full'; it has tiny"),
+    ]
+    for extra, msg in cases:
+        for dry in ([], ["--dry-run"]):
+            assert main(base + extra + dry) == 2
+            err = capsys.readouterr().err
+            assert err.count("\n") == 1 and msg in err, (extra, err)
+    assert main(base + ["--grid", "sed=1", "--no-strict", "--dry-run"]) == 0  # let through
+    capsys.readouterr()

@@ -1,7 +1,9 @@
 """Shared plotting: one style, trial bands, saving. Experiments draw from tidy tables.
 
-Everything here uses the non-interactive Agg backend, so figures render on a
-headless machine.
+Importing this module does not select a matplotlib backend: in a notebook the figures
+show inline as usual. The command line (``attnsvm.cli.main``) selects the
+non-interactive Agg backend before it runs a command, so the commands render figures on
+a headless machine.
 """
 
 from __future__ import annotations
@@ -9,12 +11,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-import pandas as pd  # noqa: E402
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
 
 COLORS = ["#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f"]
 

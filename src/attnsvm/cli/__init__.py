@@ -15,6 +15,16 @@ command would ignore) is one line on stderr, ``attnsvm CMD: error: ...``, and ex
 status 2; a usage error found by argparse is one line too (exit 2). Any other exception
 is a bug: one line that says so, exit 1. ``--debug`` (or ``ATTNSVM_DEBUG=1``) re-raises
 instead, with the full traceback. Ctrl-C is exit 130.
+
+Figures: :func:`main` selects matplotlib's non-interactive Agg backend before it runs a
+command, so the commands render figures on a headless machine. Importing attnsvm (the
+library, ``attnsvm.plotting`` included) never changes the backend: a notebook keeps its
+inline plots.
+
+Help: every option's help ends with its default (:class:`~attnsvm.cli._args.HelpFormatter`),
+and a command module may set ``EPILOG`` (text shown after the options, e.g. the .npz
+format). Default outputs go under one root, ``attnsvm-out/<command>/`` (``--out`` /
+``--store`` override it).
 """
 
 from __future__ import annotations
@@ -23,6 +33,8 @@ import argparse
 import importlib
 import os
 import sys
+
+from attnsvm.cli._args import HelpFormatter
 
 # command name -> module in attnsvm.cli
 COMMANDS = {
@@ -71,6 +83,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="attnsvm",
         description="Max-margin token selection in attention: train, solve, reproduce.",
+        epilog="`attnsvm COMMAND --help` shows a command's options and their defaults.\n"
+               "Outputs go under attnsvm-out/<command>/ unless --out (sweep: --store) says "
+               "otherwise.\nThe mathematics: docs/theory.md; extending: docs/extending.md.",
+        formatter_class=HelpFormatter,
     )
     parser.add_argument("--debug", action="store_true",
                         help="show the Python traceback of an error instead of one line")
@@ -82,12 +98,23 @@ def build_parser() -> argparse.ArgumentParser:
             if exc.name and exc.name.startswith("attnsvm.cli"):
                 continue
             raise
-        p = sub.add_parser(name, help=mod.HELP, description=mod.HELP)
+        p = sub.add_parser(name, help=mod.HELP, description=getattr(mod, "DESCRIPTION", mod.HELP),
+                           epilog=getattr(mod, "EPILOG", None), formatter_class=HelpFormatter)
         mod.configure(p)
         p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
                        help="show the Python traceback of an error instead of one line")
         p.set_defaults(_module=mod)
     return parser
+
+
+def use_agg() -> None:
+    """Select matplotlib's Agg backend (headless figures) for the command about to run; the
+    CLI is the one place that does so (importing attnsvm leaves the backend alone)."""
+    try:
+        import matplotlib
+    except ImportError:  # pragma: no cover - matplotlib is a dependency
+        return
+    matplotlib.use("Agg")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -102,6 +129,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     debug = args.debug or os.environ.get("ATTNSVM_DEBUG", "") not in ("", "0")
     prog = f"attnsvm {args.command}"
+    use_agg()
     try:
         return int(args._module.run(args) or 0)
     except KeyboardInterrupt:

@@ -83,3 +83,87 @@ def torch_device(text: str | None):
         raise ValueError(f"--device {text}: attnsvm runs on cpu, cuda or mps; got a "
                          f"{dev.type!r} device")
     return dev
+
+
+# ------------------------------------------------------------------------- help
+class HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """Every option's help ends with its default: ``(default: VALUE)`` is appended unless
+    the help already states it in words (for a default of None, which means
+    something other than None: "the shipped corpus", "all cores"). Flags (store_true /
+    store_false) have no value to default to and are left as written. Descriptions and
+    epilogs keep their line breaks (the .npz format tables)."""
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        flag = action.nargs == 0
+        if (flag or not action.option_strings or action.default is argparse.SUPPRESS
+                or "default" in text.lower()):
+            return text
+        return f"{text} (default: %(default)s)" if text else text
+
+
+# ------------------------------------------------------------------ output paths
+#: the one default output root of the commands: attnsvm-out/<command>/...
+OUT_ROOT = "attnsvm-out"
+
+
+def default_out(command: str, *parts: str) -> str:
+    """The default output path of ``command``: ``attnsvm-out/<command>[/parts...]``."""
+    return "/".join((OUT_ROOT, command, *parts))
+
+
+def check_out_file(path: str | None, force: bool, suffixes: tuple[str, ...], what: str):
+    """The ``--out`` file, checked before any work is done: its name ends in one of
+    ``suffixes``, it is not a folder, its folder exists, and it does not exist unless
+    ``force``. None stays None. Each problem is a ValueError naming ``--out PATH``."""
+    from pathlib import Path
+
+    if path is None:
+        return None
+    out = Path(path)
+    if out.suffix not in suffixes:
+        kinds = " or ".join(suffixes)
+        raise ValueError(f"--out {path}: {what} is written as {kinds}; give a file name "
+                         f"ending in {'one of them' if len(suffixes) > 1 else kinds}")
+    if out.is_dir():
+        raise ValueError(f"--out {path}: is a directory; give a file name")
+    if not out.parent.is_dir():
+        raise ValueError(f"--out {path}: the folder {out.parent} does not exist")
+    if out.exists() and not force:
+        raise ValueError(f"--out {path}: the file exists; pass --force to overwrite it, or "
+                         f"give another name")
+    return out
+
+
+def write_atomic(out, force: bool, write) -> None:
+    """``write(tmp)`` to a temporary name next to ``out``, then rename it to ``out`` (never
+    a torn file). Refuses if ``out`` appeared meanwhile and ``force`` is not set."""
+    import os
+
+    if out.exists() and not force:  # appeared while the command ran
+        raise ValueError(f"--out {out}: the file appeared while the command ran; pass "
+                         f"--force to overwrite it")
+    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
+    try:
+        write(tmp)
+        os.replace(tmp, out)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+
+
+# --------------------------------------------------------------- the .npz format
+NPZ_FORMAT = """\
+The .npz data file (written by attnsvm.data.TokenData.save, or np.savez(path, X=..., y=...);
+read without pickles):
+
+  key   shape            meaning
+  X     (n, T, d)        tokens: n sequences of T >= 2 tokens in R^d (rows x_it)
+  y     (n,)             labels y_i in {-1, +1}, one per sequence
+        (n, T)           seq-to-seq labels y_ik, one per query token k
+  z     (n, d)           cross-attention query z_i of each sequence (optional)
+  mask  (n, T) bool      True = valid token, False = padding (optional; >= 1 valid per row)
+  v     (d,)             the fixed linear head v: scores gamma_it = y_i v^T x_it (optional)
+
+Batched files hold B datasets, one per trial: X (B, n, T, d), y (B, n) or (B, n, T),
+z (B, n, d), mask (B, n, T), v (B, d); an array shared by every trial may leave B out."""

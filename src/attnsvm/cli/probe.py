@@ -22,7 +22,7 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--corpus", default=None,
                    help="text file, one sentence per line, '#' comments (default: the shipped "
                         "public-domain corpus)")
-    p.add_argument("--out", default="results/probe", help="output directory (default results/probe)")
+    p.add_argument("--out", default="attnsvm-out/probe", help="output directory (default %(default)s)")
     p.add_argument("--max-sentences", type=positive_int, default=None, help="sentences used (default 16)")
     p.add_argument("--max-tokens", type=positive_int, default=None, help="truncation length (default 32)")
     p.add_argument("--max-queries", type=positive_int, default=None,

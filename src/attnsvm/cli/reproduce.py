@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from attnsvm.cli._args import positive_int
+from attnsvm.cli._args import default_out, positive_int
 
 HELP = "run the papers' experiments (all, or NAMES) and write a report with figures and verdicts"
 
@@ -23,12 +23,14 @@ def configure(p: argparse.ArgumentParser) -> None:
                         "Experiment outside the registry")
     scale = p.add_mutually_exclusive_group()
     scale.add_argument("--full", dest="scale", action="store_const", const="full",
-                       help="the papers' scale (slow) instead of the quick default")
+                       help="the papers' scale (slow) instead of the quick default "
+                            "(= --scale full)")
     scale.add_argument("--scale", choices=["tiny", "quick", "full"], default="quick",
-                       help="configuration size (tiny is for smoke tests)")
-    p.add_argument("--out", default="attnsvm-report",
-                   help="output folder (default %(default)s); sections of experiments not run "
-                        "now are kept")
+                       help="configuration size: tiny (smoke tests), quick, full (the papers'); "
+                            "`attnsvm list NAME` shows each")
+    p.add_argument("--out", default=default_out("reproduce"),
+                   help="output folder: report.md, verdicts.csv, NAME/ per experiment; "
+                        "sections of experiments not run now are kept")
     p.add_argument("--threads", type=positive_int, default=1,
                    help="torch intra-op threads (default 1: the experiments' tensors are small, "
                         "and extra threads cost more than they gain on a shared machine)")

@@ -1,51 +1,137 @@
-"""``attnsvm solve DATA.npz``: solve a max-margin problem and print its certificate."""
+"""``attnsvm solve DATA.npz``: solve a max-margin problem and print (and save) its certificate.
+
+The problem follows the data and ``--query`` as ``attnsvm train`` does:
+
+    cross          att_svm(X, z, alpha)                  queries z_i from the file
+    first / last   att_svm(X, X[:, q], alpha)            self-attention, z_i = x_{i,q}
+    seq2seq        seq2seq_svm(X, alpha)                 every token a query, alpha (n, T)
+    causal         seq2seq_svm(X, alpha, causal=True)    keys t <= k only
+    prompt         prompt_svm(X, None, alpha)            --problem prompt, or no z and no --query
+
+The selected tokens are alpha = opt (argmax of the scores gamma = y v^T x over the
+admissible keys) unless ``--alpha`` names them.
+"""
 
 from __future__ import annotations
 
 import argparse
 import re
 
-from attnsvm.cli._args import positive_int
+from attnsvm.cli._args import NPZ_FORMAT, check_out_file, positive_int, write_atomic
 
-HELP = "solve the attention SVM (THEORY §5) for a TokenData .npz and print the certificate"
+HELP = "solve the attention SVM for a TokenData .npz, print its certificate, save W_mm"
+
+QUERIES = ("cross", "first", "last", "seq2seq", "causal")
+SEQ2SEQ = ("seq2seq", "causal")
 
 #: --solver values by norm: attnsvm's own solvers, then the cvxpy solvers it configures.
 NATIVE_SOLVERS = {"fro": ("fast", "ipm", "mnp"), "nuc": ("fast", "barrier", "working_set")}
 CVXPY_SOLVERS = ("clarabel", "scs")
 
+EPILOG = NPZ_FORMAT + """
+
+What solve reads: X; y and v for --alpha opt (otherwise give --alpha); z for --query
+cross; mask if present. One dataset (not batched). y of shape (n, T) needs --query
+seq2seq or causal.
+
+Problems (docs/theory.md, section 5), chosen by --problem and --query:
+  --query cross         min ||W|| s.t. (x_{i,alpha_i} - x_it)^T W z_i >= 1 (att_svm)
+  --query first|last    the same with z_i = x_{i,first} / the last valid token
+  --query seq2seq       (x_{i,alpha_ik} - x_it)^T W x_ik >= 1 for every query k (seq2seq_svm)
+  --query causal        the same over keys t <= k only
+  --problem prompt      min ||p||_2 s.t. (x_{i,alpha_i} - x_it)^T p >= 1 (prompt_svm)
+Without --query: cross if the file has z, else the prompt problem.
+
+--alpha: opt (default: argmax_t gamma_it, gamma = y v^T x, over the admissible keys), or
+the selected token indices: one per sequence (0,2,1), or for seq2seq / causal one row of
+T per sequence, rows separated by ';' (0,0,1;1,1,2).
+
+--out FILE.npz holds:
+  W_mm            the solution: (d, d) matrix, or (d,) vector p_mm for the prompt problem
+                  (absent when infeasible)
+  norm_value      ||W_mm|| in norm_name (fro | nuc | l1 | p)
+  margin          min over the constraints of the margin (target 1)
+  violation       max over the constraints of max(0, 1 - margin)
+  kkt_residual    KKT residual (stationarity and complementarity, relative)
+  gap             relative duality gap
+  rank            numerical rank of W_mm (matrices)
+  alpha           selected tokens, (n,) or (n, T)
+  margins, dual, support   per constraint (n, T), or (n, T, T) [i, query k, key t]
+  conflict        sequences of a conflicting subset when infeasible
+  feasible, status, solver, problem, query, norm_name
+Read it with np.load(FILE) (no pickles). Exit status: 0 feasible (W_mm found), 1
+infeasible, 2 bad input.
+
+Examples:
+  attnsvm solve data.npz --norm nuc --out wmm.npz
+  attnsvm solve selfattn.npz --query last --alpha 0,2,1,1
+  attnsvm solve s2s.npz --query causal --out wmm.npz --force"""
+
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("data", help="TokenData .npz (keys X, y, z, v, mask)")
-    parser.add_argument("--norm", default=None,
-                        help="fro (default) | nuc | l1 | P (float > 1); the prompt problem is "
-                             "Frobenius only")
-    parser.add_argument("--alpha", default="opt",
-                        help="'opt' (argmax y v^T x) or comma-separated token indices, one per "
-                             "sequence")
+    parser.add_argument("data", metavar="DATA.npz", help="TokenData .npz (format below)")
+    parser.add_argument("--query", default=None, choices=QUERIES,
+                        help="where the queries come from, as in `attnsvm train` (default: "
+                             "cross if the file has z, else the prompt problem)")
     parser.add_argument("--problem", default="auto", choices=["auto", "att", "prompt"],
-                        help="att (W with queries z) or prompt (p, keys = X); auto: att if z")
+                        help="att (W with queries) or prompt (the vector p, keys = X); auto: "
+                             "att if the file has z or --query is given, else prompt")
+    parser.add_argument("--norm", default="fro",
+                        help="norm of the SVM: fro | nuc | l1 | P (a float > 1, entrywise l_p); "
+                             "the prompt problem is Frobenius only")
+    parser.add_argument("--alpha", default="opt",
+                        help="'opt' (argmax_t y v^T x_t) or token indices: I,J,... one per "
+                             "sequence; seq2seq/causal: rows of T separated by ';'")
     parser.add_argument("--rank", type=positive_int, default=None,
-                        help="rank <= m (nuclear norm only)")
+                        help="rank <= m, nuclear norm with one query per sequence only "
+                             "(default: no rank constraint)")
     parser.add_argument("--solver", default=None,
                         help="fro: fast | ipm | mnp | clarabel | scs;  nuc: fast | barrier | "
-                             "working_set | clarabel | scs;  l1, P: clarabel | scs")
+                             "working_set | clarabel | scs;  l1, P: clarabel | scs (default: "
+                             "fast for fro and nuc, clarabel otherwise)")
+    parser.add_argument("--out", default=None, metavar="FILE.npz",
+                        help="save W_mm and its certificate (keys below); an existing file is "
+                             "kept unless --force (default: print only)")
+    parser.add_argument("--force", action="store_true", help="overwrite an existing --out file")
 
 
-def parse_alpha(text: str, n: int):
-    """``"opt"`` -> None; ``"0,2,1"`` -> array([0, 2, 1]) (one index per sequence)."""
+# ------------------------------------------------------------------------- parsing
+def _indices(text: str, what: str) -> list[int]:
+    items = [t.strip() for t in text.split(",")]
+    if not all(re.fullmatch(r"[+-]?\d+", t) for t in items):
+        raise ValueError(f"--alpha expects 'opt' or comma-separated integer token indices, {what} "
+                         f"(e.g. 0,2,1); got {text!r}")
+    return [int(t) for t in items]
+
+
+def parse_alpha(text: str, n: int, T: int | None = None):
+    """``"opt"`` -> None; ``"0,2,1"`` -> array([0, 2, 1]) (one index per sequence);
+    with ``T`` (seq2seq): ``"0,0,1;0,1,1"`` -> an (n, T) array, one row per sequence."""
     import numpy as np
 
     if text.strip().lower() == "opt":
         return None
-    items = [t.strip() for t in text.split(",")]
-    if not all(re.fullmatch(r"[+-]?\d+", t) for t in items):
-        raise ValueError(f"--alpha expects 'opt' or comma-separated integer token indices, one "
-                         f"per sequence (e.g. 0,2,1); got {text!r}")
-    alpha = np.array([int(t) for t in items])
-    if len(alpha) != n:
-        raise ValueError(f"--alpha gives {len(alpha)} token indices, but the data has n = {n} "
-                         f"sequences (one index each)")
-    return alpha
+    if T is None:
+        if ";" in text:
+            raise ValueError(f"--alpha {text!r}: rows separated by ';' are for --query seq2seq "
+                             f"or causal; give one token index per sequence (e.g. 0,2,1)")
+        alpha = np.array(_indices(text, "one per sequence"))
+        if len(alpha) != n:
+            raise ValueError(f"--alpha gives {len(alpha)} token indices, but the data has n = "
+                             f"{n} sequences (one index each)")
+        return alpha
+    rows = [r for r in text.split(";")]
+    if len(rows) != n:
+        raise ValueError(f"--alpha gives {len(rows)} rows, but the data has n = {n} sequences "
+                         f"(one row of T = {T} indices each, rows separated by ';')")
+    out = []
+    for i, row in enumerate(rows):
+        idx = _indices(row, "one row of T per sequence, rows separated by ';'")
+        if len(idx) != T:
+            raise ValueError(f"--alpha row {i} gives {len(idx)} token indices; each row needs "
+                             f"T = {T}, one selected key per query token")
+        out.append(idx)
+    return np.array(out)
 
 
 def check_solver(solver: str | None, norm) -> str | None:
@@ -63,7 +149,8 @@ def check_solver(solver: str | None, norm) -> str | None:
 
 def load(path: str) -> dict:
     """The arrays of ``path``: X, optional y, z, v, mask, validated as TokenData when the
-    file has labels (anything wrong is a ValueError naming the file)."""
+    file has labels (anything wrong is a ValueError naming the file); ``seq2seq`` says
+    whether y holds one label per query token."""
     from attnsvm.data import TokenData, load_arrays
 
     arrays = load_arrays(path, required=("X",), optional=("y", "z", "v", "mask"))
@@ -76,59 +163,184 @@ def load(path: str) -> dict:
             raise ValueError(f"{path} holds B = {data.B} datasets (X of shape "
                              f"{data.X.shape}); solve takes one: save one of them "
                              f"(TokenData.trial(b).save(...))")
-        if data.seq2seq:
-            raise ValueError(f"{path} holds seq-to-seq labels y of shape (n, T); solve takes "
-                             f"one label per sequence (the seq-to-seq SVM is "
-                             f"attnsvm.svm.seq2seq_svm)")
-        return {"X": data.X, "y": data.y, "z": data.z, "v": data.v, "mask": data.mask}
-    X = arrays["X"]
-    if X.ndim != 3:
-        raise ValueError(f"{path}: X must have shape (n, T, d); got {X.shape}")
-    return {"X": X, "y": None, "z": arrays.get("z"), "v": arrays.get("v"),
-            "mask": arrays.get("mask")}
+        return {"X": data.X, "y": data.y, "z": data.z, "v": data.v, "mask": data.mask,
+                "seq2seq": data.seq2seq}
+    try:  # no labels: validate the rest through TokenData with placeholder labels
+        X = arrays["X"]
+        if getattr(X, "ndim", 0) != 3:
+            raise ValueError(f"X must have shape (n, T, d); got {getattr(X, 'shape', None)}")
+        data = TokenData(X=X, y=[1.0] * X.shape[0], z=arrays.get("z"), v=arrays.get("v"),
+                         mask=arrays.get("mask"))
+    except ValueError as exc:
+        raise ValueError(f"{path}: {exc}") from None
+    return {"X": data.X, "y": None, "z": data.z, "v": data.v, "mask": data.mask,
+            "seq2seq": False}
+
+
+# ------------------------------------------------------------------ the problem
+def choose(args: argparse.Namespace, data: dict, source: str) -> str:
+    """The problem to solve: "prompt" or a query kind of QUERIES; a ValueError names a
+    combination that does not apply."""
+    query, problem = args.query, args.problem
+    if problem == "prompt":
+        if query is not None:
+            raise ValueError(f"--query {query} does not apply to --problem prompt (its one query "
+                             f"is the trained vector p); leave --query out")
+        if data["seq2seq"]:
+            raise ValueError(f"{source} holds seq-to-seq labels y of shape (n, T), which the "
+                             f"prompt problem cannot use (one query per sequence); use --query "
+                             f"seq2seq|causal")
+        return "prompt"
+    if query is None:
+        if data["seq2seq"]:
+            raise ValueError(f"{source} holds seq-to-seq labels y of shape (n, T) (one per query "
+                             f"token); use --query seq2seq|causal")
+        if data["z"] is not None:
+            return "cross"
+        if problem == "att":
+            raise ValueError(f"--problem att needs cross-attention queries z, and {source} "
+                             f"has none; use --query first|last|seq2seq|causal "
+                             f"(self-attention) or --problem prompt")
+        return "prompt"
+    if query == "cross" and data["z"] is None:
+        raise ValueError(f"--query cross needs cross-attention queries z, and {source} has "
+                         f"none; use --query first|last (self-attention: the first or last "
+                         f"token is the query), seq2seq|causal, or add z to the file")
+    if data["seq2seq"] and query not in SEQ2SEQ:
+        raise ValueError(f"{source} holds seq-to-seq labels y of shape (n, T) (one per query "
+                         f"token), which --query {query} cannot use (one query per sequence); "
+                         f"use --query seq2seq|causal, or labels y of shape (n,)")
+    return query
+
+
+def self_queries(X, mask, which: str):
+    """z_i = x_{i,first} or x_{i,last valid} (n, d), as the models take them."""
+    import numpy as np
+
+    if which == "first":
+        return X[:, 0, :]
+    if mask is None:
+        return X[:, -1, :]
+    last = np.cumsum(mask, axis=1).argmax(axis=1)  # the last valid token
+    return X[np.arange(X.shape[0]), last, :]
+
+
+def seq2seq_opt(X, y, v, mask, causal: bool):
+    """alpha_ik = argmax over the admissible keys t of gamma_ikt (n, T): gamma = y v^T x_t
+    with y_ik (seq-to-seq labels) or y_i (one label per sequence, the same for every
+    query); admissible: valid keys, and t <= k when causal."""
+    import numpy as np
+
+    from attnsvm.scores import scores
+
+    n, T, _ = X.shape
+    g = scores(X, y, v)
+    g = np.broadcast_to(g[:, None, :], (n, T, T)) if g.ndim == 2 else g
+    ok = np.ones((n, T, T), bool)
+    if mask is not None:
+        ok &= np.asarray(mask, bool)[:, None, :]
+    if causal:
+        ok &= np.tril(np.ones((T, T), bool))[None]
+    return np.argmax(np.where(ok, g, -np.inf), axis=-1)
+
+
+def solution_arrays(sol, query: str) -> dict:
+    """What ``--out`` writes: W_mm, the certificate numbers and the per-constraint arrays
+    (plain numpy, strings as unicode arrays: np.load reads them without pickles)."""
+    import numpy as np
+
+    out = {
+        "norm_name": np.str_(str(sol.norm)),
+        "norm_value": np.float64(sol.norm_),
+        "margin": np.float64(sol.margin_),
+        "violation": np.float64(sol.violation_),
+        "kkt_residual": np.float64(sol.kkt_residual_),
+        "gap": np.float64(sol.gap_),
+        "feasible": np.bool_(sol.feasible_),
+        "status": np.str_(sol.status_),
+        "solver": np.str_(sol.solver_),
+        "problem": np.str_(sol.problem),
+        "query": np.str_(query),
+        "conflict": np.asarray(sol.conflict_, dtype=np.int64),
+    }
+    if sol.W_ is not None:
+        out["W_mm"] = np.asarray(sol.W_, dtype=np.float64)
+        out["rank"] = np.int64(sol.rank())
+    if sol.alpha_ is not None:
+        out["alpha"] = np.asarray(sol.alpha_, dtype=np.int64)
+    for key, val in (("margins", sol.margins_), ("dual", sol.dual_), ("support", sol.support_)):
+        if val is not None:
+            out[key] = np.asarray(val)
+    return out
 
 
 def run(args: argparse.Namespace) -> int:
-    from attnsvm.svm import att_svm, prompt_svm
+    import numpy as np
+
+    from attnsvm.svm import att_svm, prompt_svm, seq2seq_svm
     from attnsvm.svm.solution import _norm_name
 
+    out = check_out_file(args.out, args.force, (".npz",), "the solution")
     try:
-        norm = _norm_name("fro" if args.norm is None else args.norm)
+        norm = _norm_name(args.norm)
     except ValueError as exc:
         raise ValueError(f"--norm {args.norm}: {exc}") from None
+    solver = check_solver(args.solver, norm)
     data = load(args.data)
-    X, z = data["X"], data["z"]
-    n = X.shape[0]
-    alpha = parse_alpha(args.alpha, n)
-    if alpha is None and (data["y"] is None or data["v"] is None):
+    X, y, v, mask = data["X"], data["y"], data["v"], data["mask"]
+    n, T, _ = X.shape
+    kind = choose(args, data, args.data)
+    seq = kind in SEQ2SEQ
+    alpha = parse_alpha(args.alpha, n, T if seq else None)
+    if alpha is None and (y is None or v is None):
         missing = [k for k in ("y", "v") if data[k] is None]
+        example = "i1,i2,..." if not seq else "rows of T indices separated by ';'"
         raise ValueError(f"--alpha opt (argmax_t y_i v^T x_it) needs labels y and the head v; "
-                         f"{args.data} has no {' or '.join(missing)}: give --alpha i1,i2,... "
-                         f"(one token index per sequence)")
-    problem = args.problem
-    if problem == "auto":
-        problem = "att" if z is not None else "prompt"
-    if problem == "att" and z is None:
-        raise ValueError(f"--problem att needs cross-attention queries z, and {args.data} has "
-                         f"none; use --problem prompt")
-    if problem == "prompt" and norm != "fro":
+                         f"{args.data} has no {' or '.join(missing)}: give --alpha "
+                         f"{example} (the selected token indices)")
+    if kind == "prompt" and norm != "fro":
         raise ValueError(f"--norm {args.norm} does not apply to the prompt SVM, which is "
                          f"Frobenius only (min ||p||_2)" + (
                              "; the file has no queries z, so --problem auto chose prompt"
                              if args.problem == "auto" else ""))
     if args.rank is not None and norm != "nuc":
         raise ValueError(f"--rank applies to the nuclear norm only (--norm nuc); got --norm "
-                         f"{norm}" + (" (the prompt SVM)" if problem == "prompt" else ""))
-    solver = check_solver(args.solver, norm)
-    if problem == "prompt":
-        sol = prompt_svm(X, None, alpha, y=data["y"], v=data["v"], mask=data["mask"],
-                         solver=solver)
+                         f"{norm}" + (" (the prompt SVM)" if kind == "prompt" else ""))
+    if args.rank is not None and seq:
+        raise ValueError(f"--rank applies to one query per sequence (--query cross|first|last); "
+                         f"the seq-to-seq SVM of --query {kind} has no rank option")
+
+    if kind == "prompt":
+        sol = prompt_svm(X, None, alpha, y=y, v=v, mask=mask, solver=solver)
+    elif seq:
+        if alpha is None:
+            alpha = seq2seq_opt(X, y, v, mask, causal=kind == "causal")
+        sol = seq2seq_svm(X, alpha, causal=kind == "causal", mask=mask, norm=norm, solver=solver)
     else:
-        sol = att_svm(X, z, alpha, y=data["y"], v=data["v"], norm=norm, rank=args.rank,
-                      mask=data["mask"], solver=solver)
+        Z = data["z"] if kind == "cross" else self_queries(X, mask, kind)
+        sol = att_svm(X, Z, alpha, y=y, v=v, norm=norm, rank=args.rank, mask=mask,
+                      solver=solver)
+    what = {"prompt": "prompt vector p", "cross": "queries z from the file",
+            "first": "self-attention, query = first token",
+            "last": "self-attention, query = last valid token",
+            "seq2seq": "seq-to-seq, every token a query",
+            "causal": "causal seq-to-seq, keys t <= k"}[kind]
+    print(f"data: {args.data} (n = {n}, T = {T}, d = {X.shape[2]}); {what}")
     print(sol.summary())
     if solver in CVXPY_SOLVERS and not str(sol.solver_).lower().startswith(solver):
         print(f"note: --solver {solver} failed on this problem; the solution above comes "
               f"from {sol.solver_}")
-    print(f"alpha = {sol.alpha_.tolist()}")
+    a = np.asarray(sol.alpha_)
+    shown = a.tolist() if a.ndim == 1 else "; ".join(",".join(map(str, r)) for r in a.tolist())
+    print(f"alpha = {shown}")
+    if out is not None:
+        arrays = solution_arrays(sol, kind)
+
+        def write(tmp):
+            with open(tmp, "wb") as fh:  # a handle: np.savez would append .npz to a name
+                np.savez(fh, **arrays)
+
+        write_atomic(out, args.force, write)
+        print(f"W_mm and certificate -> {out}" if sol.feasible_
+              else f"certificate (infeasible: no W_mm) -> {out}")
     return 0 if sol.feasible_ else 1

@@ -2,7 +2,8 @@
 
 Examples::
 
-    attnsvm sweep mmts-fig4 --grid d=2,4,8 --grid seed=0:10 --executor processes
+    attnsvm sweep mmts-fig4 --grid seed=0:10 --grid lr=0.1,0.01 --executor processes
+    attnsvm sweep mmts-fig9 --grid 'ds=[2,4],[8,16]' --grid seed=0:3 --dry-run
     attnsvm sweep mmts-fig4 --grid lr=0.1,0.01 --scale full --executor dask \\
         --address tcp://scheduler:8786 --store /scratch/fig4
     attnsvm sweep mypkg.experiments:MINE --grid n=10,100 --dry-run
@@ -13,30 +14,50 @@ Running the same command again resumes: cells already in the store are not recom
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 
-from attnsvm.cli._args import positive_int
+from attnsvm.cli._args import default_out, positive_int
 
 HELP = "run an experiment over a grid of config overrides (local, processes or Dask), " \
        "stored as Parquet with resume"
+
+EPILOG = """\
+Grid values (--grid KEY=VALUES, one axis per --grid; the cells are the product):
+  d=2,4,8          three cells, d = 2, 4 and 8
+  seed=0:10        a range a:b[:step], b excluded: seed = 0 .. 9
+  lr=0.1,1e-2      numbers; true/false/none; anything else is a string (norm=fro,nuc)
+  ds=[2,4,8]       ONE cell whose value is the list [2, 4, 8] (brackets make a list)
+  ds=[2,4],[8,16]  two cells, ds = [2, 4] and ds = [8, 16]; lists nest, may hold ranges
+                   ([0:4] is [0, 1, 2, 3]) and JSON values (["fro", "nuc"])
+Quote a value with brackets in the shell: --grid 'ds=[2,4,8]'.
+
+The keys are the experiment's config keys (`attnsvm list NAME` shows them at every
+scale). A key the config does not have, or a single value where the config holds a list
+(and the reverse), is refused before anything runs; --no-strict lets unknown keys
+through. --dry-run checks the grid and prints the cells and their state in the store.
+
+The store: STORE/manifest.json, STORE/<table>/cell=<hash>.parquet; attnsvm.sweep.load(STORE)
+reads every table back with the cell's parameters as columns."""
 
 
 def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("name", metavar="NAME",
                    help="experiment name (`attnsvm list`), or module:ATTR of an Experiment")
     p.add_argument("--grid", action="append", default=[], metavar="KEY=VALUES",
-                   help="an axis of the grid: comma-separated values and/or ranges "
-                        "a:b[:step] (b excluded), e.g. d=2,4,8 or seed=0:10; "
-                        "ints, floats, true/false/none, else strings; repeat per axis")
+                   help="an axis of the grid: comma-separated values, ranges a:b[:step] "
+                        "(b excluded) and [lists], e.g. d=2,4,8, seed=0:10, ds=[2,4,8]; "
+                        "repeat per axis (default: one cell, the scale's config)")
     p.add_argument("--scale", choices=["tiny", "quick", "full"], default="quick",
-                   help="base configuration the overrides apply to (default %(default)s)")
+                   help="base configuration the overrides apply to")
     p.add_argument("--store", default=None,
-                   help="output folder (default sweeps/NAME); an existing one is resumed")
+                   help=f"output folder; an existing one is resumed (default "
+                        f"{default_out('sweep', 'NAME')})")
     p.add_argument("--executor", choices=["local", "processes", "dask"], default="local",
-                   help="where cells run (default %(default)s)")
+                   help="where cells run")
     p.add_argument("--address", default=None,
-                   help="Dask scheduler address (tcp://host:8786); implies --executor dask; "
-                        "default with dask: a LocalCluster on this machine")
+                   help="Dask scheduler address (tcp://host:8786); implies --executor dask "
+                        "(default with dask: a LocalCluster on this machine)")
     p.add_argument("--workers", type=positive_int, default=None,
                    help="worker processes for processes / the Dask LocalCluster "
                         "(default: all cores)")
@@ -47,14 +68,16 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-progress", dest="progress", action="store_false",
                    help="no progress bar")
     p.add_argument("--dry-run", action="store_true",
-                   help="print the cells and whether each is already stored; run nothing")
+                   help="check the grid, print the cells and whether each is already stored; "
+                        "run nothing")
 
 
 def parse_value(text: str) -> object:
-    """``"3"`` -> 3, ``"0.5"``/``"1e-3"`` -> float, ``"true"``/``"none"`` -> True/None, else str.
+    """``"3"`` -> 3, ``"0.5"``/``"1e-3"`` -> float, ``"true"``/``"none"`` -> True/None,
+    ``'"x"'`` -> "x" (JSON string), else the text as a string.
 
-    >>> [parse_value(t) for t in ["3", "-2", "0.5", "1e-3", "True", "none", "fro"]]
-    [3, -2, 0.5, 0.001, True, None, 'fro']
+    >>> [parse_value(t) for t in ["3", "-2", "0.5", "1e-3", "True", "none", "fro", '"a,b"']]
+    [3, -2, 0.5, 0.001, True, None, 'fro', 'a,b']
     """
     t = text.strip()
     low = t.lower()
@@ -62,6 +85,11 @@ def parse_value(text: str) -> object:
         return low == "true"
     if low in ("none", "null"):
         return None
+    if len(t) >= 2 and t[0] == t[-1] == '"':
+        try:
+            return json.loads(t)
+        except json.JSONDecodeError:
+            pass
     for cast in (int, float):
         try:
             return cast(t)
@@ -70,23 +98,49 @@ def parse_value(text: str) -> object:
     return t
 
 
-def parse_axis(spec: str) -> tuple[str, list]:
-    """``"d=2,4,8"`` -> ("d", [2, 4, 8]); ``"seed=0:3"`` -> ("seed", [0, 1, 2]);
-    ``"x=0:6:2,10"`` -> ("x", [0, 2, 4, 10]).
+def _split(text: str, spec: str) -> list[str]:
+    """``text`` split at the commas outside brackets and quotes."""
+    items, depth, quote, start = [], 0, False, 0
+    for j, ch in enumerate(text):
+        if ch == '"':
+            quote = not quote
+        elif quote:
+            continue
+        elif ch in "[{":
+            depth += 1
+        elif ch in "]}":
+            depth -= 1
+            if depth < 0:
+                raise ValueError(f"--grid {spec!r}: unbalanced brackets (a ']' without its '[')")
+        elif ch == "," and depth == 0:
+            items.append(text[start:j])
+            start = j + 1
+    if depth or quote:
+        raise ValueError(f"--grid {spec!r}: unbalanced " + ("quotes" if quote else "brackets")
+                         + " (a '[' without its ']')" * (not quote))
+    items.append(text[start:])
+    return items
 
-    >>> parse_axis("seed=0:3")
-    ('seed', [0, 1, 2])
-    >>> parse_axis("lr=0.1,1e-2")
-    ('lr', [0.1, 0.01])
-    """
-    key, sep, values = spec.partition("=")
-    key = key.strip()
-    if not sep or not key or not values.strip():
-        raise ValueError(f"--grid expects KEY=VALUES (e.g. d=2,4,8 or seed=0:10); got {spec!r}")
+
+def _items(text: str, spec: str) -> list:
+    """The values of a comma-separated list: ranges expand, [..] is one list value."""
     out: list = []
-    for item in values.split(","):
+    for item in _split(text, spec):
         item = item.strip()
         if not item:
+            continue
+        if item.startswith("["):
+            if not item.endswith("]"):
+                raise ValueError(f"--grid {spec!r}: {item!r} must end with ']'; separate "
+                                 f"values with commas")
+            out.append(_items(item[1:-1], spec))
+            continue
+        if item.startswith("{"):
+            try:
+                out.append(json.loads(item))
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"--grid {spec!r}: {item!r} is not a JSON object ({exc.msg})") \
+                    from None
             continue
         parts = item.split(":")
         if len(parts) in (2, 3) and all(_is_int(x) for x in parts):
@@ -100,9 +154,63 @@ def parse_axis(spec: str) -> tuple[str, list]:
                              f"list float values with commas")
         else:
             out.append(parse_value(item))
+    return out
+
+
+def parse_axis(spec: str) -> tuple[str, list]:
+    """``"d=2,4,8"`` -> ("d", [2, 4, 8]); ``"seed=0:3"`` -> ("seed", [0, 1, 2]);
+    ``"x=0:6:2,10"`` -> ("x", [0, 2, 4, 10]); ``"ds=[2,4],[8]"`` -> ("ds", [[2, 4], [8]]).
+
+    >>> parse_axis("seed=0:3")
+    ('seed', [0, 1, 2])
+    >>> parse_axis("lr=0.1,1e-2")
+    ('lr', [0.1, 0.01])
+    >>> parse_axis("ds=[2,4,8]")
+    ('ds', [[2, 4, 8]])
+    >>> parse_axis('ds=[2,4],[0:3],["a", "b"]')
+    ('ds', [[2, 4], [0, 1, 2], ['a', 'b']])
+    """
+    key, sep, values = spec.partition("=")
+    key = key.strip()
+    if not sep or not key or not values.strip():
+        raise ValueError(f"--grid expects KEY=VALUES (e.g. d=2,4,8, seed=0:10 or "
+                         f"ds=[2,4,8]); got {spec!r}")
+    out = _items(values, spec)
     if not out:
         raise ValueError(f"--grid {spec!r} has no values")
     return key, out
+
+
+def check_axes(exp, scale: str, axes: dict, strict: bool = True) -> None:
+    """Refuse, with one line naming the problem, a grid that cannot mean what it says: a
+    scale the experiment lacks, a key its config does not have (``strict``), a single value
+    where the config holds a list or a list where it holds a number."""
+    from attnsvm.cli.list_ import fmt
+
+    if scale not in exp.configs:
+        raise ValueError(f"{exp.name} has no scale {scale!r}; it has {', '.join(exp.configs)}")
+    config = exp.configs[scale]
+    unknown = [k for k in axes if k not in config]
+    if strict and unknown:
+        raise ValueError(f"--grid {unknown[0]}: {exp.name} has no config key {unknown[0]!r} at "
+                         f"scale {scale!r}; its keys: {', '.join(config)} (--no-strict passes "
+                         f"keys the config does not have)")
+    for key, values in axes.items():
+        if key not in config:
+            continue
+        base = config[key]
+        for v in values:
+            if isinstance(base, (list, tuple)) and not isinstance(v, (list, tuple)):
+                raise ValueError(
+                    f"--grid {key}={fmt(v)}: {key} is a list in {exp.name}'s config "
+                    f"({fmt(base)}); a list value goes in brackets: --grid '{key}=[{fmt(v)}]' "
+                    f"is one cell, '{key}=[2,4],[8]' two")
+            if (isinstance(base, (int, float)) and not isinstance(base, bool)
+                    and isinstance(v, (list, tuple))):
+                raise ValueError(
+                    f"--grid {key}={fmt(v)}: {key} is a single number in {exp.name}'s config "
+                    f"({fmt(base)}); for one cell per value write {key}="
+                    f"{','.join(fmt(x) for x in v)}")
 
 
 def _is_int(text: str) -> bool:
@@ -116,14 +224,21 @@ def _is_int(text: str) -> bool:
 def run(args: argparse.Namespace) -> int:
     from attnsvm.sweep import SweepTerminated, _Store, cell_key, grid, resolve_experiment, sweep
 
-    axes = dict(parse_axis(s) for s in args.grid)  # a ValueError is one line (cli.main)
+    axes = {}
+    for spec in args.grid:  # a ValueError is one line (cli.main)
+        key, values = parse_axis(spec)
+        if key in axes:
+            raise ValueError(f"--grid {key} is given twice; put every value of an axis in one "
+                             f"--grid {key}=... (e.g. {key}=1,2,3)")
+        axes[key] = values
     try:
         exp = resolve_experiment(args.name)
     except KeyError as exc:
         raise ValueError(exc.args[0]) from None
+    check_axes(exp, args.scale, axes, args.strict)
     cells = grid(**axes)
     executor = "dask" if args.address else args.executor
-    store = args.store or f"sweeps/{exp.name}"
+    store = args.store or default_out("sweep", exp.name)
 
     if args.dry_run:
         from pathlib import Path

@@ -5,11 +5,14 @@ from __future__ import annotations
 import argparse
 
 from attnsvm.cli._args import (
+    NPZ_FORMAT,
+    check_out_file,
     nonnegative_float,
     nonnegative_int,
     positive_float,
     positive_int,
     torch_device,
+    write_atomic,
 )
 
 HELP = "train attention models (built-in demo or a .npz TokenData) and summarise the run"
@@ -17,38 +20,65 @@ HELP = "train attention models (built-in demo or a .npz TokenData) and summarise
 QUERIES = ["cross", "first", "last", "seq2seq", "causal"]
 DEFAULT_TRIALS = 200
 
+EPILOG = NPZ_FORMAT + """
+
+What train reads: X, y and v (every model here has the fixed linear head v); z for
+--query cross; mask if present. y of shape (n, T) needs --query seq2seq or causal. A
+batched file trains one trial per dataset (B trials; --trials must agree or be left out).
+
+Examples:
+  attnsvm train --steps 1000 --optimizer ngd --lr 0.1
+  attnsvm train --data my.npz --model KQ --query last --optimizer adam --opt-arg eps=0
+  attnsvm train --data s2s.npz --query causal --out metrics.parquet"""
+
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--data", default=None,
-                        help="TokenData .npz (default: the random_sphere demo n=6 T=8 d=10)")
-    parser.add_argument("--model", default="W", choices=["W", "KQ", "Diag", "Prompt"])
+    parser.add_argument("--data", default=None, metavar="FILE.npz",
+                        help="TokenData .npz, format below (default: the random_sphere demo, "
+                             "n=6 T=8 d=10, one dataset per trial)")
+    parser.add_argument("--model", default="W", choices=["W", "KQ", "Diag", "Prompt"],
+                        help="parameterisation: W (combined key-query matrix), KQ (W = K Q^T), "
+                             "Diag (W = diag(k * q)), Prompt (trained query p, W = I)")
     parser.add_argument("--query", default=None, choices=QUERIES,
-                        help="where the queries come from (default cross: the data's z; "
-                             "first/last: a token of the sequence; not for --model Prompt)")
+                        help="where the queries come from: cross (the data's z), first / last "
+                             "(self-attention: that token of the sequence is the query), "
+                             "seq2seq / causal (every token is a query; causal: keys t <= k) "
+                             "(default cross; not for --model Prompt)")
     parser.add_argument("--optimizer", default="ngd", metavar="RULE",
-                        help="a rule of attnsvm.optim (default %(default)s): "
+                        help="a rule of attnsvm.optim: "
                              + ", ".join(_rule_names()) + ", or md<p> (l_p mirror descent)")
     parser.add_argument("--lr", type=positive_float, default=0.1,
-                        help="step size > 0 (Polyak: its c; default %(default)s)")
+                        help="step size > 0 (Polyak: its c)")
     parser.add_argument("--opt-arg", action="append", default=[], metavar="KEY=VALUE",
                         help="another hyper-parameter of the rule, e.g. --opt-arg eps=0 "
-                             "--opt-arg beta=0.9 (repeatable)")
+                             "--opt-arg beta=0.9 (repeatable; default: the rule's own)")
     parser.add_argument("--p", type=float, default=None,
                         help="l_p exponent > 1 for --optimizer mirror (default 2)")
-    parser.add_argument("--loss", default="logistic", choices=["logistic", "exponential", "correlation"])
+    parser.add_argument("--loss", default="logistic",
+                        choices=["logistic", "exponential", "correlation"],
+                        help="loss of the margin u = y f")
     parser.add_argument("--trials", type=positive_int, default=None,
                         help=f"B independent trials (default {DEFAULT_TRIALS}; a batched "
                              f"--data file sets B)")
-    parser.add_argument("--steps", type=nonnegative_int, default=500)
-    parser.add_argument("--seed", type=nonnegative_int, default=0)
-    parser.add_argument("--init", default="random", choices=["random", "zero", "balanced", "unbalanced"])
-    parser.add_argument("--scale", type=nonnegative_float, default=0.1, help="initialisation norm")
-    parser.add_argument("--record-every", type=positive_int, default=None)
-    parser.add_argument("--device", default=None, help="torch device, e.g. cuda")
+    parser.add_argument("--steps", type=nonnegative_int, default=500,
+                        help="optimiser steps per trial")
+    parser.add_argument("--seed", type=nonnegative_int, default=0,
+                        help="seed of the demo data, the initialisation and SGD's mini-batches")
+    parser.add_argument("--init", default="random",
+                        choices=["random", "zero", "balanced", "unbalanced"],
+                        help="initialisation: random (norm --scale), zero, balanced (K = Q) or "
+                             "unbalanced (Q = 0; KQ and Diag only)")
+    parser.add_argument("--scale", type=nonnegative_float, default=0.1,
+                        help="Frobenius norm of the random initialisation")
+    parser.add_argument("--record-every", type=positive_int, default=None,
+                        help="record the metrics every this many steps, and at the last "
+                             "(default: steps // 100, at least 1)")
+    parser.add_argument("--device", default=None,
+                        help="torch device: cpu, cuda, cuda:N or mps (default: cpu)")
     parser.add_argument("--progress", action="store_true", help="show a progress bar")
-    parser.add_argument("--out", default=None,
+    parser.add_argument("--out", default=None, metavar="FILE",
                         help="write the metrics table (.parquet or .csv); an existing file "
-                             "is kept unless --force")
+                             "is kept unless --force (default: print the summary only)")
     parser.add_argument("--force", action="store_true", help="overwrite an existing --out file")
 
 
@@ -92,43 +122,16 @@ def make_optimizer(name: str, lr: float, p: float | None, pairs: list[str]):
 
 
 def check_out(path: str | None, force: bool):
-    """The ``--out`` path, checked before any work is done: a .parquet or .csv file in an
-    existing folder, not a folder, and not an existing file unless ``force``."""
-    from pathlib import Path
-
-    if path is None:
-        return None
-    out = Path(path)
-    if out.suffix not in (".parquet", ".csv"):
-        raise ValueError(f"--out {path}: the metrics table is written as .parquet or .csv; "
-                         f"give a file name ending in one of them")
-    if out.is_dir():
-        raise ValueError(f"--out {path}: is a directory; give a file name")
-    if not out.parent.is_dir():
-        raise ValueError(f"--out {path}: the folder {out.parent} does not exist")
-    if out.exists() and not force:
-        raise ValueError(f"--out {path}: the file exists; pass --force to overwrite it, or "
-                         f"give another name")
-    return out
+    """The ``--out`` metrics file, checked before any work is done (.parquet or .csv)."""
+    return check_out_file(path, force, (".parquet", ".csv"), "the metrics table")
 
 
 def write_table(df, out, force: bool) -> None:
     """Write ``df`` to ``out`` under a temporary name, then rename (never a torn file)."""
-    import os
-
-    if out.exists() and not force:  # appeared while training
-        raise ValueError(f"--out {out}: the file appeared while training; pass --force to "
-                         f"overwrite it")
-    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
-    try:
-        if out.suffix == ".parquet":
-            df.to_parquet(tmp, index=False)
-        else:
-            df.to_csv(tmp, index=False)
-        os.replace(tmp, out)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
+    if out.suffix == ".parquet":
+        write_atomic(out, force, lambda tmp: df.to_parquet(tmp, index=False))
+    else:
+        write_atomic(out, force, lambda tmp: df.to_csv(tmp, index=False))
 
 
 def run(args: argparse.Namespace) -> int:

@@ -14,7 +14,7 @@ traceback and does not cost the other cells their results.
     >>> cells = grid(d=[10, 20, 40], seed=range(10))       # 30 cells
     >>> res = sweep("mmts-fig4", cells, executor="processes")  # doctest: +SKIP
     >>> res["metrics"].groupby("d")["loss"].mean()          # doctest: +SKIP
-    >>> load("sweeps/mmts-fig4")["metrics"]                 # the same rows, from disk  # doctest: +SKIP
+    >>> load("attnsvm-out/sweep/mmts-fig4")["metrics"]      # the same rows, from disk  # doctest: +SKIP
 
 Executors
 ---------
@@ -82,6 +82,9 @@ from .executors import (
 )
 from .store import CELL_COLUMN, MANIFEST, _cells_frame, _now, _Store, load
 
+#: where a sweep is stored when no ``store`` is given: DEFAULT_ROOT / <experiment name>
+DEFAULT_ROOT = Path("attnsvm-out") / "sweep"
+
 __all__ = ["grid", "sweep", "load", "cell_key", "resolve_experiment", "SweepResult",
            "SweepTerminated", "EXECUTORS"]
 
@@ -146,7 +149,8 @@ def sweep(experiment: Experiment | str, cells: Iterable[Mapping[str, Any]], *,
     cells:      config overrides, one dict per task, e.g. ``grid(d=[2, 4], seed=range(5))``;
                 duplicates run once.
     scale:      the base configuration (``"tiny"``, ``"quick"``, ``"full"``).
-    store:      output folder (default ``sweeps/<experiment name>``); resumed if present.
+    store:      output folder (default ``attnsvm-out/sweep/<experiment name>``, the CLI's
+                default too); resumed if present.
     executor:   ``"local"``, ``"processes"``, ``"dask"`` or a ``dask.distributed.Client``.
     address:    scheduler address for ``"dask"`` (``"tcp://host:8786"``); default: a
                 ``LocalCluster`` started and stopped by this call.
@@ -190,7 +194,7 @@ def sweep(experiment: Experiment | str, cells: Iterable[Mapping[str, Any]], *,
         key = cell_key(cell, scale)
         if key not in order:
             order[key] = (cell, exp.config(scale, **cell))
-    st = _Store(Path(store) if store is not None else Path("sweeps") / exp.name, exp.name)
+    st = _Store(Path(store) if store is not None else DEFAULT_ROOT / exp.name, exp.name)
     resumed = {k for k in order if st.is_done(k)}
     jobs = [(k, cfg) for k, (_, cfg) in order.items() if k not in resumed
             and (retry_failed or st.status(k) != "failed")]

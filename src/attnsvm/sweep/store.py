@@ -202,7 +202,7 @@ def load(store: str | Path, *, scale: str | None = None, failed: bool = False
     of one scale only. With ``failed=True`` the result has one more table,
     ``"_failed"``: the failed cells' parameters and tracebacks (column ``error``).
 
-    >>> tables = load("sweeps/mmts-fig4")       # doctest: +SKIP
+    >>> tables = load("attnsvm-out/sweep/mmts-fig4")       # doctest: +SKIP
     >>> tables["metrics"].groupby("d").size()   # doctest: +SKIP
     """
     root = Path(store)
