@@ -83,17 +83,25 @@ def test_sign_test_against_scipy():
 
 
 def test_make_optimizer_torch_class_and_core_rule():
-    from attnsvm.realdata.optim import CoreRule
+    from attnsvm.optim import RuleOptimizer
 
     w = torch.nn.Parameter(torch.tensor([[3.0, -4.0]], dtype=torch.float64))
     opt = make_optimizer({"name": "AdamW", "rule": "torch.optim.AdamW", "lr": 1e-3}, [w])
     assert isinstance(opt, torch.optim.AdamW) and opt.defaults["lr"] == 1e-3
     # an attnsvm.optim rule is one config entry: NGD step W - lr G / ||G||_F
     opt = make_optimizer({"name": "NGD", "rule": "attnsvm.optim.ngd", "lr": 0.5}, [w])
-    assert isinstance(opt, CoreRule)
+    assert isinstance(opt, RuleOptimizer)
     w.grad = torch.tensor([[0.3, 0.4]], dtype=torch.float64)
     opt.step()
     torch.testing.assert_close(w.detach(), torch.tensor([[3.0 - 0.3, -4.0 - 0.4]], dtype=torch.float64))
+    # a registered name is one entry too: sign descent moves every entry by lr
+    w2 = torch.nn.Parameter(torch.tensor([[1.0, 1.0]], dtype=torch.float64))
+    opt = make_optimizer({"name": "sign", "rule": "sign", "lr": 0.25}, [w2])
+    w2.grad = torch.tensor([[-2.0, 1e-30]], dtype=torch.float64)
+    opt.step()
+    torch.testing.assert_close(w2.detach(), torch.tensor([[1.25, 0.75]], dtype=torch.float64))
+    with pytest.raises(ValueError, match="unknown optimizer 'nosuch'"):
+        make_optimizer({"name": "x", "rule": "nosuch"}, [w2])
     with pytest.raises(ValueError, match="cannot import"):
         make_optimizer({"name": "x", "rule": "torch.optim.NoSuchThing"}, [w])
     with pytest.raises(ValueError, match="neither"):

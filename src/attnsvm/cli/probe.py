@@ -36,8 +36,9 @@ def configure(p: argparse.ArgumentParser) -> None:
                         "0 skips the control and the verdict)")
     p.add_argument("--bias", choices=["augment", "ignore"], default=None,
                    help="key-bias term: constant-1 query coordinate (default) or dropped")
-    p.add_argument("--seed", type=nonnegative_int, default=None)
-    p.add_argument("--quiet", action="store_true")
+    p.add_argument("--seed", type=nonnegative_int, default=None,
+                   help="seed of the sentence sample, the nulls and the controls (default 0)")
+    p.add_argument("--quiet", action="store_true", help="no progress lines")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -17,8 +17,8 @@ random rotations of the head matrix). Step 0 is the random-initialisation contro
 architecture, the same text, untrained weights.
 
 Optimisers are data: ``{"name", "rule", **hyper-parameters}``, ``rule`` a dotted path to a
-``torch.optim.Optimizer`` class or to an ``attnsvm.optim`` rule factory (wrapped by
-:class:`attnsvm.realdata.optim.CoreRule`): adding sign descent or Muon is one entry.
+``torch.optim.Optimizer`` class, or the name of a registered ``attnsvm.optim`` rule (run
+through :class:`attnsvm.optim.RuleOptimizer`): adding sign descent or Muon is one entry.
 """
 
 from __future__ import annotations
@@ -65,25 +65,28 @@ def windows(ids: torch.Tensor, n: int, T: int, generator) -> torch.Tensor:
 
 
 def make_optimizer(spec: dict, params) -> torch.optim.Optimizer:
-    """``spec = {"name": ..., "rule": "torch.optim.AdamW" | "attnsvm.optim.ngd" | ..., **hyper}``.
-    A ``torch.optim.Optimizer`` class is built as ``cls(params, **hyper)``; any other callable
-    must return an ``attnsvm.optim.Optimizer`` rule and is wrapped by ``CoreRule``."""
+    """``spec = {"name": ..., "rule": "torch.optim.AdamW" | "muon" | "attnsvm.optim.ngd" | ...,
+    **hyper}``. A ``torch.optim.Optimizer`` class is built as ``cls(params, **hyper)``; a name
+    without a dot is a registered ``attnsvm.optim`` rule (``attnsvm.optim.get``); any other
+    callable must return an ``attnsvm.optim.Optimizer`` rule. Rules run through
+    :class:`attnsvm.optim.RuleOptimizer`."""
     from attnsvm import optim as core
-    from attnsvm.realdata.optim import CoreRule
 
+    hyper = {k: v for k, v in spec.items() if k not in ("name", "rule")}
+    if "." not in spec["rule"]:
+        return core.RuleOptimizer(params, core.get(spec["rule"], **hyper))
     mod, _, attr = spec["rule"].rpartition(".")
     try:
         obj = getattr(importlib.import_module(mod), attr)
     except (ImportError, AttributeError, ValueError):
         raise ValueError(f"optimizer {spec.get('name')!r}: cannot import rule {spec['rule']!r}") from None
-    hyper = {k: v for k, v in spec.items() if k not in ("name", "rule")}
     if isinstance(obj, type) and issubclass(obj, torch.optim.Optimizer):
         return obj(params, **hyper)
     rule = obj(**hyper)
     if not isinstance(rule, core.Optimizer):
         raise ValueError(f"optimizer {spec.get('name')!r}: {spec['rule']} is neither a "
                          "torch.optim.Optimizer nor an attnsvm.optim rule factory")
-    return CoreRule(params, rule)
+    return core.RuleOptimizer(params, rule)
 
 
 def _model(cfg, vocab: int, seed: int):
