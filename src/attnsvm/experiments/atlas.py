@@ -28,8 +28,8 @@ finding, reported with its numbers.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import numpy as np
 import pandas as pd
@@ -41,7 +41,17 @@ from attnsvm.experiments.base import Check, Experiment
 from attnsvm.metrics import correlation
 from attnsvm.models import DiagModel, KQModel, WModel
 from attnsvm.norms import get_norm
-from attnsvm.optim import adam, gd, mirror, muon, ngd, polyak, sign_descent, signum, spectral_descent
+from attnsvm.optim import (
+    adam,
+    gd,
+    mirror,
+    muon,
+    ngd,
+    polyak,
+    sign_descent,
+    signum,
+    spectral_descent,
+)
 from attnsvm.svm import att_svm
 from attnsvm.train import train
 
