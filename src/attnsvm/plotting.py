@@ -1,9 +1,16 @@
 """Shared plotting: one style, trial bands, saving. Experiments draw from tidy tables.
 
-Importing this module does not select a matplotlib backend: in a notebook the figures
-show inline as usual. The command line (``attnsvm.cli.main``) selects the
-non-interactive Agg backend before it runs a command, so the commands render figures on
-a headless machine.
+Importing this module changes nothing global: it selects no matplotlib backend (in a
+notebook figures show inline as usual; ``attnsvm.cli.main`` selects Agg for the commands)
+and it does not touch ``plt.rcParams`` (the house style applies inside :func:`style`, which
+``run_experiment`` uses).
+
+Every plotting function returns its Figure and saves only when asked: ``save(fig, out,
+name)`` writes ``out/name.<fmt>`` for each format of ``formats`` (default :data:`FORMATS`,
+PNG; "pdf" / "svg" for papers) and returns the first path, or, with ``out=None``, returns
+the open Figure unsaved. So ``exp.plot(tables, cfg, None)`` gives an experiment's Figures
+in a notebook. The helpers that draw one panel (:func:`band`, :func:`metric`) take an
+``ax`` (a new Figure when omitted).
 """
 
 from __future__ import annotations
@@ -17,7 +24,11 @@ import pandas as pd
 
 COLORS = ["#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f"]
 
-plt.rcParams.update({
+#: formats ``save`` writes when none are given (``attnsvm reproduce --formats png,pdf`` sets it)
+FORMATS: tuple[str, ...] = ("png",)
+
+#: the house style, applied inside :func:`style` only
+STYLE = {
     "figure.dpi": 110,
     "savefig.dpi": 110,
     "axes.grid": True,
@@ -30,7 +41,12 @@ plt.rcParams.update({
     "axes.labelsize": 9,
     "xtick.labelsize": 8,
     "ytick.labelsize": 8,
-})
+}
+
+
+def style():
+    """Context manager: the house style (``STYLE``) for the figures drawn inside it."""
+    return plt.rc_context(STYLE)
 
 
 def subplots(ncols: int = 1, nrows: int = 1, width: float = 3.8, height: float = 3.0,
@@ -76,12 +92,40 @@ def arrow(ax, vec: Sequence[float], *, color: str, label: str | None = None, sca
     ax.plot([0, v[0]], [0, v[1]], ls=ls, color=color, lw=1.5, label=label)
 
 
-def save(fig, out: Path | str, name: str) -> Path:
-    """Save ``fig`` as ``out/name.png`` and close it."""
+def save(fig, out: Path | str | None, name: str, formats: Sequence[str] | None = None):
+    """Save ``fig`` as ``out/name.<fmt>`` for each format (default :data:`FORMATS`), close it
+    and return the first path; with ``out=None`` return the Figure itself, unsaved and open
+    (for a notebook)."""
+    fig.tight_layout()
+    if out is None:
+        return fig
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    path = out / f"{name}.png"
-    fig.tight_layout()
-    fig.savefig(path)
+    paths = []
+    for fmt in formats or FORMATS:
+        fmt = fmt.lower().lstrip(".")
+        if fmt not in ("png", "pdf", "svg"):
+            raise ValueError(f"figure format must be png, pdf or svg; got {fmt!r}")
+        paths.append(out / f"{name}.{fmt}")
+        fig.savefig(paths[-1])
     plt.close(fig)
-    return path
+    return paths[0]
+
+
+def metric(metrics: pd.DataFrame, y: str, x: str = "step", *, ax=None, by: str | None = None,
+           logy: bool = False, **kw):
+    """Median (band: 10-90% quantiles over trials) of a metric of ``train``'s tidy table
+    against ``x``; ``by``: one curve per value of that column (e.g. "optimizer").
+    Returns the Figure (a new one when ``ax`` is None)."""
+    if y not in metrics:
+        raise ValueError(f"metric {y!r} is not a column of the table; have {list(metrics.columns)}")
+    if ax is None:
+        fig, axes = subplots(1)
+        ax = axes[0]
+    groups = [(None, metrics)] if by is None else list(metrics.groupby(by, sort=False))
+    for i, (key, g) in enumerate(groups):
+        band(ax, g, x, y, label=None if key is None else str(key), color=COLORS[i % len(COLORS)], **kw)
+    if logy:
+        ax.set_yscale("log")
+    label(ax, x, y)
+    return ax.figure

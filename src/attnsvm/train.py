@@ -69,6 +69,13 @@ class Trajectory:
     def stopped(self) -> np.ndarray:
         return self.stop_step >= 0
 
+    def plot(self, y: str, x: str = "step", ax=None, **kw):
+        """Median over trials of a metric (band: 10-90%) against ``x``; returns the Figure
+        (see :func:`attnsvm.plotting.metric`)."""
+        from .plotting import metric
+
+        return metric(self.metrics, y, x, ax=ax, **kw)
+
     @property
     def stops(self) -> pd.DataFrame:
         """One row per trial: trial, stop_step (-1: ran to the end), stop_reason."""

@@ -34,6 +34,9 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threads", type=positive_int, default=1,
                    help="torch intra-op threads (default 1: the experiments' tensors are small, "
                         "and extra threads cost more than they gain on a shared machine)")
+    p.add_argument("--formats", default="png",
+                   help="figure formats, comma-separated from png, pdf, svg (the report links "
+                        "the first)")
     p.set_defaults(scale="quick")
 
 
@@ -60,9 +63,15 @@ def run(args: argparse.Namespace) -> int:
     import time
     from pathlib import Path
 
+    from attnsvm import plotting
     from attnsvm.experiments import registry, run_experiment
     from attnsvm.report import save_result, update_report
 
+    formats = tuple(f.strip().lower() for f in args.formats.split(",") if f.strip())
+    bad = [f for f in formats if f not in ("png", "pdf", "svg")]
+    if bad or not formats:
+        raise ValueError(f"--formats {args.formats}: use png, pdf or svg (comma-separated)")
+    plotting.FORMATS = formats
     exps = select(args.names, registry())
     out = Path(args.out)
     if out.exists() and not out.is_dir():

@@ -120,7 +120,10 @@ def run_experiment(exp: Experiment, scale: str = "quick", out: Path | str = ".",
         try:
             res.tables = exp.compute(cfg)
             res.checks = exp.judge(res.tables, cfg)
-            res.figures = [Path(p) for p in exp.plot(res.tables, cfg, out)]
+            from attnsvm import plotting
+
+            with plotting.style():
+                res.figures = [Path(p) for p in exp.plot(res.tables, cfg, out)]
         except Exception:  # noqa: BLE001 - a report must survive one broken experiment
             res.error = traceback.format_exc()
     res.seconds = time.perf_counter() - t0

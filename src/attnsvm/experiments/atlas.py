@@ -328,7 +328,9 @@ EXPERIMENT = Experiment(
         "papers: their column is predicted from the linear-classifier analogue (steepest descent "
         "w.r.t. a norm -> that norm's max margin); a failure is a finding about attention.",
         "Gradient flow on (K, Q) and diagonal (k, q) is run as normalised GD with a step of 1% of "
-        "the parameters' norm (a change of time of the flow) from a small balanced start.",
+        "the parameters' norm (a change of time of the flow), without the ridge, from a small "
+        "start: balanced K = Q, and k random with q = 0 for the diagonal model (a balanced "
+        "k = q keeps W = diag(k^2) >= 0 forever and cannot reach an SVM with a negative entry).",
         "Mirror descent is the normalised variant (as in mirror-bregman); GD runs at lr 10 for "
         "twice as many steps as the other rows (its norm grows like log t: at lr 1 no run "
         "saturated in 5000 steps); Adam runs at lr 0.1 (at lr 0.01, 3 of 8 runs saturated in "

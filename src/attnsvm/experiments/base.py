@@ -5,6 +5,7 @@ An experiment is three small pure steps, so that each can be tested alone:
     compute(cfg)        -> dict[str, DataFrame]   the numbers (tidy tables)
     judge(tables, cfg)  -> list[Check]            verdicts, computed from the tables only
     plot(tables, cfg, out) -> list[Path]          figures, drawn from the tables only
+                                                  (``out=None``: the open Figures, unsaved)
 
 ``judge`` never sees the model or the optimiser: a test can hand it a table built
 to fail and check that the verdict says so.
@@ -133,6 +134,16 @@ class Result:
     @property
     def passed(self) -> bool:
         return self.error is None and all(c.passed for c in self.checks)
+
+    def __repr__(self) -> str:
+        if self.error is not None:
+            what = "ERROR: " + self.error.strip().splitlines()[-1]
+        else:
+            cl, sa = self.claims, self.sanity_checks
+            what = (f"claims {sum(c.passed for c in cl)}/{len(cl)} hold, sanity "
+                    f"{sum(c.passed for c in sa)}/{len(sa)}")
+        return (f"Result({self.experiment.name!r}, scale={self.config.get('scale')!r}, {what}, "
+                f"tables={list(self.tables)}, {self.seconds:.1f} s)")
 
     @property
     def claims(self) -> list[Check]:

@@ -127,6 +127,12 @@ class ProbeResults:
     figures: dict[str, str]
     meta: dict
 
+    def __repr__(self) -> str:
+        models = ", ".join(f"{m}: {n} heads" for m, n in self.table.groupby("model").size().items()) \
+            if "model" in self.table else f"{len(self.table)} heads"
+        return (f"ProbeResults({models}; {self.meta.get('sentences', '?')} sentences, "
+                f"figures={list(self.figures)})")
+
 
 # ----------------------------------------------------------------------------- loading
 def resolve_model_path(model: str | os.PathLike | None = None) -> Path:
@@ -399,8 +405,9 @@ def _figure(**kw):
     return Figure(**kw)
 
 
-def plot_heatmaps(table: pd.DataFrame, path, title="") -> str:
-    """Layers x heads heat map of every statistic in STAT_COLUMNS (pretrained rows)."""
+def plot_heatmaps(table: pd.DataFrame, path=None, title=""):
+    """Layers x heads heat map of every statistic in STAT_COLUMNS (pretrained rows); saved to
+    ``path`` (returned) or, with ``path=None``, the Figure is returned."""
     if "model" in table:
         table = table[table.model == "pretrained"]
     L, H = int(table.layer.max()) + 1, int(table["head"].max()) + 1
@@ -421,13 +428,15 @@ def plot_heatmaps(table: pd.DataFrame, path, title="") -> str:
         fig.colorbar(im, ax=ax, fraction=0.046)
     fig.suptitle(title or "attention probe: per-head statistics", fontsize=10)
     fig.tight_layout()
+    if path is None:
+        return fig
     fig.savefig(path, dpi=100)
     return str(path)
 
 
-def plot_control(table: pd.DataFrame, path, title="") -> str:
+def plot_control(table: pd.DataFrame, path=None, title=""):
     """Per-head corr(W_head, W_mm), margin ratio and soft-sparsity: pretrained vs the random-init
-    control, with the rotation null's 95% quantile."""
+    control, with the rotation null's 95% quantile; saved to ``path`` or returned as a Figure."""
     fig = _figure(figsize=(12, 3.4))
     axes = fig.subplots(1, 3)
     groups = [("pretrained", "#1f77b4"), ("random-init", "#7f7f7f")]
@@ -453,6 +462,8 @@ def plot_control(table: pd.DataFrame, path, title="") -> str:
     fig.suptitle(title or "pretrained heads vs the same architecture at random initialisation",
                  fontsize=10)
     fig.tight_layout()
+    if path is None:
+        return fig
     fig.savefig(path, dpi=100)
     return str(path)
 

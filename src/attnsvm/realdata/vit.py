@@ -241,6 +241,11 @@ class ViTResults:
     figures: dict[str, str]
     seconds: float
 
+    def __repr__(self) -> str:
+        opts = list(dict.fromkeys(self.history.optimizer)) if len(self.history) else []
+        return (f"ViTResults(optimizers={opts}, history={len(self.history)} rows, "
+                f"figures={list(self.figures)})")
+
 
 # ----------------------------------------------------------------------------- training
 @torch.no_grad()
@@ -472,11 +477,9 @@ def _colors(names):
     return {o: cmap(i % 10) for i, o in enumerate(names)}
 
 
-def plot_curves(history: pd.DataFrame, path) -> str:
-    """2x2 figure: test accuracy, soft-sparsity, ||W_QK|| over epochs; sparsity vs norm."""
-    import matplotlib
-
-    matplotlib.use("Agg")
+def plot_curves(history: pd.DataFrame, path=None):
+    """2x2 figure: test accuracy, soft-sparsity, ||W_QK|| over epochs; sparsity vs norm.
+    Saved to ``path`` (returned as a string) or, with ``path=None``, the Figure is returned."""
     import matplotlib.pyplot as plt
 
     names = list(dict.fromkeys(history.optimizer))
@@ -508,18 +511,25 @@ def plot_curves(history: pd.DataFrame, path) -> str:
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     fig.suptitle("Digits ViT: accuracy, attention sparsity and key-query norm (mean ± std over seeds)")
+    return _finish(fig, path, dpi=110)
+
+
+def _finish(fig, path, dpi):
+    """Save and close (returning the path) or, without a path, return the open Figure."""
+    import matplotlib.pyplot as plt
+
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    if path is None:
+        return fig
+    fig.savefig(path, dpi=dpi)
     plt.close(fig)
     return str(path)
 
 
-def plot_maps(maps: pd.DataFrame, images: np.ndarray, path) -> str:
+def plot_maps(maps: pd.DataFrame, images: np.ndarray, path=None):
     """Grid of [CLS] attention maps: one row per optimiser; per test image a column block
-    [input image, attention at each stored epoch] (last layer, mean over heads)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
+    [input image, attention at each stored epoch] (last layer, mean over heads). Saved to
+    ``path`` or, with ``path=None``, the Figure is returned."""
     import matplotlib.pyplot as plt
 
     names = list(dict.fromkeys(maps.optimizer))
@@ -551,6 +561,8 @@ def plot_maps(maps: pd.DataFrame, images: np.ndarray, path) -> str:
     fig.suptitle("[CLS] attention on the 4x4 patch grid (last layer, mean over heads, first seed; "
                  "colour scaled to each map's max)", fontsize=9)
     fig.tight_layout(rect=(0, 0, 1, 0.95))
+    if path is None:
+        return fig
     fig.savefig(path, dpi=100)
     plt.close(fig)
     return str(path)
