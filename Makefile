@@ -28,7 +28,7 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/run_all.py $(ARGS)
 
 lint: $(STAMP)
-	$(BIN)/ruff check src tests benchmarks
+	$(BIN)/ruff check src tests benchmarks examples
 
 clean:
 	rm -rf $(VENV) build *.egg-info src/*.egg-info .pytest_cache
