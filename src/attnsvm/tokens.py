@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from .metrics import correlation
-from .svm.problems import opt_tokens, scores
+from .scores import opt_tokens, scores
 
 __all__ = [
     "scores",
@@ -157,9 +157,7 @@ def outcome(W, X, y, v, z=None, *, probs=None, W_key=None, mask=None, saturation
     probs = as_array(probs, "probs", (3,), "(B, n, T)")
     if probs.shape != (B, n, T):
         raise ValueError(f"probs must have shape ({B}, {n}, {T}); got {probs.shape}")
-    gamma = (X @ v[:, None, :, None])[..., 0] * y[..., None]
-    if mask is not None:
-        gamma = np.where(mask, gamma, -np.inf)
+    gamma = scores(X, y, v, mask)
     opt = opt_tokens(gamma)
     alpha = selected_tokens(probs)
     p_sel = _take(probs, alpha).mean(-1)
