@@ -1,4 +1,4 @@
-"""TokenData validation, I/O and generators (THEORY.md §1)."""
+"""TokenData validation, I/O and generators (docs/theory.md §1)."""
 
 from __future__ import annotations
 

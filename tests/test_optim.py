@@ -1,4 +1,4 @@
-"""Step rules (THEORY.md §6) and the mirror-map helpers of attnsvm.metrics."""
+"""Step rules (docs/theory.md §6) and the mirror-map helpers of attnsvm.metrics."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Numerical stability far past saturation (THEORY.md §8)."""
+"""Numerical stability far past saturation (docs/theory.md §8)."""
 
 from __future__ import annotations
 

@@ -16,7 +16,7 @@ from attnsvm.train import train
 
 @pytest.mark.parametrize("rule", ["gd", "ngd"])
 def test_prompt_w_equivalence_iterate_by_iterate(rule):
-    """THEORY §2: with z_i = z for all i and W_0 = p_0 z^T / |z|^2, the W-iterates satisfy
+    """docs/theory.md §2: with z_i = z for all i and W_0 = p_0 z^T / |z|^2, the W-iterates satisfy
     W_t = p_t z^T / |z|^2 (so W_t z = p_t) where p_t runs the prompt model (W_fixed = I)
     with lr |z|^2 (GD) or lr |z| (NGD): G_W = g_p z^T and |G_W|_F = |g_p| |z|."""
     base = D.random_sphere(n=4, T=5, d=3, seed=4)

@@ -1,4 +1,4 @@
-"""Token data: the ``TokenData`` container and seeded generators (THEORY.md §1).
+"""Token data: the ``TokenData`` container and seeded generators (docs/theory.md §1).
 
 A dataset holds n sequences ``X[i]`` in R^{T x d} (rows are tokens x_{i1}..x_{iT}),
 labels ``y[i]`` in {-1, +1} (seq-to-seq: ``y[i, k]``), optional cross-attention
@@ -78,7 +78,7 @@ def _check_shape(name: str, arr: np.ndarray, expected: tuple, batch: int | None,
 
 @dataclass(frozen=True, eq=False)
 class TokenData:
-    """n sequences of T tokens in R^d, labels, optional queries/mask/head (THEORY §1).
+    """n sequences of T tokens in R^d, labels, optional queries/mask/head (docs/theory.md §1).
 
     Fields (numpy float64; mask bool). Unbatched shapes, batched add a leading B:
         X: (n, T, d) tokens;  y: (n,) labels in {-1, +1} or (n, T) for seq-to-seq;

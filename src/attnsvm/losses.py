@@ -1,4 +1,4 @@
-"""Losses of the margin u = y f (THEORY.md §3), with the stable gap forms of §8.
+"""Losses of the margin u = y f (docs/theory.md §3), with the stable gap forms of §8.
 
 Each ``Loss`` has
     value(u)          loss(u)                               (elementwise, torch)

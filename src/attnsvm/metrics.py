@@ -1,4 +1,4 @@
-"""Metrics along a run (THEORY.md §7). Pure functions, numpy or torch in -> same type out.
+"""Metrics along a run (docs/theory.md §7). Pure functions, numpy or torch in -> same type out.
 
 All functions are batched over leading dims. Matrix metrics reduce over the last two
 dims; pass ``vector=True`` to reduce over the last dim only (prompt vectors p of

@@ -1,4 +1,4 @@
-"""One home per norm: value, dual, steepest-descent direction and cvxpy form (THEORY §5-6).
+"""One home per norm: value, dual, steepest-descent direction and cvxpy form (docs/theory.md §5-6).
 
 The five papers tie one optimiser to one norm, and the max-margin problem of a run is
 ``min ||W|| s.t. margins >= 1`` in that norm. Everything the library needs to know about a

@@ -1,4 +1,4 @@
-"""Token scores and optimal tokens (THEORY §4), the one home of ``gamma`` and ``opt``.
+"""Token scores and optimal tokens (docs/theory.md §4), the one home of ``gamma`` and ``opt``.
 
     gamma_it = y_i v^T x_it                     (one label per sequence)
     gamma_ikt = y_ik v^T x_it                   (seq-to-seq: one label per query token k)

@@ -1,5 +1,5 @@
 """Token diagnostics: scores, optimal / selected tokens, SVM-neighbours, local optimality
-and the outcome of a training run (THEORY §4, §5, §7).
+and the outcome of a training run (docs/theory.md §4, §5, §7).
 
 All functions take plain numpy arrays and broadcast over leading (trial) dimensions.
 """
@@ -96,7 +96,7 @@ def _corr(A, B):
 
 def outcome(W, X, y, v, z=None, *, probs=None, W_key=None, mask=None, saturation=0.99,
             threshold=0.99, norm="fro"):
-    """Per-trial verdict of a run (THEORY §7), batched over trials.
+    """Per-trial verdict of a run (docs/theory.md §7), batched over trials.
 
     Parameters: final W (B, d, e) with queries z ((n, e) or (B, n, e)), or, with z=None,
     the prompt p (B, d') with keys W_key^T x (W_key default I); data X (n, T, d) or

@@ -22,7 +22,7 @@ column's own norm, and which column is the nearest (highest correlation) for eac
 whose SVMs coincide, e.g. nuclear and l_1 for diagonal W, are nearest together).
 Verdicts, per row with a prediction, on the saturated runs (min_i s_{i,alpha_i} >= 0.99):
 the predicted SVM is the nearest of the seven in >= 90% of them, and the median correlation
-with it is >= 0.99 (THEORY §7's "converged in direction"). A row whose prediction fails is a
+with it is >= 0.99 (docs/theory.md §7's "converged in direction"). A row whose prediction fails is a
 finding, reported with its numbers.
 """
 
@@ -64,7 +64,7 @@ DIAG_NORM = {"fro": "fro", "l1.5": "l1.5", "l3": "l3", "linf": "linf", "spectral
 #: columns whose SVMs coincide by construction (diagonal W: nuclear = l_1, spectral = l_inf)
 SAME = {"Diag": {"l1": {"nuc"}, "nuc": {"l1"}, "linf": {"spectral"}, "spectral": {"linf"}}}
 SAT = 0.99      # saturated: min_i s_{i, alpha_i} >= 0.99
-CORR = 0.99     # converged in direction (THEORY §7)
+CORR = 0.99     # converged in direction (docs/theory.md §7)
 NEAREST = 0.9   # the predicted SVM is the nearest in >= 90% of the saturated runs
 
 

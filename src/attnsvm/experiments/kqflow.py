@@ -5,7 +5,7 @@ queries z_i, exponential loss, gradient flow from a small initialisation, no reg
 The paper proves that *when gradient flow achieves the minimal loss value*, W = K Q^T
 converges in direction to the nuclear-norm ATT-SVM (not the Frobenius one that training W
 directly gives), and that for diagonal weights W = diag(k * q) the limit is the l_1 SVM over
-diagonal matrices, min ||w||_1 s.t. sum_j (x_{i,opt_i} - x_it)_j w_j z_ij >= 1 (THEORY §5, §9).
+diagonal matrices, min ||w||_1 s.t. sum_j (x_{i,opt_i} - x_it)_j w_j z_ij >= 1 (docs/theory.md §5, §9).
 
 Gradient-flow proxy: gradient flow and normalised GD with one global norm over all factors
 trace the same curve (a change of time); the runs use ``ngd(rel, norm="global",
@@ -51,7 +51,7 @@ from attnsvm.optim import ngd
 from attnsvm.svm import att_svm
 from attnsvm.train import train
 
-CORR = 0.99         # "converged in direction" (THEORY §7)
+CORR = 0.99         # "converged in direction" (docs/theory.md §7)
 SAT = 0.99          # the flow reached the minimal loss: min_i s_{i,opt_i} >= 0.99
 DISTINCT = 0.8      # the two candidate SVMs differ on a dataset: corr(W_a, W_b) <= 0.8
 RANK_RTOL = 1e-2    # numerical rank: singular values > 1e-2 sigma_1

@@ -3,7 +3,7 @@
 Mirror descent with potential psi(W) = (1/p)||W||_p^p (entrywise), normalised by the dual
 norm of the gradient (``attnsvm.optim.mirror(p, lr, normalized=True)``), logistic loss.
 The paper proves W_t / ||W_t||_p -> W_mm^p / ||W_mm^p||_p, the l_p ATT-SVM of the tokens
-the run selects (THEORY §5, §9): the directional Bregman divergence
+the run selects (docs/theory.md §5, §9): the directional Bregman divergence
 D_psi(W_mm^p / ||W_mm^p||_p, W_t / ||W_t||_p) -> 0, and not towards the l_q SVM, q != p.
 
 ``mirror-bregman`` follows the paper's public code (github.com/aaronk2002/AttentionMD,
@@ -26,7 +26,7 @@ y = (1, -1)), W and the head v trained jointly by l_p MD from (W, v) = (0, 0) (t
 ``joint_training.py``: p in {1.75, 2, 3}, 1500 / 2000 / 20000 iterations, lr 0.1). Which
 tokens each p selects; W -> the l_p ATT-SVM and v -> the l_p head SVM of those tokens.
 Each run is read at its last iteration (``read_step``: the budget, or the step where the
-logistic derivative underflows to 0 in float64 and the trainer stops the run, THEORY §8).
+logistic derivative underflows to 0 in float64 and the trainer stops the run, docs/theory.md §8).
 """
 
 from __future__ import annotations
@@ -45,8 +45,8 @@ from attnsvm.optim import mirror
 from attnsvm.svm import att_svm, head_svm
 from attnsvm.train import train
 
-SAT = 0.99        # saturated (THEORY §7): mean_i max_t s_it >= 0.99
-CORR = 0.99       # "converged in direction" (THEORY §7)
+SAT = 0.99        # saturated (docs/theory.md §7): mean_i max_t s_it >= 0.99
+CORR = 0.99       # "converged in direction" (docs/theory.md §7)
 DECAY = 0.1       # D_psi must fall by at least 10x from the first recorded iteration
 
 
@@ -200,7 +200,7 @@ def judge_bregman(tables, cfg):
             note=f"from {m.iloc[0]:.3g} to {m.iloc[-1]:.3g}; the paper shows the curve, "
                  f"not a threshold ({1 / DECAY:g}x is attnsvm's)", fmt=".3g"))
     checks.append(check_at_least(
-        f"the runs saturate (mean_i max_t s_it >= {SAT}, THEORY §7) in >= 90% of trials, so "
+        f"the runs saturate (mean_i max_t s_it >= {SAT}, docs/theory.md §7) in >= 90% of trials, so "
         "that the reached tokens are defined",
         "smallest fraction over p", float(sat.min()), 0.9,
         note="; ".join(f"p = {_fmt(p)}: {v:.0%}" for p, v in sat.items()), fmt=".2f",

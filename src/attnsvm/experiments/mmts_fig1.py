@@ -28,7 +28,7 @@ data-dependent and not given, GD also starts on the LMM direction, p_0 = R p_mm 
 with R in ``cone_norms``: the theorem predicts that the share reaching the LMM grows
 with R.
 
-A run "converges to" a direction when corr(p_T, p_mm) >= 0.99 (THEORY §7); Fig. 1 is a
+A run "converges to" a direction when corr(p_T, p_mm) >= 0.99 (docs/theory.md §7); Fig. 1 is a
 statement about direction, so saturation of the softmax is reported, not required.
 """
 
@@ -48,7 +48,7 @@ from attnsvm.plotting import COLORS, arrow, label, save, subplots
 from attnsvm.svm import prompt_svm, prompt_svm_batch
 from attnsvm.train import train
 
-CORR = 0.99  # convergence in direction: corr(p, p_mm) >= 0.99 (THEORY §7)
+CORR = 0.99  # convergence in direction: corr(p, p_mm) >= 0.99 (docs/theory.md §7)
 PANELS = {"a": dict(s=0.9, axis=1), "b": dict(s=0.0, axis=1), "c": dict(s=None, axis=0)}
 
 
@@ -88,7 +88,7 @@ def locally_optimal(sol, gamma: np.ndarray) -> bool:
 
 
 def outcomes(tr, data, W=MMTS_FIG1_W) -> pd.DataFrame:
-    """Per trial (``attnsvm.tokens.outcome``, THEORY §7, direction only: saturation is
+    """Per trial (``attnsvm.tokens.outcome``, docs/theory.md §7, direction only: saturation is
     reported in p_sel_mean, not required): selected tokens alpha, verdict GMM / LMM /
     other, and corr = corr(p, p_mm(alpha))."""
     oc = tokens.outcome(tr.W, data.X, data.y, data.v, W_key=W, saturation=0.0, threshold=CORR)

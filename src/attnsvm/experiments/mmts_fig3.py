@@ -23,7 +23,7 @@ vectors for (a), at least one not for (b)); the verdicts use the datasets in the
 The support-vector checks are sanity checks: they hold by construction of the data.
 
 Numerics: the engine trains the head with the anchored, saturation-safe gradient
-(THEORY §8), so the runs go far past the point where 1 - s rounds to 0.
+(docs/theory.md §8), so the runs go far past the point where 1 - s rounds to 0.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ from attnsvm.plotting import COLORS, label, save, subplots
 from attnsvm.svm import head_svm, prompt_svm, relaxed_svm
 from attnsvm.train import train
 
-CORR = 0.99  # convergence in direction (THEORY §7)
+CORR = 0.99  # convergence in direction (docs/theory.md §7)
 PROB = 0.99  # "probability -> 1"
 
 

@@ -34,7 +34,7 @@ from attnsvm import plotting as P
 from attnsvm.experiments.base import Check, Experiment, check_at_least, check_at_most
 
 P_SIGN = 0.01        # one-sided sign-test level for "increases over training"
-CONVERGED = 0.99     # corr with W_mm of a run that converged in direction (THEORY §7 outcome)
+CONVERGED = 0.99     # corr with W_mm of a run that converged in direction (docs/theory.md §7 outcome)
 NORM_GROWTH = 2.0    # "||W|| grows": median final / initial ratio
 SPARSER = 0.5        # "attention sparsifies": median final / initial soft-sparsity
 RHO = -0.5           # "sparsity is associated with ||W||": Spearman over heads and steps
@@ -256,7 +256,7 @@ def judge(tables, cfg):
             bool(p < P_SIGN and dmed > 0)))
         checks.append(check_at_least(
             f"[{o}] heads converge in direction to the SVM of their selection (median final "
-            f"corr >= {CONVERGED:g}, the converged level of THEORY §7)", "median final corr",
+            f"corr >= {CONVERGED:g}, the converged level of docs/theory.md §7)", "median final corr",
             e.corr_mm_T.median(), CONVERGED, fmt=".3f"))
         share, p = sign_test(e.margin_ratio_T - e.margin_ratio_0)
         checks.append(Check(

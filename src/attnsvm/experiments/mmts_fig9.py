@@ -4,7 +4,7 @@ Setup: prompt model a_it = x_it^T p with W = I, tokens x_it and head v uniform o
 sphere S^{d-1}, labels y_i uniform in {-1, +1}, n = 6 sequences of T = 8 tokens,
 d in {2, 4, 6, 8, 10, 15, 20}; p_0 = 0 and normalized GD with learning rate 1 for 1000
 iterations, 1000 random problems per d.  Each run ends in one of the outcomes of
-THEORY §7: not saturated (mean selected probability < 0.99), GMM (correlation > 0.99
+docs/theory.md §7: not saturated (mean selected probability < 0.99), GMM (correlation > 0.99
 with the SVM direction of the optimal tokens), LMM (the selected tokens alpha are
 locally optimal and corr(p, p_mm(alpha)) > 0.99), or other.  Minimal score gap:
 min over i and SVM-neighbours t of gamma_{i,alpha_i} - gamma_it.
@@ -84,7 +84,7 @@ def train_prompts(data: TokenData, cfg, dims: np.ndarray) -> np.ndarray:
 def outcomes(p, X, y, v) -> pd.DataFrame:
     """Per trial: mean selected probability, saturation and, for the saturated runs, the
     outcome of ``attnsvm.tokens.outcome`` (corr with p_mm(alpha) and p_mm(opt), local
-    optimality, minimal score gap over the SVM-neighbours; THEORY §5, §7).  The SVMs
+    optimality, minimal score gap over the SVM-neighbours; docs/theory.md §5, §7).  The SVMs
     (batched fast path) are solved only for saturated runs: a run that did not saturate
     is "not saturated" whatever its SVMs."""
     probs = attention_probs(X, p)

@@ -11,7 +11,7 @@ norm grows like log t); Polyak's step is faster still; once aligned,
 
 ``rates-joint``: the decoder v is trained jointly with W (NGD, each tensor by its own
 norm): v_t -> the head SVM direction v_mm of the selected tokens, W_t -> the ATT-SVM of
-those tokens (THEORY §9).
+those tokens (docs/theory.md §9).
 """
 
 from __future__ import annotations

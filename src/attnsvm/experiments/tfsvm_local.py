@@ -35,7 +35,7 @@ from attnsvm.svm import att_svm, att_svm_batch
 from attnsvm.train import train
 
 CORR = 0.99  # directional convergence: mean corr with the predicted SVM >= 0.99
-SATURATED = 0.99  # attention saturated: mean max softmax probability >= 0.99 (THEORY §7)
+SATURATED = 0.99  # attention saturated: mean max softmax probability >= 0.99 (docs/theory.md §7)
 WIN = 0.9  # closer to the predicted SVM than to the other in >= 90% of the runs
 PRED = {"W": "fro", "KQ": "nuc"}  # the prediction of the paper for each parameterisation
 MODELS = {"W": "W", "KQ": "(K, Q)"}

@@ -201,7 +201,7 @@ def judge(tables: dict, cfg: dict) -> list[Check]:
     sub = r.dropna(subset=["rank_scs_abs"]) if "rank_scs_abs" in r else r.iloc[:0]
     scs_same = sub.rank_scs_abs == sub.rank_nuc_cert
     return [
-        check_at_most("rank(W_fro) <= min(n, d) on every instance (KKT, THEORY §5)",
+        check_at_most("rank(W_fro) <= min(n, d) on every instance (KKT, docs/theory.md §5)",
                       "max rank(W_fro) - min(n, d)", float(excess), 0.0, note, fmt="g",
                       sanity=True),
         check_at_least("The nuclear-norm solution has lower rank than the Frobenius one: mean "

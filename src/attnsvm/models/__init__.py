@@ -1,4 +1,4 @@
-"""Batched one-layer attention models (THEORY §2) and their stable objective (§8).
+"""Batched one-layer attention models (docs/theory.md §2) and their stable objective (§8).
 
 Read in this order: :mod:`.base` (the model: logits, attention, forward, objective),
 :mod:`.params` (W, (K, Q), diagonal, prompt), :mod:`.attention` (queries, masks, the

@@ -4,7 +4,7 @@ Every dataset has Q query slots per sequence: Q = 1 for cross-attention (z_i giv
 self-attention with the first / last token as query; Q = T for seq-to-seq (every token a
 query; "causal": keys t <= k only). Logits are a (B, n, Q, T).
 
-Saturation (THEORY §8). With the anchor k = argmax_t a_t, every non-anchor probability is
+Saturation (docs/theory.md §8). With the anchor k = argmax_t a_t, every non-anchor probability is
 s_t = exp(M) r_t with M = max_{t != k} log s_t and r_t = exp(log s_t - M) in [0, 1]. Far
 past saturation exp(M) underflows float64 while r is exact, so the objective works with
 (M, r): every term of the gradient of a row carries the factor exp(M), which goes into
@@ -96,7 +96,7 @@ def softmax_terms(a: torch.Tensor) -> SoftmaxTerms:
 
 
 def pool_anchored(a, s, X):
-    """U_iq = X_i^T s_iq computed around the anchor k = argmax_t a_iqt (THEORY §8):
+    """U_iq = X_i^T s_iq computed around the anchor k = argmax_t a_iqt (docs/theory.md §8):
 
         U = x_k + (sum_{t != k} s_t x_t - (sum_{t != k} s_t) x_k),
 

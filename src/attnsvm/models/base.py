@@ -1,4 +1,4 @@
-"""``AttentionModel``: one attention layer, batched over trials (THEORY §2).
+"""``AttentionModel``: one attention layer, batched over trials (docs/theory.md §2).
 
 Logits a_{iqt} = x_{it}^T W z_{iq}, attention s_{iq} = softmax_t(a_{iq}), output
 f_{iq} = h(X_i^T s_{iq}). A model is a plain object (not an ``nn.Module``): parameters are

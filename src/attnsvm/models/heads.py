@@ -1,4 +1,4 @@
-"""Output heads f = h(u) of the pooled token u = X^T s (THEORY §2).
+"""Output heads f = h(u) of the pooled token u = X^T s (docs/theory.md §2).
 
     "linear"   f = v^T u      v fixed (data.v) or trained (params["v"] (B, d))
     "relu"     f = 1^T ReLU(V^T u)   V (d, m) fixed or trained (params["V"] (B, d, m))

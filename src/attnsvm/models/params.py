@@ -1,4 +1,4 @@
-"""The parameterisations of the key-query interaction (THEORY §2), batched over trials.
+"""The parameterisations of the key-query interaction (docs/theory.md §2), batched over trials.
 
     WModel       {"W": (B, d, d)}                       W
     KQModel      {"K": (B, d, m), "Q": (B, d, m)}       W = K Q^T (+ reg (|K|^2 + |Q|^2))

@@ -1,4 +1,4 @@
-"""Step rules of THEORY §6 and beyond, optax-shaped and batched over trials.
+"""Step rules of docs/theory.md §6 and beyond, optax-shaped and batched over trials.
 
     opt = attnsvm.optim.get("adam", lr=1e-2, eps=0.0)     # or adam(lr=..), ngd(lr=..), ...
     state = opt.init(params)                              # params: {name: (B, ...)}

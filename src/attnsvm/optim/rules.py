@@ -1,4 +1,4 @@
-"""Stateless step rules (THEORY §6): GD, normalised steepest descent in any norm (NGD, sign
+"""Stateless step rules (docs/theory.md §6): GD, normalised steepest descent in any norm (NGD, sign
 descent, spectral descent, the coordinate rule), Polyak, l_p mirror descent, SGD / SNGD.
 
 Each constructor returns an :class:`~attnsvm.optim.base.Optimizer`; every rule acts on each

@@ -29,7 +29,7 @@ class SNGD(RuleOptimizer):
 
 
 class MirrorDescent(RuleOptimizer):
-    """l_p mirror descent, ``attnsvm.optim.mirror`` (THEORY §6), entrywise per tensor:
+    """l_p mirror descent, ``attnsvm.optim.mirror`` (docs/theory.md §6), entrywise per tensor:
 
         U = sign(W) |W|^{p-1} - lr G',   W <- sign(U) |U|^{1/(p-1)}
 

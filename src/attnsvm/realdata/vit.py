@@ -1,5 +1,5 @@
 """A small vision transformer on scikit-learn's bundled digits, trained by SGD, SNGD and
-l_p mirror descent, with the attention-selection statistics of THEORY §7 along the run.
+l_p mirror descent, with the attention-selection statistics of docs/theory.md §7 along the run.
 
 Data: ``sklearn.datasets.load_digits`` (1,797 8x8 images, 10 classes, shipped with
 scikit-learn, no download). Each image (pixels / 16) is cut into 16 patches of 2x2
@@ -12,13 +12,13 @@ so the attention logits of head h are exactly
 
     a_{k t} = u_k^T W_QK^h u_t,   W_QK^h = W_Q^h (W_K^h)^T / sqrt(d_head),   u = LN(x)
 
-(query k on the left). In THEORY's convention a_{kt} = x_t^T W z with z the query,
+(query k on the left). In the convention of docs/theory.md a_{kt} = x_t^T W z with z the query,
 i.e. W = (W_QK^h)^T; the Frobenius norm is the same. Tokens after LN have norm
 sqrt(dim), so the only way attention can sharpen is ||W_QK|| growing, the quantity the
 max-margin theory tracks.
 
 Recorded per epoch (tidy DataFrames): train/test accuracy and loss; per layer and head
-the [CLS] attention soft-sparsity 1/||s||_2^2 (THEORY §7, between 1 and T = 17,
+the [CLS] attention soft-sparsity 1/||s||_2^2 (docs/theory.md §7, between 1 and T = 17,
 averaged over the test images), the mean max [CLS] attention and ||W_QK^h||_F.
 """
 
@@ -54,7 +54,7 @@ GRID = 8 // PATCH  # 4x4 patch grid
 
 # ----------------------------------------------------------------------------- metrics
 def soft_sparsity(s: torch.Tensor) -> torch.Tensor:
-    """Soft-sparsity 1 / ||s||_2^2 along the last dim (THEORY §7); 1 = one-hot, T = uniform."""
+    """Soft-sparsity 1 / ||s||_2^2 along the last dim (docs/theory.md §7); 1 = one-hot, T = uniform."""
     try:  # the core's metric when it is available
         from attnsvm.metrics import soft_sparsity as core_soft_sparsity
     except ImportError:  # pragma: no cover - only while the core is missing

@@ -8,7 +8,7 @@ hidden states entering the attention and the head's query/key maps:
     logit of query token k for key token t:  scale * q_h(x_k) . k_h(x_t)   (scale = 1/sqrt(d_h))
 
 Dropping the terms that do not depend on the key t (they cancel in the softmax), in the
-keys-on-the-left convention of THEORY §2 (a_{kt} = x_t^T W z with z = x_k):
+keys-on-the-left convention of docs/theory.md §2 (a_{kt} = x_t^T W z with z = x_k):
 
     a_{kt} = x_t^T W_h x_k + u_h^T x_t + const(k),
     W_h = scale * W_k[h]^T W_q[h]   (d x d, rank <= d_h),   u_h = scale * W_k[h]^T b_q[h].

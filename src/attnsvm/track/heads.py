@@ -1,7 +1,7 @@
 """Per-head statistics of one self-attention call: sparsity, the head's key-query matrix, the
 seq-to-seq ATT-SVM of the tokens it selects (with certificate) and its nulls.
 
-Convention (THEORY §2, keys on the left; see :mod:`attnsvm.track.extract`): head h's logit of
+Convention (docs/theory.md §2, keys on the left; see :mod:`attnsvm.track.extract`): head h's logit of
 query token k for key token t is, up to a per-query constant,
 
     a_{kt} = x_t^T W x_k + u^T x_t,   W = scale W_k^T W_q (d x d, rank <= d_h),
@@ -16,7 +16,7 @@ per-query constant, so the head realises its own argmax selection. ``bias="ignor
 
 Selection and SVM. alpha_{ik} = argmax_t s_{ikt} over the keys query k may see (causal: t <= k,
 padding excluded), for the valid queries whose max attention >= ``min_attention`` (at most
-``max_queries`` (sentence, query) pairs, seeded sample). The seq-to-seq SAtt-SVM (THEORY §5)
+``max_queries`` (sentence, query) pairs, seeded sample). The seq-to-seq SAtt-SVM (docs/theory.md §5)
 written as one cross-attention sequence per pair (keys x'_{it}, query z'_{ik}; the flattening
 :func:`attnsvm.svm.seq2seq_svm` does, with separate key / query coordinates), solved by the core
 solver :func:`attnsvm.svm.att_svm` (Frobenius norm):
