@@ -125,11 +125,10 @@ def unsupported(model, lossf, optimizer=None, tdata=None, batch_size=None,
 
 
 # --------------------------------------------------------------------- the plan
-def _np(t, ndim, dtype=np.float64):
-    a = np.ascontiguousarray(t.detach().cpu().numpy() if isinstance(t, torch.Tensor) else t,
-                             dtype=dtype)
-    assert a.ndim == ndim, (a.shape, ndim)
-    return a
+def _flat(t, dtype=np.float64):
+    """A (B, ...) tensor as a C-contiguous (B, prod(...)) array (one flat row per trial)."""
+    a = t.detach().cpu().numpy() if isinstance(t, torch.Tensor) else np.asarray(t)
+    return np.ascontiguousarray(a.reshape(a.shape[0], -1), dtype=dtype)
 
 
 class Plan:
@@ -150,28 +149,34 @@ class Plan:
         self.slots = {nm: (i if i < na else na) for i, nm in enumerate(self.names)}
         X = tdata["X"]
         n, T, d = X.shape[1:]
-        self.X = _np(X, 4)
+        self.X = _flat(X)
         trained = not model.fixed_linear
         if model.has_query_data:
-            self.Z = _np(model.queries(tdata), 4)
+            Z = model.queries(tdata)
+            self.Z = _flat(Z.expand(Z.shape[0], n, Q, d))
         else:
-            self.Z = np.zeros((1, 1, 1, d))
+            self.Z = np.zeros((1, 1))
         if trained:
-            self.gam, self.gopt = np.zeros((1, 1, 1, 1)), np.zeros((1, 1, 1))
-            self.yl = _np(model._labels(tdata, Q), 3)
-            self.w = _np(model._query_weights(tdata, Q), 3)
+            self.gam, self.gopt = np.zeros((1, 1)), np.zeros((1, 1))
+            self.yl = _flat(model._labels(tdata, Q).expand(-1, n, Q))
+            self.w = _flat(model._query_weights(tdata, Q))
         else:
             gam0, gopt, w, _ = model._consts(tdata, Q)
-            self.gam, self.gopt, self.w = _np(gam0, 4), _np(gopt, 3), _np(w, 3)
-            self.yl = np.zeros((1, 1, 1))
+            self.gam, self.gopt, self.w = _flat(gam0), _flat(gopt), _flat(w)
+            self.yl = np.zeros((1, 1))
         km = model._key_mask(tdata)
         if km is None:
-            self.mask = np.ones((1, 1, 1, 1), dtype=np.uint8)
+            self.mask = np.ones((1, 1), dtype=np.uint8)
         else:
             km = km if km.ndim == 4 else km[None, None]
-            self.mask = _np(km.expand(km.shape[0], n, Q, T), 4, np.uint8)
-        self.Wf = np.ascontiguousarray(model.W_fixed, dtype=np.float64) if mcode == 3 \
-            else np.zeros((1, 1))
+            self.mask = _flat(km.expand(km.shape[0], n, Q, T), np.uint8)
+        wid = False
+        if mcode == 3:
+            wid = bool(np.array_equal(model.W_fixed, np.eye(d)))
+            Wf = np.asarray(model.W_fixed, dtype=np.float64)
+            self.Wf = np.ascontiguousarray(np.stack([Wf.T.ravel(), Wf.ravel()]))
+        else:
+            self.Wf = np.zeros((2, 1))
         m = getattr(model, "m", 0) if mcode == 1 else 0
         rc = _rule_code(optimizer)
         self.in_kernel = rc is not None
@@ -182,6 +187,7 @@ class Plan:
         ic[K.IC_N], ic[K.IC_Q], ic[K.IC_T], ic[K.IC_D], ic[K.IC_M] = n, Q, T, d, m
         ic[K.IC_MASK] = int(km is not None)
         ic[K.IC_STALL] = int(check_stall)
+        ic[K.IC_WID] = int(wid)
         fc[K.FC_REG] = float(getattr(model, "reg", 0.0)) if mcode == 1 else 0.0
         if rc is not None:
             code, ints, reals = rc

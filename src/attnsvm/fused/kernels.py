@@ -35,7 +35,7 @@ STOP_ZERO, STOP_NONFINITE, STOP_NOCHANGE = 1, 2, 3
 # ic: integer configuration
 IC_MODEL, IC_TRAINED, IC_LOSS, IC_RULE, IC_GLOBAL, IC_RELATIVE, IC_NP = 0, 1, 2, 3, 4, 5, 6
 IC_N, IC_Q, IC_T, IC_D, IC_M, IC_MASK, IC_STALL, IC_LP, IC_NORMALIZED = 7, 8, 9, 10, 11, 12, 13, 14, 15
-IC_MAXLR, IC_NEEDGAP, IC_SIZE = 16, 17, 18
+IC_MAXLR, IC_NEEDGAP, IC_WID, IC_SIZE = 16, 17, 18, 19
 # fc: real hyper-parameters
 FC_LR, FC_P, FC_Q, FC_REG, FC_C, FC_MAXLR, FC_SIZE = 0, 1, 2, 3, 4, 5, 6
 
@@ -246,6 +246,18 @@ def _normalize(x, k, top):
 
 
 @njit(cache=True)
+def _scale(x, k, top, gm, slot):
+    """gm[slot] = max|x[:k]| (1 for a zero x); returns log max|x| + top (-inf for a zero
+    x). x stays raw: the scaled tensor of optim.base.Scaled is x / gm[slot]."""
+    m = _max_abs(x, k)
+    if m > 0.0:
+        gm[slot] = m
+        return math.log(m) + top
+    gm[slot] = 1.0
+    return NINF
+
+
+@njit(cache=True)
 def _steepest(t, k, kind, q, out):
     """out[:k] = the unit steepest direction of t (max|t| = 1 or 0) for an entrywise
     norm (attnsvm.norms: Frobenius, l_inf sign, l_1 coordinate, l_p; q the dual exponent)."""
@@ -279,8 +291,8 @@ def _steepest(t, k, kind, q, out):
 
 
 @njit(cache=True)
-def _scaled_add(a, la, e, k):
-    """(a e^{la} + e) in scaled form into a (max|a| = 1); returns its log scale
+def _scaled_add(a, la, ga, e, k):
+    """(a / ga e^{la} + e) in scaled form into a (max|a| = 1); returns its log scale
     (optim.base.Scaled.add: the ridge term of KQ)."""
     le = _normalize(e, k, 0.0)
     L = max(la, le)
@@ -288,20 +300,57 @@ def _scaled_add(a, la, e, k):
     fa = math.exp(la - Lf)
     fe = math.exp(le - Lf)
     for i in range(k):
-        a[i] = a[i] * fa + e[i] * fe
+        a[i] = (a[i] / ga) * fa + e[i] * fe
     return _normalize(a, k, Lf)
+
+
+@njit(cache=True)
+def _dots(X, xo, v, vo, out, oo, T, d):
+    """out[oo + t] = X[xo + t d : xo + (t+1) d] . v[vo : vo + d] for t < T (sums over j in
+    order), four rows at a time so that the loads of v are shared."""
+    t = 0
+    while t + 4 <= T:
+        b0 = xo + t * d
+        b1 = b0 + d
+        b2 = b1 + d
+        b3 = b2 + d
+        s0 = 0.0
+        s1 = 0.0
+        s2 = 0.0
+        s3 = 0.0
+        for j in range(d):
+            vj = v[vo + j]
+            s0 += X[b0 + j] * vj
+            s1 += X[b1 + j] * vj
+            s2 += X[b2 + j] * vj
+            s3 += X[b3 + j] * vj
+        out[oo + t] = s0
+        out[oo + t + 1] = s1
+        out[oo + t + 2] = s2
+        out[oo + t + 3] = s3
+        t += 4
+    while t < T:
+        b0 = xo + t * d
+        s0 = 0.0
+        for j in range(d):
+            s0 += X[b0 + j] * v[vo + j]
+        out[oo + t] = s0
+        t += 1
 
 
 # ------------------------------------------------------------- the gradient
 @njit(cache=True)
-def _trial_grad(ic, fc, X, Z, gam, gopt, yl, w, mask, Wf, P0, P1, P2,
-                G0, G1, G2, ls, WT, WZ, A, S, Rr, C, dr, Mr, rho, rhov, kk, GX, ZQ, tmp):
-    """Scaled gradient of one trial: G0..G2 (max|.| = 1 or 0), ls[0..2] log scales;
-    returns log(L - L*) (nan unless ic[IC_NEEDGAP]).
+def _trial_grad(ic, fc, X, Z, gam, gopt, yl, w, mask, Wf, P0, P1, P2, G0, G1, G2, gm, ls,
+                KT, WZ, ZQ, A, S, Rr, C, dr, rho, rhov, rlg, acc, tmp):
+    """Scaled gradient of one trial: slot k is G_k / gm[k] times exp(ls[k]) (G_k raw,
+    gm[k] = max|G_k|); returns log(L - L*) (nan unless ic[IC_NEEDGAP]).
 
-    X (n, T, d), Z (n, Q, d) queries, gam (n, Q, T) scores with masked keys 0, gopt
-    (n, Q), yl (n, Q) labels, w (n, Q) query weights, mask (n, Q, T) uint8 (read when
-    ic[IC_MASK]), Wf (d, d) fixed prompt W; the rest is scratch."""
+    Flat (1-d) arrays of one trial: X (n, T, d) tokens, Z (n, Q, d) queries, gam (n, Q, T) scores with masked keys 0, gopt (n, Q),
+    yl (n, Q) labels, w (n, Q) query weights, mask (n, Q, T) uint8 (read when
+    ic[IC_MASK]), Wf (2, d d) the prompt's fixed W: W^T in row 0, W in row 1 (unused
+    when ic[IC_WID]: W = I).
+    The W model's slot P0 holds W^T (and G0 receives G_W^T): every product then runs
+    over contiguous rows. The rest is scratch; inner loops accumulate in ``acc``."""
     model = ic[IC_MODEL]
     trained = ic[IC_TRAINED]
     loss = ic[IC_LOSS]
@@ -317,98 +366,106 @@ def _trial_grad(ic, fc, X, Z, gam, gopt, yl, w, mask, Wf, P0, P1, P2,
     Pv = P1 if na == 1 else P2
     Gv = G1 if na == 1 else G2
 
-    # ---- W z for every query row: WZ (R, d)
-    if model == W_MODEL:
-        for j in range(d):
-            for l in range(d):
-                WT[l * d + j] = P0[j * d + l]
-        for r in range(R):
-            i = r // Qn
-            q = r % Qn
-            for j in range(d):
-                WZ[r, j] = 0.0
-            for l in range(d):
-                zl = Z[i, q, l]
+    # ---- W z for every query row: WZ (R, d); loops: l, then rows, then contiguous j
+    if model == W_MODEL:  # W z_r = sum_l z_rl (row l of W^T)
+        for x in range(R * d):
+            acc[x] = 0.0
+        for l in range(d):
+            base = l * d
+            for r in range(R):
+                zl = Z[r * d + l]
+                ro = r * d
                 for j in range(d):
-                    WZ[r, j] += zl * WT[l * d + j]
-    elif model == KQ_MODEL:  # (z Q) K^T
+                    acc[ro + j] += zl * P0[base + j]
+        for x in range(R * d):
+            WZ[x] = acc[x]
+    elif model == KQ_MODEL:  # K (Q^T z_r): ZQ (R, m), then sum_c ZQ_rc (row c of K^T)
         for j in range(d):
             for c in range(m):
-                WT[c * d + j] = P0[j * m + c]  # K^T (m, d)
-        for r in range(R):
-            i = r // Qn
-            q = r % Qn
-            for c in range(m):
-                ZQ[r, c] = 0.0
-            for l in range(d):
-                zl = Z[i, q, l]
+                KT[c * d + j] = P0[j * m + c]
+        for x in range(R * m):
+            acc[x] = 0.0
+        for l in range(d):
+            base = l * m
+            for r in range(R):
+                zl = Z[r * d + l]
+                ro = r * m
                 for c in range(m):
-                    ZQ[r, c] += zl * P1[l * m + c]
-            for j in range(d):
-                WZ[r, j] = 0.0
-            for c in range(m):
-                zc = ZQ[r, c]
+                    acc[ro + c] += zl * P1[base + c]
+        for x in range(R * m):
+            ZQ[x] = acc[x]
+        for x in range(R * d):
+            acc[x] = 0.0
+        for c in range(m):
+            base = c * d
+            for r in range(R):
+                zc = ZQ[r * m + c]
+                ro = r * d
                 for j in range(d):
-                    WZ[r, j] += zc * WT[c * d + j]
+                    acc[ro + j] += zc * KT[base + j]
+        for x in range(R * d):
+            WZ[x] = acc[x]
     elif model == DIAG_MODEL:
         for r in range(R):
-            i = r // Qn
-            q = r % Qn
+            zo = r * d
             for j in range(d):
-                WZ[r, j] = Z[i, q, j] * (P0[j] * P1[j])
+                WZ[zo + j] = Z[zo + j] * (P0[j] * P1[j])
     else:  # prompt: W p, the same for every row
-        for j in range(d):
-            tmp[j] = 0.0
-        for l in range(d):
-            pl = P0[l]
+        if ic[IC_WID]:
             for j in range(d):
-                tmp[j] += pl * Wf[j, l]
+                acc[j] = P0[j]
+        else:
+            for j in range(d):
+                acc[j] = 0.0
+            for l in range(d):  # W p = sum_l p_l (row l of W^T)
+                pl = P0[l]
+                base = l * d
+                for j in range(d):
+                    acc[j] += pl * Wf[0, base + j]
         for r in range(R):
             for j in range(d):
-                WZ[r, j] = tmp[j]
+                WZ[r * d + j] = acc[j]
 
-    # ---- logits, anchor, softmax around the anchor, per row
+    # ---- logits a_rt = x_it . (W z)_r: dot products, four tokens at a time
+    for r in range(R):
+        _dots(X, (r // Qn) * T * d, WZ, r * d, A, r * T, T, d)
+    if hasmask:
+        for x in range(R * T):
+            if mask[x] == 0:
+                A[x] = NINF
+
+    # ---- per row: anchor, softmax around it, the loss terms
     for r in range(R):
         i = r // Qn
-        q = r % Qn
-        for t in range(T):
-            A[r, t] = 0.0
-        for j in range(d):
-            wj = WZ[r, j]
-            for t in range(T):
-                A[r, t] += X[i, t, j] * wj
-        if hasmask:
-            for t in range(T):
-                if mask[i, q, t] == 0:
-                    A[r, t] = NINF
-        # anchor k: the first maximiser; j: the largest other key. With a_j the runner-up,
+        ro = r * T
+        # anchor k: the first maximiser; with a_j the largest other key,
         # r_t = exp(a_t - a_j) (t != k), s_t = r_t e_j / (1 + e_j sum r), e_j = exp(a_j - a_k),
-        # M = log s_j = (a_j - a_k) - log1p(e_j sum r): the softmax of attention.softmax_terms
-        # with one exp per key (exact where e_j underflows: then s_t = 0 and M = a_j - a_k).
+        # M = log s_j = (a_j - a_k) - log1p(e_j sum r): attention.softmax_terms with one exp
+        # per key (exact where e_j underflows: then s_t = 0 off the anchor, M = a_j - a_k).
         k = 0
-        mx = A[r, 0]
+        mx = A[ro]
         for t in range(1, T):
-            if A[r, t] > mx:
-                mx = A[r, t]
+            if A[ro + t] > mx:
+                mx = A[ro + t]
                 k = t
         aj = NINF
         for t in range(T):
-            if t != k and A[r, t] > aj:
-                aj = A[r, t]
+            if t != k and A[ro + t] > aj:
+                aj = A[ro + t]
         if aj == NINF:  # the anchor is the only admissible key
             M = NINF
             for t in range(T):
-                Rr[r, t] = 0.0
-                S[r, t] = 0.0
-            S[r, k] = 1.0
+                Rr[ro + t] = 0.0
+                S[ro + t] = 0.0
+            S[ro + k] = 1.0
         else:
             sr = 0.0
             for t in range(T):
                 if t == k:
-                    Rr[r, t] = 0.0
+                    Rr[ro + t] = 0.0
                 else:
-                    e = math.exp(A[r, t] - aj)
-                    Rr[r, t] = e
+                    e = math.exp(A[ro + t] - aj)
+                    Rr[ro + t] = e
                     sr += e
             ej = math.exp(aj - mx)
             x = ej * sr
@@ -416,58 +473,50 @@ def _trial_grad(ic, fc, X, Z, gam, gopt, yl, w, mask, Wf, P0, P1, P2,
             M = (aj - mx) - lse
             f = ej / (1.0 + x)
             for t in range(T):
-                S[r, t] = Rr[r, t] * f
-            S[r, k] = 1.0 / (1.0 + x)
-        kk[r] = k
-        Mr[r] = M
+                S[ro + t] = Rr[ro + t] * f
+            S[ro + k] = 1.0 / (1.0 + x)
         eM = math.exp(M)
+        lw = _log(w[r])
         if trained == 0:
-            gk = gam[i, q, k]
+            gk = gam[ro + k]
             s_ = 0.0
             for t in range(T):
-                c = gk - gam[i, q, t]
-                C[r, t] = c
-                s_ += Rr[r, t] * c
+                c = gk - gam[ro + t]
+                C[ro + t] = c
+                s_ += Rr[ro + t] * c
             dr[r] = s_
-            go = gopt[i, q]
+            go = gopt[r]
             D = (go - gk) + eM * s_
             u = go - D
-            rho[r] = _log(w[i, q]) + _log_neg_deriv(loss, u) + M
+            rho[r] = lw + _log_neg_deriv(loss, u) + M
             if need_gap:
-                if gk >= go:
-                    logD = M + _log(s_)
-                else:
-                    logD = _log(D)
-                x = _log(w[i, q]) + _log_gap(loss, go, logD, D)
-                A[r, 0] = x  # logits are no longer needed: keep the row's log gap
+                logD = M + _log(s_) if gk >= go else _log(D)
+                rlg[r] = lw + _log_gap(loss, go, logD, D)
         else:
-            ck = 0.0
-            for j in range(d):
-                ck += X[i, k, j] * Pv[j]
+            _dots(X, i * T * d, Pv, 0, acc, 0, T, d)  # c_t = v . x_t
+            ck = acc[k]
             s_ = 0.0
             for t in range(T):
-                ct = 0.0
-                for j in range(d):
-                    ct += X[i, t, j] * Pv[j]
-                cd = ct - ck
-                if hasmask and mask[i, q, t] == 0:
+                cd = acc[t] - ck
+                if hasmask and mask[ro + t] == 0:
                     cd = 0.0
-                C[r, t] = cd
-                s_ += Rr[r, t] * cd
+                C[ro + t] = cd
+                s_ += Rr[ro + t] * cd
             dr[r] = s_
-            u = yl[i, q] * (ck + eM * s_)
-            rv = _log(w[i, q]) + _log_neg_deriv(loss, u)
+            u = yl[r] * (ck + eM * s_)
+            rv = lw + _log_neg_deriv(loss, u)
             rhov[r] = rv if rv == rv else NINF
             rho[r] = rv + M
             if need_gap:
-                A[r, 0] = _log(w[i, q]) + _log_value(loss, u)
+                rlg[r] = lw + _log_value(loss, u)
     lgap = np.nan
     if need_gap:
         for r in range(R):
-            tmp[r] = A[r, 0] if A[r, 0] == A[r, 0] else NINF
-        lgap = _logsumexp(tmp, R)
+            if rlg[r] != rlg[r]:
+                rlg[r] = NINF
+        lgap = _logsumexp(rlg, R)
 
-    # ---- row factors exp(rho - max rho) and dL/da (scaled) into A
+    # ---- row factors exp(rho - max rho) and dL/da (scaled), into A
     top = NINF
     for r in range(R):
         if rho[r] != rho[r]:
@@ -476,99 +525,130 @@ def _trial_grad(ic, fc, X, Z, gam, gopt, yl, w, mask, Wf, P0, P1, P2,
             top = rho[r]
     topf = top if np.isfinite(top) else 0.0
     for r in range(R):
-        i = r // Qn
-        q = r % Qn
+        ro = r * T
         fac = math.exp(rho[r] - topf)
         sdr = dr[r]
         if trained == 0:
             for t in range(T):
-                g = -fac * (S[r, t] * sdr - Rr[r, t] * C[r, t])
-                A[r, t] = g if g == g else 0.0
+                g = -fac * (S[ro + t] * sdr - Rr[ro + t] * C[ro + t])
+                A[ro + t] = g if g == g else 0.0
         else:
-            f = -yl[i, q] * fac
+            f = -yl[r] * fac
             for t in range(T):
-                g = f * (Rr[r, t] * C[r, t] - S[r, t] * sdr)
-                A[r, t] = g if g == g else 0.0
-    # GX_r = sum_t Ga_rt x_it  (R, d)
+                g = f * (Rr[ro + t] * C[ro + t] - S[ro + t] * sdr)
+                A[ro + t] = g if g == g else 0.0
+    # GX_r = sum_t Ga_rt x_it  (R, d), into WZ (the sum over t in order either way)
     for r in range(R):
-        i = r // Qn
-        for j in range(d):
-            GX[r, j] = 0.0
-        for t in range(T):
-            g = A[r, t]
+        xo = (r // Qn) * T * d
+        ao = r * T
+        ro = r * d
+        if d <= 32:
             for j in range(d):
-                GX[r, j] += g * X[i, t, j]
+                s_ = 0.0
+                for t in range(T):
+                    s_ += A[ao + t] * X[xo + t * d + j]
+                WZ[ro + j] = s_
+        else:
+            for j in range(d):
+                acc[j] = 0.0
+            for t in range(T):
+                g = A[ao + t]
+                base = xo + t * d
+                for j in range(d):
+                    acc[j] += g * X[base + j]
+            for j in range(d):
+                WZ[ro + j] = acc[j]
+    GX = WZ
 
     # ---- parameter gradients (raw, times exp(top))
-    if model == W_MODEL:  # G_W = sum_r GX_r z_r^T
-        for j in range(d):
-            for l in range(d):
-                G0[j * d + l] = 0.0
-            for r in range(R):
-                i = r // Qn
-                q = r % Qn
-                g = GX[r, j]
-                for l in range(d):
-                    G0[j * d + l] += g * Z[i, q, l]
-        ls[0] = _normalize(G0, d * d, top)
-    elif model == KQ_MODEL:  # dK = G_W Q = sum_r GX_r (Q^T z_r)^T, dQ = G_W^T K = sum_r z_r (K^T GX_r)^T
-        for j in range(d):
-            for c in range(m):
-                G0[j * m + c] = 0.0
-            for r in range(R):
-                g = GX[r, j]
-                for c in range(m):
-                    G0[j * m + c] += g * ZQ[r, c]
-        for r in range(R):  # K^T GX_r into ZQ (the z Q rows are used above)
-            for c in range(m):
-                ZQ[r, c] = 0.0
+    if model == W_MODEL:  # G_W^T = sum_r z_r GX_r^T: row l = sum_r z_rl GX_r
+        for l in range(d):
             for j in range(d):
-                g = GX[r, j]
+                acc[j] = 0.0
+            for r in range(R):
+                zl = Z[r * d + l]
+                ro = r * d
+                for j in range(d):
+                    acc[j] += zl * GX[ro + j]
+            base = l * d
+            for j in range(d):
+                G0[base + j] = acc[j]
+        ls[0] = _scale(G0, d * d, top, gm, 0)
+    elif model == KQ_MODEL:
+        # dK = G_W Q: row j = sum_r GX_rj (Q^T z_r); dQ = G_W^T K: row l = sum_r z_rl (K^T GX_r)
+        for j in range(d):
+            for c in range(m):
+                acc[c] = 0.0
+            for r in range(R):
+                g = GX[r * d + j]
+                base = r * m
                 for c in range(m):
-                    ZQ[r, c] += g * P0[j * m + c]
+                    acc[c] += g * ZQ[base + c]
+            for c in range(m):
+                G0[j * m + c] = acc[c]
+        for r in range(R):  # K^T GX_r into ZQ
+            for c in range(m):
+                acc[c] = 0.0
+            for j in range(d):
+                g = GX[r * d + j]
+                base = j * m
+                for c in range(m):
+                    acc[c] += g * P0[base + c]
+            for c in range(m):
+                ZQ[r * m + c] = acc[c]
         for l in range(d):
             for c in range(m):
-                G1[l * m + c] = 0.0
+                acc[c] = 0.0
             for r in range(R):
-                i = r // Qn
-                q = r % Qn
-                zl = Z[i, q, l]
+                zl = Z[r * d + l]
+                base = r * m
                 for c in range(m):
-                    G1[l * m + c] += zl * ZQ[r, c]
-        ls[0] = _normalize(G0, d * m, top)
-        ls[1] = _normalize(G1, d * m, top)
+                    acc[c] += zl * ZQ[base + c]
+            for c in range(m):
+                G1[l * m + c] = acc[c]
+        ls[0] = _scale(G0, d * m, top, gm, 0)
+        ls[1] = _scale(G1, d * m, top, gm, 1)
         reg = fc[FC_REG]
         if reg != 0.0:
             for x in range(d * m):
                 tmp[x] = 2.0 * reg * P0[x]
-            ls[0] = _scaled_add(G0, ls[0], tmp, d * m)
+            ls[0] = _scaled_add(G0, ls[0], gm[0], tmp, d * m)
             for x in range(d * m):
                 tmp[x] = 2.0 * reg * P1[x]
-            ls[1] = _scaled_add(G1, ls[1], tmp, d * m)
+            ls[1] = _scaled_add(G1, ls[1], gm[1], tmp, d * m)
+            gm[0] = 1.0
+            gm[1] = 1.0
     elif model == DIAG_MODEL:  # g_j = sum_r GX_rj z_rj; dk = g q, dq = g k
         for j in range(d):
-            g = 0.0
-            for r in range(R):
-                i = r // Qn
-                q = r % Qn
-                g += GX[r, j] * Z[i, q, j]
-            G0[j] = g * P1[j]
-            G1[j] = g * P0[j]
-        ls[0] = _normalize(G0, d, top)
-        ls[1] = _normalize(G1, d, top)
-    else:  # prompt: dp = W_f^T sum_r GX_r
-        for j in range(d):
-            tmp[j] = 0.0
+            acc[j] = 0.0
         for r in range(R):
+            base = r * d
             for j in range(d):
-                tmp[j] += GX[r, j]
+                acc[j] += GX[base + j] * Z[base + j]
         for j in range(d):
-            G0[j] = 0.0
-        for l in range(d):
-            g = tmp[l]
+            G0[j] = acc[j] * P1[j]
+            G1[j] = acc[j] * P0[j]
+        ls[0] = _scale(G0, d, top, gm, 0)
+        ls[1] = _scale(G1, d, top, gm, 1)
+    else:  # prompt: dp = W^T g = sum_l g_l (row l of W), g = sum_r GX_r
+        for j in range(d):
+            acc[j] = 0.0
+        for r in range(R):
+            base = r * d
             for j in range(d):
-                G0[j] += g * Wf[l, j]
-        ls[0] = _normalize(G0, d, top)
+                acc[j] += GX[base + j]
+        if ic[IC_WID]:
+            for j in range(d):
+                G0[j] = acc[j]
+        else:
+            for j in range(d):
+                G0[j] = 0.0
+            for l in range(d):
+                g = acc[l]
+                base = l * d
+                for j in range(d):
+                    G0[j] += g * Wf[1, base + j]
+        ls[0] = _scale(G0, d, top, gm, 0)
 
     # ---- trained head: dv = sum_it (sum_q lam_iq s_iqt) x_it (scaled by max rho_v)
     if trained:
@@ -578,18 +658,21 @@ def _trial_grad(ic, fc, X, Z, gam, gopt, yl, w, mask, Wf, P0, P1, P2,
                 topv = rhov[r]
         topvf = topv if np.isfinite(topv) else 0.0
         for j in range(d):
-            Gv[j] = 0.0
+            acc[j] = 0.0
         for i in range(n):
             for t in range(T):
                 s_ = 0.0
                 for q in range(Qn):
                     r = i * Qn + q
-                    s_ += -yl[i, q] * math.exp(rhov[r] - topvf) * S[r, t]
+                    s_ += -yl[r] * math.exp(rhov[r] - topvf) * S[r * T + t]
                 if s_ != s_:
                     s_ = 0.0
+                base = (i * T + t) * d
                 for j in range(d):
-                    Gv[j] += s_ * X[i, t, j]
-        ls[na] = _normalize(Gv, d, topv)
+                    acc[j] += s_ * X[base + j]
+        for j in range(d):
+            Gv[j] = acc[j]
+        ls[na] = _scale(Gv, d, topv, gm, na)
     return lgap
 
 
@@ -605,10 +688,11 @@ def _inv_mirror_map(x, p):
 
 
 @njit(cache=True)
-def _apply_rule(ic, fc, Ps, Gs, sizes, ls, lgap, Ns, D):
-    """New parameters Ns[k] from the scaled gradient (Gs[k], ls[k]) of a stateless rule
-    (attnsvm.optim.rules: gd, nsd / ngd / sign / coordinate in an entrywise norm, per
-    tensor or global, relative; polyak; l_p mirror descent, plain or normalised)."""
+def _apply_generic(ic, fc, Ps, Gs, sizes, ls, lgap, Ns, D, work):
+    """New parameters Ns[k] from the scaled gradient (Gs[k] with max|.| = 1, ls[k]) of a
+    stateless rule (attnsvm.optim.rules: gd, nsd / ngd / sign / coordinate in an entrywise
+    norm, per tensor or global, relative; polyak; l_p mirror descent, plain or
+    normalised). D and work (4 nP) are scratch."""
     rule = ic[IC_RULE]
     nP = ic[IC_NP]
     lr = fc[FC_LR]
@@ -622,13 +706,15 @@ def _apply_rule(ic, fc, Ps, Gs, sizes, ls, lgap, Ns, D):
         kind = ic[IC_LP]
         p = fc[FC_P]
         q = fc[FC_Q]
-        wts = np.ones(nP)
+        wts = work[0:nP]
+        for k in range(nP):
+            wts[k] = 1.0
         if ic[IC_GLOBAL]:
             # dual norm of each tensor, log ||G_k||_* ; weights exp(ld_k - lt)
             dkind = LP_FRO if kind == LP_FRO else (LP_ONE if kind == LP_INF else
                                                    (LP_INF if kind == LP_ONE else LP_GEN))
-            ld = np.empty(nP)
-            ld2 = np.empty(nP)
+            ld = work[nP:2 * nP]
+            ld2 = work[2 * nP:3 * nP]
             for k in range(nP):
                 ld[k] = _log(_lp_value(Gs[k], sizes[k], dkind, q)) + ls[k]
                 ld2[k] = 2.0 * ld[k]
@@ -637,7 +723,7 @@ def _apply_rule(ic, fc, Ps, Gs, sizes, ls, lgap, Ns, D):
                 wts[k] = math.exp(ld[k] - lt) if np.isfinite(lt) else 0.0
         step = lr
         if ic[IC_RELATIVE]:
-            vals = np.empty(nP)
+            vals = work[3 * nP:4 * nP]
             for k in range(nP):
                 mk = _max_abs(Ps[k], sizes[k])
                 if mk > 0.0:
@@ -662,7 +748,7 @@ def _apply_rule(ic, fc, Ps, Gs, sizes, ls, lgap, Ns, D):
             for x in range(sizes[k]):
                 N[x] = P[x] - s * D[x]
     elif rule == R_POLYAK:
-        logs = np.empty(nP)
+        logs = work[0:nP]
         for k in range(nP):
             logs[k] = 2.0 * (_log(math.sqrt(_sum_sq(Gs[k], sizes[k]))) + ls[k])
         lg = 0.5 * _logsumexp(logs, nP)
@@ -693,39 +779,193 @@ def _apply_rule(ic, fc, Ps, Gs, sizes, ls, lgap, Ns, D):
                     N[x] = _inv_mirror_map(_mirror_map(P[x], p) - lr * (G[x] * f), p)
 
 
+@njit(cache=True)
+def _step_checked(P, G, c, N, k):
+    """N = P - c G; returns flags: 1 all finite, 2 some entry changed, 4 some |N| > 1e300."""
+    chg = False
+    fin = True
+    big = False
+    for x in range(k):
+        v = P[x] - c * G[x]
+        N[x] = v
+        chg |= v != P[x]
+        fin &= (v - v) == 0.0
+        big |= abs(v) > 1e300
+    return (1 if fin else 0) | (2 if chg else 0) | (4 if big else 0)
+
+
+@njit(cache=True)
+def _checked(P, N, k):
+    """The flags of _step_checked for an N computed elsewhere."""
+    chg = False
+    fin = True
+    big = False
+    for x in range(k):
+        v = N[x]
+        chg |= v != P[x]
+        fin &= (v - v) == 0.0
+        big |= abs(v) > 1e300
+    return (1 if fin else 0) | (2 if chg else 0) | (4 if big else 0)
+
+
+@njit(cache=True)
+def _sum_sq_scaled(x, k, inv):
+    """sum (x[:k] inv)^2 in a fixed order (eight partial sums)."""
+    s0 = 0.0
+    s1 = 0.0
+    s2 = 0.0
+    s3 = 0.0
+    s4 = 0.0
+    s5 = 0.0
+    s6 = 0.0
+    s7 = 0.0
+    nb = k // 8
+    for b in range(nb):
+        i = b * 8
+        a0 = x[i] * inv
+        a1 = x[i + 1] * inv
+        a2 = x[i + 2] * inv
+        a3 = x[i + 3] * inv
+        a4 = x[i + 4] * inv
+        a5 = x[i + 5] * inv
+        a6 = x[i + 6] * inv
+        a7 = x[i + 7] * inv
+        s0 += a0 * a0
+        s1 += a1 * a1
+        s2 += a2 * a2
+        s3 += a3 * a3
+        s4 += a4 * a4
+        s5 += a5 * a5
+        s6 += a6 * a6
+        s7 += a7 * a7
+    for i in range(nb * 8, k):
+        a0 = x[i] * inv
+        s0 += a0 * a0
+    return ((s0 + s1) + (s2 + s3)) + ((s4 + s5) + (s6 + s7))
+
+
+@njit(cache=True)
+def _apply_rule(ic, fc, Ps, Gs, gm, sizes, ls, lgap, Ns, D, work):
+    """Ns[k] = the rule's step from Ps[k] with the scaled gradient (Gs[k] / gm[k], ls[k]);
+    returns the flags of _step_checked over all tensors (1 finite, 2 changed, 4 huge).
+    GD, per-tensor NGD and Polyak step from the raw G (one norm pass, one update pass);
+    the other rules divide G by gm first (_apply_generic). Gs may be overwritten."""
+    rule = ic[IC_RULE]
+    nP = ic[IC_NP]
+    lr = fc[FC_LR]
+    fin = 1
+    chg = 0
+    big = 0
+    fast_nsd = rule == R_NSD and ic[IC_LP] == LP_FRO and ic[IC_GLOBAL] == 0 \
+        and ic[IC_RELATIVE] == 0
+    if rule == R_GD or fast_nsd:
+        for k in range(nP):
+            c = 0.0
+            if ls[k] > NINF:
+                inv = 1.0 / gm[k]
+                if rule == R_GD:
+                    c = lr * (math.exp(ls[k]) * inv)
+                else:
+                    c = lr * (inv / math.sqrt(_sum_sq_scaled(Gs[k], sizes[k], inv)))
+            f = _step_checked(Ps[k], Gs[k], c, Ns[k], sizes[k])
+            fin &= f & 1
+            chg |= (f >> 1) & 1
+            big |= (f >> 2) & 1
+    elif rule == R_POLYAK:
+        logs = work[0:nP]
+        for k in range(nP):
+            logs[k] = 2.0 * (0.5 * _log(_sum_sq_scaled(Gs[k], sizes[k], 1.0 / gm[k])) + ls[k])
+        lg = 0.5 * _logsumexp(logs, nP)
+        lr_ = math.log(fc[FC_C]) + lgap - lg
+        if ic[IC_MAXLR]:
+            lr_ = min(lr_, math.log(fc[FC_MAXLR]) + lg)
+        for k in range(nP):
+            fk = math.exp(lr_ + ls[k] - lg)
+            if not (np.isfinite(lg) and np.isfinite(lr_)):
+                fk = 0.0
+            f = _step_checked(Ps[k], Gs[k], fk / gm[k], Ns[k], sizes[k])
+            fin &= f & 1
+            chg |= (f >> 1) & 1
+            big |= (f >> 2) & 1
+    else:
+        for k in range(nP):
+            inv = 1.0 / gm[k]
+            G = Gs[k]
+            for x in range(sizes[k]):
+                G[x] = G[x] * inv
+        _apply_generic(ic, fc, Ps, Gs, sizes, ls, lgap, Ns, D, work)
+        for k in range(nP):
+            f = _checked(Ps[k], Ns[k], sizes[k])
+            fin &= f & 1
+            chg |= (f >> 1) & 1
+            big |= (f >> 2) & 1
+    if fin and big:  # some |entry| > 1e300: the trainer's test, a finite sum of entries
+        tot = 0.0
+        for k in range(nP):
+            tot += _sum(Ns[k], sizes[k])
+        fin = 1 if np.isfinite(tot) else 0
+    return fin | (chg << 1)
+
+
 # ------------------------------------------------------------------- drivers
 @njit(cache=True)
-def _bx(A, b):
+def _transpose(src, dst, rows, cols):
+    """dst (cols, rows) = src (rows, cols)^T, flat."""
+    for a in range(rows):
+        for b in range(cols):
+            dst[b * rows + a] = src[a * cols + b]
+
+
+@njit(cache=True)
+def _row(A, b):
+    """Row b of a batched (B, k) array, or row 0 of a shared (1, k) one."""
     return A[0] if A.shape[0] == 1 else A[b]
+
+
+@njit(cache=True)
+def _scratch(ic):
+    n, Qn, T, d, m = ic[IC_N], ic[IC_Q], ic[IC_T], ic[IC_D], ic[IC_M]
+    R = n * Qn
+    big = max(d * max(d, m), R, T, 1)
+    return (np.empty(max(m, 1) * d), np.empty(R * d),
+            np.empty(R * max(m, 1)), np.empty(R * T), np.empty(R * T), np.empty(R * T),
+            np.empty(R * T), np.empty(R), np.empty(R), np.empty(R), np.empty(R),
+            np.empty(max(R * max(d, m), T, 1)), np.empty(big))
 
 
 @njit(nogil=True, cache=True)
 def grad_batch(ic, fc, X, Z, gam, gopt, yl, w, mask, Wf, P0, P1, P2, G0, G1, G2, LS, LG, b0, b1):
-    """Scaled gradients of trials b0 .. b1-1: G0..G2 (B, s), LS (B, 3), LG (B,) log gaps."""
-    n, Qn, T, d, m = ic[IC_N], ic[IC_Q], ic[IC_T], ic[IC_D], ic[IC_M]
-    R = n * Qn
-    big = max(d * d, d * m, R, d)
+    """Scaled gradients of trials b0 .. b1-1: G0..G2 (B, s) in the parameters' own layout
+    (G_W, not its transpose), LS (B, 3) log scales, LG (B,) log gaps. Data arrays are
+    flat per trial: X (Bx, n T d), Z (Bz, n Q d), gam (Bx, n Q T), gopt / yl / w
+    (., n Q), mask (Bm, n Q T); Wf (2, d d)."""
+    d = ic[IC_D]
+    KT, WZ, ZQ, A, S, Rr, C, dr, rho, rhov, rlg, acc, tmp = _scratch(ic)
+    ls = np.full(3, NINF)
+    gm = np.ones(3)
+    Wt = np.empty(d * d) if ic[IC_MODEL] == W_MODEL else np.empty(0)
     for b in range(b0, b1):
-        ls = np.full(3, NINF)
-        WT = np.empty(big)
-        WZ = np.empty((R, d))
-        A = np.empty((R, T))
-        S = np.empty((R, T))
-        Rr = np.empty((R, T))
-        C = np.empty((R, T))
-        dr = np.empty(R)
-        Mr = np.empty(R)
-        rho = np.empty(R)
-        rhov = np.empty(R)
-        kk = np.empty(R, dtype=np.int64)
-        GX = np.empty((R, d))
-        ZQ = np.empty((R, max(m, 1)))
-        tmp = np.empty(big)
-        LG[b] = _trial_grad(ic, fc, _bx(X, b), _bx(Z, b), _bx(gam, b), _bx(gopt, b), _bx(yl, b),
-                            _bx(w, b), _bx(mask, b), Wf, P0[b], P1[b], P2[b], G0[b], G1[b], G2[b],
-                            ls, WT, WZ, A, S, Rr, C, dr, Mr, rho, rhov, kk, GX, ZQ, tmp)
+        Xb = _row(X, b)
         for k in range(3):
+            ls[k] = NINF
+        if ic[IC_MODEL] == W_MODEL:
+            _transpose(P0[b], Wt, d, d)
+            LG[b] = _trial_grad(ic, fc, Xb, _row(Z, b), _row(gam, b), _row(gopt, b),
+                                _row(yl, b), _row(w, b), _row(mask, b), Wf, Wt, P1[b], P2[b],
+                                tmp, G1[b], G2[b], gm, ls, KT, WZ, ZQ, A, S, Rr, C, dr, rho, rhov,
+                                rlg, acc, G0[b])
+            _transpose(tmp, G0[b], d, d)  # G_W^T -> G_W (tmp held G_W^T, G0 the scratch)
+        else:
+            LG[b] = _trial_grad(ic, fc, Xb, _row(Z, b), _row(gam, b), _row(gopt, b),
+                                _row(yl, b), _row(w, b), _row(mask, b), Wf, P0[b], P1[b],
+                                P2[b], G0[b], G1[b], G2[b], gm, ls, KT, WZ, ZQ, A, S, Rr, C, dr,
+                                rho, rhov, rlg, acc, tmp)
+        for k in range(3):  # the scaled form: max|.| = 1
             LS[b, k] = ls[k]
+        for G, k in ((G0[b], 0), (G1[b], 1), (G2[b], 2)):
+            inv = 1.0 / gm[k]
+            for x in range(G.shape[0]):
+                G[x] = G[x] * inv
 
 
 @njit(nogil=True, cache=True)
@@ -737,54 +977,42 @@ def run_steps(ic, fc, X, Z, gam, gopt, yl, w, mask, Wf, P0, P1, P2, t0, t1,
     stops the trial (code 1) before the update; an update with a non-finite sum of
     parameters (code 2) or, if ic[IC_STALL], that leaves every parameter bit-identical
     (code 3) stops it and is not applied. active / stop_step / stop_code are updated.
-    Trials b0 .. b1-1 (the caller runs slices in threads: the kernel releases the GIL)."""
-    n, Qn, T, d, m = ic[IC_N], ic[IC_Q], ic[IC_T], ic[IC_D], ic[IC_M]
+    Trials b0 .. b1-1 (the caller runs slices in threads: the kernel releases the GIL).
+    The rules are entrywise in their norms, so the W model steps on W^T throughout."""
+    d = ic[IC_D]
     nP = ic[IC_NP]
-    R = n * Qn
-    big = max(d * d, d * m, R, d)
+    wmodel = ic[IC_MODEL] == W_MODEL
+    KT, WZ, ZQ, A, S, Rr, C, dr, rho, rhov, rlg, acc, tmp = _scratch(ic)
+    s0, s1, s2 = P0.shape[1], P1.shape[1], P2.shape[1]
+    sizes = np.zeros(3, dtype=np.int64)
+    sizes[0], sizes[1], sizes[2] = s0, s1, s2
+    Ps = (np.empty(s0), np.empty(s1), np.empty(s2))
+    Ns = (np.empty(s0), np.empty(s1), np.empty(s2))
+    Ga, Gb, Gc = np.empty(s0), np.empty(s1), np.empty(s2)
+    D = np.empty(max(s0, s1, s2, 1))
+    ls = np.full(3, NINF)
+    gm = np.ones(3)
+    work = np.empty(4 * nP + 4)
     for b in range(b0, b1):
         if not active[b]:
             continue
-        sizes = np.zeros(3, dtype=np.int64)
-        sizes[0] = P0.shape[1]
-        sizes[1] = P1.shape[1]
-        sizes[2] = P2.shape[1]
-        # the parameter tensors in dict order (the head v last)
-        Pa = P0[b].copy()
-        Pb = P1[b].copy()
-        Pc = P2[b].copy()
-        Ga = np.empty(sizes[0])
-        Gb = np.empty(sizes[1])
-        Gc = np.empty(sizes[2])
-        Na = np.empty(sizes[0])
-        Nb = np.empty(sizes[1])
-        Nc = np.empty(sizes[2])
-        D = np.empty(max(sizes[0], max(sizes[1], sizes[2])))
-        Ps = (Pa, Pb, Pc)
-        Gs = (Ga, Gb, Gc)
-        Ns = (Na, Nb, Nc)
-        ls = np.full(3, NINF)
-        WT = np.empty(big)
-        WZ = np.empty((R, d))
-        A = np.empty((R, T))
-        S = np.empty((R, T))
-        Rr = np.empty((R, T))
-        C = np.empty((R, T))
-        dr = np.empty(R)
-        Mr = np.empty(R)
-        rho = np.empty(R)
-        rhov = np.empty(R)
-        kk = np.empty(R, dtype=np.int64)
-        GX = np.empty((R, d))
-        ZQ = np.empty((R, max(m, 1)))
-        tmp = np.empty(big)
-        Xb, Zb, gb, gob, yb = _bx(X, b), _bx(Z, b), _bx(gam, b), _bx(gopt, b), _bx(yl, b)
-        wb, mb = _bx(w, b), _bx(mask, b)
+        Xb = _row(X, b)
+        Zb, gb, gob, yb = _row(Z, b), _row(gam, b), _row(gopt, b), _row(yl, b)
+        wb, mb = _row(w, b), _row(mask, b)
+        Pa, Pb, Pc = Ps
+        Na, Nb, Nc = Ns
+        if wmodel:
+            _transpose(P0[b], Pa, d, d)
+        else:
+            Pa[:] = P0[b]
+        Pb[:] = P1[b]
+        Pc[:] = P2[b]
         for t in range(t0, t1):
             for k in range(3):
                 ls[k] = NINF
-            lgap = _trial_grad(ic, fc, Xb, Zb, gb, gob, yb, wb, mb, Wf, Pa, Pb, Pc, Ga, Gb, Gc,
-                               ls, WT, WZ, A, S, Rr, C, dr, Mr, rho, rhov, kk, GX, ZQ, tmp)
+            lgap = _trial_grad(ic, fc, Xb, Zb, gb, gob, yb, wb, mb, Wf, Pa, Pb, Pc,
+                               Ga, Gb, Gc, gm, ls, KT, WZ, ZQ, A, S, Rr, C, dr, rho, rhov, rlg,
+                               acc, tmp)
             nz = False
             for k in range(nP):
                 if np.isfinite(ls[k]):
@@ -794,34 +1022,24 @@ def run_steps(ic, fc, X, Z, gam, gopt, yl, w, mask, Wf, P0, P1, P2, t0, t1,
                 stop_step[b] = t
                 stop_code[b] = STOP_ZERO
                 break
-            _apply_rule(ic, fc, Ps, Gs, sizes, ls, lgap, Ns, D)
-            tot = 0.0
-            for k in range(nP):
-                tot += _sum(Ns[k], sizes[k])
-            if not np.isfinite(tot):
+            flags = _apply_rule(ic, fc, (Pa, Pb, Pc), (Ga, Gb, Gc), gm, sizes, ls, lgap,
+                                (Na, Nb, Nc), D, work)
+            if not flags & 1:
                 active[b] = 0
                 stop_step[b] = t
                 stop_code[b] = STOP_NONFINITE
                 break
-            if ic[IC_STALL]:
-                same = True
-                for k in range(nP):
-                    P, N = Ps[k], Ns[k]
-                    for x in range(sizes[k]):
-                        if N[x] != P[x]:
-                            same = False
-                            break
-                    if not same:
-                        break
-                if same:
-                    active[b] = 0
-                    stop_step[b] = t
-                    stop_code[b] = STOP_NOCHANGE
-                    break
-            for k in range(nP):
-                P, N = Ps[k], Ns[k]
-                for x in range(sizes[k]):
-                    P[x] = N[x]
-        P0[b, :] = Pa
+            if ic[IC_STALL] and not flags & 2:
+                active[b] = 0
+                stop_step[b] = t
+                stop_code[b] = STOP_NOCHANGE
+                break
+            Pa, Na = Na, Pa  # the new parameters become the current ones
+            Pb, Nb = Nb, Pb
+            Pc, Nc = Nc, Pc
+        if wmodel:
+            _transpose(Pa, P0[b], d, d)
+        else:
+            P0[b, :] = Pa
         P1[b, :] = Pb
         P2[b, :] = Pc
