@@ -159,10 +159,10 @@ class Plan:
         if trained:
             self.gam, self.gopt = np.zeros((1, 1)), np.zeros((1, 1))
             self.yl = _flat(model._labels(tdata, Q).expand(-1, n, Q))
-            self.w = _flat(model._query_weights(tdata, Q))
+            self.w = _flat(torch.log(model._query_weights(tdata, Q)))  # log w: the kernels' form
         else:
             gam0, gopt, w, _ = model._consts(tdata, Q)
-            self.gam, self.gopt, self.w = _flat(gam0), _flat(gopt), _flat(w)
+            self.gam, self.gopt, self.w = _flat(gam0), _flat(gopt), _flat(torch.log(w))
             self.yl = np.zeros((1, 1))
         km = model._key_mask(tdata)
         if km is None:
