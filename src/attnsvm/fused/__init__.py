@@ -93,6 +93,10 @@ def _rule_code(optimizer):
             {"c": float(h["c"]), "max_lr": float(h["max_lr"] or 1.0)}
     if upd == "mirror.<locals>.update":
         p = float(h["p"])
+        if p == 2.0:  # GD / per-tensor NGD, as in optim.rules: the same steps bit for bit
+            if h["normalized"]:
+                return 2, {"lp": 0, "global": False, "relative": False}, {"lr": lr, "p": 2.0, "q": 2.0}
+            return 1, {}, {"lr": lr}
         return 4, {"normalized": bool(h["normalized"])}, {"lr": lr, "p": p, "q": p / (p - 1.0)}
     return None
 
