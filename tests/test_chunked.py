@@ -87,3 +87,42 @@ def test_chunk_validation():
     t = train(M.WModel(3), data, steps=2, chunk=5)  # chunk >= B: one run
     assert "chunks" not in t.extra
     assert torch.isfinite(t.params["W"]).all()
+
+
+# ------------------------------------------------------------------ map_chunks
+def test_map_chunks_concatenates_in_order():
+    from attnsvm.chunks import chunk_bounds, map_chunks
+
+    assert chunk_bounds(10, 4) == [(0, 4), (4, 8), (8, 10)]
+    assert chunk_bounds(0, 4) == []
+    data = D.random_sphere(n=3, T=4, d=3, seed=6, batch=10, cross=False)
+    model = M.PromptModel(3)
+    kw = dict(optimizer=O.ngd(1.0), steps=40, init="zero", record_every=40)
+
+    def one(a, b):  # train trials [a, b) and tabulate them
+        sub = D.TokenData(X=data.X[a:b], y=data.y[a:b], v=data.v[a:b])
+        p = train(model, sub, **kw).params["p"].numpy()
+        return {"p": pd.DataFrame({"trial": np.arange(a, b), "p0": p[:, 0], "p2": p[:, 2]}),
+                "n": pd.DataFrame({"rows": [b - a]})}
+
+    whole = one(0, 10)
+    for chunk in (1, 3, 10, 25):
+        out = map_chunks(one, 10, chunk)
+        pd.testing.assert_frame_equal(out["p"], whole["p"], check_exact=False, rtol=1e-12)
+        assert out["n"]["rows"].sum() == 10 and len(out["n"]) == len(chunk_bounds(10, chunk))
+    single = map_chunks(lambda a, b: pd.DataFrame({"i": range(a, b)}), 7, 2)
+    assert single["i"].tolist() == list(range(7))
+    assert len(map_chunks(lambda a, b: pd.DataFrame({"i": range(a, b)}), 0, 2)) == 0
+
+
+def test_map_chunks_refuses_inconsistent_chunks():
+    from attnsvm.chunks import map_chunks
+
+    with pytest.raises(ValueError, match="chunk"):
+        map_chunks(lambda a, b: pd.DataFrame(), 5, 0)
+    with pytest.raises(TypeError, match="DataFrame"):
+        map_chunks(lambda a, b: [a, b], 5, 2)
+    with pytest.raises(ValueError, match="tables"):
+        map_chunks(lambda a, b: {"x" if a == 0 else "y": pd.DataFrame()}, 5, 2)
+    with pytest.raises(TypeError, match="first chunk"):
+        map_chunks(lambda a, b: pd.DataFrame() if a == 0 else {"x": pd.DataFrame()}, 5, 2)
