@@ -126,3 +126,22 @@ def test_map_chunks_refuses_inconsistent_chunks():
         map_chunks(lambda a, b: {"x" if a == 0 else "y": pd.DataFrame()}, 5, 2)
     with pytest.raises(TypeError, match="first chunk"):
         map_chunks(lambda a, b: pd.DataFrame() if a == 0 else {"x": pd.DataFrame()}, 5, 2)
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_chunked_never_computes_on_all_trials(engine):
+    """Memory bounded by the chunk: no logits (hence no per-step temporary) of more than
+    `chunk` trials are ever formed."""
+    data = D.random_sphere(n=3, T=4, d=3, seed=1, batch=9)
+    model = M.WModel(3)
+    seen = []
+    orig = model._logits
+
+    def logits(params, tdata):
+        a = orig(params, tdata)
+        seen.append(a.shape[0])
+        return a
+
+    model._logits = logits
+    train(model, data, steps=6, chunk=4, engine=engine, record_every=3)
+    assert seen and max(seen) <= 4

@@ -417,7 +417,7 @@ def train(model: AttentionModel, data, loss="logistic", optimizer: Optimizer | N
     device: "cpu", "cuda", ... (must exist).
     engine: "auto" | "torch" | "fused" (module docstring; "fused" raises a ValueError
     naming what it does not support). chunk: train at most ``chunk`` trials at a time
-    (same result, memory of one chunk; :func:`_train_chunked`).
+    (same result; the step's memory is that of one chunk; :func:`_train_chunked`).
     """
     from .losses import get_loss
     from .optim import get as get_optimizer
@@ -442,6 +442,23 @@ def train(model: AttentionModel, data, loss="logistic", optimizer: Optimizer | N
                                        and scale > 0):
         raise ValueError(f"scale must be a finite number > 0; got {scale!r}")
     params = _init_params(model, init, B, seed, scale, device, dtype)
+    k = max(1, steps // 100) if record_every is None else _check_int(record_every, "record_every", 1)
+    if engine not in ENGINES:
+        raise ValueError(f"engine must be one of {ENGINES}; got {engine!r}")
+    if chunk is not None:
+        chunk = _check_int(chunk, "chunk", 1)
+    if chunk is not None and chunk < B:  # before anything allocates for all B trials at once
+        Q = 1 if model._single(tdata) else tdata["X"].shape[2]
+        n = tdata["X"].shape[1]
+        bs = batch_size if batch_size is not None else optimizer.batch_size
+        if bs is not None and _check_int(bs, "batch_size", 1) > n:
+            raise ValueError(f"batch_size must be in [1, n = {n}]; got {bs}")
+        return _train_chunked(
+            model, tdata, params, chunk, k, _alpha_tensor(model, tdata, alpha, Q, B),
+            _check_refs(model, references, B, dtype, tdata["X"].device), seed,
+            dict(loss=lossf, optimizer=optimizer, steps=steps, scale=scale,
+                 record_params=record_params, progress=progress, device=device, dtype=dtype,
+                 batch_size=batch_size, autograd=autograd, engine=engine))
     first = model.evaluate(params, tdata, lossf, grad=True, autograd=autograd)
     a0 = model._logits(params, tdata)
     Q = a0.shape[2]
@@ -461,17 +478,6 @@ def train(model: AttentionModel, data, loss="logistic", optimizer: Optimizer | N
         if bs > n:
             raise ValueError(f"batch_size must be in [1, n = {n}]; got {bs}")
     seeds = torch.arange(B, dtype=torch.int64) + seed
-    k = max(1, steps // 100) if record_every is None else _check_int(record_every, "record_every", 1)
-    if engine not in ENGINES:
-        raise ValueError(f"engine must be one of {ENGINES}; got {engine!r}")
-    if chunk is not None:
-        chunk = _check_int(chunk, "chunk", 1)
-        if chunk < B:
-            return _train_chunked(
-                model, tdata, params, chunk, k, alpha_t, refs, seed,
-                dict(loss=lossf, optimizer=optimizer, steps=steps, scale=scale,
-                     record_params=record_params, progress=progress, device=device, dtype=dtype,
-                     batch_size=batch_size, autograd=autograd, engine=engine))
     plan = None
     if engine != "torch":
         why = fused.unsupported(model, lossf, optimizer, tdata, bs, autograd)
