@@ -187,11 +187,15 @@ def main(argv=None):
     ap.add_argument("--chunk", type=int, default=10000, help="trials per chunk with --scale")
     ap.add_argument("--dask", type=int, default=0, metavar="W",
                     help="with --scale: also run it as a Dask sweep on W local workers")
+    ap.add_argument("--save", default=None, metavar="PATH",
+                    help="with --scale: write the trials table to PATH (Parquet)")
     args = ap.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.scale:
         ref = run_scaled(args.scale, args.chunk, args.steps)
+        if args.save:
+            ref.to_parquet(args.save)
         if args.dask:
             run_dask(args.scale, args.chunk, args.steps, args.dask, ref)
         return
