@@ -337,7 +337,7 @@ def main(argv=None):
     ap.add_argument("--B", type=int, nargs="+", default=[1000, 10000])
     ap.add_argument("--d", type=int, nargs="+", default=[10, 32, 64])
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--seconds", type=float, default=1.5,
+    ap.add_argument("--seconds", type=float, default=2.0,
                     help="target seconds per contender and round (steps are sized to it)")
     ap.add_argument("--threads", type=int, default=1,
                     help="threads for every contender and the peak (default 1: on this shared "
@@ -382,8 +382,13 @@ def main(argv=None):
             for nm in names:
                 run_contender(nm, dat, gam, W0, 1, args.threads, pool)  # warm up (JIT caches)
                 t2, _ = run_contender(nm, dat, gam, W0, 2, args.threads, pool)
-                t6, _ = run_contender(nm, dat, gam, W0, 6, args.threads, pool)
-                per = max((t6 - t2) / 4, 1e-9)
+                extra = 4  # double the extra steps until they take >= 0.3 s (noise)
+                while True:
+                    tx, _ = run_contender(nm, dat, gam, W0, 2 + extra, args.threads, pool)
+                    if tx - t2 >= 0.3 or extra >= 4096:
+                        break
+                    extra *= 2
+                per = max((tx - t2) / extra, 1e-9)
                 fixed = max(t2 - 2 * per, 0.0)
                 steps[nm] = int(min(20000, max(3, args.seconds / per, 4 * fixed / per)))
             rates = {nm: [] for nm in names}
