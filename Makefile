@@ -1,6 +1,8 @@
 # Two entry points for a fresh clone (see README):  make reproduce  |  make test
 # Each builds .venv on first use: torch is pinned to the CPU wheel first, so that
-# resolving the project's range never pulls a multi-GB CUDA build.
+# resolving the project's range never pulls a multi-GB CUDA build. The `fast` extra
+# (numba) makes the fused training engine the default; its kernels are compiled once
+# here (numba's disk cache), not in the first run.
 PYTHON ?= python3
 VENV   ?= .venv
 BIN     = $(VENV)/bin
@@ -13,7 +15,8 @@ $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet "$(TORCH)"
-	$(BIN)/python -m pip install --quiet -e ".[probe,dask,test]"
+	$(BIN)/python -m pip install --quiet -e ".[probe,dask,test,fast,bench]"
+	$(BIN)/python -c "import attnsvm.fused as f; print('fused engine (numba):', 'compiled' if f.warmup() else 'not available')"
 	touch $(STAMP)
 
 install: $(STAMP)

@@ -2,10 +2,12 @@
 
     python benchmarks/run_all.py [--quick] [NAME ...]
 
-NAME: train, svm, fig9 (default: all). Each benchmark measures its own baseline in the
-same run and prints the ratio; ``--quick`` runs the small versions (a smoke test of the
-scripts, not numbers to quote). Separate processes keep thread settings, imports and peak
-memory of one benchmark out of the next one's numbers.
+NAME: train, svm, fig9 (the default set), fig9-scale (mmts-fig9 at 100,000 trials per d in
+chunks of 10,000, then as a Dask sweep on 2 local workers: about an hour on a 2-core
+machine, so only when named). Each benchmark measures its own baseline in the same run and
+prints the ratio; ``--quick`` runs the small versions (a smoke test of the scripts, not
+numbers to quote). Separate processes keep thread settings, imports and peak memory of one
+benchmark out of the next one's numbers.
 """
 
 from __future__ import annotations
@@ -18,26 +20,31 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 
-BENCHMARKS = {  # name: (script, extra arguments for --quick)
-    "train": ("bench_train.py", ["--quick"]),
-    "svm": ("bench_svm.py", ["--quick"]),
-    "fig9": ("bench_fig9.py", ["--trials", "50", "--steps", "200", "--baseline-trials", "1"]),
+BENCHMARKS = {  # name: (script, arguments, arguments with --quick)
+    "train": ("bench_train.py", [], ["--quick"]),
+    "svm": ("bench_svm.py", [], ["--quick"]),
+    "fig9": ("bench_fig9.py", [], ["--trials", "50", "--steps", "200", "--baseline-trials", "1"]),
+    "fig9-scale": ("bench_fig9.py", ["--scale", "100000", "--chunk", "10000", "--threads", "2",
+                                     "--dask", "2"],
+                   ["--scale", "600", "--chunk", "300", "--steps", "200", "--dask", "2"]),
 }
+DEFAULT = ["train", "svm", "fig9"]
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("names", nargs="*", metavar="NAME",
-                    help=f"benchmarks to run: {', '.join(BENCHMARKS)} (default: all)")
+                    help=f"benchmarks to run: {', '.join(BENCHMARKS)} "
+                         f"(default: {', '.join(DEFAULT)})")
     ap.add_argument("--quick", action="store_true", help="small versions of every benchmark")
     args = ap.parse_args(argv)
     unknown = [n for n in args.names if n not in BENCHMARKS]
     if unknown:
         ap.error(f"unknown benchmark(s) {', '.join(unknown)}; choose from {', '.join(BENCHMARKS)}")
     failed = []
-    for name in args.names or list(BENCHMARKS):
-        script, quick = BENCHMARKS[name]
-        cmd = [sys.executable, str(HERE / script), *(quick if args.quick else [])]
+    for name in args.names or DEFAULT:
+        script, full, quick = BENCHMARKS[name]
+        cmd = [sys.executable, str(HERE / script), *(quick if args.quick else full)]
         print(f"\n=== {name}: {' '.join(cmd[1:])}", flush=True)
         t0 = time.perf_counter()
         rc = subprocess.call(cmd)

@@ -205,3 +205,12 @@ def test_a_new_norm_is_one_class_and_works_everywhere():
     P = {"W": torch.zeros(3, 5, 5, dtype=torch.float64)}
     out, _ = optim.nsd(L21(), lr=0.5).update({"W": G}, {}, P, None)
     np.testing.assert_allclose(L21().value(out["W"]), 0.5)
+
+
+def test_non_finite_items_give_inf_or_nan_not_an_error():
+    A = np.ones((3, 2, 2))
+    A[1, 0, 0] = np.inf
+    A[2, 1, 1] = np.nan
+    for spec in ALL:
+        v = get_norm(spec).value(A)
+        assert np.isfinite(v[0]) and v[1] == np.inf and np.isnan(v[2]), spec

@@ -101,6 +101,14 @@ class Norm:
         """||A|| over the item dims: (..., d, e) -> (...) [vector: (..., d) -> (...)]."""
         t, back = _as_torch(A)
         dims = _item_dims(t, vector)
+        fin = torch.isfinite(t).all(dim=dims) if t.numel() else None
+        if fin is not None and not bool(fin.all()):  # inf items have norm inf, NaN items NaN
+            nan = torch.isnan(t).any(dim=dims)
+            v = self.value(torch.where(_expand(fin, len(dims)), t, torch.zeros_like(t)), vector)
+            v = torch.as_tensor(v, dtype=t.dtype, device=t.device)
+            v = torch.where(fin, v, torch.where(nan, torch.full_like(v, float("nan")),
+                                                torch.full_like(v, float("inf"))))
+            return back(v)
         A1, m = _scaled(t, dims)
         return back(m * self._value(A1, dims))
 

@@ -1,4 +1,4 @@
-"""Batched trainer: B independent trials in one tensor program (THEORY.md §6-8).
+"""Batched trainer: B independent trials in one tensor program (docs/theory.md §6-8).
 
     traj = train(WModel(d), data, loss="logistic", optimizer=ngd(lr=0.1), steps=1000, B=100)
     traj.metrics      tidy DataFrame, one row per (trial, step)
@@ -18,6 +18,14 @@ running. A trial stops, with the reason recorded, only when it must:
 
 A stopped trial's parameters and optimiser state are frozen; the run ends when every
 trial has stopped.
+
+Engines (``engine=``): "torch" is the batched tensor program above (the reference, and the
+only engine on CUDA); "fused" runs each trial's steps in one compiled loop with its data
+in cache (:mod:`attnsvm.fused`, numba): the same scaled maths, equal to the torch path
+to rounding; "auto" (default) takes "fused" when numba is importable and the
+configuration is supported, else "torch". ``traj.extra["engine"]`` says which ran.
+``chunk=c`` trains the trials c at a time (memory bounded by the chunk; the result is
+the same as one run: trials are independent).
 """
 
 from __future__ import annotations
@@ -29,11 +37,13 @@ import numpy as np
 import pandas as pd
 import torch
 
+from . import fused
+from .fused import ENGINES
 from .metrics import correlation
 from .models import AttentionModel, prepare
 from .optim import Optimizer, ngd
 
-__all__ = ["train", "Trajectory", "minibatch", "STOP_REASONS"]
+__all__ = ["train", "Trajectory", "minibatch", "STOP_REASONS", "ENGINES"]
 
 STOP_REASONS = ("zero gradient", "non-finite step", "no change in float64")
 LN10 = math.log(10.0)
@@ -285,12 +295,115 @@ def _freeze(active: torch.Tensor, new: dict, old: dict) -> dict:
             for k, v in old.items()}
 
 
+def _run_fused(plan, steps, k, record, stop, progress) -> int:
+    """The step loop of ``train`` for a rule that runs inside the kernel: segments of at
+    most k steps between two metric records (recorded by the same torch code). Returns
+    steps_run with the torch loop's semantics: when the last trials stop at step t, the
+    run ends at t if they all stopped on a zero gradient (checked before the update),
+    else at t + 1."""
+    B = plan.B
+    active = np.ones(B, dtype=np.uint8)
+    stop_at = np.full(B, -1, dtype=np.int64)
+    code = np.zeros(B, dtype=np.int64)
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=steps, desc="train (fused)", unit="step")
+    t = 0
+    try:
+        while t < steps:
+            if t % k == 0:
+                record(t)
+            t1 = min(steps, (t // k + 1) * k)
+            plan.run(t, t1, active, stop_at, code)
+            for c, why in fused.STOP_CODES.items():
+                for s in np.unique(stop_at[(code == c) & (stop_at >= t)]):
+                    stop(torch.from_numpy((code == c) & (stop_at == s)), int(s), why)
+            if bar is not None:
+                bar.update(t1 - t)
+            if not active.any():
+                last = int(stop_at.max())
+                return last if bool((code[stop_at == last] == 1).all()) else last + 1
+            t = t1
+    finally:
+        if bar is not None:
+            bar.close()
+    return steps
+
+
+def _train_chunked(model, tdata, params, chunk, k, alpha_t, refs, seed, kw) -> Trajectory:
+    """``train`` of B trials, ``chunk`` at a time, assembled into one Trajectory equal to
+    the unchunked run: each chunk starts from its slice of the initial parameters (drawn
+    for all B trials at once, as without chunks), trial b keeps its mini-batch seed
+    seed + b, and a chunk that ended early (all its trials stopped) contributes its final,
+    frozen record at the later record steps of the run."""
+    B = next(iter(params.values())).shape[0]
+    parts = []
+    for a in range(0, B, chunk):
+        b = min(B, a + chunk)
+        sub = {kk: (None if v is None or kk.startswith("_") else
+                    (v[a:b] if v.shape[0] == B and B > 1 else v))
+               for kk, v in tdata.items()}
+        sub = {kk: v for kk, v in sub.items() if not kk.startswith("_")}
+        al = None
+        if alpha_t is not None:  # (Bx, n, Q) -> the chunk's rows, in a shape train reads back
+            al = alpha_t[a:b] if alpha_t.shape[0] == B else alpha_t
+            al = al.cpu().numpy()
+            al = al[..., 0] if al.shape[-1] == 1 else al
+        item = 1 if type(model).__name__ == "PromptModel" else 2
+        rf = {nm: (R[a:b] if R.ndim == item + 1 else R) for nm, R in refs.items()}
+        parts.append(train(model, sub, init={kk: v[a:b] for kk, v in params.items()}, B=b - a,
+                           seed=seed + a, record_every=k, alpha=al, references=rf or None, **kw))
+    steps_run = max(p.steps_run for p in parts)
+    rec = sorted({t for t in range(0, steps_run, k)} | {steps_run})
+    frames, hist = [], {}
+    for a, p in zip(range(0, B, chunk), parts):
+        m = p.metrics
+        own = set(p.record_steps.tolist())
+        last = int(p.record_steps[-1])
+        take = [t if t in own and (t < p.steps_run or t == last) else last for t in rec]
+        pos = {t: i for i, t in enumerate(p.record_steps.tolist())}
+        R = len(p.record_steps)
+        idx = np.asarray([pos[t] for t in take])
+        nb = len(p.stop_step)
+        rows = (np.arange(nb)[:, None] * R + idx[None, :]).reshape(-1)
+        f = m.iloc[rows].reset_index(drop=True)
+        f["step"] = np.tile(np.asarray(rec), nb)
+        f["trial"] = f["trial"] + a
+        # stopped as the unchunked run records it: at the start of step t, or at its end
+        ss = np.repeat(p.stop_step, len(rec))
+        tt = f["step"].to_numpy()
+        f["stopped"] = (ss >= 0) & ((ss < tt) | (tt == steps_run))
+        frames.append(f)
+        if p.param_history is not None:
+            for kk, h in p.param_history.items():
+                hist.setdefault(kk, []).append(h[idx])
+    state = None
+    if parts[0].state:
+        state = {kk: torch.cat([p.state[kk] for p in parts]) for kk in parts[0].state}
+    engines = sorted({p.extra.get("engine", "torch") for p in parts})
+    return Trajectory(
+        params={kk: torch.cat([p.params[kk] for p in parts]) for kk in parts[0].params},
+        metrics=pd.concat(frames, ignore_index=True),
+        W=np.concatenate([p.W for p in parts]),
+        steps_run=steps_run,
+        record_steps=np.asarray(rec),
+        stop_step=np.concatenate([p.stop_step for p in parts]),
+        param_history={kk: np.concatenate(v, axis=1) for kk, v in hist.items()} or None,
+        alpha=None if alpha_t is None else alpha_t.cpu().numpy(),
+        stop_reason=np.concatenate([p.stop_reason for p in parts]),
+        state=state,
+        extra={"engine": "+".join(engines), "chunks": len(parts)},
+    )
+
+
 def train(model: AttentionModel, data, loss="logistic", optimizer: Optimizer | None = None,
           steps: int = 1000, B: int | None = None, seed: int = 0, init="random",
           scale: float = 0.1, record_every: int | None = None, references: dict | None = None,
           record_params: bool = False, progress: bool = False, device=None,
           dtype=torch.float64, alpha=None, batch_size: int | None = None,
-          autograd: bool = False) -> Trajectory:
+          autograd: bool = False, engine: str = "auto", chunk: int | None = None) -> Trajectory:
     """Train B independent trials of ``model`` on ``data`` with a step rule.
 
     Each step: (L, log(L - L*), G) = model.evaluate(params, data) (stable form, §8; G in
@@ -309,6 +422,9 @@ def train(model: AttentionModel, data, loss="logistic", optimizer: Optimizer | N
     on its seed ``seed + b`` and the step. autograd: torch.autograd of the stable objective
     instead of the closed-form gradient (linear heads; other heads always use autograd).
     device: "cpu", "cuda", ... (must exist).
+    engine: "auto" | "torch" | "fused" (module docstring; "fused" raises a ValueError
+    naming what it does not support). chunk: train at most ``chunk`` trials at a time
+    (same result; the step's memory is that of one chunk; :func:`_train_chunked`).
     """
     from .losses import get_loss
     from .optim import get as get_optimizer
@@ -335,6 +451,23 @@ def train(model: AttentionModel, data, loss="logistic", optimizer: Optimizer | N
     params = _init_params(model, init, B, seed, scale, device, dtype)
     if not bool(model.finite(params).all()):
         raise ValueError("the initial parameters overflow float64 in W (e.g. K Q^T): start smaller")
+    k = max(1, steps // 100) if record_every is None else _check_int(record_every, "record_every", 1)
+    if engine not in ENGINES:
+        raise ValueError(f"engine must be one of {ENGINES}; got {engine!r}")
+    if chunk is not None:
+        chunk = _check_int(chunk, "chunk", 1)
+    if chunk is not None and chunk < B:  # before anything allocates for all B trials at once
+        Q = 1 if model._single(tdata) else tdata["X"].shape[2]
+        n = tdata["X"].shape[1]
+        bs = batch_size if batch_size is not None else optimizer.batch_size
+        if bs is not None and _check_int(bs, "batch_size", 1) > n:
+            raise ValueError(f"batch_size must be in [1, n = {n}]; got {bs}")
+        return _train_chunked(
+            model, tdata, params, chunk, k, _alpha_tensor(model, tdata, alpha, Q, B),
+            _check_refs(model, references, B, dtype, tdata["X"].device), seed,
+            dict(loss=lossf, optimizer=optimizer, steps=steps, scale=scale,
+                 record_params=record_params, progress=progress, device=device, dtype=dtype,
+                 batch_size=batch_size, autograd=autograd, engine=engine))
     first = model.evaluate(params, tdata, lossf, grad=True, autograd=autograd)
     a0 = model._logits(params, tdata)
     Q = a0.shape[2]
@@ -354,7 +487,15 @@ def train(model: AttentionModel, data, loss="logistic", optimizer: Optimizer | N
         if bs > n:
             raise ValueError(f"batch_size must be in [1, n = {n}]; got {bs}")
     seeds = torch.arange(B, dtype=torch.int64) + seed
-    k = max(1, steps // 100) if record_every is None else _check_int(record_every, "record_every", 1)
+    plan = None
+    if engine != "torch":
+        why = fused.unsupported(model, lossf, optimizer, tdata, bs, autograd)
+        if why is None:
+            plan = fused.Plan(model, tdata, lossf, optimizer, Q, B,
+                              check_stall=bs is None and not optimizer.stateful)
+        elif engine == "fused":
+            raise ValueError(f"engine='fused' does not support {why}")
+    engine_used = "torch" if plan is None else ("fused" if plan.in_kernel else "fused-gradient")
 
     state = optimizer.init(params)
     check_stall = bs is None and not optimizer.stateful
@@ -382,8 +523,14 @@ def train(model: AttentionModel, data, loss="logistic", optimizer: Optimizer | N
             return True
         return False
 
-    it = range(steps)
-    if progress:
+    if plan is not None and plan.in_kernel:
+        params = plan.load(params)
+        steps_run = _run_fused(plan, steps, k, record, stop, progress)
+        params = plan.params()
+    else:
+        steps_run = None
+    it = range(steps if steps_run is None else 0)
+    if progress and steps_run is None:
         from tqdm.auto import tqdm
 
         it = tqdm(it, desc="train", unit="step")
@@ -392,7 +539,9 @@ def train(model: AttentionModel, data, loss="logistic", optimizer: Optimizer | N
     ev = first
     prev = prev_state = None
     for t in it:
-        if t > 0 or bs is not None:
+        if plan is not None:
+            ev = plan.evaluate(params, optimizer.needs_gap)
+        elif t > 0 or bs is not None:
             batch = tdata if bs is None else minibatch(tdata, bs, seeds, t)
             ev = model.evaluate(params, batch, lossf, autograd=autograd, need_gap=optimizer.needs_gap)
         grads = ev.grads
@@ -429,7 +578,8 @@ def train(model: AttentionModel, data, loss="logistic", optimizer: Optimizer | N
                 break
     else:
         t = steps
-    steps_run = t
+    if steps_run is None:
+        steps_run = t
     if rec_steps and rec_steps[-1] == steps_run:  # re-record: stop flags may have changed
         rec_steps.pop()
         rec_vals.pop()
@@ -457,4 +607,5 @@ def train(model: AttentionModel, data, loss="logistic", optimizer: Optimizer | N
         alpha=None if alpha_t is None else alpha_t.cpu().numpy(),
         stop_reason=reason.astype(str),
         state=state,
+        extra={"engine": engine_used},
     )

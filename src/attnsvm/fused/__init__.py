@@ -1,0 +1,303 @@
+"""The fused training engine: each trial's steps run in one compiled loop with its data in
+cache (numba, CPU), instead of one batched tensor program per step.
+
+    train(model, data, ..., engine="auto")    # "auto" | "torch" | "fused"
+
+"auto" runs the fused engine when numba is importable and the configuration is
+supported (:func:`unsupported` says why not), else the torch path; "fused" raises a
+ValueError naming what is not supported; "torch" is the reference (and the only engine
+on CUDA). Two fused modes:
+
+* ``"fused"``: stateless rules (gd, ngd / nsd / sign / coordinate in an entrywise norm,
+  per tensor or global, relative; polyak; l_p mirror descent) run whole segments of
+  steps between two metric records inside :func:`kernels.run_steps`;
+* ``"fused-gradient"``: every other rule (spectral / nuclear steepest descent,
+  momentum, adam, adamw, signum, muon, custom rules) takes the scaled gradient from
+  :func:`kernels.grad_batch` and updates in torch, one call per step.
+
+Supported: WModel, KQModel, DiagModel, PromptModel with a linear head (fixed or
+trained), every query kind and key mask, the logistic / exponential / correlation
+losses, full-batch steps, float64 on the CPU. The maths is the stable scaled form of
+:mod:`attnsvm.models.objective` (saturation-safe), so the fused path equals the torch
+path to rounding (tests/test_fused.py) and is bit-for-bit deterministic for any number
+of threads (trials are independent; sums run in a fixed order; no fastmath).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+
+__all__ = ["available", "unsupported", "Plan", "ENGINES", "warmup"]
+
+ENGINES = ("auto", "torch", "fused")
+
+_K = None
+_IMPORT_ERROR = None
+
+
+def _kernels():
+    global _K, _IMPORT_ERROR
+    if _K is None and _IMPORT_ERROR is None:
+        try:
+            from . import kernels as K
+        except ImportError as exc:  # numba missing or broken
+            _IMPORT_ERROR = exc
+        else:
+            _K = K
+    return _K
+
+
+def available() -> bool:
+    """Whether numba is importable (the fused engine can run)."""
+    return _kernels() is not None
+
+
+# -------------------------------------------------------------- what is supported
+_MODELS = {"WModel": 0, "KQModel": 1, "DiagModel": 2, "PromptModel": 3}
+_LOSSES = {"logistic": 0, "exponential": 1, "correlation": 2}
+
+
+def _rule_code(optimizer):
+    """(rule code, extra ints, hyper reals) of a stateless rule the kernel runs, or None
+    (then the fused gradient feeds the torch update)."""
+    h = optimizer.hyper
+    upd = getattr(optimizer.update, "__qualname__", "")
+    mod = getattr(optimizer.update, "__module__", "")
+    if mod != "attnsvm.optim.rules" or optimizer.stateful or optimizer.batch_size is not None:
+        return None
+    lr = h.get("lr")
+    if lr is not None and not isinstance(lr, float):
+        return None  # per-trial step sizes (tensors)
+    if upd == "gd.<locals>.update":
+        return 1, {}, {"lr": lr}
+    if upd == "_nsd.<locals>.update":
+        norm = h["norm"]
+        if norm == "fro":
+            kind, p, q = 0, 2.0, 2.0
+        elif norm == "linf":
+            kind, p, q = 1, math.inf, 1.0
+        elif norm == "l1":
+            kind, p, q = 2, 1.0, math.inf
+        elif norm.startswith("l"):
+            p = float(norm[1:])
+            kind, q = 3, p / (p - 1.0)
+        else:  # spectral, nuclear: an SVD per step
+            return None
+        return 2, {"lp": kind, "global": h["scope"] == "global", "relative": h["relative"]}, \
+            {"lr": lr, "p": p, "q": q}
+    if upd == "polyak.<locals>.update":
+        return 3, {"maxlr": h["max_lr"] is not None, "needgap": True}, \
+            {"c": float(h["c"]), "max_lr": float(h["max_lr"] or 1.0)}
+    if upd == "mirror.<locals>.update":
+        p = float(h["p"])
+        if p == 2.0:  # GD / per-tensor NGD, as in optim.rules: the same steps bit for bit
+            if h["normalized"]:
+                return 2, {"lp": 0, "global": False, "relative": False}, {"lr": lr, "p": 2.0, "q": 2.0}
+            return 1, {}, {"lr": lr}
+        return 4, {"normalized": bool(h["normalized"])}, {"lr": lr, "p": p, "q": p / (p - 1.0)}
+    return None
+
+
+def unsupported(model, lossf, optimizer=None, tdata=None, batch_size=None,
+                autograd: bool = False) -> str | None:
+    """Why the fused engine cannot run this configuration (a short phrase), or None."""
+    if not available():
+        return f"numba is not importable ({_IMPORT_ERROR}); install attnsvm[fast]"
+    name = type(model).__name__
+    if name not in _MODELS or type(model).__module__ != "attnsvm.models.params":
+        return f"model {name} (fused: WModel, KQModel, DiagModel, PromptModel)"
+    if model.head != "linear":
+        return f"head {model.head!r} (fused: linear heads, fixed or trained)"
+    from attnsvm.losses import LOSSES
+
+    if getattr(lossf, "name", None) not in _LOSSES or LOSSES[lossf.name] is not lossf:
+        return f"loss {getattr(lossf, 'name', lossf)!r} (fused: logistic, exponential, correlation)"
+    if autograd:
+        return "autograd=True (the fused engine computes the closed-form gradient)"
+    if batch_size is not None:
+        return "mini-batches (batch_size; fused: full-batch steps)"
+    if tdata is not None:
+        X = tdata["X"]
+        if X.device.type != "cpu":
+            return f"device {X.device.type} (fused: CPU; use engine='torch' on {X.device.type})"
+        if X.dtype != torch.float64:
+            return f"dtype {X.dtype} (fused: float64)"
+    return None
+
+
+# --------------------------------------------------------------------- the plan
+def _flat(t, dtype=np.float64):
+    """A (B, ...) tensor as a C-contiguous (B, prod(...)) array (one flat row per trial)."""
+    a = t.detach().cpu().numpy() if isinstance(t, torch.Tensor) else np.asarray(t)
+    return np.ascontiguousarray(a.reshape(a.shape[0], -1), dtype=dtype)
+
+
+class Plan:
+    """A configuration compiled for the kernels: data arrays, codes and slots.
+
+    ``Plan(model, tdata, lossf, optimizer, Q, B)``; ``plan.in_kernel`` says whether the
+    rule runs inside the kernel (:meth:`run`) or only the gradient does (:meth:`evaluate`).
+    Parameters live in flat slots (B, s) while the plan runs (:meth:`load`, :meth:`params`).
+    """
+
+    def __init__(self, model, tdata, lossf, optimizer, Q: int, B: int, check_stall: bool):
+        K = _kernels()
+        self.K, self.model, self.B, self.Q = K, model, B, Q
+        self.names = list(model.param_shapes())
+        self.shapes = model.param_shapes()
+        mcode = _MODELS[type(model).__name__]
+        na = 2 if mcode in (1, 2) else 1
+        self.slots = {nm: (i if i < na else na) for i, nm in enumerate(self.names)}
+        X = tdata["X"]
+        n, T, d = X.shape[1:]
+        self.X = _flat(X)
+        trained = not model.fixed_linear
+        if model.has_query_data:
+            Z = model.queries(tdata)
+            self.Z = _flat(Z.expand(Z.shape[0], n, Q, d))
+        else:
+            self.Z = np.zeros((1, 1))
+        if trained:
+            self.gam, self.gopt = np.zeros((1, 1)), np.zeros((1, 1))
+            self.yl = _flat(model._labels(tdata, Q).expand(-1, n, Q))
+            self.w = _flat(torch.log(model._query_weights(tdata, Q)))  # log w: the kernels' form
+        else:
+            gam0, gopt, w, _ = model._consts(tdata, Q)
+            self.gam, self.gopt, self.w = _flat(gam0), _flat(gopt), _flat(torch.log(w))
+            self.yl = np.zeros((1, 1))
+        km = model._key_mask(tdata)
+        if km is None:
+            self.mask = np.ones((1, 1), dtype=np.uint8)
+        else:
+            km = km if km.ndim == 4 else km[None, None]
+            self.mask = _flat(km.expand(km.shape[0], n, Q, T), np.uint8)
+        wid = False
+        if mcode == 3:
+            wid = bool(np.array_equal(model.W_fixed, np.eye(d)))
+            Wf = np.asarray(model.W_fixed, dtype=np.float64)
+            self.Wf = np.ascontiguousarray(np.stack([Wf.T.ravel(), Wf.ravel()]))
+        else:
+            self.Wf = np.zeros((2, 1))
+        m = getattr(model, "m", 0) if mcode == 1 else 0
+        rc = _rule_code(optimizer)
+        self.in_kernel = rc is not None
+        ic = np.zeros(K.IC_SIZE, dtype=np.int64)
+        fc = np.zeros(K.FC_SIZE, dtype=np.float64)
+        ic[K.IC_MODEL], ic[K.IC_TRAINED], ic[K.IC_LOSS] = mcode, int(trained), _LOSSES[lossf.name]
+        ic[K.IC_NP] = len(self.names)
+        ic[K.IC_N], ic[K.IC_Q], ic[K.IC_T], ic[K.IC_D], ic[K.IC_M] = n, Q, T, d, m
+        ic[K.IC_MASK] = int(km is not None)
+        ic[K.IC_STALL] = int(check_stall)
+        ic[K.IC_WID] = int(wid)
+        fc[K.FC_REG] = float(getattr(model, "reg", 0.0)) if mcode == 1 else 0.0
+        if rc is not None:
+            code, ints, reals = rc
+            ic[K.IC_RULE] = code
+            ic[K.IC_LP] = ints.get("lp", 0)
+            ic[K.IC_GLOBAL] = int(ints.get("global", False))
+            ic[K.IC_RELATIVE] = int(ints.get("relative", False))
+            ic[K.IC_NORMALIZED] = int(ints.get("normalized", False))
+            ic[K.IC_MAXLR] = int(ints.get("maxlr", False))
+            ic[K.IC_NEEDGAP] = int(ints.get("needgap", False))
+            fc[K.FC_LR] = reals.get("lr") or 0.0
+            fc[K.FC_P], fc[K.FC_Q] = reals.get("p", 2.0), reals.get("q", 2.0)
+            fc[K.FC_C], fc[K.FC_MAXLR] = reals.get("c", 1.0), reals.get("max_lr", 1.0)
+        self.ic, self.fc = ic, fc
+        self._slots = None
+
+    # ---------------------------------------------------------- parameters
+    def _empty_slots(self):
+        sz = [0, 0, 0]
+        for nm, s in self.slots.items():
+            sz[s] = int(np.prod(self.shapes[nm]))
+        return [np.zeros((self.B, k)) for k in sz]
+
+    def load(self, params: dict) -> dict:
+        """Copy params into the plan's slots; returns the params as views of the slots."""
+        self._slots = self._empty_slots()
+        for nm, s in self.slots.items():
+            self._slots[s][:] = params[nm].detach().reshape(self.B, -1).cpu().numpy()
+        return self.params()
+
+    def params(self) -> dict:
+        """{name: (B, ...) tensor}: views of the slots (they change as the plan runs)."""
+        return {nm: torch.from_numpy(self._slots[s]).view(self.B, *self.shapes[nm])
+                for nm, s in self.slots.items()}
+
+    def _map(self, fn, *args):
+        """fn(*args, b0, b1) over slices of the trials, in torch.get_num_threads() threads."""
+        _parallel(fn, self.B, *args)
+
+    # -------------------------------------------------------------- kernels
+    def evaluate(self, params: dict, need_gap: bool):
+        """The scaled gradient and log(L - L*) at ``params`` (an Objective with loss and
+        gap None): the fused-gradient mode."""
+        from attnsvm.models.objective import Objective
+        from attnsvm.optim.base import Scaled
+
+        K = self.K
+        P = self._empty_slots()
+        for nm, s in self.slots.items():
+            P[s][:] = params[nm].detach().reshape(self.B, -1).cpu().numpy()
+        G = self._empty_slots()
+        LS = np.full((self.B, 3), -np.inf)
+        LG = np.full(self.B, np.nan)
+        ic = self.ic.copy()
+        ic[K.IC_NEEDGAP] = int(need_gap)
+        ic[K.IC_RULE] = 0
+        self._map(K.grad_batch, ic, self.fc, self.X, self.Z, self.gam, self.gopt, self.yl, self.w,
+                  self.mask, self.Wf, P[0], P[1], P[2], G[0], G[1], G[2], LS, LG)
+        tensors = {nm: torch.from_numpy(G[s]).view(self.B, *self.shapes[nm])
+                   for nm, s in self.slots.items()}
+        scales = {nm: torch.from_numpy(LS[:, s].copy()) for nm, s in self.slots.items()}
+        lg = torch.from_numpy(LG) if need_gap else None
+        return Objective(None, None, lg, Scaled(tensors, scales))
+
+    def run(self, t0: int, t1: int, active: np.ndarray, stop_step: np.ndarray,
+            stop_code: np.ndarray) -> None:
+        """Steps t0 .. t1-1 of the rule inside the kernel, on the loaded slots."""
+        P = self._slots
+        self._map(self.K.run_steps, self.ic, self.fc, self.X, self.Z, self.gam, self.gopt,
+                  self.yl, self.w, self.mask, self.Wf, P[0], P[1], P[2], int(t0), int(t1),
+                  active, stop_step, stop_code)
+
+
+STOP_CODES = {1: "zero gradient", 2: "non-finite step", 3: "no change in float64"}
+
+_POOL = None
+
+
+def _parallel(fn, B: int, *args) -> None:
+    """Run fn(*args, b0, b1) on contiguous slices of range(B), one per thread
+    (torch.get_num_threads(), so a worker limited to one thread stays on one)."""
+    global _POOL
+    nt = max(1, min(torch.get_num_threads(), B))
+    if nt == 1:
+        fn(*args, 0, B)
+        return
+    if _POOL is None or _POOL._max_workers < nt:
+        from concurrent.futures import ThreadPoolExecutor
+
+        _POOL = ThreadPoolExecutor(max_workers=nt, thread_name_prefix="attnsvm-fused")
+    cuts = np.linspace(0, B, nt + 1).astype(np.int64)
+    futs = [_POOL.submit(fn, *args, int(cuts[i]), int(cuts[i + 1])) for i in range(nt)]
+    for f in futs:
+        f.result()
+
+
+def warmup() -> bool:
+    """Compile (or load from numba's disk cache) both kernels on a tiny problem; returns
+    whether numba is available. ``make install`` runs it once."""
+    if not available():
+        return False
+    from attnsvm import data as D
+    from attnsvm import models as M
+    from attnsvm.train import train
+
+    dat = D.random_sphere(n=2, T=3, d=3, seed=0)
+    train(M.WModel(3), dat, optimizer="ngd", steps=2, engine="fused")
+    train(M.WModel(3), dat, optimizer="adam", steps=2, engine="fused")
+    return True

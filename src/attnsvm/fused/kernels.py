@@ -1,0 +1,1074 @@
+"""numba kernels of the fused engine: the scaled gradient of one trial and whole runs of
+stateless steps, each trial's working set in cache (imported only when numba is).
+
+The maths is :mod:`attnsvm.models.objective` (fixed and trained linear head) and the
+stateless rules of :mod:`attnsvm.optim.rules`, written as loops over one trial. The
+formulas follow the torch reference term by term (same anchor, same log-domain scales,
+same branches of the losses' stable forms); only the order of floating-point sums
+differs, so the two paths agree to rounding (tests/test_fused.py: 1e-12 relative).
+No fastmath: every sum is evaluated in a fixed order, and trials are independent, so a
+run gives the same bits for any number of threads. The drivers are serial over a slice
+of trials and release the GIL; :mod:`attnsvm.fused` runs slices in a thread pool (no
+OpenMP runtime whose spinning threads would slow torch down between calls).
+
+Layout. Parameters of a trial are flat float64 rows in three slots P0 (B, s0), P1 (B, s1),
+P2 (B, s2), in the order of the model's parameter dict: W | K, Q | k, q | p, then the
+trained head v (slot 1 after W or p, slot 2 after K, Q or k, q); unused slots have s = 0.
+Integer configuration ``ic`` and real hyper-parameters ``fc`` are arrays, so each kernel
+compiles once for every model, loss and rule (cached on disk by numba).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import njit
+
+# --------------------------------------------------------------------- codes
+W_MODEL, KQ_MODEL, DIAG_MODEL, PROMPT_MODEL = 0, 1, 2, 3
+LOGISTIC, EXPONENTIAL, CORRELATION = 0, 1, 2
+R_NONE, R_GD, R_NSD, R_POLYAK, R_MIRROR = 0, 1, 2, 3, 4
+LP_FRO, LP_INF, LP_ONE, LP_GEN = 0, 1, 2, 3
+STOP_ZERO, STOP_NONFINITE, STOP_NOCHANGE = 1, 2, 3
+
+# ic: integer configuration
+IC_MODEL, IC_TRAINED, IC_LOSS, IC_RULE, IC_GLOBAL, IC_RELATIVE, IC_NP = 0, 1, 2, 3, 4, 5, 6
+IC_N, IC_Q, IC_T, IC_D, IC_M, IC_MASK, IC_STALL, IC_LP, IC_NORMALIZED = 7, 8, 9, 10, 11, 12, 13, 14, 15
+IC_MAXLR, IC_NEEDGAP, IC_WID, IC_SIZE = 16, 17, 18, 19
+# fc: real hyper-parameters
+FC_LR, FC_P, FC_Q, FC_REG, FC_C, FC_MAXLR, FC_SIZE = 0, 1, 2, 3, 4, 5, 6
+
+NINF = -np.inf
+LOG_GAP_SWITCH = -35.0
+
+
+# ------------------------------------------------------------ scalar helpers
+@njit(cache=True, error_model="numpy")
+def _log(x):
+    """log with numpy semantics: -inf at 0, nan below."""
+    if x > 0.0:
+        return math.log(x)
+    if x == 0.0:
+        return NINF
+    return np.nan
+
+
+@njit(cache=True, error_model="numpy")
+def _softplus(x):
+    """torch.nn.functional.softplus (beta 1, threshold 20)."""
+    if x > 20.0:
+        return x
+    return math.log1p(math.exp(x))
+
+
+@njit(cache=True, error_model="numpy")
+def _sigmoid(x):
+    return 1.0 / (1.0 + math.exp(-x))
+
+
+@njit(cache=True, error_model="numpy")
+def _log_neg_deriv(loss, u):
+    """log(-loss'(u)) (attnsvm.losses)."""
+    if loss == LOGISTIC:  # logsigmoid(-u) = min(x, 0) - log1p(exp(-|x|)), x = -u
+        x = -u
+        return min(x, 0.0) - math.log1p(math.exp(-abs(x)))
+    if loss == EXPONENTIAL:
+        return -u
+    return 0.0
+
+
+@njit(cache=True, error_model="numpy")
+def _value(loss, u):
+    if loss == LOGISTIC:
+        return _softplus(-u)
+    if loss == EXPONENTIAL:
+        return math.exp(-u)
+    return -u
+
+
+@njit(cache=True, error_model="numpy")
+def _log_value(loss, u):
+    if loss == LOGISTIC:
+        if u > 30.0:
+            return -u + math.log1p(-0.5 * math.exp(-u))
+        return _log(_softplus(-u))
+    if loss == EXPONENTIAL:
+        return -u
+    return _log(-u)
+
+
+@njit(cache=True, error_model="numpy")
+def _gap(loss, g, D):
+    if loss == LOGISTIC:
+        return math.log1p(math.expm1(D) * _sigmoid(-g))
+    if loss == EXPONENTIAL:
+        return math.exp(-g) * math.expm1(D)
+    return D
+
+
+@njit(cache=True, error_model="numpy")
+def _log_gap(loss, g, logD, D):
+    """attnsvm.losses.log_gap for one entry (D given in the linear domain)."""
+    small = logD < LOG_GAP_SWITCH
+    if small:
+        D = 1.0
+    lead = _log_neg_deriv(loss, g)
+    direct = _log(_gap(loss, g, D))
+    if (not np.isfinite(direct)) and D > 0.0:
+        l1 = _log_value(loss, g - D)
+        l2 = _log_value(loss, g)
+        diff = l1 + math.log1p(-math.exp(l2 - l1))
+        near = lead + _log(math.expm1(D))
+        if np.isfinite(diff) and D >= 1e-3:
+            direct = diff
+        else:
+            direct = near
+    if small:
+        return lead + logD
+    return direct
+
+
+@njit(cache=True, error_model="numpy")
+def _logsumexp(x, k):
+    """log sum exp of x[:k] (torch.logsumexp semantics; nan entries count as -inf)."""
+    m = NINF
+    for i in range(k):
+        if x[i] > m:
+            m = x[i]
+    if m == NINF:
+        return NINF
+    if m == np.inf:
+        return np.inf
+    s = 0.0
+    for i in range(k):
+        if x[i] == x[i]:
+            s += math.exp(x[i] - m)
+    return m + math.log(s)
+
+
+# -------------------------------------------------------------- vector helpers
+# x[o : o + k] of a flat array: offsets instead of slices (a slice is a new array object,
+# and every array argument of a compiled call costs ~15 ns of marshalling).
+@njit(cache=True, error_model="numpy")
+def _max_abs(x, o, k):
+    """max |x[o:o+k]| (exact in any order; four chains for speed)."""
+    m0 = 0.0
+    m1 = 0.0
+    m2 = 0.0
+    m3 = 0.0
+    i = 0
+    while i + 4 <= k:
+        a0 = abs(x[o + i])
+        a1 = abs(x[o + i + 1])
+        a2 = abs(x[o + i + 2])
+        a3 = abs(x[o + i + 3])
+        if a0 > m0:
+            m0 = a0
+        if a1 > m1:
+            m1 = a1
+        if a2 > m2:
+            m2 = a2
+        if a3 > m3:
+            m3 = a3
+        i += 4
+    while i < k:
+        a0 = abs(x[o + i])
+        if a0 > m0:
+            m0 = a0
+        i += 1
+    return max(max(m0, m1), max(m2, m3))
+
+
+@njit(cache=True, error_model="numpy")
+def _sum_sq(x, o, k, inv):
+    """sum (x[o:o+k] inv)^2 in a fixed order (eight partial sums)."""
+    s0 = 0.0
+    s1 = 0.0
+    s2 = 0.0
+    s3 = 0.0
+    s4 = 0.0
+    s5 = 0.0
+    s6 = 0.0
+    s7 = 0.0
+    nb = k // 8
+    for b in range(nb):
+        i = o + b * 8
+        a0 = x[i] * inv
+        a1 = x[i + 1] * inv
+        a2 = x[i + 2] * inv
+        a3 = x[i + 3] * inv
+        a4 = x[i + 4] * inv
+        a5 = x[i + 5] * inv
+        a6 = x[i + 6] * inv
+        a7 = x[i + 7] * inv
+        s0 += a0 * a0
+        s1 += a1 * a1
+        s2 += a2 * a2
+        s3 += a3 * a3
+        s4 += a4 * a4
+        s5 += a5 * a5
+        s6 += a6 * a6
+        s7 += a7 * a7
+    for i in range(o + nb * 8, o + k):
+        a0 = x[i] * inv
+        s0 += a0 * a0
+    return ((s0 + s1) + (s2 + s3)) + ((s4 + s5) + (s6 + s7))
+
+
+@njit(cache=True, error_model="numpy")
+def _sum(x, o, k):
+    s0 = 0.0
+    s1 = 0.0
+    s2 = 0.0
+    s3 = 0.0
+    i = 0
+    while i + 4 <= k:
+        s0 += x[o + i]
+        s1 += x[o + i + 1]
+        s2 += x[o + i + 2]
+        s3 += x[o + i + 3]
+        i += 4
+    while i < k:
+        s0 += x[o + i]
+        i += 1
+    return (s0 + s1) + (s2 + s3)
+
+
+@njit(cache=True, error_model="numpy")
+def _lp_value(x, o, k, kind, p):
+    """||x[o:o+k]|| in an entrywise norm for x with max|x| = 1 (or 0): kind LP_*."""
+    if kind == LP_FRO:
+        return math.sqrt(_sum_sq(x, o, k, 1.0))
+    if kind == LP_INF:
+        return _max_abs(x, o, k)
+    s = 0.0
+    if kind == LP_ONE:
+        for i in range(o, o + k):
+            s += abs(x[i])
+        return s
+    for i in range(o, o + k):
+        s += abs(x[i]) ** p
+    return s ** (1.0 / p)
+
+
+@njit(cache=True, error_model="numpy")
+def _normalize(x, o, k, top):
+    """x[o:o+k] /= max|x| in place; returns log max|x| + top (-inf for a zero x)."""
+    m = _max_abs(x, o, k)
+    if m > 0.0:
+        for i in range(o, o + k):
+            x[i] = x[i] / m
+        return math.log(m) + top
+    return NINF
+
+
+@njit(cache=True, error_model="numpy")
+def _scale(x, o, k, top, gm, slot):
+    """gm[slot] = max|x[o:o+k]| (1 for a zero x); returns log max|x| + top (-inf for a zero
+    x; NaN when x has a NaN or inf entry: an overflow, see _trial_run). x stays raw: the
+    scaled tensor of optim.base.Scaled is x / gm[slot]."""
+    m = _max_abs(x, o, k)
+    if not np.isfinite(m) or not np.isfinite(_sum(x, o, k) * 0.0):
+        gm[slot] = 1.0
+        return np.nan
+    if m > 0.0:
+        gm[slot] = m
+        return math.log(m) + top
+    gm[slot] = 1.0
+    return NINF
+
+
+@njit(cache=True, error_model="numpy")
+def _steepest(t, o, k, kind, q, out):
+    """out[:k] = the unit steepest direction of t[o:o+k] (max|t| = 1 or 0) for an entrywise
+    norm (attnsvm.norms: Frobenius, l_inf sign, l_1 coordinate, l_p; q the dual exponent)."""
+    m = _max_abs(t, o, k)
+    if m == 0.0:
+        for i in range(k):
+            out[i] = 0.0
+        return
+    if kind == LP_FRO:
+        n = math.sqrt(_sum_sq(t, o, k, 1.0))
+        for i in range(k):
+            out[i] = t[o + i] / n
+    elif kind == LP_INF:
+        for i in range(k):
+            out[i] = np.sign(t[o + i])
+    elif kind == LP_ONE:
+        cnt = 0
+        for i in range(k):
+            if abs(t[o + i]) == m:
+                cnt += 1
+        for i in range(k):
+            out[i] = np.sign(t[o + i]) / cnt if abs(t[o + i]) == m else 0.0
+    else:
+        s = 0.0
+        for i in range(k):
+            s += abs(t[o + i]) ** q
+        nq = s ** (1.0 / q)
+        den = nq ** (q - 1.0)
+        for i in range(k):
+            out[i] = np.sign(t[o + i]) * abs(t[o + i]) ** (q - 1.0) / den
+
+
+@njit(cache=True, error_model="numpy")
+def _scaled_add(a, o, la, ga, e, k):
+    """(a[o:o+k] / ga e^{la} + e[:k]) in scaled form into a (max|.| = 1); returns its log
+    scale (optim.base.Scaled.add: the ridge term of KQ)."""
+    le = _normalize(e, 0, k, 0.0)
+    L = max(la, le)
+    Lf = L if np.isfinite(L) else 0.0
+    fa = math.exp(la - Lf)
+    fe = math.exp(le - Lf)
+    for i in range(k):
+        a[o + i] = (a[o + i] / ga) * fa + e[i] * fe
+    return _normalize(a, o, k, Lf)
+
+
+@njit(cache=True, error_model="numpy")
+def _dots(X, xo, v, vo, out, oo, T, d):
+    """out[oo + t] = X[xo + t d : xo + (t+1) d] . v[vo : vo + d] for t < T (sums over j in
+    order), four rows at a time so that the loads of v are shared."""
+    t = 0
+    while t + 4 <= T:
+        b0 = xo + t * d
+        b1 = b0 + d
+        b2 = b1 + d
+        b3 = b2 + d
+        s0 = 0.0
+        s1 = 0.0
+        s2 = 0.0
+        s3 = 0.0
+        for j in range(d):
+            vj = v[vo + j]
+            s0 += X[b0 + j] * vj
+            s1 += X[b1 + j] * vj
+            s2 += X[b2 + j] * vj
+            s3 += X[b3 + j] * vj
+        out[oo + t] = s0
+        out[oo + t + 1] = s1
+        out[oo + t + 2] = s2
+        out[oo + t + 3] = s3
+        t += 4
+    while t < T:
+        b0 = xo + t * d
+        s0 = 0.0
+        for j in range(d):
+            s0 += X[b0 + j] * v[vo + j]
+        out[oo + t] = s0
+        t += 1
+
+
+# ------------------------------------------------------------------ the rules
+@njit(cache=True, error_model="numpy")
+def _mirror_map(x, p):
+    return np.sign(x) * abs(x) ** (p - 1.0)
+
+
+@njit(cache=True, error_model="numpy")
+def _inv_mirror_map(x, p):
+    return np.sign(x) * abs(x) ** (1.0 / (p - 1.0))
+
+
+@njit(cache=True, error_model="numpy")
+def _apply_generic(ic, fc, P, G, N, so, ls, lgap, D, work):
+    """N = the step of a stateless rule from P with the scaled gradient (G with max|.| = 1
+    per tensor, ls) (attnsvm.optim.rules: gd, nsd / ngd / sign / coordinate in an entrywise
+    norm, per tensor or global, relative; polyak; l_p mirror descent, plain or normalised).
+    Tensor k is [so[k], so[k+1]); D and work (4 nP) are scratch."""
+    rule = ic[IC_RULE]
+    nP = ic[IC_NP]
+    lr = fc[FC_LR]
+    if rule == R_GD:
+        for k in range(nP):
+            f = math.exp(ls[k])
+            for x in range(so[k], so[k + 1]):
+                N[x] = P[x] - lr * (G[x] * f)
+    elif rule == R_NSD:
+        kind = ic[IC_LP]
+        p = fc[FC_P]
+        q = fc[FC_Q]
+        wts = work[0:nP]
+        for k in range(nP):
+            wts[k] = 1.0
+        if ic[IC_GLOBAL]:
+            # dual norm of each tensor, log ||G_k||_* ; weights exp(ld_k - lt)
+            dkind = LP_FRO if kind == LP_FRO else (LP_ONE if kind == LP_INF else
+                                                   (LP_INF if kind == LP_ONE else LP_GEN))
+            ld = work[nP:2 * nP]
+            ld2 = work[2 * nP:3 * nP]
+            for k in range(nP):
+                ld[k] = _log(_lp_value(G, so[k], so[k + 1] - so[k], dkind, q)) + ls[k]
+                ld2[k] = 2.0 * ld[k]
+            lt = 0.5 * _logsumexp(ld2, nP)
+            for k in range(nP):
+                wts[k] = math.exp(ld[k] - lt) if np.isfinite(lt) else 0.0
+        step = lr
+        if ic[IC_RELATIVE]:
+            vals = work[3 * nP:4 * nP]
+            for k in range(nP):
+                sz = so[k + 1] - so[k]
+                mk = _max_abs(P, so[k], sz)
+                if mk > 0.0:
+                    for x in range(sz):
+                        D[x] = P[so[k] + x] / mk
+                    vals[k] = mk * _lp_value(D, 0, sz, kind, p)
+                else:
+                    vals[k] = 0.0
+            mm = 0.0
+            for k in range(nP):
+                if vals[k] > mm:
+                    mm = vals[k]
+            safe = mm if mm > 0.0 else 1.0
+            s2 = 0.0
+            for k in range(nP):
+                s2 += (vals[k] / safe) ** 2
+            step = lr * (mm * math.sqrt(s2))
+        for k in range(nP):
+            sz = so[k + 1] - so[k]
+            _steepest(G, so[k], sz, kind, q, D)
+            s = step * wts[k] if ic[IC_GLOBAL] else step
+            for x in range(sz):
+                N[so[k] + x] = P[so[k] + x] - s * D[x]
+    elif rule == R_POLYAK:
+        logs = work[0:nP]
+        for k in range(nP):
+            logs[k] = 2.0 * (_log(math.sqrt(_sum_sq(G, so[k], so[k + 1] - so[k], 1.0))) + ls[k])
+        lg = 0.5 * _logsumexp(logs, nP)
+        lr_ = math.log(fc[FC_C]) + lgap - lg
+        if ic[IC_MAXLR]:
+            lr_ = min(lr_, math.log(fc[FC_MAXLR]) + lg)
+        for k in range(nP):
+            f = math.exp(lr_ + ls[k] - lg)
+            if not (np.isfinite(lg) and np.isfinite(lr_)):
+                f = 0.0
+            for x in range(so[k], so[k + 1]):
+                N[x] = P[x] - f * G[x]
+    else:  # mirror
+        p = fc[FC_P]
+        q = fc[FC_Q]
+        for k in range(nP):
+            if ic[IC_NORMALIZED]:
+                nrm = _lp_value(G, so[k], so[k + 1] - so[k], LP_GEN if q != 2.0 else LP_FRO, q)
+                if not nrm > 0.0:
+                    nrm = 1.0
+                for x in range(so[k], so[k + 1]):
+                    N[x] = _inv_mirror_map(_mirror_map(P[x], p) - lr * (G[x] / nrm), p)
+            else:
+                f = math.exp(ls[k])
+                for x in range(so[k], so[k + 1]):
+                    N[x] = _inv_mirror_map(_mirror_map(P[x], p) - lr * (G[x] * f), p)
+
+
+@njit(cache=True, error_model="numpy")
+def _step_checked(P, G, N, o, k, c):
+    """N = P - c G on [o, o + k); returns flags: 1 all finite, 2 some entry changed,
+    4 some |N| > 1e300."""
+    chg = False
+    fin = True
+    big = False
+    for x in range(o, o + k):
+        v = P[x] - c * G[x]
+        N[x] = v
+        chg |= v != P[x]
+        fin &= (v - v) == 0.0
+        big |= abs(v) > 1e300
+    return (1 if fin else 0) | (2 if chg else 0) | (4 if big else 0)
+
+
+@njit(cache=True, error_model="numpy")
+def _checked(P, N, o, k):
+    """The flags of _step_checked for an N computed elsewhere."""
+    chg = False
+    fin = True
+    big = False
+    for x in range(o, o + k):
+        v = N[x]
+        chg |= v != P[x]
+        fin &= (v - v) == 0.0
+        big |= abs(v) > 1e300
+    return (1 if fin else 0) | (2 if chg else 0) | (4 if big else 0)
+
+
+@njit(cache=True, error_model="numpy")
+def _apply_rule(ic, fc, P, G, N, so, gm, ls, lgap, D, work):
+    """N = the rule's step from P with the scaled gradient (G / gm per tensor, ls); returns
+    1 (every entry finite: the trainer's test) | 2 (some entry changed). GD, per-tensor
+    NGD and Polyak step from the raw G (one norm pass, one update pass); the other rules
+    divide G by gm first (_apply_generic). G may be overwritten."""
+    rule = ic[IC_RULE]
+    nP = ic[IC_NP]
+    lr = fc[FC_LR]
+    fin = 1
+    chg = 0
+    big = 0
+    fast_nsd = rule == R_NSD and ic[IC_LP] == LP_FRO and ic[IC_GLOBAL] == 0 \
+        and ic[IC_RELATIVE] == 0
+    if rule == R_GD or fast_nsd:
+        for k in range(nP):
+            sz = so[k + 1] - so[k]
+            c = 0.0
+            if ls[k] > NINF:
+                inv = 1.0 / gm[k]
+                if rule == R_GD:
+                    c = lr * (math.exp(ls[k]) * inv)
+                else:
+                    c = lr * (inv / math.sqrt(_sum_sq(G, so[k], sz, inv)))
+            f = _step_checked(P, G, N, so[k], sz, c)
+            fin &= f & 1
+            chg |= (f >> 1) & 1
+            big |= (f >> 2) & 1
+    elif rule == R_POLYAK:
+        logs = work[0:nP]
+        for k in range(nP):
+            sz = so[k + 1] - so[k]
+            logs[k] = 2.0 * (0.5 * _log(_sum_sq(G, so[k], sz, 1.0 / gm[k])) + ls[k])
+        lg = 0.5 * _logsumexp(logs, nP)
+        lr_ = math.log(fc[FC_C]) + lgap - lg
+        if ic[IC_MAXLR]:
+            lr_ = min(lr_, math.log(fc[FC_MAXLR]) + lg)
+        for k in range(nP):
+            fk = math.exp(lr_ + ls[k] - lg)
+            if not (np.isfinite(lg) and np.isfinite(lr_)):
+                fk = 0.0
+            f = _step_checked(P, G, N, so[k], so[k + 1] - so[k], fk / gm[k])
+            fin &= f & 1
+            chg |= (f >> 1) & 1
+            big |= (f >> 2) & 1
+    else:
+        for k in range(nP):
+            inv = 1.0 / gm[k]
+            for x in range(so[k], so[k + 1]):
+                G[x] = G[x] * inv
+        _apply_generic(ic, fc, P, G, N, so, ls, lgap, D, work)
+        for k in range(nP):
+            f = _checked(P, N, so[k], so[k + 1] - so[k])
+            fin &= f & 1
+            chg |= (f >> 1) & 1
+            big |= (f >> 2) & 1
+    if fin and big:  # some |entry| > 1e300: the trainer's test, a finite sum of entries
+        tot = 0.0
+        for k in range(nP):
+            tot += _sum(N, so[k], so[k + 1] - so[k])
+        fin = 1 if np.isfinite(tot) else 0
+    return fin | (chg << 1)
+
+
+# ------------------------------------------------------------ one trial's run
+@njit(cache=True, error_model="numpy")
+def _trial_run(ic, fc, X, Z, gam, gopt, yl, logw, mask, Wf, P, G, N, so, gm, ls,
+               KT, WZ, ZQ, A, S, Rr, C, dr, rho, rhov, rlg, acc, tmp, Dv, work, out, t0, t1):
+    """Steps t0 .. t1-1 of one trial (with ic[IC_RULE] == R_NONE: the gradient at P only),
+    the step loop and the gradient in one function: a compiled call costs ~15 ns per
+    array argument, so the only call per step is the rule's.
+
+    Flat (1-d) arrays of one trial: X (n, T, d) tokens, Z (n, Q, d) queries, gam (n, Q, T)
+    scores with masked keys 0, gopt (n, Q), yl (n, Q) labels, logw (n, Q) log query
+    weights, mask (n, Q, T) uint8 (read when ic[IC_MASK]), Wf (2, d d) the prompt's fixed
+    W: W^T in row 0, W in row 1 (unused when ic[IC_WID]: W = I). P: the parameters, one
+    flat vector, tensor k at [so[k], so[k+1]) (the W model holds W^T: every product runs
+    over contiguous rows); G, N: the gradient and the next parameters, same layout.
+    The gradient of a step: tensor k is G_k / gm[k] times exp(ls[k]) (G raw, gm = max|G|).
+
+    Per step (the trainer's semantics): a zero gradient stops the trial (code 1) before
+    the update; an update with a non-finite parameter (code 2) or, if ic[IC_STALL], that
+    leaves every parameter bit-identical (code 3) stops it and is not applied.
+    out[0] = the stop step (-1: ran to t1), out[1] = the code, out[2] = log(L - L*) of
+    the last gradient (nan unless ic[IC_NEEDGAP]). P holds the parameters on return."""
+    model = ic[IC_MODEL]
+    trained = ic[IC_TRAINED]
+    loss = ic[IC_LOSS]
+    n = ic[IC_N]
+    Qn = ic[IC_Q]
+    T = ic[IC_T]
+    d = ic[IC_D]
+    m = ic[IC_M]
+    hasmask = ic[IC_MASK]
+    need_gap = ic[IC_NEEDGAP]
+    R = n * Qn
+    na = 2 if (model == KQ_MODEL or model == DIAG_MODEL) else 1  # slot of the head v
+    o1 = so[1]  # offset of the second tensor (K, Q / k, q)
+    ov = so[na]  # offset of the head v
+    nP = ic[IC_NP]
+    out[0] = -1.0
+    out[1] = 0.0
+    lgap = np.nan
+    swapped = False
+    for step in range(t0, t1):  # (t is the token index below)
+        for k in range(3):
+            ls[k] = NINF
+        # ---- W z for every query row: WZ (R, d); loops: l, then rows, then contiguous j
+        if model == W_MODEL:  # W z_r = sum_l z_rl (row l of W^T)
+            for x in range(R * d):
+                acc[x] = 0.0
+            for l in range(d):
+                base = l * d
+                for r in range(R):
+                    zl = Z[r * d + l]
+                    ro = r * d
+                    for j in range(d):
+                        acc[ro + j] += zl * P[base + j]
+            for x in range(R * d):
+                WZ[x] = acc[x]
+        elif model == KQ_MODEL:  # K (Q^T z_r): ZQ (R, m), then sum_c ZQ_rc (row c of K^T)
+            for j in range(d):
+                for c in range(m):
+                    KT[c * d + j] = P[j * m + c]
+            for x in range(R * m):
+                acc[x] = 0.0
+            for l in range(d):
+                base = l * m
+                for r in range(R):
+                    zl = Z[r * d + l]
+                    ro = r * m
+                    for c in range(m):
+                        acc[ro + c] += zl * P[o1 + base + c]
+            for x in range(R * m):
+                ZQ[x] = acc[x]
+            for x in range(R * d):
+                acc[x] = 0.0
+            for c in range(m):
+                base = c * d
+                for r in range(R):
+                    zc = ZQ[r * m + c]
+                    ro = r * d
+                    for j in range(d):
+                        acc[ro + j] += zc * KT[base + j]
+            for x in range(R * d):
+                WZ[x] = acc[x]
+        elif model == DIAG_MODEL:
+            for r in range(R):
+                zo = r * d
+                for j in range(d):
+                    WZ[zo + j] = Z[zo + j] * (P[j] * P[o1 + j])
+        else:  # prompt: W p, the same for every row
+            if ic[IC_WID]:
+                for j in range(d):
+                    acc[j] = P[j]
+            else:
+                for j in range(d):
+                    acc[j] = 0.0
+                for l in range(d):  # W p = sum_l p_l (row l of W^T)
+                    pl = P[l]
+                    base = l * d
+                    for j in range(d):
+                        acc[j] += pl * Wf[0, base + j]
+            for r in range(R):
+                for j in range(d):
+                    WZ[r * d + j] = acc[j]
+
+        # ---- logits a_rt = x_it . (W z)_r: dot products, four tokens at a time
+        for r in range(R):
+            _dots(X, (r // Qn) * T * d, WZ, r * d, A, r * T, T, d)
+        if hasmask:
+            for x in range(R * T):
+                if mask[x] == 0:
+                    A[x] = NINF
+        ovf = False  # a logit overflowed (+inf or NaN): the last step left float64
+        for x in range(R * T):
+            ax = A[x]
+            if ax != ax or ax == np.inf:
+                ovf = True
+                break
+        if ovf:
+            for k in range(3):
+                ls[k] = np.nan
+            if ic[IC_RULE] == R_NONE:
+                break
+            if step > t0:  # undo that step: N still holds the parameters before it
+                P, N = N, P
+                swapped = not swapped
+            out[0] = max(step - 1, 0)
+            out[1] = STOP_NONFINITE
+            break
+
+        # ---- per row: anchor, softmax around it, the loss terms
+        for r in range(R):
+            i = r // Qn
+            ro = r * T
+            # anchor k: the first maximiser; with a_j the largest other key,
+            # r_t = exp(a_t - a_j) (t != k), s_t = r_t e_j / (1 + e_j sum r), e_j = exp(a_j - a_k),
+            # M = log s_j = (a_j - a_k) - log1p(e_j sum r): attention.softmax_terms with one exp
+            # per key (exact where e_j underflows: then s_t = 0 off the anchor, M = a_j - a_k).
+            k = 0
+            mx = A[ro]
+            aj = NINF
+            for t in range(1, T):
+                at = A[ro + t]
+                if at > mx:
+                    aj = mx
+                    mx = at
+                    k = t
+                elif at > aj:
+                    aj = at
+            eM = 0.0  # exp(M) = e_j / (1 + e_j sum r)
+            if aj == NINF:  # the anchor is the only admissible key
+                M = NINF
+                for t in range(T):
+                    Rr[ro + t] = 0.0
+                    S[ro + t] = 0.0
+                S[ro + k] = 1.0
+            else:
+                sr = 0.0
+                for t in range(T):
+                    if t == k:
+                        Rr[ro + t] = 0.0
+                    else:
+                        e = math.exp(A[ro + t] - aj)
+                        Rr[ro + t] = e
+                        sr += e
+                ej = math.exp(aj - mx)
+                x = ej * sr
+                lse = math.log1p(x)
+                M = (aj - mx) - lse
+                eM = ej / (1.0 + x)
+                for t in range(T):
+                    S[ro + t] = Rr[ro + t] * eM
+                S[ro + k] = 1.0 / (1.0 + x)
+            lw = logw[r]
+            if trained == 0:
+                gk = gam[ro + k]
+                s_ = 0.0
+                for t in range(T):
+                    c = gk - gam[ro + t]
+                    C[ro + t] = c
+                    s_ += Rr[ro + t] * c
+                dr[r] = s_
+                go = gopt[r]
+                D = (go - gk) + eM * s_
+                u = go - D
+                rho[r] = lw + _log_neg_deriv(loss, u) + M
+                if need_gap:
+                    logD = M + _log(s_) if gk >= go else _log(D)
+                    rlg[r] = lw + _log_gap(loss, go, logD, D)
+            else:
+                _dots(X, i * T * d, P, ov, acc, 0, T, d)  # c_t = v . x_t
+                ck = acc[k]
+                s_ = 0.0
+                for t in range(T):
+                    cd = acc[t] - ck
+                    if hasmask and mask[ro + t] == 0:
+                        cd = 0.0
+                    C[ro + t] = cd
+                    s_ += Rr[ro + t] * cd
+                dr[r] = s_
+                u = yl[r] * (ck + eM * s_)
+                rv = lw + _log_neg_deriv(loss, u)
+                rhov[r] = rv if rv == rv else NINF
+                rho[r] = rv + M
+                if need_gap:
+                    rlg[r] = lw + _log_value(loss, u)
+        lgap = np.nan
+        if need_gap:
+            for r in range(R):
+                if rlg[r] != rlg[r]:
+                    rlg[r] = NINF
+            lgap = _logsumexp(rlg, R)
+
+        # ---- row factors exp(rho - max rho) and dL/da (scaled), into A
+        top = NINF
+        for r in range(R):
+            if rho[r] != rho[r]:
+                rho[r] = NINF
+            if rho[r] > top:
+                top = rho[r]
+        topf = top if np.isfinite(top) else 0.0
+        for r in range(R):
+            ro = r * T
+            fac = math.exp(rho[r] - topf)
+            sdr = dr[r]
+            if trained == 0:
+                for t in range(T):
+                    g = -fac * (S[ro + t] * sdr - Rr[ro + t] * C[ro + t])
+                    A[ro + t] = g if g == g else 0.0
+            else:
+                f = -yl[r] * fac
+                for t in range(T):
+                    g = f * (Rr[ro + t] * C[ro + t] - S[ro + t] * sdr)
+                    A[ro + t] = g if g == g else 0.0
+        # GX_r = sum_t Ga_rt x_it  (R, d), into WZ (the sum over t in order either way)
+        for r in range(R):
+            xo = (r // Qn) * T * d
+            ao = r * T
+            ro = r * d
+            if d <= 32:
+                for j in range(d):
+                    s_ = 0.0
+                    for t in range(T):
+                        s_ += A[ao + t] * X[xo + t * d + j]
+                    WZ[ro + j] = s_
+            else:
+                for j in range(d):
+                    acc[j] = 0.0
+                for t in range(T):
+                    g = A[ao + t]
+                    base = xo + t * d
+                    for j in range(d):
+                        acc[j] += g * X[base + j]
+                for j in range(d):
+                    WZ[ro + j] = acc[j]
+        GX = WZ
+
+        # ---- parameter gradients (raw, times exp(top))
+        if model == W_MODEL:  # G_W^T = sum_r z_r GX_r^T: row l = sum_r z_rl GX_r
+            for l in range(d):
+                for j in range(d):
+                    acc[j] = 0.0
+                for r in range(R):
+                    zl = Z[r * d + l]
+                    ro = r * d
+                    for j in range(d):
+                        acc[j] += zl * GX[ro + j]
+                base = l * d
+                for j in range(d):
+                    G[base + j] = acc[j]
+            ls[0] = _scale(G, 0, d * d, top, gm, 0)
+        elif model == KQ_MODEL:
+            # dK = G_W Q: row j = sum_r GX_rj (Q^T z_r); dQ = G_W^T K: row l = sum_r z_rl (K^T GX_r)
+            for j in range(d):
+                for c in range(m):
+                    acc[c] = 0.0
+                for r in range(R):
+                    g = GX[r * d + j]
+                    base = r * m
+                    for c in range(m):
+                        acc[c] += g * ZQ[base + c]
+                for c in range(m):
+                    G[j * m + c] = acc[c]
+            for r in range(R):  # K^T GX_r into ZQ
+                for c in range(m):
+                    acc[c] = 0.0
+                for j in range(d):
+                    g = GX[r * d + j]
+                    base = j * m
+                    for c in range(m):
+                        acc[c] += g * P[base + c]
+                for c in range(m):
+                    ZQ[r * m + c] = acc[c]
+            for l in range(d):
+                for c in range(m):
+                    acc[c] = 0.0
+                for r in range(R):
+                    zl = Z[r * d + l]
+                    base = r * m
+                    for c in range(m):
+                        acc[c] += zl * ZQ[base + c]
+                for c in range(m):
+                    G[o1 + l * m + c] = acc[c]
+            ls[0] = _scale(G, 0, d * m, top, gm, 0)
+            ls[1] = _scale(G, o1, d * m, top, gm, 1)
+            reg = fc[FC_REG]
+            if reg != 0.0:
+                for x in range(d * m):
+                    tmp[x] = 2.0 * reg * P[x]
+                ls[0] = _scaled_add(G, 0, ls[0], gm[0], tmp, d * m)
+                for x in range(d * m):
+                    tmp[x] = 2.0 * reg * P[o1 + x]
+                ls[1] = _scaled_add(G, o1, ls[1], gm[1], tmp, d * m)
+                gm[0] = 1.0
+                gm[1] = 1.0
+        elif model == DIAG_MODEL:  # g_j = sum_r GX_rj z_rj; dk = g q, dq = g k
+            for j in range(d):
+                acc[j] = 0.0
+            for r in range(R):
+                base = r * d
+                for j in range(d):
+                    acc[j] += GX[base + j] * Z[base + j]
+            for j in range(d):
+                G[j] = acc[j] * P[o1 + j]
+                G[o1 + j] = acc[j] * P[j]
+            ls[0] = _scale(G, 0, d, top, gm, 0)
+            ls[1] = _scale(G, o1, d, top, gm, 1)
+        else:  # prompt: dp = W^T g = sum_l g_l (row l of W), g = sum_r GX_r
+            for j in range(d):
+                acc[j] = 0.0
+            for r in range(R):
+                base = r * d
+                for j in range(d):
+                    acc[j] += GX[base + j]
+            if ic[IC_WID]:
+                for j in range(d):
+                    G[j] = acc[j]
+            else:
+                for j in range(d):
+                    G[j] = 0.0
+                for l in range(d):
+                    g = acc[l]
+                    base = l * d
+                    for j in range(d):
+                        G[j] += g * Wf[1, base + j]
+            ls[0] = _scale(G, 0, d, top, gm, 0)
+
+        # ---- trained head: dv = sum_it (sum_q lam_iq s_iqt) x_it (scaled by max rho_v)
+        if trained:
+            topv = NINF
+            for r in range(R):
+                if rhov[r] > topv:
+                    topv = rhov[r]
+            topvf = topv if np.isfinite(topv) else 0.0
+            for j in range(d):
+                acc[j] = 0.0
+            for i in range(n):
+                for t in range(T):
+                    s_ = 0.0
+                    for q in range(Qn):
+                        r = i * Qn + q
+                        s_ += -yl[r] * math.exp(rhov[r] - topvf) * S[r * T + t]
+                    if s_ != s_:
+                        s_ = 0.0
+                    base = (i * T + t) * d
+                    for j in range(d):
+                        acc[j] += s_ * X[base + j]
+            for j in range(d):
+                G[ov + j] = acc[j]
+            ls[na] = _scale(G, ov, d, topv, gm, na)
+        if ic[IC_RULE] == R_NONE:
+            break
+        bad = False
+        for k in range(nP):
+            if ls[k] != ls[k] or ls[k] == np.inf:
+                bad = True
+        if bad:  # the last step overflowed the objective (logits, W = K Q^T): undo it
+            if step > t0:
+                P, N = N, P  # N still holds the parameters before that step
+                swapped = not swapped
+            out[0] = max(step - 1, 0)
+            out[1] = STOP_NONFINITE
+            break
+        nz = False
+        for k in range(nP):
+            if np.isfinite(ls[k]):
+                nz = True
+        if not nz:
+            out[0] = step
+            out[1] = STOP_ZERO
+            break
+        flags = _apply_rule(ic, fc, P, G, N, so, gm, ls, lgap, Dv, work)
+        if not flags & 1:
+            out[0] = step
+            out[1] = STOP_NONFINITE
+            break
+        if ic[IC_STALL] and not flags & 2:
+            out[0] = step
+            out[1] = STOP_NOCHANGE
+            break
+        P, N = N, P  # the new parameters become the current ones
+        swapped = not swapped
+    if swapped:  # the caller's P buffer (now named N) receives the current parameters
+        for x in range(so[3]):
+            N[x] = P[x]
+    out[2] = lgap
+
+
+# ------------------------------------------------------------------- drivers
+@njit(cache=True, error_model="numpy")
+def _transpose(src, so_, dst, do, rows, cols):
+    """dst[do:] (cols, rows) = src[so_:] (rows, cols)^T, flat."""
+    for a in range(rows):
+        for b in range(cols):
+            dst[do + b * rows + a] = src[so_ + a * cols + b]
+
+
+@njit(cache=True, error_model="numpy")
+def _row(A, b):
+    """Row b of a batched (B, k) array, or row 0 of a shared (1, k) one."""
+    return A[0] if A.shape[0] == 1 else A[b]
+
+
+@njit(cache=True, error_model="numpy")
+def _scratch(ic, sP):
+    n, Qn, T, d, m = ic[IC_N], ic[IC_Q], ic[IC_T], ic[IC_D], ic[IC_M]
+    R = n * Qn
+    big = max(d * max(d, m), R, T, 1)
+    return (np.empty(max(m, 1) * d), np.empty(R * d),
+            np.empty(R * max(m, 1)), np.empty(R * T), np.empty(R * T), np.empty(R * T),
+            np.empty(R * T), np.empty(R), np.empty(R), np.empty(R), np.empty(R),
+            np.empty(max(R * max(d, m), T, 1)), np.empty(big), np.empty(max(sP, 1)),
+            np.empty(4 * ic[IC_NP] + 4))
+
+
+@njit(cache=True, error_model="numpy")
+def _load(ic, P0, P1, P2, b, P, so):
+    """The trial's parameters into the flat vector P (the W model's W as W^T)."""
+    if ic[IC_MODEL] == W_MODEL:
+        _transpose(P0[b], 0, P, 0, ic[IC_D], ic[IC_D])
+    else:
+        P[0:so[1]] = P0[b]
+    P[so[1]:so[2]] = P1[b]
+    P[so[2]:so[3]] = P2[b]
+
+
+@njit(cache=True, error_model="numpy")
+def _store(ic, P, so, P0, P1, P2, b):
+    if ic[IC_MODEL] == W_MODEL:
+        _transpose(P, 0, P0[b], 0, ic[IC_D], ic[IC_D])
+    else:
+        P0[b, :] = P[0:so[1]]
+    P1[b, :] = P[so[1]:so[2]]
+    P2[b, :] = P[so[2]:so[3]]
+
+
+@njit(cache=True, error_model="numpy")
+def _slots(P0, P1, P2):
+    so = np.zeros(4, dtype=np.int64)
+    so[1] = P0.shape[1]
+    so[2] = so[1] + P1.shape[1]
+    so[3] = so[2] + P2.shape[1]
+    return so
+
+
+@njit(nogil=True, cache=True, error_model="numpy")
+def grad_batch(ic, fc, X, Z, gam, gopt, yl, w, mask, Wf, P0, P1, P2, G0, G1, G2, LS, LG, b0, b1):
+    """Scaled gradients of trials b0 .. b1-1: G0..G2 (B, s) in the parameters' own layout
+    (G_W, not its transpose) with max|.| = 1, LS (B, 3) log scales, LG (B,) log gaps.
+    Data arrays are flat per trial: X (Bx, n T d), Z (Bz, n Q d), gam (Bx, n Q T), gopt /
+    yl / w (log query weights) (., n Q), mask (Bm, n Q T); Wf (2, d d). ic[IC_RULE] must
+    be R_NONE."""
+    so = _slots(P0, P1, P2)
+    sP = so[3]
+    KT, WZ, ZQ, A, S, Rr, C, dr, rho, rhov, rlg, acc, tmp, D, work = _scratch(ic, sP)
+    P, G, N = np.empty(sP), np.empty(sP), np.empty(sP)
+    ls, gm, out = np.full(3, NINF), np.ones(3), np.zeros(3)
+    for b in range(b0, b1):
+        _load(ic, P0, P1, P2, b, P, so)
+        _trial_run(ic, fc, _row(X, b), _row(Z, b), _row(gam, b), _row(gopt, b), _row(yl, b),
+                   _row(w, b), _row(mask, b), Wf, P, G, N, so, gm, ls, KT, WZ, ZQ, A, S, Rr, C,
+                   dr, rho, rhov, rlg, acc, tmp, D, work, out, 0, 1)
+        for k in range(3):  # the scaled form: max|.| = 1
+            LS[b, k] = ls[k]
+            inv = 1.0 / gm[k]
+            for x in range(so[k], so[k + 1]):
+                G[x] = G[x] * inv
+        if ic[IC_MODEL] == W_MODEL:
+            _transpose(G, 0, G0[b], 0, ic[IC_D], ic[IC_D])  # G_W^T -> G_W
+        else:
+            G0[b, :] = G[0:so[1]]
+        G1[b, :] = G[so[1]:so[2]]
+        G2[b, :] = G[so[2]:so[3]]
+        LG[b] = out[2]
+
+
+@njit(nogil=True, cache=True, error_model="numpy")
+def run_steps(ic, fc, X, Z, gam, gopt, yl, w, mask, Wf, P0, P1, P2, t0, t1,
+              active, stop_step, stop_code, b0, b1):
+    """Steps t0 .. t1-1 of a stateless rule for every active trial among b0 .. b1-1, in
+    place on P0..P2 (the caller runs slices in threads: the kernel releases the GIL);
+    active / stop_step / stop_code are updated (see _trial_run)."""
+    so = _slots(P0, P1, P2)
+    sP = so[3]
+    KT, WZ, ZQ, A, S, Rr, C, dr, rho, rhov, rlg, acc, tmp, D, work = _scratch(ic, sP)
+    P, G, N = np.empty(sP), np.empty(sP), np.empty(sP)
+    ls, gm, out = np.full(3, NINF), np.ones(3), np.zeros(3)
+    for b in range(b0, b1):
+        if not active[b]:
+            continue
+        _load(ic, P0, P1, P2, b, P, so)
+        _trial_run(ic, fc, _row(X, b), _row(Z, b), _row(gam, b), _row(gopt, b), _row(yl, b),
+                   _row(w, b), _row(mask, b), Wf, P, G, N, so, gm, ls, KT, WZ, ZQ, A, S, Rr, C,
+                   dr, rho, rhov, rlg, acc, tmp, D, work, out, t0, t1)
+        _store(ic, P, so, P0, P1, P2, b)
+        if out[0] >= 0:
+            active[b] = 0
+            stop_step[b] = int(out[0])
+            stop_code[b] = int(out[1])
