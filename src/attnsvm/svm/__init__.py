@@ -1,4 +1,4 @@
-"""Max-margin problems of THEORY §5 with checkable certificates.
+"""Max-margin problems of docs/theory.md §5 with checkable certificates.
 
 Public API::
 

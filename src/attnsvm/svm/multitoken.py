@@ -1,4 +1,4 @@
-"""Multi-token max-margin problems (ATT-SVM', THEORY §5) for nonlinear heads.
+"""Multi-token max-margin problems (ATT-SVM', docs/theory.md §5) for nonlinear heads.
 
 Selected set of sequence i: O_i = {t : s_it >= threshold} (final softmax probabilities).
 

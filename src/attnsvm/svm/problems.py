@@ -1,4 +1,4 @@
-"""The max-margin problems of THEORY §5 (single instances).
+"""The max-margin problems of docs/theory.md §5 (single instances).
 
 Every problem builds a normalised :class:`~attnsvm.svm.solution.ConstraintSet` (a batch
 of one) and goes through the one engine, :func:`attnsvm.svm.engine.solve`: the same
@@ -12,6 +12,7 @@ import numbers
 
 import numpy as np
 
+from ..scores import opt_tokens, scores  # re-exported: the one home is attnsvm.scores
 from . import engine
 from .engine import build_constraints, farkas_conflict, normalise, normalise_constraints
 from .solution import ConstraintSet, Solution
@@ -27,22 +28,6 @@ __all__ = [
     "scores",
     "opt_tokens",
 ]
-
-
-def scores(X, y, v, mask=None) -> np.ndarray:
-    """gamma_it = y_i v^T x_it, shape (..., n, T); masked tokens get -inf."""
-    X = np.asarray(X, dtype=float)
-    y = np.asarray(y, dtype=float)
-    v = np.asarray(v, dtype=float)
-    g = y[..., None] * (X @ v[..., :, None])[..., 0]
-    if mask is not None:
-        g = np.where(np.asarray(mask, bool), g, -np.inf)
-    return g
-
-
-def opt_tokens(gamma) -> np.ndarray:
-    """opt_i = argmax_t gamma_it (ties: the first, lowest index, maximiser), (..., n)."""
-    return np.argmax(np.asarray(gamma), axis=-1)
 
 
 def _constraints(X, Z, alpha, valid, b=None) -> ConstraintSet:
@@ -96,7 +81,7 @@ def _rank(rank) -> int | None:
 # ---------------------------------------------------------------------------- problems
 def att_svm(X, z, alpha=None, *, y=None, v=None, norm="fro", rank=None, mask=None,
             solver=None, tol=1e-6, irreducible=True) -> Solution:
-    """Attention SVM (ATT-SVM), THEORY §5:
+    """Attention SVM (ATT-SVM), docs/theory.md §5:
 
         W_mm(alpha) = argmin ||W||  s.t.  (x_{i,alpha_i} - x_it)^T W z_i >= 1,
                                           t != alpha_i (valid tokens), all i.
@@ -160,7 +145,7 @@ def _keys(X: np.ndarray, Wk, valid: np.ndarray, name: str = "W"):
 
 def prompt_svm(X, W=None, alpha=None, *, y=None, v=None, mask=None, norm="fro", solver=None,
                tol=1e-6, irreducible=True) -> Solution:
-    """Prompt SVM (THEORY §5): p_mm = argmin ||p|| s.t. (k_{i,alpha_i} - k_it)^T p >= 1,
+    """Prompt SVM (docs/theory.md §5): p_mm = argmin ||p|| s.t. (k_{i,alpha_i} - k_it)^T p >= 1,
 
     keys k_it = W^T x_it.  X (n, T, d), W (d, d') fixed (default identity), alpha (n,).
     ``W_`` of the result is the vector p (d',).  Equivalent to :func:`att_svm` with
@@ -200,7 +185,7 @@ def _seq2seq_constraints(X, alpha, causal: bool, valid) -> tuple[ConstraintSet, 
 
 def seq2seq_svm(X, alpha, causal: bool = False, mask=None, *, norm="fro", solver=None,
                 tol=1e-6, irreducible=True) -> Solution:
-    """Seq-to-seq attention SVM (SAtt-SVM), THEORY §5:
+    """Seq-to-seq attention SVM (SAtt-SVM), docs/theory.md §5:
 
         min ||W||  s.t.  (x_{i,alpha_ik} - x_it)^T W x_ik >= 1   for t != alpha_ik
                          (causal: only t <= k), every sequence i and query k.
@@ -236,7 +221,7 @@ def _head_constraints(R: np.ndarray, y: np.ndarray) -> ConstraintSet:
 
 
 def head_svm(R, y, p=2, *, alpha=None, solver=None, tol=1e-6) -> Solution:
-    """Head SVM (THEORY §5): v_mm = argmin ||v||_p s.t. y_i v^T r_i >= 1.
+    """Head SVM (docs/theory.md §5): v_mm = argmin ||v||_p s.t. y_i v^T r_i >= 1.
 
     R (n, d) selected tokens r_i = x_{i,alpha_i} (or X (n, T, d) with integer ``alpha``),
     y (n,) in {-1, +1}; p: any vector norm spec (2 = "fro" default, "l1", 1.5, "linf").
@@ -262,7 +247,7 @@ def head_svm(R, y, p=2, *, alpha=None, solver=None, tol=1e-6) -> Solution:
 
 def relaxed_svm(X, alpha, y=None, *, W=None, z=None, support=None, mask=None, norm="fro",
                 solver=None, tol=1e-6) -> Solution:
-    """Relaxed joint SVM (THEORY §5) for the attention parameter of a jointly trained (v, p):
+    """Relaxed joint SVM (docs/theory.md §5) for the attention parameter of a jointly trained (v, p):
 
         min ||p||  s.t. (k_{i,alpha_i} - k_it)^T p >= 1  for i in S,
                                                    >= 0  for i not in S,

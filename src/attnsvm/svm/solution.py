@@ -1,6 +1,6 @@
 """Constraint sets, solution objects and THE certificate of the max-margin problems.
 
-Every problem of THEORY §5 with margin constraints is, after flattening, a set of
+Every problem of docs/theory.md §5 with margin constraints is, after flattening, a set of
 linear constraints on a matrix ``W`` (d, e):
 
     m_k(W) = Delta_k^T W z_k >= b_k   (inequalities)   or   = b_k   (equalities, ``eq``)
