@@ -209,6 +209,43 @@ def test_adam_matches_torch_adam_step_by_step(eps, wd):
         torch.testing.assert_close(P["W"][0], w.detach(), rtol=1e-12, atol=1e-13)
 
 
+@pytest.mark.parametrize("wd", [0.0, 0.05])
+def test_adam_schedule_matches_torch_lambdalr(wd):
+    """Adam / AdamW with eta_t = lr (t + 2)^(-1/2) against torch.optim with LambdaLR (which
+    multiplies the base lr by the lambda of the number of steps taken), over trials that
+    start at different step counts: each trial's schedule follows its own count."""
+    rng = np.random.default_rng(3)
+    sched = O.InversePower(0.05, power=0.5)
+    W0 = rng.standard_normal((4, 3))
+    w = torch.nn.Parameter(torch.as_tensor(W0.copy()))
+    base = (torch.optim.AdamW([w], lr=0.05, betas=(0.8, 0.99), eps=1e-8, weight_decay=wd) if wd
+            else torch.optim.Adam([w], lr=0.05, betas=(0.8, 0.99), eps=1e-8))
+    ref = torch.optim.lr_scheduler.LambdaLR(base, lambda t: (t + 2.0) ** -0.5)
+    opt = (O.adamw(sched, b1=0.8, b2=0.99, eps=1e-8, weight_decay=wd) if wd
+           else O.adam(sched, b1=0.8, b2=0.99, eps=1e-8))
+    P = {"W": torch.as_tensor(W0.copy())[None]}
+    st = opt.init(P)
+    for t in range(30):
+        g = torch.as_tensor(rng.standard_normal((4, 3)) * 10.0 ** (-t % 4))
+        w.grad = g.clone()
+        base.step()
+        ref.step()
+        P, st = opt.update({"W": g[None]}, st, P, None)
+        torch.testing.assert_close(P["W"][0], w.detach(), rtol=1e-12, atol=1e-13)
+    # a constant schedule is plain Adam, and the schedule's step sizes are lr (t + 2)^-1/2
+    c = O.adam(O.InversePower(0.01, power=0.0), eps=0.0)
+    a = O.adam(0.01, eps=0.0)
+    G = {"W": torch.as_tensor(rng.standard_normal((2, 3, 3)))}
+    P2 = {"W": torch.zeros(2, 3, 3, dtype=torch.float64)}
+    torch.testing.assert_close(c.update(G, c.init(P2), P2)[0]["W"], a.update(G, a.init(P2), P2)[0]["W"],
+                               rtol=0, atol=0)
+    np.testing.assert_allclose(sched(torch.tensor([0.0, 7.0])).numpy(), [0.05 / 2 ** 0.5, 0.05 / 3])
+    with pytest.raises(ValueError, match="power must be"):
+        O.InversePower(0.1, power=-1.0)
+    with pytest.raises(ValueError, match="lr must be"):
+        O.InversePower(0.0)
+
+
 def test_adam_eps0_is_sign_like_and_finite():
     P = {"W": torch.zeros(1, 2, 2, dtype=torch.float64)}
     G = {"W": torch.tensor([[[1e-200, -3.0], [0.0, 5.0]]], dtype=torch.float64)}

@@ -14,13 +14,24 @@ by ``attnsvm.train``, the CLI, the experiments and, through :func:`torch_optimiz
     polyak                           eta_t = c (L - L*) / ||G||^2
     mirror (md<p>)                   l_p mirror descent, plain or normalised
     momentum, adam, adamw, signum, muon        stateful rules
+    InversePower(lr, power)          eta_t = lr (t + 2)^-power: a schedule for adam / adamw
 
 Gradients arrive in scaled form (:class:`Scaled`): normalised rules are exact however far
 the gradient has underflowed float64. Adding a rule: one decorated constructor in
 ``rules.py`` or ``stateful.py`` plus its test.
 """
 
-from .base import RULES, Optimizer, Scaled, as_scaled, get, log_global_norm, log_norm, normalize
+from .base import (
+    RULES,
+    InversePower,
+    Optimizer,
+    Scaled,
+    as_scaled,
+    get,
+    log_global_norm,
+    log_norm,
+    normalize,
+)
 from .rules import (
     coordinate_descent,
     gd,
@@ -37,7 +48,7 @@ from .stateful import adam, adamw, momentum, muon, newton_schulz, signum
 from .torch_adapter import RuleOptimizer, torch_optimizer
 
 __all__ = [
-    "Optimizer", "Scaled", "RULES", "get", "as_scaled", "normalize", "log_norm",
+    "Optimizer", "Scaled", "RULES", "InversePower", "get", "as_scaled", "normalize", "log_norm",
     "log_global_norm", "gd", "sgd", "ngd", "sngd", "nsd", "sign_descent", "spectral_descent",
     "coordinate_descent", "polyak", "mirror", "momentum", "adam", "adamw", "signum", "muon",
     "newton_schulz", "RuleOptimizer", "torch_optimizer",

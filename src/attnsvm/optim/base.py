@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import NamedTuple
 
 import torch
@@ -201,6 +202,40 @@ def check_lr(lr, name: str = "lr"):
     if not math.isfinite(val) or val <= 0:
         raise ValueError(f"{name} must be a finite number > 0; got {lr!r}")
     return val
+
+
+@dataclass(frozen=True)
+class InversePower:
+    """Step-size schedule eta_t = lr (t + offset)^(-power), t = 0, 1, ... the number of steps
+    already taken (the decaying steps of the implicit-bias analyses, e.g. Adam with
+    eta_t = (t + 2)^(-a), a in (0, 1], in Zhang, Zou and Cao 2024). Called with a tensor of
+    per-trial step counts t (B,), it returns the step sizes (B,). A frozen dataclass, so it
+    pickles into sweep workers and prints its formula."""
+
+    lr: float
+    power: float = 0.5
+    offset: float = 2.0
+
+    def __post_init__(self):
+        check_lr(self.lr)
+        if not (math.isfinite(float(self.power)) and float(self.power) >= 0):
+            raise ValueError(f"power must be a finite number >= 0; got {self.power!r}")
+        if not (math.isfinite(float(self.offset)) and float(self.offset) > 0):
+            raise ValueError(f"offset must be a finite number > 0; got {self.offset!r}")
+
+    def __call__(self, t):
+        return self.lr * (t + self.offset) ** (-self.power)
+
+    def __str__(self) -> str:
+        return f"{self.lr:g} (t + {self.offset:g})^-{self.power:g}"
+
+
+def check_lr_or_schedule(lr, name: str = "lr"):
+    """A step size (see :func:`check_lr`) or a schedule: a callable of the per-trial step
+    count t (B,) (0 at the first step) returning step sizes, e.g. :class:`InversePower`."""
+    if callable(lr) and not isinstance(lr, torch.Tensor):
+        return lr
+    return check_lr(lr, name)
 
 
 def check_unit(x, name: str, lo_open: bool = False) -> float:

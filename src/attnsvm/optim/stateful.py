@@ -19,6 +19,7 @@ from .base import (
     Optimizer,
     as_scaled,
     check_lr,
+    check_lr_or_schedule,
     check_unit,
     expand,
     item_steepest,
@@ -73,7 +74,7 @@ def momentum(lr: float = 0.1, beta: float = 0.9, nesterov: bool = False) -> Opti
 
 
 def _adam(name: str, lr, b1, b2, eps, weight_decay) -> Optimizer:
-    lr, b1 = check_lr(lr), check_unit(b1, "b1")
+    lr, b1 = check_lr_or_schedule(lr), check_unit(b1, "b1")
     b2 = check_unit(b2, "b2", lo_open=True)
     eps = float(eps)
     if not (math.isfinite(eps) and eps >= 0):
@@ -96,7 +97,9 @@ def _adam(name: str, lr, b1, b2, eps, weight_decay) -> Optimizer:
         lc1 = torch.log1p(-torch.pow(b1, t))       # log(1 - b1^t)
         lc2 = torch.log1p(-torch.pow(b2, t))       # log(1 - b2^t)
         out, new = {}, {"t": t}
+        lr_t = lr(state["t"]) if callable(lr) else lr  # a schedule sees the steps taken (B,)
         for k, P in params.items():
+            eta = expand(lr_t, P) if callable(lr) else lr
             Gs, lg = g.tensors[k], g.log_scale[k]
             m, lm = _lin_comb(state[f"m:{k}"], state[f"lm:{k}"], b1, Gs, lg, 1.0 - b1)
             lG2 = 2.0 * (torch.log(Gs.abs()) + expand(lg, Gs))  # log G^2, elementwise
@@ -108,8 +111,8 @@ def _adam(name: str, lr, b1, b2, eps, weight_decay) -> Optimizer:
             if eps > 0:
                 u = u / (1.0 + eps * torch.exp(expand(0.5 * lc2, P) - 0.5 * lv))
             u = torch.where(torch.isfinite(lv), u, torch.zeros_like(u))
-            base = P * (1.0 - lr * wd) if wd else P
-            out[k] = base - lr * u
+            base = P * (1.0 - eta * wd) if wd else P
+            out[k] = base - eta * u
             new[f"m:{k}"], new[f"lm:{k}"], new[f"lv:{k}"] = m, lm, lv
         return out, new
 
@@ -127,14 +130,17 @@ def adam(lr: float = 1e-3, b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8
         W <- W - lr m_hat / (sqrt(v_hat) + eps),  m_hat = m / (1 - b1^t), v_hat = v / (1 - b2^t).
 
     ``eps`` may be 0 (then Adam is scale-invariant in G, a smoothed sign descent). m is kept
-    scaled and v as log v elementwise: exact for any size of G."""
+    scaled and v as log v elementwise: exact for any size of G. ``lr`` may be a schedule,
+    a callable of the per-trial count of steps taken t (B,) -> eta_t (B,), e.g.
+    ``InversePower(0.1, 0.5)``: eta_t = 0.1 (t + 2)^(-1/2) (torch: ``LambdaLR``)."""
     return _adam("adam", lr, b1, b2, eps, 0.0)
 
 
 @register("adamw")
 def adamw(lr: float = 1e-3, b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8,
           weight_decay: float = 1e-2) -> Optimizer:
-    """AdamW (torch.optim.AdamW semantics): W <- W (1 - lr wd), then the Adam step."""
+    """AdamW (torch.optim.AdamW semantics): W <- W (1 - lr wd), then the Adam step; ``lr``
+    a number or a schedule, as in :func:`adam`."""
     return _adam("adamw", lr, b1, b2, eps, weight_decay)
 
 
