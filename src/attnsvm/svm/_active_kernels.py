@@ -173,10 +173,11 @@ def _refine(D, Z, L, ks, Sk, x, gmax, lamS, W, r, v, mS):
 
 
 @njit(cache=True, nogil=True)
-def mnp_one(D, Z, valid, tol, small, max_iter, mu, lam, W):
+def mnp_one(D, Z, valid, tol, small, max_iter, mu, lam, W, Gin):
     """Wolfe's minimum-norm-point algorithm for one problem; see
     :func:`attnsvm.svm.active.mnp_active`. D (N, d), Z (N, e), valid (N,) bool;
-    writes mu (N,), lam (N,), W (d, e); returns (status, rho2, n_iter)."""
+    Gin: the Gram matrix of the valid constraints (nv, nv), overwritten, or (0, 0) (then
+    it is formed here); writes mu (N,), lam (N,), W (d, e); returns (status, rho2, n_iter)."""
     N = D.shape[0]
     d = D.shape[1]
     e = Z.shape[1]
@@ -193,8 +194,11 @@ def mnp_one(D, Z, valid, tol, small, max_iter, mu, lam, W):
             W[c, f] = 0.0
     if nv == 0:
         return FAILED, 0.0, 0
-    G = np.empty((nv, nv))
-    _gram(D, Z, vi, nv, G)
+    if Gin.shape[0] == nv:
+        G = Gin
+    else:
+        G = np.empty((nv, nv))
+        _gram(D, Z, vi, nv, G)
     gmax = 0.0
     for a in range(nv):
         gmax = max(gmax, G[a, a])
@@ -394,8 +398,10 @@ def mnp_one(D, Z, valid, tol, small, max_iter, mu, lam, W):
 def mnp_batch(D, Z, valid, tol, small, max_iter, mu, lam, W, status, rho2, iters):
     """mnp_one over a batch: D (B, N, d), Z (B, N, e), valid (B, N); outputs mu, lam
     (B, N), W (B, d, e), status, rho2, iters (B,)."""
+    none = np.empty((0, 0))
     for b in range(D.shape[0]):
-        st, r2, it = mnp_one(D[b], Z[b], valid[b], tol, small, max_iter, mu[b], lam[b], W[b])
+        st, r2, it = mnp_one(D[b], Z[b], valid[b], tol, small, max_iter, mu[b], lam[b], W[b],
+                             none)
         status[b] = st
         rho2[b] = r2
         iters[b] = it

@@ -37,6 +37,7 @@ import numpy as np
 __all__ = ["available", "mnp_active", "warmup", "OPTIMAL", "SMALL_RHO", "FAILED"]
 
 OPTIMAL, SMALL_RHO, FAILED = 0, 1, 2
+GRAM_BLAS_N = 300  # single problems with N >= this get G = (D D^T) o (Z Z^T) from BLAS
 
 _K = None
 _IMPORT_ERROR = None
@@ -89,7 +90,14 @@ def mnp_active(Delta: np.ndarray, Z: np.ndarray, valid: np.ndarray, *, tol: floa
     status = np.zeros(B, np.int8)
     rho2 = np.zeros(B)
     iters = np.zeros(B, np.int64)
-    K.mnp_batch(D, Zc, V, float(tol), float(small), mi, mu, lam, W, status, rho2, iters)
+    if B == 1 and N >= GRAM_BLAS_N:  # one large problem: G by BLAS, not by the kernel's loops
+        Dv, Zv = D[0][V[0]], Zc[0][V[0]]
+        G = np.ascontiguousarray((Dv @ Dv.T) * (Zv @ Zv.T))
+        st, r2, it = K.mnp_one(D[0], Zc[0], V[0], float(tol), float(small), mi, mu[0], lam[0],
+                               W[0], G)
+        status[0], rho2[0], iters[0] = st, r2, it
+    else:
+        K.mnp_batch(D, Zc, V, float(tol), float(small), mi, mu, lam, W, status, rho2, iters)
     sm = status == SMALL_RHO
     if sm.any():  # as the IPM path: W = sum mu_k A_k / rho^2 wherever rho > 0
         r = np.where(rho2[sm] > 0, rho2[sm], np.nan)
@@ -106,4 +114,6 @@ def warmup() -> bool:
         return False
     rng = np.random.default_rng(0)
     mnp_active(rng.standard_normal((2, 3, 2)), np.ones((2, 3, 1)), np.ones((2, 3), bool))
+    mnp_active(rng.standard_normal((1, GRAM_BLAS_N, 2)), np.ones((1, GRAM_BLAS_N, 1)),
+               np.ones((1, GRAM_BLAS_N), bool))
     return True

@@ -12,7 +12,7 @@ A single problem is a batch of one.  The steps of :func:`solve`:
    Farkas certificate;
 2. the others are solved: Frobenius problems by the compiled exact active-set
    minimum-norm-point solver (:mod:`attnsvm.svm.active`, numba: batches with
-   N <= MAX_BATCH_N_ACTIVE, single problems with N <= min(d e, MAX_ACTIVE_N)), else (no
+   N <= MAX_BATCH_N_ACTIVE, single problems by the rule of :func:`_fro_fast`), else (no
    numba, or a problem it leaves unresolved) the batched Frobenius min-norm-point IPM for
    many small problems, else one by one (Frobenius: dual min-norm point or structured
    primal IPM, then an exact active-set polish; nuclear: the structured dual barrier on a working
@@ -74,9 +74,13 @@ MAX_BATCH_N = 100  # constraints per problem up to which B > 1 problems use the 
 # (measured, 2 cores: N = 70: 3.2 ms/problem batched vs 6.9 one by one; N = 140: 22 vs 15)
 MAX_BATCH_N_ACTIVE = 400  # ... and the compiled active-set solver (one problem at a time, no
 # (B, N, N) arrays: batched up to this N, then one by one, which is the same kernel)
-MAX_ACTIVE_N = 2000  # single problems: the active-set solver when N <= min(d e, this)
-# (measured, 2 cores: (100, 16, 32), N = 1500, d e = 1024: active 0.17 s, primal IPM 0.47 s;
-# N = 3000: 0.8 s; the work grows like N^2 |S|)
+MAX_ACTIVE_N = 4000  # single problems: the active-set solver when N <= this and
+ACTIVE_RATIO = 3  # N <= ACTIVE_RATIO d e or N <= ACTIVE_SMALL_N; else the primal IPM
+ACTIVE_SMALL_N = 300
+# (measured, 2 cores, att_svm end to end, active vs primal IPM: (20, 8, 10) N/de = 1.4:
+# 1.2 vs 5.7 ms; (100, 16, 32) 1.5: 0.084 vs 0.41 s; (200, 16, 32) 2.9: 0.42 vs 0.63 s;
+# (300, 16, 32) 4.4: 1.4 vs 0.83 s; (200, 16, 8) 47: 0.098 vs 0.016 s; (100, 64, 16) 25:
+# 0.75 vs 0.072 s: the active set costs ~ N |S|^2 with |S| <= d e + 1, the IPM ~ N (d e)^2)
 NUC_SLACK = 1e-6  # nuclear SCS working set: Frobenius support + constraints with margin <= 1 + this
 SMALLEST_NORMAL = np.finfo(float).tiny
 # the largest entry of a returned W must be a normal float64 (full relative precision)
@@ -181,7 +185,10 @@ def _solver_key(solver, N: Norm) -> str | None:
 
 
 def _fro_fast(cs: ConstraintSet, key) -> Raw | None:
-    """Frobenius fast path (unit b, no equality). Default choice by shape: the dual
+    """Frobenius fast path (unit b, no equality). With numba, by default the compiled
+    active-set minimum-norm-point solver (:mod:`attnsvm.svm.active`) where
+    N <= MAX_ACTIVE_N and (N <= ACTIVE_RATIO d e or N <= ACTIVE_SMALL_N); a problem it
+    leaves unresolved, and every other one, by shape: the dual
     minimum-norm-point solver on the N x N constraint Gram matrix when N <= d e (fewer
     constraints than unknowns), the structured primal IPM (d e x d e Newton systems)
     otherwise. Measured crossover (2 cores): N = 300, d e = 1024: mnp 0.05 s vs ipm
@@ -190,7 +197,8 @@ def _fro_fast(cs: ConstraintSet, key) -> Raw | None:
     if cs.has_eq or not np.all(cs.b[cs.ineq] == 1.0):
         return None
     if key == "active" or (key in (None, "auto", "fast") and active.available()
-                           and N <= min(cs.d * cs.e, MAX_ACTIVE_N)):
+                           and N <= MAX_ACTIVE_N
+                           and (N <= ACTIVE_RATIO * cs.d * cs.e or N <= ACTIVE_SMALL_N)):
         if not active.available():
             raise ValueError("solver='active' needs numba (install attnsvm[fast])")
         mu, lam, W, rho2, st, it = active.mnp_active(
