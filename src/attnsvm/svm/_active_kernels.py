@@ -173,6 +173,104 @@ def _refine(D, Z, L, ks, Sk, x, gmax, lamS, W, r, v, mS):
 
 
 @njit(cache=True, nogil=True)
+def _qr_refine(D, Z, Sk, ks, W, lamS, gmax):
+    """The min-norm solution of <A_k, W> = 1 (k in S) by Householder QR of
+    A_S^T = [vec A_k] (d e x |S|) = Q R: W = Q R^{-T} 1 (conditioning cond(A_S), not
+    cond(A_S)^2 as through G_SS), refined twice with residuals from W; lamS = gmax R^{-1} Q^T W.
+    Returns False where R is singular to rounding (then nothing is written)."""
+    d = D.shape[1]
+    e = Z.shape[1]
+    m = d * e
+    if ks > m:
+        return False
+    A = np.empty((m, ks))
+    for q in range(ks):
+        k = Sk[q]
+        for c in range(d):
+            for f in range(e):
+                A[c * e + f, q] = D[k, c] * Z[k, f]
+    V = np.zeros((m, ks))
+    beta = np.zeros(ks)
+    rmax = 0.0
+    for j in range(ks):
+        nrm = 0.0
+        for i in range(j, m):
+            nrm += A[i, j] * A[i, j]
+        nrm = math.sqrt(nrm)
+        rmax = max(rmax, nrm)
+        if nrm <= 1e-14 * rmax or nrm == 0.0:
+            return False
+        alpha = -nrm if A[j, j] >= 0 else nrm
+        vn = 0.0
+        for i in range(j, m):
+            V[i, j] = A[i, j]
+        V[j, j] -= alpha
+        for i in range(j, m):
+            vn += V[i, j] * V[i, j]
+        beta[j] = 2.0 / vn if vn > 0 else 0.0
+        A[j, j] = alpha
+        for i in range(j + 1, m):
+            A[i, j] = 0.0
+        for col in range(j + 1, ks):
+            t = 0.0
+            for i in range(j, m):
+                t += V[i, j] * A[i, col]
+            t *= beta[j]
+            for i in range(j, m):
+                A[i, col] -= t * V[i, j]
+    y = np.empty(m)
+    w = np.zeros(m)
+    res = np.ones(ks)
+    Wt = np.empty((d, e))
+    mS = np.empty(ks)
+    for _ in range(3):
+        # dw = Q [R^{-T} res; 0]
+        for i in range(m):
+            y[i] = 0.0
+        for i in range(ks):
+            t = res[i]
+            for j in range(i):
+                t -= A[j, i] * y[j]
+            y[i] = t / A[i, i]
+        for j in range(ks - 1, -1, -1):
+            t = 0.0
+            for i in range(j, m):
+                t += V[i, j] * y[i]
+            t *= beta[j]
+            for i in range(j, m):
+                y[i] -= t * V[i, j]
+        for i in range(m):
+            w[i] += y[i]
+        for c in range(d):
+            for f in range(e):
+                Wt[c, f] = w[c * e + f]
+        _margins(D, Z, Wt, Sk, ks, mS)
+        for q in range(ks):
+            res[q] = 1.0 - mS[q]
+    for c in range(d):
+        for f in range(e):
+            W[c, f] = Wt[c, f]
+    # lam = R^{-1} (Q^T w)[:ks]
+    for i in range(m):
+        y[i] = w[i]
+    for j in range(ks):
+        t = 0.0
+        for i in range(j, m):
+            t += V[i, j] * y[i]
+        t *= beta[j]
+        for i in range(j, m):
+            y[i] -= t * V[i, j]
+    for i in range(ks - 1, -1, -1):
+        t = y[i]
+        for j in range(i + 1, ks):
+            t -= A[i, j] * lamS[j]
+        lamS[i] = t / A[i, i]
+    for q in range(ks):
+        lamS[q] *= gmax
+    return True
+
+
+@njit(cache=True, nogil=True)
 def mnp_one(D, Z, valid, tol, small, max_iter, mu, lam, W, Gin):
     """Wolfe's minimum-norm-point algorithm for one problem; see
     :func:`attnsvm.svm.active.mnp_active`. D (N, d), Z (N, e), valid (N,) bool;
@@ -247,14 +345,14 @@ def mnp_one(D, Z, valid, tol, small, max_iter, mu, lam, W, Gin):
         rho2 = 0.0
         for q in range(ks):
             rho2 += x[q] * Gmu[S[q]]
-        jm = 0
+        jm = -1  # the most violated point outside S (on S, G mu = rho^2 1 up to rounding)
         for a in range(nv):
-            if Gmu[a] < Gmu[jm]:
+            if not inS[a] and (jm < 0 or Gmu[a] < Gmu[jm]):
                 jm = a
         if rho2 <= small:  # the origin is (numerically) in the hull
             status = SMALL_RHO
             break
-        if Gmu[jm] >= rho2 * (1.0 - tol):
+        if jm < 0 or Gmu[jm] >= rho2 * (1.0 - tol):
             # optimal to the rounding of G mu (~ eps |G|, large against rho^2 when rho is
             # small): the exact multipliers of S, refined from W, and every margin of W
             for q in range(ks):
@@ -273,6 +371,8 @@ def mnp_one(D, Z, valid, tol, small, max_iter, mu, lam, W, Gin):
             jm = 0
             worst = 0.0
             for a in range(nv):
+                if inS[a]:
+                    continue
                 viol = 1.0 - tol - 2e-13 * math.sqrt(G[a, a]) * wn - Gmu[a]
                 if viol > worst:
                     worst = viol
@@ -373,7 +473,22 @@ def mnp_one(D, Z, valid, tol, small, max_iter, mu, lam, W, Gin):
             return SMALL_RHO, rho2 * gmax, it
     for q in range(ks):
         lam[Sk[q]] = lamS[q] / gmax
-    # verify: lam >= 0, every margin >= 1, active margins = 1 (all from W)
+    # verify: lam >= 0, every margin >= 1, active margins = 1 (all from W); where the
+    # Gram-based refinement is not accurate enough (G_SS ill-conditioned), once more by QR
+    ok = _verify(D, Z, W, vi, nv, G, gmax, Sk, ks, lamS, Gmu, mS)
+    if not ok and _qr_refine(D, Z, Sk, ks, W, lamS, gmax):
+        for q in range(ks):
+            lam[Sk[q]] = lamS[q] / gmax
+        ok = _verify(D, Z, W, vi, nv, G, gmax, Sk, ks, lamS, Gmu, mS)
+    return (OPTIMAL if ok else FAILED), rho2 * gmax, it
+
+
+@njit(cache=True, nogil=True)
+def _verify(D, Z, W, vi, nv, G, gmax, Sk, ks, lamS, Gmu, mS):
+    """lam >= 0, every margin >= 1 - 1e-10 (less rounding ~ eps ||A_j|| ||W||), margins on
+    the support 1 to 1e-9, all computed from W."""
+    d = D.shape[1]
+    e = Z.shape[1]
     ok = True
     wn = 0.0
     for c in range(d):
@@ -391,7 +506,7 @@ def mnp_one(D, Z, valid, tol, small, max_iter, mu, lam, W, Gin):
     for q in range(ks):
         if abs(mS[q] - 1.0) > 1e-9:
             ok = False
-    return (OPTIMAL if ok else FAILED), rho2 * gmax, it
+    return ok
 
 
 @njit(cache=True, nogil=True)
