@@ -232,7 +232,9 @@ def nuclear_bench(n, T, d, with_scs_ws=False):
 
 # ------------------------------------------------------------------------ peers
 PEER_SIZES = [(20, 8, 10), (100, 16, 32), (400, 16, 32), (1000, 64, 32)]
-PEER_MAX_ENTRIES = 2e7  # dense constraint matrices above N * d e entries are not built
+PEER_MAX_ENTRIES = 7e7  # dense constraint matrices above N * d e entries are not built
+# per peer, above these N * d e the run is skipped (minutes per solve on 2 cores)
+PEER_LIMIT = {"daqp": 7e7, "quadprog": 1e7, "LinearSVC": 1e7}
 
 
 def _peer_available(mod):
@@ -333,9 +335,9 @@ def peers_bench(quick=False, rounds=3):
             continue
         M = _dense_rows(X, z, alpha)
         for p in peers:
-            if p == "LinearSVC" and n * T > 2000:
+            if M.size > PEER_LIMIT[p]:
                 line(prob, p, float("nan"), ta, float("nan"), float("nan"),
-                     "skipped: liblinear's hard-margin dual takes minutes here")
+                     f"skipped: N d e = {M.size:.1e} > {PEER_LIMIT[p]:.0e} (minutes per solve)")
                 continue
             tp, w = _median_time(lambda p=p, M=M: _peer_qp(p, M), rounds)
             if w is None:

@@ -510,11 +510,11 @@ def _verify(D, Z, W, vi, nv, G, gmax, Sk, ks, lamS, Gmu, mS):
 
 
 @njit(cache=True, nogil=True)
-def mnp_batch(D, Z, valid, tol, small, max_iter, mu, lam, W, status, rho2, iters):
-    """mnp_one over a batch: D (B, N, d), Z (B, N, e), valid (B, N); outputs mu, lam
-    (B, N), W (B, d, e), status, rho2, iters (B,)."""
+def mnp_batch(D, Z, valid, tol, small, max_iter, mu, lam, W, status, rho2, iters, b0, b1):
+    """mnp_one over problems b0 .. b1-1 of a batch: D (B, N, d), Z (B, N, e), valid (B, N);
+    outputs mu, lam (B, N), W (B, d, e), status, rho2, iters (B,)."""
     none = np.empty((0, 0))
-    for b in range(D.shape[0]):
+    for b in range(b0, b1):
         st, r2, it = mnp_one(D[b], Z[b], valid[b], tol, small, max_iter, mu[b], lam[b], W[b],
                              none)
         status[b] = st

@@ -25,7 +25,8 @@ which the engine verifies (:func:`attnsvm.svm.solution.farkas_verify`) before an
 certifies every W / lam it returns.
 
 Each problem runs in one compiled loop with its (N x N) Gram matrix in cache; the cost
-is O(N^2 (d + e)) for G plus O(N |S|) per major cycle.  Without numba
+is O(N^2 (d + e)) for G plus O(N |S|) per major cycle. Batches run in slices on
+torch.get_num_threads() threads (the kernel releases the GIL).  Without numba
 :func:`available` is False and the engine uses the interior-point path
 (:func:`attnsvm.svm.fast.batched_mnp`), as the fused training engine does.
 """
@@ -38,6 +39,8 @@ __all__ = ["available", "mnp_active", "warmup", "OPTIMAL", "SMALL_RHO", "FAILED"
 
 OPTIMAL, SMALL_RHO, FAILED = 0, 1, 2
 GRAM_BLAS_N = 300  # single problems with N >= this get G = (D D^T) o (Z Z^T) from BLAS
+PARALLEL_B = 64  # batches from this size run in threads (problems are independent: the
+# results do not depend on the number of threads)
 
 _K = None
 _IMPORT_ERROR = None
@@ -97,7 +100,13 @@ def mnp_active(Delta: np.ndarray, Z: np.ndarray, valid: np.ndarray, *, tol: floa
                                W[0], G)
         status[0], rho2[0], iters[0] = st, r2, it
     else:
-        K.mnp_batch(D, Zc, V, float(tol), float(small), mi, mu, lam, W, status, rho2, iters)
+        args = (D, Zc, V, float(tol), float(small), mi, mu, lam, W, status, rho2, iters)
+        if B >= PARALLEL_B:  # slices in torch.get_num_threads() threads (the fused engine's pool)
+            from attnsvm.fused import _parallel
+
+            _parallel(K.mnp_batch, B, *args)
+        else:
+            K.mnp_batch(*args, 0, B)
     sm = status == SMALL_RHO
     if sm.any():  # as the IPM path: W = sum mu_k A_k / rho^2 wherever rho > 0
         r = np.where(rho2[sm] > 0, rho2[sm], np.nan)

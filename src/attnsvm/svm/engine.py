@@ -678,6 +678,14 @@ def _conflict(lam: np.ndarray) -> tuple:
     return tuple(sorted({int(i) for i in np.nonzero((a > 1e-9 * mx).any(-1))[0]}))
 
 
+def _conflicts(lam: np.ndarray, ok: np.ndarray) -> list:
+    """[_conflict(lam[b]) if ok[b] else ()] for a batch lam (B, n, T), vectorised."""
+    a = np.abs(lam)
+    mx = a.max((1, 2), keepdims=True) if a.size else np.zeros((len(lam), 1, 1))
+    hit = (a > 1e-9 * mx).any(-1) & (mx[..., 0] > 0) & np.asarray(ok, bool)[:, None]
+    return [tuple(np.flatnonzero(h).tolist()) if h.any() else () for h in hit]
+
+
 def farkas_conflict(cs: ConstraintSet, max_entries: int = 20_000_000) -> tuple[int, ...]:
     """Sequences of an irreducible infeasible subsystem of one problem (LP vertex of the
     Farkas system, polished and verified); () when no certificate is verified."""
@@ -864,7 +872,7 @@ def solve(cs: ConstraintSet, norm="fro", *, solver=None, tol: float = 1e-6,
         np.where(cert.gap <= GAP_OPTIMAL, "optimal",
                  np.where(cert.gap <= GAP_INACCURATE, "optimal_inaccurate", "suboptimal")),
         np.where(fk_ok, "infeasible", "uncertified")).astype(object)
-    conflict = [_conflict(fk_lam[b]) if fk_ok[b] else () for b in range(B)]
+    conflict = _conflicts(fk_lam, fk_ok)
     out = Outcome(cert=cert, status=status, solver=names, conflict=conflict, n_iter=iters,
                   farkas_bound=np.where(fk_ok, fk_bound, np.nan), farkas_lam=fk_lam,
                   zero=zero, time=time.perf_counter() - t0,
