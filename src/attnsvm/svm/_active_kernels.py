@@ -173,6 +173,30 @@ def _refine(D, Z, L, ks, Sk, x, gmax, lamS, W, r, v, mS):
 
 
 @njit(cache=True, nogil=True)
+def _farkas_refine(D, Z, L, ks, Sk, x, gmax, W, r, v, g):
+    """rho ~ 0: the weights x (1^T x = 1) of S moved to min ||sum_q x_q A_q|| over the
+    affine hull (1^T dx = 0), twice, with the residual S = sum x_q A_q taken from the
+    data: dx = -(M^{-1} g - (1^T M^{-1} g) v) / gmax, g_q = <A_q, S>, v = M^{-1} 1 / 1^T M^{-1} 1
+    (M = G_SS / gmax + 1 1^T). Kept only while x stays >= 0. W: workspace."""
+    for _ in range(2):
+        _combine(D, Z, x, Sk, ks, W)
+        _margins(D, Z, W, Sk, ks, g)
+        _affine_min(L, ks, v)
+        for q in range(ks):
+            r[q] = g[q]
+        _solve_l(L, ks, r)
+        _solve_lt(L, ks, r)
+        sg = 0.0
+        for q in range(ks):
+            sg += r[q]
+        for q in range(ks):
+            if x[q] - (r[q] - sg * v[q]) / gmax < 0.0:
+                return
+        for q in range(ks):
+            x[q] -= (r[q] - sg * v[q]) / gmax
+
+
+@njit(cache=True, nogil=True)
 def _qr_refine(D, Z, Sk, ks, W, lamS, gmax):
     """The min-norm solution of <A_k, W> = 1 (k in S) by Householder QR of
     A_S^T = [vec A_k] (d e x |S|) = Q R: W = Q R^{-T} 1 (conditioning cond(A_S), not
@@ -463,13 +487,19 @@ def mnp_one(D, Z, valid, tol, small, max_iter, mu, lam, W, Gin):
     # the min-norm point (weights over all constraints) and rho^2 in the caller's units
     for q in range(ks):
         mu[vi[S[q]]] = x[q]
+    for q in range(ks):
+        Sk[q] = vi[S[q]]
     if status == SMALL_RHO:
+        _farkas_refine(D, Z, L, ks, Sk, x, gmax, W, r, v, mS)
+        for q in range(ks):
+            mu[Sk[q]] = x[q]
         return SMALL_RHO, rho2 * gmax, it
     if not refined:
-        for q in range(ks):
-            Sk[q] = vi[S[q]]
         tot = _refine(D, Z, L, ks, Sk, x, gmax, lamS, W, r, v, mS)
         if tot <= 0.0:
+            _farkas_refine(D, Z, L, ks, Sk, x, gmax, W, r, v, mS)
+            for q in range(ks):
+                mu[Sk[q]] = x[q]
             return SMALL_RHO, rho2 * gmax, it
     for q in range(ks):
         lam[Sk[q]] = lamS[q] / gmax

@@ -821,7 +821,12 @@ def solve(cs: ConstraintSet, norm="fro", *, solver=None, tol: float = 1e-6,
         for s in range(0, len(idx), chunk):  # chunks bound the (chunk, K, K) Gram memory
             ix, lc = idx[s:s + chunk], lam_c[s:s + chunk]
             sub = cs.take(ix)
-            ok, bound, lv = farkas_verify(sub, farkas_polish(sub, lc))
+            ok, bound, lv = farkas_verify(sub, lc)  # the candidates as they are (exact
+            # ones, e.g. the active set's, verify at once), then the others polished
+            redo = np.nonzero(~ok)[0]
+            if len(redo):
+                sub2 = sub.take(redo)
+                ok[redo], bound[redo], lv[redo] = farkas_verify(sub2, farkas_polish(sub2, lc[redo]))
             fk_ok[ix] = ok
             fk_bound[ix] = np.maximum(fk_bound[ix], bound)
             fk_lam[ix] = np.where(ok[:, None, None], lv, fk_lam[ix])
