@@ -1,7 +1,8 @@
 """Benchmark: Frobenius / nuclear ATT-SVM, naive cvxpy build vs attnsvm's solvers.
 
     python benchmarks/bench_svm.py [--quick] [--no-nuc] [--nuc-only] [--nuc-scs]
-                                   [--no-norms] [--norms-only]
+                                   [--no-norms] [--norms-only] [--no-peers] [--peers-only]
+                                   [--rounds R]
 
 Random feasible (planted) instances: z_i random unit vectors, tokens Gaussian, alpha_i =
 argmax_t x_it^T W* z_i for a random W* (so W* separates, the SVM is feasible).
@@ -9,7 +10,9 @@ argmax_t x_it^T W* z_i for a random W* (so W* separates, the SVM is feasible).
     (as in the papers' notebooks); skipped above (100, 16, 32).
 (b) attnsvm.svm.att_svm (fast path).  Prints time ratio, agreement, peak memory.
 Then: batched prompt SVMs (mmts-fig9 shape), the nuclear norm, and every norm of
-attnsvm.norms (single solve vs the naive loop build; batched B problems vs one by one).
+attnsvm.norms (single solve vs the naive loop build; batched B problems vs one by one),
+and the peers (:func:`peers_bench`): daqp, quadprog, scikit-learn LinearSVC, cvxpy+SCS,
+each skipped with a note when not installed.
 """
 
 from __future__ import annotations
@@ -99,8 +102,17 @@ def main(argv=None):
                     help="also time the previous cvxpy+SCS nuclear working set")
     ap.add_argument("--no-norms", action="store_true", help="skip the every-norm section")
     ap.add_argument("--norms-only", action="store_true", help="only the every-norm section")
+    ap.add_argument("--no-peers", action="store_true",
+                    help="skip attnsvm vs daqp / quadprog / LinearSVC / cvxpy+SCS")
+    ap.add_argument("--peers-only", action="store_true", help="only the peers section")
+    ap.add_argument("--rounds", type=int, default=3, help="peers: rounds (median)")
     args = ap.parse_args(argv)
-    from attnsvm.svm import att_svm
+    from attnsvm.svm import active, att_svm
+
+    active.warmup()  # numba's compile / cache load: set-up, not timed
+    if args.peers_only:
+        peers_bench(args.quick, args.rounds)
+        return
 
     if args.norms_only:
         norms_bench(*((10, 5, 4, 8) if args.quick else (20, 8, 10, 50)))
@@ -142,6 +154,8 @@ def main(argv=None):
         nuclear_bench(n, T, d, args.nuc_scs)
     if not args.no_norms:
         norms_bench(*((10, 5, 4, 8) if args.quick else (20, 8, 10, 50)))
+    if not args.no_peers:
+        peers_bench(args.quick, args.rounds)
 
 
 def norms_bench(n, T, d, B):
@@ -216,6 +230,165 @@ def nuclear_bench(n, T, d, with_scs_ws=False):
     print(f"  attnsvm certificate: min margin {sol.margin_:.12f}, relative duality gap "
           f"{sol.gap_:.1e}, kkt {sol.kkt_residual_:.1e}, rank {sol.rank(1e-6)}, "
           f"ratio {t_naive / t_fast:.1f}x")
+
+# ------------------------------------------------------------------------ peers
+PEER_SIZES = [(20, 8, 10), (100, 16, 32), (400, 16, 32), (1000, 64, 32)]
+PEER_MAX_ENTRIES = 7e7  # dense constraint matrices above N * d e entries are not built
+# per peer, above these N * d e the run is skipped (minutes per solve on 2 cores)
+PEER_LIMIT = {"daqp": 7e7, "quadprog": 1e7, "LinearSVC": 1e7}
+
+
+def _peer_available(mod):
+    try:
+        __import__(mod)
+        return True
+    except ImportError:
+        print(f"  note: {mod} is not installed (pip install attnsvm[bench]): skipped")
+        return False
+
+
+def _median_time(fn, rounds):
+    ts, out = [], None
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        out = fn()
+        ts.append(time.perf_counter() - t0)
+    return float(np.median(ts)), out
+
+
+def _dense_rows(X, z, alpha):
+    """M (N, d e): row k = vec(Delta_k z_k^T) (C order), the constraints M vec(W) >= 1."""
+    n, T, d = X.shape
+    keep = np.ones((n, T), bool)
+    keep[np.arange(n), alpha] = False
+    D = (X[np.arange(n), alpha][:, None, :] - X)[keep]
+    Zk = np.repeat(z, T, axis=0)[keep.reshape(-1)]
+    return np.einsum("kd,ke->kde", D, Zk).reshape(len(D), -1)
+
+
+def _peer_qp(name, M):
+    """min 1/2 ||w||^2 s.t. M w >= 1 by a dense QP peer; returns w or None (infeasible /
+    failed)."""
+    m = M.shape[1]
+    if name == "daqp":
+        import daqp
+
+        w, _, flag, _ = daqp.solve(np.eye(m), np.zeros(m), M, np.full(len(M), 1e30),
+                                   np.ones(len(M)), np.zeros(len(M), np.int32))
+        return np.asarray(w) if flag == 1 else None
+    if name == "quadprog":
+        import quadprog
+
+        try:
+            return quadprog.solve_qp(np.eye(m), np.zeros(m), np.ascontiguousarray(M.T),
+                                     np.ones(len(M)))[0]
+        except ValueError:  # "constraints are inconsistent, no solution"
+            return None
+    if name == "LinearSVC":
+        from sklearn.svm import LinearSVC
+
+        # hard margin: hinge loss, C large, no intercept, each point and its mirror
+        P = np.concatenate([M, -M])
+        y = np.concatenate([np.ones(len(M)), -np.ones(len(M))])
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            clf = LinearSVC(C=1e6, loss="hinge", fit_intercept=False, tol=1e-8,
+                            max_iter=200_000, dual=True).fit(P, y)
+        return clf.coef_[0]
+    raise ValueError(name)
+
+
+def peers_bench(quick=False, rounds=3):
+    """attnsvm vs daqp, quadprog (dense QP on vec(W), Hessian I) and scikit-learn
+    LinearSVC (hard margin via C = 1e6 on the points vec(Delta_k z_k^T) and their mirror)
+    for the Frobenius ATT-SVM; batched prompt SVMs vs a Python loop of daqp / quadprog;
+    the nuclear norm vs cvxpy + SCS. Median of ``rounds`` runs each, all in this process;
+    the peers get their dense constraint matrix prebuilt (not timed), attnsvm starts
+    from the tokens. ratio = peer time / attnsvm time (> 1: attnsvm faster).
+    Agreement: |norm_peer - norm_attnsvm| / norm_attnsvm with the peer's W rescaled to
+    be feasible (W / min(1, min margin)), and the peer's raw min margin."""
+    from attnsvm.svm import active, att_svm, prompt_svm_batch
+
+    active.warmup()
+    peers = [p for p, mod in (("daqp", "daqp"), ("quadprog", "quadprog"),
+                              ("LinearSVC", "sklearn")) if _peer_available(mod)]
+    rows = []
+    hdr = (f"  {'problem':<30} {'peer':<10} {'peer s':>9} {'attnsvm s':>10} {'ratio':>7} "
+           f"{'|d norm|/norm':>13} {'peer min m':>11}  note")
+    print(f"\npeers ({rounds} rounds, median)\n{hdr}")
+
+    def line(problem, peer, tp, ta, agree, mm, note=""):
+        r = tp / ta if np.isfinite(tp) else float("nan")
+        rows.append((problem, peer, tp, ta, r, agree, mm, note))
+        print(f"  {problem:<30} {peer:<10} {tp:>9.4g} {ta:>10.4g} {r:>7.2f} {agree:>13.1e} "
+              f"{mm:>11.8f}  {note}", flush=True)
+
+    sizes = PEER_SIZES[:2] if quick else PEER_SIZES
+    att_svm(*planted(5, 4, 4, seed=1))
+    for n, T, d in sizes:
+        X, z, alpha = planted(n, T, d)
+        ta, sol = _median_time(lambda X=X, z=z, alpha=alpha: att_svm(X, z, alpha), rounds)
+        prob = f"fro {(n, T, d)} N={n * (T - 1)}"
+        if n * (T - 1) * d * d > PEER_MAX_ENTRIES:
+            for p in peers:
+                line(prob, p, float("nan"), ta, float("nan"), float("nan"),
+                     f"skipped: dense M has {n * (T - 1) * d * d:.1e} entries")
+            continue
+        M = _dense_rows(X, z, alpha)
+        for p in peers:
+            if M.size > PEER_LIMIT[p]:
+                line(prob, p, float("nan"), ta, float("nan"), float("nan"),
+                     f"skipped: N d e = {M.size:.1e} > {PEER_LIMIT[p]:.0e} (minutes per solve)")
+                continue
+            tp, w = _median_time(lambda p=p, M=M: _peer_qp(p, M), rounds)
+            if w is None:
+                line(prob, p, tp, ta, float("nan"), float("nan"), "peer: no solution")
+                continue
+            mm = float((M @ w).min())
+            nrm = np.linalg.norm(w) / min(1.0, mm)
+            line(prob, p, tp, ta, abs(nrm - sol.norm_) / sol.norm_, mm,
+                 f"attnsvm {sol.solver_}, gap {sol.gap_:.0e}")
+    # batched prompt SVMs: B problems of (6, 8, 10)
+    B, n, T, d = (300 if quick else 1000), 6, 8, 10
+    rng = np.random.default_rng(0)
+    X = rng.standard_normal((B, n, T, d))
+    alpha = rng.integers(0, T, (B, n))
+    prompt_svm_batch(X[:4], None, alpha[:4])
+    ta, bs = _median_time(lambda: prompt_svm_batch(X, None, alpha), rounds)
+    Ms = [_dense_rows(X[b], np.ones((n, 1)), alpha[b]) for b in range(B)]
+    for p in peers:
+        if p == "LinearSVC":
+            continue
+
+        def loop(p=p):
+            return [_peer_qp(p, M) for M in Ms]
+
+        tp, ws = _median_time(loop, rounds)
+        feas = np.array([w is not None for w in ws])
+        agree = int((feas == bs.feasible_).sum())
+        both = np.nonzero(feas & bs.feasible_)[0]
+        dn = max((abs(np.linalg.norm(ws[b]) / min(1.0, (Ms[b] @ ws[b]).min()) - bs.norm_[b])
+                  / bs.norm_[b] for b in both), default=float("nan"))
+        mm = min(((Ms[b] @ ws[b]).min() for b in both), default=float("nan"))
+        line(f"prompt batch B={B} {(n, T, d)}", p + " loop", tp, ta, dn, mm,
+             f"verdicts agree {agree}/{B} ({int(bs.feasible_.sum())} feasible); "
+             f"{1e3 * ta / B:.4f} vs {1e3 * tp / B:.4f} ms/problem")
+    # nuclear norm vs cvxpy + SCS
+    n, T, d = (20, 8, 10) if quick else (100, 16, 32)
+    X, z, alpha = planted(n, T, d)
+    att_svm(*planted(5, 4, 4, seed=1), norm="nuc")
+    naive(*planted(5, 4, 4, seed=1), "nuc")
+    ta, sol = _median_time(lambda: att_svm(X, z, alpha, norm="nuc"), rounds)
+    tp, (Wn, name) = _median_time(lambda: naive(X, z, alpha, "nuc"), rounds)
+    nn, vn = feasible_norm(X, z, alpha, Wn, "nuc")
+    mm = 1 - vn if vn > 0 else float("nan")
+    line(f"nuc {(n, T, d)} N={n * (T - 1)}", f"cvxpy+{name}", tp, ta,
+         abs(nn - sol.norm_) / sol.norm_, mm, f"attnsvm gap {sol.gap_:.0e}")
+    behind = [r for r in rows if np.isfinite(r[4]) and r[4] < 1]
+    print("  attnsvm behind: " + ("; ".join(f"{r[0]} vs {r[1]} ({r[4]:.2f}x)" for r in behind)
+                                  if behind else "nowhere in this run"))
+    return rows
+
 
 if __name__ == "__main__":
     main()

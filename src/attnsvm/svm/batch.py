@@ -2,11 +2,13 @@
 
 Each problem b is min ||W|| s.t. (x_{b,i,alpha_bi} - x_{b,it})^T W z_{b,i} >= 1.  The B
 problems go through the same engine as a single problem (:func:`attnsvm.svm.engine.solve`:
-a single problem is B = 1): the Frobenius ones through one vectorised interior-point
-method on the equivalent minimum-norm-point problem
-(:func:`attnsvm.svm.fast.batched_mnp`) and an exact batched active-set polish, the other
-norms one by one; every answer is certified by the one batched certificate, and
-problems that do not certify are re-solved by a second solver.
+a single problem is B = 1): the Frobenius ones through the compiled exact active-set
+minimum-norm-point solver (:func:`attnsvm.svm.active.mnp_active`, numba; Wolfe's method on
+each problem's Gram matrix G = (Delta Delta^T) o (Z Z^T)) or, without numba and for the
+problems it leaves unresolved, one vectorised interior-point method on the equivalent
+minimum-norm-point problem (:func:`attnsvm.svm.fast.batched_mnp`) and an exact batched
+active-set polish; the other norms one by one; every answer is certified by the one
+batched certificate, and problems that do not certify are re-solved by a second solver.
 """
 
 from __future__ import annotations

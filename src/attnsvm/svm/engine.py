@@ -10,9 +10,12 @@ A single problem is a batch of one.  The steps of :func:`solve`:
    W = 0;  problems with a constraint whose matrix is 0 (a token equal to the selected
    one, a zero query, all-zero keys) but b > 0: infeasible, that constraint is the
    Farkas certificate;
-2. the others are solved: the batched Frobenius min-norm-point IPM for many small
-   problems, else one by one (Frobenius: dual min-norm point or structured primal IPM,
-   then an exact active-set polish; nuclear: the structured dual barrier on a working
+2. the others are solved: Frobenius problems by the compiled exact active-set
+   minimum-norm-point solver (:mod:`attnsvm.svm.active`, numba: batches with
+   N <= MAX_BATCH_N_ACTIVE, single problems by the rule of :func:`_fro_fast`), else (no
+   numba, or a problem it leaves unresolved) the batched Frobenius min-norm-point IPM for
+   many small problems, else one by one (Frobenius: dual min-norm point or structured
+   primal IPM, then an exact active-set polish; nuclear: the structured dual barrier on a working
    set; any norm: cvxpy with the norm's own expression and solver);
 3. every answer is rescaled to be exactly feasible and certified by
    :func:`~attnsvm.svm.solution.certify` (one batched call);
@@ -37,6 +40,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..norms import FRO, NUC, SPECTRAL, Norm, get_norm
+from . import active
 from .fast import batched_mnp, nuclear_barrier, polish_fro, primal_ipm
 from .solution import (
     GAP_INACCURATE,
@@ -68,6 +72,15 @@ __all__ = [
 
 MAX_BATCH_N = 100  # constraints per problem up to which B > 1 problems use the batched Gram IPM
 # (measured, 2 cores: N = 70: 3.2 ms/problem batched vs 6.9 one by one; N = 140: 22 vs 15)
+MAX_BATCH_N_ACTIVE = 400  # ... and the compiled active-set solver (one problem at a time, no
+# (B, N, N) arrays: batched up to this N, then one by one, which is the same kernel)
+MAX_ACTIVE_N = 4000  # single problems: the active-set solver when N <= this and
+ACTIVE_RATIO = 3  # N <= ACTIVE_RATIO d e or N <= ACTIVE_SMALL_N; else the primal IPM
+ACTIVE_SMALL_N = 300
+# (measured, 2 cores, att_svm end to end, active vs primal IPM: (20, 8, 10) N/de = 1.4:
+# 1.2 vs 5.7 ms; (100, 16, 32) 1.5: 0.084 vs 0.41 s; (200, 16, 32) 2.9: 0.42 vs 0.63 s;
+# (300, 16, 32) 4.4: 1.4 vs 0.83 s; (200, 16, 8) 47: 0.098 vs 0.016 s; (100, 64, 16) 25:
+# 0.75 vs 0.072 s: the active set costs ~ N |S|^2 with |S| <= d e + 1, the IPM ~ N (d e)^2)
 NUC_SLACK = 1e-6  # nuclear SCS working set: Frobenius support + constraints with margin <= 1 + this
 SMALLEST_NORMAL = np.finfo(float).tiny
 # the largest entry of a returned W must be a normal float64 (full relative precision)
@@ -76,7 +89,7 @@ MIN_REPRESENTABLE = SMALLEST_NORMAL
 #: solver names accepted besides the cvxpy solvers; the Frobenius ones apply to the
 #: Frobenius norm only, the nuclear ones to the nuclear norm only
 SOLVERS = {
-    FRO: ("auto", "fast", "ipm", "mnp"),
+    FRO: ("auto", "fast", "active", "ipm", "mnp"),
     NUC: ("auto", "fast", "barrier", "working_set"),
 }
 
@@ -172,7 +185,10 @@ def _solver_key(solver, N: Norm) -> str | None:
 
 
 def _fro_fast(cs: ConstraintSet, key) -> Raw | None:
-    """Frobenius fast path (unit b, no equality). Default choice by shape: the dual
+    """Frobenius fast path (unit b, no equality). With numba, by default the compiled
+    active-set minimum-norm-point solver (:mod:`attnsvm.svm.active`) where
+    N <= MAX_ACTIVE_N and (N <= ACTIVE_RATIO d e or N <= ACTIVE_SMALL_N); a problem it
+    leaves unresolved, and every other one, by shape: the dual
     minimum-norm-point solver on the N x N constraint Gram matrix when N <= d e (fewer
     constraints than unknowns), the structured primal IPM (d e x d e Newton systems)
     otherwise. Measured crossover (2 cores): N = 300, d e = 1024: mnp 0.05 s vs ipm
@@ -180,7 +196,24 @@ def _fro_fast(cs: ConstraintSet, key) -> Raw | None:
     N = cs.n_constraints
     if cs.has_eq or not np.all(cs.b[cs.ineq] == 1.0):
         return None
-    if key == "mnp" or (key != "ipm" and N <= cs.d * cs.e):
+    if key == "active" or (key in (None, "auto", "fast") and active.available()
+                           and N <= MAX_ACTIVE_N
+                           and (N <= ACTIVE_RATIO * cs.d * cs.e or N <= ACTIVE_SMALL_N)):
+        if not active.available():
+            raise ValueError("solver='active' needs numba (install attnsvm[fast])")
+        mu, lam, W, rho2, st, it = active.mnp_active(
+            cs.Delta.reshape(1, -1, cs.d), np.repeat(cs.Z, cs.shape[1], axis=0)[None],
+            cs.valid.reshape(1, -1))
+        shape = cs.valid.shape
+        if st[0] == active.OPTIMAL:
+            return Raw(W[0], lam[0].reshape(shape), "optimal", "mnp-active", int(it[0]),
+                       farkas=mu[0].reshape(shape))
+        if st[0] == active.SMALL_RHO:
+            ok = rho2[0] > 0 and np.isfinite(W[0]).all()
+            return Raw(W[0] if ok else None, lam[0].reshape(shape) if ok else None,
+                       "infeasible", "mnp-active", int(it[0]), farkas=mu[0].reshape(shape))
+        # FAILED (iteration cap / rounding stall): the interior-point paths below
+    if key == "mnp" or (key not in ("ipm", "active") and N <= cs.d * cs.e):
         ii, tt = np.nonzero(cs.valid)
         M = cs.dense()
         mu, rho2, _, it = batched_mnp((M @ M.T)[None], np.ones((1, N), bool))
@@ -224,7 +257,8 @@ def _raw_solve(cs: ConstraintSet, N: Norm, key) -> Raw:
         r = FAST[N](cs, key)
     if r is None:
         r = Raw(*_solve_cvxpy(cs, N, None if own else key))
-    if N == FRO and r.W is not None and r.lam is not None:
+    exact = r.solver == "mnp-active" and r.status == "optimal"  # verified by the kernel
+    if N == FRO and r.W is not None and r.lam is not None and not exact:
         W, lam, ok = polish_fro(cs, r.W, r.lam)
         if ok:
             r = Raw(W, lam, r.status, r.solver + "+polish", r.n_iter, r.farkas)
@@ -443,7 +477,40 @@ def _nuc_working_set(cs: ConstraintSet, max_rounds: int = 20):
 
 
 # ------------------------------------------------------------- batched Frobenius
-def _fro_batch(cs: ConstraintSet, chunk_bytes: float = 64e6):
+def _fro_batch(cs: ConstraintSet, chunk_bytes: float = 64e6, use_active: bool = True):
+    """B Frobenius problems with unit b (N = n T constraints each, A_k = Delta_k z_k^T).
+
+    ``use_active`` (numba present): the compiled exact active-set minimum-norm-point
+    solver (:func:`attnsvm.svm.active.mnp_active`, Wolfe's method on
+    G = (Delta Delta^T) o (Z Z^T), one problem at a time); the problems it leaves
+    unresolved (iteration cap, rounding stall) and every problem without numba go through
+    one vectorised minimum-norm-point IPM on their (B, N, N) Gram matrices and a batched
+    exact active-set polish (:func:`_fro_batch_ipm`).
+
+    Returns (W (B, d, e) NaN where rho = 0, lam (B, n, T), mu (B, n, T) the min-norm point
+    (a Farkas candidate where rho ~ 0), solver names (B,), iterations)."""
+    if not use_active or not active.available():
+        return _fro_batch_ipm(cs, chunk_bytes)
+    B = cs.batch_shape[0]
+    n, T = cs.shape
+    d = cs.d
+    N = n * T
+    mu, lam, W, rho2, st, it = active.mnp_active(
+        cs.Delta.reshape(B, N, d), np.repeat(cs.Z, T, axis=1), cs.valid.reshape(B, N))
+    names = np.array(["batch-mnp-active"] * B, dtype=object)
+    lam = lam.reshape(B, n, T)
+    mu = mu.reshape(B, n, T)
+    its = int(it.max()) if B else 0
+    bad = np.nonzero(st == active.FAILED)[0]
+    if len(bad):
+        Wf, lf, mf, nf, itf = _fro_batch_ipm(cs.take(bad), chunk_bytes)
+        W[bad], lam[bad], mu[bad] = Wf, lf, mf
+        names[bad] = [f"{x} (active: stalled)" for x in nf]
+        its = max(its, itf)
+    return W, lam, mu, names, its
+
+
+def _fro_batch_ipm(cs: ConstraintSet, chunk_bytes: float = 64e6):
     """B Frobenius problems with unit b through one vectorised minimum-norm-point IPM on
     their (B, N, N) Gram matrices and a batched exact active-set polish.
 
@@ -611,6 +678,14 @@ def _conflict(lam: np.ndarray) -> tuple:
     return tuple(sorted({int(i) for i in np.nonzero((a > 1e-9 * mx).any(-1))[0]}))
 
 
+def _conflicts(lam: np.ndarray, ok: np.ndarray) -> list:
+    """[_conflict(lam[b]) if ok[b] else ()] for a batch lam (B, n, T), vectorised."""
+    a = np.abs(lam)
+    mx = a.max((1, 2), keepdims=True) if a.size else np.zeros((len(lam), 1, 1))
+    hit = (a > 1e-9 * mx).any(-1) & (mx[..., 0] > 0) & np.asarray(ok, bool)[:, None]
+    return [tuple(np.flatnonzero(h).tolist()) if h.any() else () for h in hit]
+
+
 def farkas_conflict(cs: ConstraintSet, max_entries: int = 20_000_000) -> tuple[int, ...]:
     """Sequences of an irreducible infeasible subsystem of one problem (LP vertex of the
     Farkas system, polished and verified); () when no certificate is verified."""
@@ -716,10 +791,12 @@ def solve(cs: ConstraintSet, norm="fro", *, solver=None, tol: float = 1e-6,
         names[b] = "zero-constraint"
     # 2. solve the others
     todo = np.nonzero(need & ~zb)[0]
-    fro_batch = (N == FRO and key in (None, "auto") and len(todo) > 1 and n * T <= MAX_BATCH_N
+    use_active = key == "active" or (key in (None, "auto") and active.available())
+    fro_batch = (N == FRO and key in (None, "auto", "active", "mnp") and len(todo) > 1
+                 and n * T <= (MAX_BATCH_N_ACTIVE if use_active and key != "mnp" else MAX_BATCH_N)
                  and not cs.has_eq and bool(np.all(cs.b[cs.ineq] == 1.0)))
     if fro_batch:
-        Wb, lb, mu, nb, it = _fro_batch(cs.take(todo))
+        Wb, lb, mu, nb, it = _fro_batch(cs.take(todo), use_active=use_active and key != "mnp")
         W[todo], lam[todo], cand[todo], names[todo] = Wb, lb, mu, nb
         has_cand[todo] = True
         iters[todo] = it
@@ -744,7 +821,12 @@ def solve(cs: ConstraintSet, norm="fro", *, solver=None, tol: float = 1e-6,
         for s in range(0, len(idx), chunk):  # chunks bound the (chunk, K, K) Gram memory
             ix, lc = idx[s:s + chunk], lam_c[s:s + chunk]
             sub = cs.take(ix)
-            ok, bound, lv = farkas_verify(sub, farkas_polish(sub, lc))
+            ok, bound, lv = farkas_verify(sub, lc)  # the candidates as they are (exact
+            # ones, e.g. the active set's, verify at once), then the others polished
+            redo = np.nonzero(~ok)[0]
+            if len(redo):
+                sub2 = sub.take(redo)
+                ok[redo], bound[redo], lv[redo] = farkas_verify(sub2, farkas_polish(sub2, lc[redo]))
             fk_ok[ix] = ok
             fk_bound[ix] = np.maximum(fk_bound[ix], bound)
             fk_lam[ix] = np.where(ok[:, None, None], lv, fk_lam[ix])
@@ -795,7 +877,7 @@ def solve(cs: ConstraintSet, norm="fro", *, solver=None, tol: float = 1e-6,
         np.where(cert.gap <= GAP_OPTIMAL, "optimal",
                  np.where(cert.gap <= GAP_INACCURATE, "optimal_inaccurate", "suboptimal")),
         np.where(fk_ok, "infeasible", "uncertified")).astype(object)
-    conflict = [_conflict(fk_lam[b]) if fk_ok[b] else () for b in range(B)]
+    conflict = _conflicts(fk_lam, fk_ok)
     out = Outcome(cert=cert, status=status, solver=names, conflict=conflict, n_iter=iters,
                   farkas_bound=np.where(fk_ok, fk_bound, np.nan), farkas_lam=fk_lam,
                   zero=zero, time=time.perf_counter() - t0,

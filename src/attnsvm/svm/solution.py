@@ -91,14 +91,29 @@ def single_thread(fn):
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
-        try:
-            from threadpoolctl import threadpool_limits
-        except ImportError:  # pragma: no cover
+        ctl = _blas_controller()
+        if ctl is None:  # pragma: no cover
             return fn(*args, **kwargs)
-        with threadpool_limits(1, user_api="blas"):
+        with ctl.limit(limits=1, user_api="blas"):
             return fn(*args, **kwargs)
 
     return wrapper
+
+
+_CTL: list = []
+
+
+def _blas_controller():
+    """One threadpoolctl controller for the process (threadpool_limits() scans the loaded
+    libraries on every call: ~1 ms, as much as a small solve); None without threadpoolctl."""
+    if not _CTL:
+        try:
+            from threadpoolctl import ThreadpoolController
+        except ImportError:  # pragma: no cover
+            _CTL.append(None)
+        else:
+            _CTL.append(ThreadpoolController())
+    return _CTL[0]
 
 
 # ----------------------------------------------------------------------------- norms
@@ -140,6 +155,10 @@ def _ldexp(a: np.ndarray, e) -> np.ndarray:
     e = np.asarray(e, dtype=np.int64)
     e = e.reshape(e.shape + (1,) * (a.ndim - e.ndim))
     with np.errstate(over="ignore", under="ignore"):
+        if e.size and -1022 <= e.min() and e.max() <= 1023:
+            # 2^e is a normal float64: a * 2^e is the correctly rounded a 2^e, as ldexp
+            # (bit for bit, subnormal results included), and 10x faster than np.ldexp
+            return a * np.exp2(e.astype(float))
         return np.ldexp(a, e)
 
 

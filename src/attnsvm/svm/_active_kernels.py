@@ -1,0 +1,552 @@
+"""numba kernels of the exact active-set minimum-norm-point solver (imported only when
+numba is; see :mod:`attnsvm.svm.active` for the maths and the public wrapper).
+
+One problem at a time, its Gram matrix and working set in cache; the batch driver is a
+serial loop over a slice of problems that releases the GIL. No fastmath: results do not
+depend on the number of threads.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import njit
+
+OPTIMAL, SMALL_RHO, FAILED = 0, 1, 2
+
+
+@njit(cache=True, nogil=True)
+def _solve_l(L, k, r):
+    """In place: r <- L^{-1} r (L lower triangular, leading k x k block)."""
+    for i in range(k):
+        s = r[i]
+        for j in range(i):
+            s -= L[i, j] * r[j]
+        r[i] = s / L[i, i]
+
+
+@njit(cache=True, nogil=True)
+def _solve_lt(L, k, r):
+    """In place: r <- L^{-T} r."""
+    for i in range(k - 1, -1, -1):
+        s = r[i]
+        for j in range(i + 1, k):
+            s -= L[j, i] * r[j]
+        r[i] = s / L[i, i]
+
+
+@njit(cache=True, nogil=True)
+def _chol_delete(L, k, p):
+    """Cholesky factor of M with row / column p removed, in place (Givens rotations on
+    columns p..k-1 restore the lower-triangular form; L L^T is unchanged by them)."""
+    for i in range(p, k - 1):
+        for j in range(k):
+            L[i, j] = L[i + 1, j]
+    for i in range(p, k - 1):
+        a = L[i, i]
+        b = L[i, i + 1]
+        r = math.hypot(a, b)
+        if r == 0.0:
+            continue
+        c = a / r
+        s = b / r
+        for row in range(i, k - 1):
+            x = L[row, i]
+            y = L[row, i + 1]
+            L[row, i] = c * x + s * y
+            L[row, i + 1] = -s * x + c * y
+        L[i, i + 1] = 0.0
+    for j in range(k):
+        L[k - 1, j] = 0.0
+        L[j, k - 1] = 0.0
+
+
+@njit(cache=True, nogil=True)
+def _gram(D, Z, vi, nv, G):
+    """G[a, b] = (Delta_a . Delta_b)(z_a . z_b) over the valid constraints vi[:nv]."""
+    d = D.shape[1]
+    e = Z.shape[1]
+    for a in range(nv):
+        ka = vi[a]
+        for b in range(a + 1):
+            kb = vi[b]
+            s1 = 0.0
+            for c in range(d):
+                s1 += D[ka, c] * D[kb, c]
+            s2 = 0.0
+            for c in range(e):
+                s2 += Z[ka, c] * Z[kb, c]
+            G[a, b] = s1 * s2
+            G[b, a] = s1 * s2
+
+
+@njit(cache=True, nogil=True)
+def _margins(D, Z, W, vi, nv, out):
+    """out[a] = Delta_k^T W z_k, k = vi[a]."""
+    d = D.shape[1]
+    e = Z.shape[1]
+    for a in range(nv):
+        k = vi[a]
+        s = 0.0
+        for c in range(d):
+            t = 0.0
+            for f in range(e):
+                t += W[c, f] * Z[k, f]
+            s += D[k, c] * t
+        out[a] = s
+
+
+@njit(cache=True, nogil=True)
+def _combine(D, Z, lam, S, ks, W):
+    """W = sum_{a < ks} lam[a] Delta_{S[a]} z_{S[a]}^T (S: constraint indices)."""
+    d = D.shape[1]
+    e = Z.shape[1]
+    for c in range(d):
+        for f in range(e):
+            W[c, f] = 0.0
+    for a in range(ks):
+        k = S[a]
+        la = lam[a]
+        for c in range(d):
+            t = la * D[k, c]
+            for f in range(e):
+                W[c, f] += t * Z[k, f]
+
+
+@njit(cache=True, nogil=True)
+def _affine_min(L, ks, v):
+    """v <- affine minimiser weights of the working set: M u = 1, v = u / 1^T u."""
+    for q in range(ks):
+        v[q] = 1.0
+    _solve_l(L, ks, v)
+    _solve_lt(L, ks, v)
+    sv = 0.0
+    for q in range(ks):
+        sv += v[q]
+    for q in range(ks):
+        v[q] /= sv
+    return sv
+
+
+@njit(cache=True, nogil=True)
+def _refine(D, Z, L, ks, Sk, x, gmax, lamS, W, r, v, mS):
+    """lam_S solving G_SS lam = 1 from the weights x (lam = x / rho^2), refined twice with
+    residuals 1 - <A_k, W> from W = sum lam_k A_k itself; G_SS^{-1} by Sherman-Morrison on
+    M = G_SS + 1 1^T (units: G scaled by 1 / gmax, lamS = gmax lam). Writes W; returns
+    sum(lamS) (= 1 / rho^2 scaled) or -1 where G_SS is singular (rho = 0)."""
+    rho2 = 0.0
+    s1 = _affine_min(L, ks, v)  # v = M^{-1} 1 / s1
+    den = 1.0 - s1  # 1 - 1^T M^{-1} 1 = s1 rho^2 in exact arithmetic
+    for q in range(ks):
+        v[q] *= s1
+    xs = 0.0
+    for q in range(ks):
+        xs += x[q]
+    # rho^2 of the affine minimiser: G v = rho^2 1 with rho^2 = (1 - s1) / s1
+    rho2 = den / s1
+    if rho2 <= 0.0:
+        return -1.0
+    for q in range(ks):
+        lamS[q] = x[q] / (xs * rho2)
+    for _ in range(2):
+        for q in range(ks):
+            r[q] = lamS[q] / gmax
+        _combine(D, Z, r, Sk, ks, W)
+        _margins(D, Z, W, Sk, ks, mS)
+        for q in range(ks):
+            r[q] = 1.0 - mS[q]
+        _solve_l(L, ks, r)
+        _solve_lt(L, ks, r)  # M^{-1} res
+        sr = 0.0
+        for q in range(ks):
+            sr += r[q]
+        for q in range(ks):
+            lamS[q] += r[q] + v[q] * sr / den
+    for q in range(ks):
+        r[q] = lamS[q] / gmax
+    _combine(D, Z, r, Sk, ks, W)
+    tot = 0.0
+    for q in range(ks):
+        tot += lamS[q]
+    return tot
+
+
+@njit(cache=True, nogil=True)
+def _farkas_refine(D, Z, L, ks, Sk, x, gmax, W, r, v, g):
+    """rho ~ 0: the weights x (1^T x = 1) of S moved to min ||sum_q x_q A_q|| over the
+    affine hull (1^T dx = 0), twice, with the residual S = sum x_q A_q taken from the
+    data: dx = -(M^{-1} g - (1^T M^{-1} g) v) / gmax, g_q = <A_q, S>, v = M^{-1} 1 / 1^T M^{-1} 1
+    (M = G_SS / gmax + 1 1^T). Kept only while x stays >= 0. W: workspace."""
+    for _ in range(2):
+        _combine(D, Z, x, Sk, ks, W)
+        _margins(D, Z, W, Sk, ks, g)
+        _affine_min(L, ks, v)
+        for q in range(ks):
+            r[q] = g[q]
+        _solve_l(L, ks, r)
+        _solve_lt(L, ks, r)
+        sg = 0.0
+        for q in range(ks):
+            sg += r[q]
+        for q in range(ks):
+            if x[q] - (r[q] - sg * v[q]) / gmax < 0.0:
+                return
+        for q in range(ks):
+            x[q] -= (r[q] - sg * v[q]) / gmax
+
+
+@njit(cache=True, nogil=True)
+def _qr_refine(D, Z, Sk, ks, W, lamS, gmax):
+    """The min-norm solution of <A_k, W> = 1 (k in S) by Householder QR of
+    A_S^T = [vec A_k] (d e x |S|) = Q R: W = Q R^{-T} 1 (conditioning cond(A_S), not
+    cond(A_S)^2 as through G_SS), refined twice with residuals from W; lamS = gmax R^{-1} Q^T W.
+    Returns False where R is singular to rounding (then nothing is written)."""
+    d = D.shape[1]
+    e = Z.shape[1]
+    m = d * e
+    if ks > m:
+        return False
+    A = np.empty((m, ks))
+    for q in range(ks):
+        k = Sk[q]
+        for c in range(d):
+            for f in range(e):
+                A[c * e + f, q] = D[k, c] * Z[k, f]
+    V = np.zeros((m, ks))
+    beta = np.zeros(ks)
+    rmax = 0.0
+    for j in range(ks):
+        nrm = 0.0
+        for i in range(j, m):
+            nrm += A[i, j] * A[i, j]
+        nrm = math.sqrt(nrm)
+        rmax = max(rmax, nrm)
+        if nrm <= 1e-14 * rmax or nrm == 0.0:
+            return False
+        alpha = -nrm if A[j, j] >= 0 else nrm
+        vn = 0.0
+        for i in range(j, m):
+            V[i, j] = A[i, j]
+        V[j, j] -= alpha
+        for i in range(j, m):
+            vn += V[i, j] * V[i, j]
+        beta[j] = 2.0 / vn if vn > 0 else 0.0
+        A[j, j] = alpha
+        for i in range(j + 1, m):
+            A[i, j] = 0.0
+        for col in range(j + 1, ks):
+            t = 0.0
+            for i in range(j, m):
+                t += V[i, j] * A[i, col]
+            t *= beta[j]
+            for i in range(j, m):
+                A[i, col] -= t * V[i, j]
+    y = np.empty(m)
+    w = np.zeros(m)
+    res = np.ones(ks)
+    Wt = np.empty((d, e))
+    mS = np.empty(ks)
+    for _ in range(3):
+        # dw = Q [R^{-T} res; 0]
+        for i in range(m):
+            y[i] = 0.0
+        for i in range(ks):
+            t = res[i]
+            for j in range(i):
+                t -= A[j, i] * y[j]
+            y[i] = t / A[i, i]
+        for j in range(ks - 1, -1, -1):
+            t = 0.0
+            for i in range(j, m):
+                t += V[i, j] * y[i]
+            t *= beta[j]
+            for i in range(j, m):
+                y[i] -= t * V[i, j]
+        for i in range(m):
+            w[i] += y[i]
+        for c in range(d):
+            for f in range(e):
+                Wt[c, f] = w[c * e + f]
+        _margins(D, Z, Wt, Sk, ks, mS)
+        for q in range(ks):
+            res[q] = 1.0 - mS[q]
+    for c in range(d):
+        for f in range(e):
+            W[c, f] = Wt[c, f]
+    # lam = R^{-1} (Q^T w)[:ks]
+    for i in range(m):
+        y[i] = w[i]
+    for j in range(ks):
+        t = 0.0
+        for i in range(j, m):
+            t += V[i, j] * y[i]
+        t *= beta[j]
+        for i in range(j, m):
+            y[i] -= t * V[i, j]
+    for i in range(ks - 1, -1, -1):
+        t = y[i]
+        for j in range(i + 1, ks):
+            t -= A[i, j] * lamS[j]
+        lamS[i] = t / A[i, i]
+    for q in range(ks):
+        lamS[q] *= gmax
+    return True
+
+
+@njit(cache=True, nogil=True)
+def mnp_one(D, Z, valid, tol, small, max_iter, mu, lam, W, Gin):
+    """Wolfe's minimum-norm-point algorithm for one problem; see
+    :func:`attnsvm.svm.active.mnp_active`. D (N, d), Z (N, e), valid (N,) bool;
+    Gin: the Gram matrix of the valid constraints (nv, nv), overwritten, or (0, 0) (then
+    it is formed here); writes mu (N,), lam (N,), W (d, e); returns (status, rho2, n_iter)."""
+    N = D.shape[0]
+    d = D.shape[1]
+    e = Z.shape[1]
+    vi = np.empty(N, np.int64)
+    nv = 0
+    for k in range(N):
+        mu[k] = 0.0
+        lam[k] = 0.0
+        if valid[k]:
+            vi[nv] = k
+            nv += 1
+    for c in range(d):
+        for f in range(e):
+            W[c, f] = 0.0
+    if nv == 0:
+        return FAILED, 0.0, 0
+    if Gin.shape[0] == nv:
+        G = Gin
+    else:
+        G = np.empty((nv, nv))
+        _gram(D, Z, vi, nv, G)
+    gmax = 0.0
+    for a in range(nv):
+        gmax = max(gmax, G[a, a])
+    if gmax <= 0.0:  # every constraint matrix is 0: origin = every point
+        mu[vi[0]] = 1.0
+        return SMALL_RHO, 0.0, 0
+    for a in range(nv):
+        for b in range(nv):
+            G[a, b] /= gmax
+    cap = nv + 1
+    L = np.zeros((cap, cap))
+    S = np.empty(cap, np.int64)  # positions in 0..nv-1
+    Sk = np.empty(cap, np.int64)  # constraint indices of S
+    inS = np.zeros(nv, np.bool_)
+    x = np.empty(cap)  # weights of the working set
+    v = np.empty(cap)
+    r = np.empty(cap)
+    lamS = np.empty(cap)
+    mS = np.empty(cap)
+    Gmu = np.empty(nv)
+    # start: the point of smallest norm
+    j0 = 0
+    for a in range(nv):
+        if G[a, a] < G[j0, j0]:
+            j0 = a
+    S[0] = j0
+    inS[j0] = True
+    x[0] = 1.0
+    L[0, 0] = math.sqrt(G[j0, j0] + 1.0)
+    ks = 1
+    status = FAILED
+    it = 0
+    rho2 = G[j0, j0]
+    refined = False
+    while it < max_iter:
+        it += 1
+        refined = False
+        # major cycle: x . p_j for every j, and the most violated one
+        for a in range(nv):
+            Gmu[a] = 0.0
+        for q in range(ks):  # G symmetric: rows of S, contiguous
+            row = G[S[q]]
+            xq = x[q]
+            for a in range(nv):
+                Gmu[a] += row[a] * xq
+        rho2 = 0.0
+        for q in range(ks):
+            rho2 += x[q] * Gmu[S[q]]
+        jm = -1  # the most violated point outside S (on S, G mu = rho^2 1 up to rounding)
+        for a in range(nv):
+            if not inS[a] and (jm < 0 or Gmu[a] < Gmu[jm]):
+                jm = a
+        if rho2 <= small:  # the origin is (numerically) in the hull
+            status = SMALL_RHO
+            break
+        if jm < 0 or Gmu[jm] >= rho2 * (1.0 - tol):
+            # optimal to the rounding of G mu (~ eps |G|, large against rho^2 when rho is
+            # small): the exact multipliers of S, refined from W, and every margin of W
+            for q in range(ks):
+                Sk[q] = vi[S[q]]
+            tot = _refine(D, Z, L, ks, Sk, x, gmax, lamS, W, r, v, mS)
+            if tot <= 0.0:
+                break
+            refined = True
+            _margins(D, Z, W, vi, nv, Gmu)  # margins m_j = (G lam)_j
+            # margins carry rounding ~ eps ||A_j|| ||W||: allowed 1000 eps of it
+            wn = 0.0
+            for c in range(d):
+                for f in range(e):
+                    wn += W[c, f] * W[c, f]
+            wn = math.sqrt(wn * gmax)
+            jm = 0
+            worst = 0.0
+            for a in range(nv):
+                if inS[a]:
+                    continue
+                viol = 1.0 - tol - 2e-13 * math.sqrt(G[a, a]) * wn - Gmu[a]
+                if viol > worst:
+                    worst = viol
+                    jm = a
+            if worst <= 0.0:
+                status = OPTIMAL
+                break
+            neg = False
+            for q in range(ks):
+                if lamS[q] <= 0.0:
+                    neg = True
+            if neg:
+                break
+            # a true violator: restart from the refined point, x = lam / sum(lam)
+            for q in range(ks):
+                x[q] = lamS[q] / tot
+            rho2 = 1.0 / tot
+            for a in range(nv):
+                Gmu[a] /= tot
+        if inS[jm] or ks == cap:
+            break
+        # add jm: extend the Cholesky factor of M = G_SS + 1 1^T
+        for q in range(ks):
+            r[q] = G[S[q], jm] + 1.0
+        _solve_l(L, ks, r)
+        dd = G[jm, jm] + 1.0
+        for q in range(ks):
+            dd -= r[q] * r[q]
+        if dd <= 1e-14 * (G[jm, jm] + 1.0):  # affinely dependent to rounding
+            break
+        for q in range(ks):
+            L[ks, q] = r[q]
+        L[ks, ks] = math.sqrt(dd)
+        S[ks] = jm
+        inS[jm] = True
+        x[ks] = 0.0
+        ks += 1
+        # minor cycles: affine minimiser of the working set, line search to it
+        while True:
+            _affine_min(L, ks, v)
+            pos = True
+            for q in range(ks):
+                if v[q] <= 0.0:
+                    pos = False
+                    break
+            if pos:
+                for q in range(ks):
+                    x[q] = v[q]
+                break
+            theta = 1.0
+            for q in range(ks):
+                if v[q] <= 0.0:
+                    den = x[q] - v[q]
+                    if den > 0.0:
+                        t = x[q] / den
+                        if t < theta:
+                            theta = t
+            for q in range(ks):
+                x[q] = (1.0 - theta) * x[q] + theta * v[q]
+            # drop the points whose weight reached 0 (at least the blocking one)
+            xmax = 0.0
+            for q in range(ks):
+                xmax = max(xmax, x[q])
+            q = ks - 1
+            dropped = False
+            while q >= 0:
+                if x[q] <= 1e-15 * xmax and ks > 1:
+                    inS[S[q]] = False
+                    _chol_delete(L, ks, q)
+                    for u in range(q, ks - 1):
+                        S[u] = S[u + 1]
+                        x[u] = x[u + 1]
+                    ks -= 1
+                    dropped = True
+                q -= 1
+            if not dropped:
+                break
+            sx = 0.0
+            for q in range(ks):
+                x[q] = max(x[q], 0.0)
+                sx += x[q]
+            for q in range(ks):
+                x[q] /= sx
+            if not inS[jm]:  # the new point left at once: no progress (rounding)
+                break
+        if not inS[jm]:
+            break
+    # the min-norm point (weights over all constraints) and rho^2 in the caller's units
+    for q in range(ks):
+        mu[vi[S[q]]] = x[q]
+    for q in range(ks):
+        Sk[q] = vi[S[q]]
+    if status == SMALL_RHO:
+        _farkas_refine(D, Z, L, ks, Sk, x, gmax, W, r, v, mS)
+        for q in range(ks):
+            mu[Sk[q]] = x[q]
+        return SMALL_RHO, rho2 * gmax, it
+    if not refined:
+        tot = _refine(D, Z, L, ks, Sk, x, gmax, lamS, W, r, v, mS)
+        if tot <= 0.0:
+            _farkas_refine(D, Z, L, ks, Sk, x, gmax, W, r, v, mS)
+            for q in range(ks):
+                mu[Sk[q]] = x[q]
+            return SMALL_RHO, rho2 * gmax, it
+    for q in range(ks):
+        lam[Sk[q]] = lamS[q] / gmax
+    # verify: lam >= 0, every margin >= 1, active margins = 1 (all from W); where the
+    # Gram-based refinement is not accurate enough (G_SS ill-conditioned), once more by QR
+    ok = _verify(D, Z, W, vi, nv, G, gmax, Sk, ks, lamS, Gmu, mS)
+    if not ok and _qr_refine(D, Z, Sk, ks, W, lamS, gmax):
+        for q in range(ks):
+            lam[Sk[q]] = lamS[q] / gmax
+        ok = _verify(D, Z, W, vi, nv, G, gmax, Sk, ks, lamS, Gmu, mS)
+    return (OPTIMAL if ok else FAILED), rho2 * gmax, it
+
+
+@njit(cache=True, nogil=True)
+def _verify(D, Z, W, vi, nv, G, gmax, Sk, ks, lamS, Gmu, mS):
+    """lam >= 0, every margin >= 1 - 1e-10 (less rounding ~ eps ||A_j|| ||W||), margins on
+    the support 1 to 1e-9, all computed from W."""
+    d = D.shape[1]
+    e = Z.shape[1]
+    ok = True
+    wn = 0.0
+    for c in range(d):
+        for f in range(e):
+            wn += W[c, f] * W[c, f]
+    wn = math.sqrt(wn * gmax)
+    _margins(D, Z, W, vi, nv, Gmu)
+    for a in range(nv):
+        if Gmu[a] < 1.0 - 1e-10 - 1e-13 * math.sqrt(G[a, a]) * wn:
+            ok = False
+    for q in range(ks):
+        if lamS[q] < 0.0:
+            ok = False
+    _margins(D, Z, W, Sk, ks, mS)
+    for q in range(ks):
+        if abs(mS[q] - 1.0) > 1e-9:
+            ok = False
+    return ok
+
+
+@njit(cache=True, nogil=True)
+def mnp_batch(D, Z, valid, tol, small, max_iter, mu, lam, W, status, rho2, iters, b0, b1):
+    """mnp_one over problems b0 .. b1-1 of a batch: D (B, N, d), Z (B, N, e), valid (B, N);
+    outputs mu, lam (B, N), W (B, d, e), status, rho2, iters (B,)."""
+    none = np.empty((0, 0))
+    for b in range(b0, b1):
+        st, r2, it = mnp_one(D[b], Z[b], valid[b], tol, small, max_iter, mu[b], lam[b], W[b],
+                             none)
+        status[b] = st
+        rho2[b] = r2
+        iters[b] = it

@@ -1,0 +1,224 @@
+"""The compiled active-set minimum-norm-point solver (attnsvm.svm.active) against
+cvxpy + Clarabel, the KKT conditions checked term by term, Farkas certificates of
+infeasible instances (verified by the engine), batched == one by one, and the IPM
+fallback (numba absent, stalled problems)."""
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+pytest.importorskip("numba")
+
+from attnsvm.svm import active, att_svm, att_svm_batch, engine, prompt_svm, prompt_svm_batch  # noqa: E402
+
+
+def constraints(X, z, alpha):
+    """Delta (N, d), Zk (N, e) of min ||W||_F s.t. Delta_k^T W z_k >= 1 (one problem)."""
+    n, T, d = X.shape
+    rows, zs = [], []
+    for i in range(n):
+        for t in range(T):
+            if t != alpha[i]:
+                rows.append(X[i, alpha[i]] - X[i, t])
+                zs.append(z[i])
+    return np.array(rows), np.array(zs)
+
+
+def clarabel(D, Zk):
+    import cvxpy as cp
+
+    d, e = D.shape[1], Zk.shape[1]
+    W = cp.Variable((d, e))
+    M = np.einsum("kd,ke->kde", D, Zk).reshape(len(D), d * e)
+    prob = cp.Problem(cp.Minimize(cp.sum_squares(W)), [M @ cp.vec(W, order="C") >= 1])
+    prob.solve(solver="CLARABEL", tol_gap_abs=1e-12, tol_gap_rel=1e-12, tol_feas=1e-12,
+               tol_ktratio=1e-10, max_iter=400)
+    return (W.value, prob.status) if W.value is not None else (None, prob.status)
+
+
+def kkt(D, Zk, W, lam, tol=1e-9):
+    """lam >= 0, margins >= 1, lam_k (m_k - 1) = 0, W = sum_k lam_k Delta_k z_k^T."""
+    m = np.einsum("kd,de,ke->k", D, W, Zk)
+    assert lam.min() >= 0.0
+    assert m.min() >= 1 - tol
+    assert np.abs(lam * (m - 1)).max() <= tol * max(lam.max(), 1.0)
+    Ws = np.einsum("k,kd,ke->de", lam, D, Zk)
+    assert np.linalg.norm(Ws - W) <= 1e-10 * np.linalg.norm(W)
+    assert lam.sum() == pytest.approx(np.linalg.norm(W) ** 2, rel=1e-9)  # strong duality
+
+
+def planted(n, T, d, e, rng, degenerate):
+    X = rng.standard_normal((n, T, d))
+    z = rng.standard_normal((n, e))
+    Ws = rng.standard_normal((d, e))
+    if degenerate == 1 and T > 2:  # duplicate tokens: identical (repeated) constraints
+        X[:, 1] = X[:, 2]
+    if degenerate == 2 and n > 1:  # ties: a repeated sequence
+        X[1], z[1] = X[0], z[0]
+    if degenerate == 3:  # tokens on a low-dimensional subspace
+        X = X[..., :1] * rng.standard_normal(d)
+    alpha = np.argmax(((X @ Ws) * z[:, None, :]).sum(-1), axis=1)
+    return X, z, alpha
+
+
+def solve_one(D, Zk):
+    mu, lam, W, rho2, status, it = active.mnp_active(D[None], Zk[None],
+                                                     np.ones((1, len(D)), bool))
+    return mu[0], lam[0], W[0], rho2[0], status[0]
+
+
+@settings(max_examples=40, deadline=None)
+@given(n=st.integers(1, 7), T=st.integers(2, 6), d=st.integers(1, 6), e=st.integers(1, 4),
+       degenerate=st.integers(0, 3), seed=st.integers(0, 10**6))
+def test_active_matches_clarabel_and_kkt(n, T, d, e, degenerate, seed):
+    rng = np.random.default_rng(seed)
+    X, z, alpha = planted(n, T, d, e, rng, degenerate)
+    D, Zk = constraints(X, z, alpha)
+    if np.abs(np.einsum("kd,ke->kde", D, Zk)).max(axis=(1, 2)).min() < 1e-12:
+        return  # a zero constraint: infeasible by construction (tested below)
+    mu, lam, W, rho2, status = solve_one(D, Zk)
+    Wc, cstat = clarabel(D, Zk)
+    if status == active.SMALL_RHO:
+        assert Wc is None or "infeasible" in cstat
+        return
+    assert status == active.OPTIMAL
+    kkt(D, Zk, W, lam)
+    assert np.linalg.norm(W) ** 2 == pytest.approx(1.0 / rho2, rel=1e-9)
+    assert Wc is not None and cstat == "optimal"
+    assert np.linalg.norm(W - Wc) <= 1e-7 * np.linalg.norm(Wc)
+    # W is optimal: no feasible point of smaller norm, Clarabel's rescaled included
+    mc = np.einsum("kd,de,ke->k", D, Wc, Zk).min()
+    assert np.linalg.norm(W) <= np.linalg.norm(Wc) / min(1.0, mc) * (1 + 1e-12)
+
+
+def test_two_token_closed_form():
+    # one constraint: W = Delta z^T / (||Delta||^2 ||z||^2)
+    D = np.array([[3.0, 4.0]])
+    Zk = np.array([[2.0]])
+    mu, lam, W, rho2, status = solve_one(D, Zk)
+    assert status == active.OPTIMAL
+    assert np.allclose(W, D.T * 2.0 / 100.0, rtol=1e-15)
+    assert lam[0] == pytest.approx(1 / 100.0, rel=1e-15)
+
+
+def conflicting(rng, n=5, T=4, d=3):
+    """Sequences 0 and 1 hold the same two tokens and select different ones (same z):
+    (a - b)^T W z >= 1 and (b - a)^T W z >= 1 cannot both hold."""
+    X = rng.standard_normal((n, T, d))
+    z = rng.standard_normal((n, d))
+    X[1, :2] = X[0, :2]
+    z[1] = z[0]
+    alpha = rng.integers(0, T, n)
+    alpha[0], alpha[1] = 0, 1
+    return X, z, alpha
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_infeasible_farkas_verified(seed):
+    rng = np.random.default_rng(seed)
+    X, z, alpha = conflicting(rng)
+    D, Zk = constraints(X, z, alpha)
+    mu, lam, W, rho2, status = solve_one(D, Zk)
+    assert status == active.SMALL_RHO
+    assert mu.min() >= 0 and mu.sum() == pytest.approx(1.0)
+    S = np.einsum("k,kd,ke->de", mu, D, Zk)  # the min-norm point: ~ 0
+    assert np.linalg.norm(S) <= 1e-6 * np.abs(D).max() * np.abs(Zk).max()
+    for sol in (att_svm(X, z, alpha), att_svm_batch(np.stack([X, X]), np.stack([z, z]),
+                                                    np.stack([alpha, alpha]))[1]):
+        assert sol.status_ == "infeasible" and not sol.feasible_
+        assert {0, 1} <= set(sol.conflict_)
+    bs = att_svm_batch(np.stack([X, X]), np.stack([z, z]), np.stack([alpha, alpha]))
+    assert np.all(bs.solver_ == "batch-mnp-active")
+    assert np.all(np.isfinite(bs.extra["farkas_bound"]))
+
+
+def test_batched_equals_one_by_one():
+    rng = np.random.default_rng(5)
+    B, n, T, d, e = 30, 5, 6, 4, 3
+    X = rng.standard_normal((B, n, T, d))
+    z = rng.standard_normal((B, n, e))
+    Ws = rng.standard_normal((B, d, e))
+    alpha = np.argmax(np.einsum("bntd,bde,bne->bnt", X, Ws, z), axis=-1)
+    X[:10, 1, :2] = X[:10, 0, :2]  # some infeasible ones (see conflicting)
+    z[:10, 1] = z[:10, 0]
+    alpha[:10, 0], alpha[:10, 1] = 0, 1
+    Ds, Zs = zip(*(constraints(X[b], z[b], alpha[b]) for b in range(B)))
+    mu, lam, W, rho2, status, it = active.mnp_active(np.array(Ds), np.array(Zs),
+                                                     np.ones((B, len(Ds[0])), bool))
+    for b in range(B):  # the same kernel: the same bits
+        m1, l1, W1, r1, s1 = solve_one(Ds[b], Zs[b])
+        assert s1 == status[b] and r1 == rho2[b]
+        assert np.array_equal(W1, W[b], equal_nan=True) and np.array_equal(l1, lam[b])
+        assert np.array_equal(m1, mu[b])
+    bs = att_svm_batch(X, z, alpha)
+    ps = prompt_svm_batch(X, None, alpha)
+    assert bs.feasible_.any() and (~bs.feasible_).any()
+    for b in range(B):
+        s = att_svm(X[b], z[b], alpha[b])
+        assert s.status_ == bs.status_[b]
+        if s.feasible_:
+            assert np.allclose(s.W_, bs.W_[b], rtol=1e-9, atol=1e-12)
+            assert s.gap_ <= 1e-12 and bs.gap_[b] <= 1e-12
+        p = prompt_svm(X[b], None, alpha[b])
+        assert p.status_ == ps.status_[b]
+        if p.feasible_:
+            assert np.allclose(p.W_, ps.W_[b], rtol=1e-9, atol=1e-12)
+
+
+def test_ipm_fallback_without_numba(monkeypatch):
+    rng = np.random.default_rng(7)
+    B, n, T, d = 20, 4, 5, 3
+    X = rng.standard_normal((B, n, T, d))
+    alpha = rng.integers(0, T, (B, n))
+    fast = prompt_svm_batch(X, None, alpha)
+    assert set(fast.solver_) <= {"batch-mnp-active"}
+    monkeypatch.setattr(active, "_K", None)
+    monkeypatch.setattr(active, "_IMPORT_ERROR", ImportError("no numba (test)"))
+    assert not active.available()
+    slow = prompt_svm_batch(X, None, alpha)
+    assert not any("active" in s for s in slow.solver_)
+    assert np.array_equal(fast.status_, slow.status_)
+    f = fast.feasible_
+    assert np.allclose(fast.W_[f], slow.W_[f], rtol=1e-8, atol=1e-12)
+    one = prompt_svm(X[0], None, alpha[0])
+    assert "active" not in one.solver_
+    with pytest.raises(ValueError, match="numba"):
+        prompt_svm(X[0], None, alpha[0], solver="active")
+
+
+def test_stalled_problems_fall_back(monkeypatch):
+    rng = np.random.default_rng(8)
+    B, n, T, d = 12, 4, 5, 3
+    X = rng.standard_normal((B, n, T, d))
+    z = rng.standard_normal((B, n, d))
+    alpha = rng.integers(0, T, (B, n))
+    ref = att_svm_batch(X, z, alpha)
+    real = active.mnp_active
+
+    def stalled(*a, **k):  # an iteration cap of 1 major cycle
+        out = real(*a, **{**k, "max_iter": 1})
+        assert (out[4] == active.FAILED).any()
+        return out
+
+    monkeypatch.setattr(active, "mnp_active", stalled)
+    got = att_svm_batch(X, z, alpha)
+    assert np.array_equal(got.status_, ref.status_)
+    assert any("stalled" in s for s in got.solver_)
+    f = ref.feasible_
+    assert np.allclose(got.W_[f], ref.W_[f], rtol=1e-8, atol=1e-12)
+
+
+def test_solver_choice_single():
+    X, z, alpha = planted(20, 8, 10, 10, np.random.default_rng(3), 0)
+    a = att_svm(X, z, alpha, solver="ipm")
+    b = att_svm(X, z, alpha, solver="active")
+    c = att_svm(X, z, alpha, solver="mnp")
+    assert b.solver_ == "mnp-active" and "mnp-ipm" in c.solver_
+    assert a.status_ == b.status_ == c.status_ == "optimal"
+    for s in (a, c):
+        assert np.linalg.norm(s.W_ - b.W_) <= 1e-9 * np.linalg.norm(b.W_)
+    assert att_svm(X, z, alpha).solver_ == "mnp-active"  # N = 140 <= 3 d e: the default
+    Xl, zl, al = planted(400, 16, 2, 2, np.random.default_rng(4), 0)  # N = 6000 > 3 d e
+    assert att_svm(Xl, zl, al).solver_.startswith("ipm")
+    assert engine.SOLVERS[engine.FRO][2] == "active"
