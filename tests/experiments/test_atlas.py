@@ -98,3 +98,31 @@ def test_judge_flags_coinciding_svms_as_a_set_up_failure():
     t["runs"]["pred_vs_others"] = 0.995  # the predicted SVM equals another column's
     (sep,) = [c for c in A.judge(t, {}) if "differs" in c.claim]
     assert sep.sanity and not sep.passed and "0.9950" in sep.measured
+
+
+def test_atlas_adam_curves_end_at_the_cells_and_record_half_time():
+    """atlas-adam's curves: the last record's corr is the run's cell for the predicted SVM,
+    the middle record is half-time (the atlas's corr_pred_half), the decaying row's steps
+    follow the schedule (its ||W|| grows less than the constant-step row's), and the
+    experiment is registered outside the default run."""
+    from attnsvm.experiments import get
+
+    exp = get("atlas-adam")
+    assert not exp.in_default
+    cfg = exp.config("tiny")
+    tables = A.compute(cfg)
+    runs, cells, cur = tables["runs"], tables["cells"], tables["curves"]
+    assert set(cur.optimizer) == set(A.ADAM_ROWS)
+    steps = np.sort(cur.step.unique())
+    assert steps[0] == 0 and steps[-1] == cfg["steps"] and len(steps) == cfg["records"] + 1
+    for (name, b), g in cur.groupby(["optimizer", "run"]):
+        r = runs[(runs.optimizer == name) & (runs.run == b)].iloc[0]
+        end = cells[(cells.optimizer == name) & (cells.run == b) & (cells.column == r.predicted)]
+        assert g.sort_values("step").corr_pred.iloc[-1] == pytest.approx(float(end["corr"].iloc[0]), abs=1e-12)
+        half = g[g.step == cfg["steps"] // 2].corr_pred
+        assert float(half.iloc[0]) == pytest.approx(r.corr_pred_half, abs=1e-12)
+    final = cur[cur.step == cfg["steps"]].groupby("optimizer").norm.median()
+    assert final["Adam (eta_t ~ t^-1/2, eps=0)"] < final["Adam (eps=0)"]
+    checks = A.adam_judge(tables, cfg)
+    conv = [c for c in checks if "converges in direction" in c.claim]
+    assert conv and all("along the run: step" in c.note for c in conv)
