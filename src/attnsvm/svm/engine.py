@@ -95,25 +95,50 @@ SOLVERS = {
 
 
 # ------------------------------------------------------------------ normalisation
+def _absmax(A: np.ndarray, axes: tuple[int, ...], where=None) -> np.ndarray:
+    """max |A| over ``axes`` (0 where ``where`` is False or A is empty), shape A's other
+    dims.  Trailing axes (the usual case) are reduced as one flat axis, and the mask as
+    the ``where=`` of the reduction: one pass, no masked copy of A."""
+    k = len(axes)
+    lead = A.shape[: A.ndim - k]
+    if A.size == 0:
+        return np.zeros(lead)
+    trailing = sorted(a % A.ndim for a in axes) == list(range(A.ndim - k, A.ndim))
+    absA = np.abs(A)
+    if where is not None:
+        where = np.broadcast_to(where, A.shape)
+        if where.all():
+            where = None
+    if trailing:
+        absA = absA.reshape(*lead, -1)
+        where = None if where is None else where.reshape(*lead, -1)
+        axes = (-1,)
+    if where is None:
+        return absA.max(axes)
+    return absA.max(axes, where=where, initial=0.0)
+
+
 def normalise(A: np.ndarray, axes: tuple[int, ...], where=None):
     """(A 2^-e, e): e (leading dims) the exponent of max |A| over ``axes`` (restricted to
     ``where``), so the largest entry of A 2^-e lies in [1/2, 1); exact scaling."""
-    absA = np.abs(A) if where is None else np.where(where, np.abs(A), 0.0)
-    m = absA.max(axes) if A.size else np.zeros(A.shape[: A.ndim - len(axes)])
-    e = _exp2(m)
+    e = _exp2(_absmax(A, axes, where))
     return _ldexp(A, -e), e
 
 
-def normalise_constraints(Delta, Z, valid, b=None, eq=None, exp=0) -> ConstraintSet:
+def normalise_constraints(Delta, Z, valid, b=None, eq=None, exp=0, *,
+                          zeroed: bool = False) -> ConstraintSet:
     """A normalised :class:`ConstraintSet` from (B, n, T, d) differences and (B, n, e)
-    queries (``exp``: the exponent already divided out of Delta)."""
+    queries (``exp``: the exponent already divided out of Delta; ``zeroed``: Delta is
+    already 0 wherever ``valid`` is False)."""
     valid = np.asarray(valid, bool)
-    Delta = np.where(valid[..., None], Delta, 0.0)
+    if not zeroed:
+        Delta = np.where(valid[..., None], Delta, 0.0)
     Delta, eD = normalise(Delta, (1, 2, 3))
     Z, eZ = normalise(np.asarray(Z, float), (1, 2))
-    bb = np.ones(valid.shape) if b is None else np.broadcast_to(np.asarray(b, float),
-                                                                valid.shape).copy()
-    bb = np.where(valid, bb, 0.0)
+    if b is None:
+        bb = valid.astype(float)  # ones on the valid entries, 0 elsewhere
+    else:
+        bb = np.where(valid, np.broadcast_to(np.asarray(b, float), valid.shape), 0.0)
     eqm = None if eq is None else np.asarray(eq, bool) & valid
     return ConstraintSet(Delta, Z, valid, bb, eqm, np.asarray(exp) + eD + eZ)
 
@@ -139,13 +164,15 @@ def build_constraints(X, Z, alpha, valid, b=None, eq=None, *, x_exp=0,
     v = valid.copy()
     v[bi, ni, alpha] = False
     with np.errstate(over="ignore", invalid="ignore"):
-        Delta = np.where(v[..., None], sel[:, :, None, :] - X, 0.0)
+        Delta = sel[:, :, None, :] - X
+    if not valid.all():  # masked tokens; at alpha, x - x = 0 exactly (finite X)
+        Delta = np.where(v[..., None], Delta, 0.0)
     if not normalise_data:
         bb = np.ones(v.shape) if b is None else np.broadcast_to(np.asarray(b, float), v.shape)
         return ConstraintSet(Delta, np.asarray(Z, float), v, np.where(v, bb, 0.0),
                              None if eq is None else np.asarray(eq, bool) & v,
                              np.zeros(B, np.int64))
-    return normalise_constraints(Delta, Z, v, b, eq, np.asarray(x_exp) + eX)
+    return normalise_constraints(Delta, Z, v, b, eq, np.asarray(x_exp) + eX, zeroed=True)
 
 
 # --------------------------------------------------------------------- raw solves
