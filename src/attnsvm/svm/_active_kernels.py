@@ -82,6 +82,25 @@ def _gram(D, Z, vi, nv, G):
 
 
 @njit(cache=True, nogil=True)
+def _gram_row(D, Z, vi, nv, j, scale, G):
+    """Row j of the Gram matrix, on demand: G[j, b] = (Delta_j . Delta_b)(z_j . z_b) / scale
+    over the valid constraints vi[:nv] (the same products and sums as :func:`_gram`, so
+    the same bits)."""
+    d = D.shape[1]
+    e = Z.shape[1]
+    kj = vi[j]
+    for b in range(nv):
+        kb = vi[b]
+        s1 = 0.0
+        for c in range(d):
+            s1 += D[kb, c] * D[kj, c]
+        s2 = 0.0
+        for c in range(e):
+            s2 += Z[kb, c] * Z[kj, c]
+        G[j, b] = (s1 * s2) / scale
+
+
+@njit(cache=True, nogil=True)
 def _margins(D, Z, W, vi, nv, out):
     """out[a] = Delta_k^T W z_k, k = vi[a]."""
     d = D.shape[1]
@@ -316,20 +335,37 @@ def mnp_one(D, Z, valid, tol, small, max_iter, mu, lam, W, Gin):
             W[c, f] = 0.0
     if nv == 0:
         return FAILED, 0.0, 0
-    if Gin.shape[0] == nv:
-        G = Gin
-    else:
+    # G: given in full (Gin), or formed lazily: its diagonal now, row j when point j
+    # enters the working set (the algorithm reads only G_jj and the rows of S)
+    lazy = Gin.shape[0] != nv
+    have = np.ones(nv, np.bool_)
+    if lazy:
         G = np.empty((nv, nv))
-        _gram(D, Z, vi, nv, G)
+        for a in range(nv):
+            have[a] = False
+            ka = vi[a]
+            s1 = 0.0
+            for c in range(d):
+                s1 += D[ka, c] * D[ka, c]
+            s2 = 0.0
+            for c in range(e):
+                s2 += Z[ka, c] * Z[ka, c]
+            G[a, a] = s1 * s2
+    else:
+        G = Gin
     gmax = 0.0
     for a in range(nv):
         gmax = max(gmax, G[a, a])
     if gmax <= 0.0:  # every constraint matrix is 0: origin = every point
         mu[vi[0]] = 1.0
         return SMALL_RHO, 0.0, 0
-    for a in range(nv):
-        for b in range(nv):
-            G[a, b] /= gmax
+    if lazy:
+        for a in range(nv):
+            G[a, a] /= gmax
+    else:
+        for a in range(nv):
+            for b in range(nv):
+                G[a, b] /= gmax
     cap = nv + 1
     L = np.zeros((cap, cap))
     S = np.empty(cap, np.int64)  # positions in 0..nv-1
@@ -346,6 +382,9 @@ def mnp_one(D, Z, valid, tol, small, max_iter, mu, lam, W, Gin):
     for a in range(nv):
         if G[a, a] < G[j0, j0]:
             j0 = a
+    if not have[j0]:
+        _gram_row(D, Z, vi, nv, j0, gmax, G)
+        have[j0] = True
     S[0] = j0
     inS[j0] = True
     x[0] = 1.0
@@ -418,6 +457,9 @@ def mnp_one(D, Z, valid, tol, small, max_iter, mu, lam, W, Gin):
                 Gmu[a] /= tot
         if inS[jm] or ks == cap:
             break
+        if not have[jm]:
+            _gram_row(D, Z, vi, nv, jm, gmax, G)
+            have[jm] = True
         # add jm: extend the Cholesky factor of M = G_SS + 1 1^T
         for q in range(ks):
             r[q] = G[S[q], jm] + 1.0

@@ -706,11 +706,17 @@ def _conflict(lam: np.ndarray) -> tuple:
 
 
 def _conflicts(lam: np.ndarray, ok: np.ndarray) -> list:
-    """[_conflict(lam[b]) if ok[b] else ()] for a batch lam (B, n, T), vectorised."""
+    """[_conflict(lam[b]) if ok[b] else ()] for a batch lam (B, n, T), vectorised: the
+    sequences i with |lam_it| > 1e-9 max |lam_b| for some t, one nonzero pass over the
+    (B, n) hits, then the B tuples cut from one list."""
+    B = len(lam)
     a = np.abs(lam)
-    mx = a.max((1, 2), keepdims=True) if a.size else np.zeros((len(lam), 1, 1))
+    mx = a.max((1, 2), keepdims=True) if a.size else np.zeros((B, 1, 1))
     hit = (a > 1e-9 * mx).any(-1) & (mx[..., 0] > 0) & np.asarray(ok, bool)[:, None]
-    return [tuple(np.flatnonzero(h).tolist()) if h.any() else () for h in hit]
+    rows, cols = np.nonzero(hit)
+    cl = cols.tolist()
+    off = np.concatenate([[0], np.cumsum(np.bincount(rows, minlength=B))]).tolist()
+    return [tuple(cl[off[b]:off[b + 1]]) for b in range(B)]
 
 
 def farkas_conflict(cs: ConstraintSet, max_entries: int = 20_000_000) -> tuple[int, ...]:
@@ -823,7 +829,8 @@ def solve(cs: ConstraintSet, norm="fro", *, solver=None, tol: float = 1e-6,
                  and n * T <= (MAX_BATCH_N_ACTIVE if use_active and key != "mnp" else MAX_BATCH_N)
                  and not cs.has_eq and bool(np.all(cs.b[cs.ineq] == 1.0)))
     if fro_batch:
-        Wb, lb, mu, nb, it = _fro_batch(cs.take(todo), use_active=use_active and key != "mnp")
+        sub = cs if len(todo) == B else cs.take(todo)  # (todo is sorted: all of them, as is)
+        Wb, lb, mu, nb, it = _fro_batch(sub, use_active=use_active and key != "mnp")
         W[todo], lam[todo], cand[todo], names[todo] = Wb, lb, mu, nb
         has_cand[todo] = True
         iters[todo] = it
@@ -893,10 +900,9 @@ def solve(cs: ConstraintSet, norm="fro", *, solver=None, tol: float = 1e-6,
             hints[b] = r.status
             iters[b] += r.n_iter
     # 7. LP certificates for what is still unresolved, and irreducible sets where asked
-    for b in range(B):
-        if (need[b] and not cert.feasible[b] and not lp_done[b]
-                and (not fk_ok[b] or (irreducible and not zb[b]))):
-            try_lp(b)
+    for b in np.nonzero(need & ~cert.feasible & ~lp_done
+                        & (~fk_ok | (bool(irreducible) & ~zb)))[0]:
+        try_lp(b)
     # a feasible answer and a verified Farkas certificate cannot both exist
     fk_ok &= ~cert.feasible
     status = np.where(

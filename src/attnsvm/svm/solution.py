@@ -256,7 +256,9 @@ class ConstraintSet:
 
     def row_norms(self) -> np.ndarray:
         """||A_k||_F = ||Delta_k|| ||z_k|| (..., n, T) (0 where invalid)."""
-        nrm = np.linalg.norm(self.Delta, axis=-1) * np.linalg.norm(self.Z, axis=-1)[..., :, None]
+        dd = np.einsum("...d,...d->...", self.Delta, self.Delta)  # sums of squares
+        zz = np.einsum("...e,...e->...", self.Z, self.Z)
+        nrm = np.sqrt(dd) * np.sqrt(zz)[..., :, None]
         return np.where(self.valid, nrm, 0.0)
 
     def scale(self):
@@ -304,6 +306,17 @@ class Certificate:
             getattr(self, k)[idx] = getattr(other, k)
 
 
+def _fro_norm(A: np.ndarray) -> np.ndarray:
+    """||A||_F over the last two dims (finite A), shape A.shape[:-2]: m ||A / m||_F with
+    m = max |A| per item (no overflow or underflow in the squares; 0 for A = 0), as
+    :meth:`attnsvm.norms.Norm.value` computes it."""
+    if A.size == 0:
+        return np.zeros(A.shape[:-2])
+    m = np.abs(A).max((-2, -1))
+    A1 = A / np.where(m > 0, m, 1.0)[..., None, None]
+    return m * np.sqrt(np.einsum("...ij,...ij->...", A1, A1))
+
+
 def certify(cs: ConstraintSet, W: np.ndarray, lam: np.ndarray | None, norm,
             tol_active: float = 1e-6) -> Certificate:
     """THE certificate of answers ``W`` (B, d, e) with multipliers ``lam`` (B, n, T) for the
@@ -329,22 +342,30 @@ def certify(cs: ConstraintSet, W: np.ndarray, lam: np.ndarray | None, norm,
         lam = np.asarray(lam, dtype=float)
         lam_given = np.isfinite(lam).all((-2, -1))
     lam = np.where(lam_given[:, None, None], np.nan_to_num(lam), 0.0)
-    lam = np.where(ineq, np.maximum(lam, 0.0), np.where(eqm, lam, 0.0))
+    if cs.eq is None:  # inequalities only: lam >= 0 on the valid ones
+        lam = np.where(valid, np.maximum(lam, 0.0), 0.0)
+    else:
+        lam = np.where(ineq, np.maximum(lam, 0.0), np.where(eqm, lam, 0.0))
+    fro = N.name == "fro"  # the Frobenius norm (self-dual) in numpy, no torch round trip
     with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
         m = cs.margins(Wz)
         bs = np.maximum(1.0, np.abs(b))
         pos = ineq & (b > 0)
         margin = np.where(pos, m / np.where(pos, b, 1.0), np.inf).min((1, 2))
         v_in = np.where(ineq, np.maximum(b - m, 0.0) / bs, 0.0).max((1, 2))
-        v_eq = np.where(eqm, np.abs(m - b) / bs, 0.0).max((1, 2))
-        viol = np.maximum(v_in, v_eq)
-        nrm = np.asarray(N.value(Wz, vector=False), dtype=float)
+        if cs.eq is None:
+            viol = v_in
+        else:
+            v_eq = np.where(eqm, np.abs(m - b) / bs, 0.0).max((1, 2))
+            viol = np.maximum(v_in, v_eq)
+        nrm = _fro_norm(Wz) if fro else np.asarray(N.value(Wz, vector=False), dtype=float)
         feasible = has & (viol <= FEAS_TOL) & np.isfinite(nrm)
         S = cs.combine(lam)
-        dn = np.asarray(N.dual.value(S, vector=False), dtype=float)
+        dn = (_fro_norm(S) if fro and np.isfinite(S).all()
+              else np.asarray(N.dual.value(S, vector=False), dtype=float))
         lb_num = (lam * b).sum((1, 2))
         lower = np.where((dn > 0) & (lb_num > 0), lb_num / np.where(dn > 0, dn, 1.0), 0.0)
-        rhs_eq = (eqm & (b != 0)).any((1, 2))
+        rhs_eq = np.zeros(B, bool) if cs.eq is None else (eqm & (b != 0)).any((1, 2))
         # W / margin is feasible (and no larger in norm when margin >= 1) unless an
         # equality with b != 0 pins the scale
         fix = np.where((margin > 0) & (margin < 1) & ~rhs_eq, margin, 1.0)
