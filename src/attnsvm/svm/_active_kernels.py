@@ -592,3 +592,104 @@ def mnp_batch(D, Z, valid, tol, small, max_iter, mu, lam, W, status, rho2, iters
         status[b] = st
         rho2[b] = r2
         iters[b] = it
+
+
+@njit(cache=True, nogil=True)
+def margins_batch(D, Z, valid, W, m):
+    """m[b, i, t] = Delta_bit^T W_b z_bi (0 where invalid): D (B, n, T, d), Z (B, n, e),
+    valid (B, n, T), W (B, d, e) -> m (B, n, T).  With u = W_b z_bi (d,) once per
+    sequence: O(B n (d e + T d))."""
+    B, n, T, d = D.shape
+    e = Z.shape[2]
+    u = np.empty(d)
+    for bb in range(B):
+        for i in range(n):
+            for c in range(d):
+                s = 0.0
+                for f in range(e):
+                    s += W[bb, c, f] * Z[bb, i, f]
+                u[c] = s
+            for t in range(T):
+                s = 0.0
+                if valid[bb, i, t]:
+                    for c in range(d):
+                        s += D[bb, i, t, c] * u[c]
+                m[bb, i, t] = s
+
+
+@njit(cache=True, nogil=True)
+def _fro(A):
+    """||A||_F of a finite (d, e) matrix as m ||A / m||_F, m = max |A| (0 for A = 0)."""
+    mx = 0.0
+    for c in range(A.shape[0]):
+        for f in range(A.shape[1]):
+            mx = max(mx, abs(A[c, f]))
+    if mx == 0.0:
+        return 0.0
+    s = 0.0
+    for c in range(A.shape[0]):
+        for f in range(A.shape[1]):
+            q = A[c, f] / mx
+            s += q * q
+    return mx * math.sqrt(s)
+
+
+@njit(cache=True, nogil=True)
+def certify_fro(D, Z, valid, b, W, lam, m, S, out):
+    """The sums of the Frobenius certificate of B answers (inequalities only), each
+    evaluated from the answer W itself against every constraint:
+
+        m_k = Delta_k^T W z_k                     (margins_batch; m (B, n, T))
+        S = sum_k lam_k Delta_k z_k^T             (S (B, d, e))
+        out[:, 0] = min_{b_k > 0} m_k / b_k       (inf if none)
+        out[:, 1] = max_k (b_k - m_k)^+ / max(1, |b_k|)
+        out[:, 2] = ||W||_F,  out[:, 3] = ||S||_F  (scaled: no overflow)
+        out[:, 4] = sum_k lam_k b_k,  out[:, 5] = ||W - S||_F
+        out[:, 6] = max_k |lam_k (m_k - b_k)|
+
+    D (B, n, T, d), Z (B, n, e), valid (B, n, T), b (B, n, T), W (B, d, e) finite,
+    lam (B, n, T) >= 0 and 0 where invalid.  The engine derives margin, violation, gap and
+    KKT residual from these (:func:`attnsvm.svm.solution.certify`)."""
+    B, n, T, d = D.shape
+    e = Z.shape[2]
+    margins_batch(D, Z, valid, W, m)
+    Wd = np.empty((d, e))
+    for bb in range(B):
+        for c in range(d):
+            for f in range(e):
+                S[bb, c, f] = 0.0
+        mg = np.inf
+        vi = 0.0
+        lb = 0.0
+        cp = 0.0
+        for i in range(n):
+            for t in range(T):
+                if not valid[bb, i, t]:
+                    continue
+                bk = b[bb, i, t]
+                mk = m[bb, i, t]
+                if bk > 0.0:
+                    mg = min(mg, mk / bk)
+                vi = max(vi, max(bk - mk, 0.0) / max(1.0, abs(bk)))
+                lk = lam[bb, i, t]
+                lb += lk * bk
+                cp = max(cp, abs(lk * (mk - bk)))
+                if lk != 0.0:
+                    for c in range(d):
+                        g = lk * D[bb, i, t, c]
+                        for f in range(e):
+                            S[bb, c, f] += g * Z[bb, i, f]
+        for c in range(d):
+            for f in range(e):
+                Wd[c, f] = W[bb, c, f] - S[bb, c, f]
+        s = 0.0
+        for c in range(d):
+            for f in range(e):
+                s += Wd[c, f] * Wd[c, f]
+        out[bb, 0] = mg
+        out[bb, 1] = vi
+        out[bb, 2] = _fro(W[bb])
+        out[bb, 3] = _fro(S[bb])
+        out[bb, 4] = lb
+        out[bb, 5] = math.sqrt(s)
+        out[bb, 6] = cp

@@ -317,6 +317,29 @@ def _fro_norm(A: np.ndarray) -> np.ndarray:
     return m * np.sqrt(np.einsum("...ij,...ij->...", A1, A1))
 
 
+def _fro_sums(cs: ConstraintSet, Wz: np.ndarray, lam: np.ndarray):
+    """The Frobenius certificate's per-problem numbers (inequalities only) by the compiled
+    :func:`attnsvm.svm._active_kernels.certify_fro`, which evaluates every constraint on
+    Wz itself: (m (B, n, T), S = sum lam_k A_k (B, d, e), margin, violation, ||W||_F,
+    ||S||_F, sum lam_k b_k, ||W - S||_F, max |lam_k (m_k - b_k)|), each (B,).  None without
+    numba or where anything overflowed (the numpy path then gives inf / NaN as it should)."""
+    from . import active
+
+    K = active._kernels()
+    if K is None or cs.Delta.ndim != 4:
+        return None
+    B = Wz.shape[0]
+    m = np.empty(cs.valid.shape)
+    S = np.empty(Wz.shape)
+    out = np.empty((B, 7))
+    c = np.ascontiguousarray
+    K.certify_fro(c(cs.Delta, dtype=float), c(cs.Z, dtype=float), c(cs.valid, dtype=bool),
+                  c(cs.b, dtype=float), c(Wz, dtype=float), c(lam, dtype=float), m, S, out)
+    if not (np.isfinite(m).all() and np.isfinite(S).all() and np.isfinite(out[:, 1:]).all()):
+        return None
+    return (m, S, *out.T)
+
+
 def certify(cs: ConstraintSet, W: np.ndarray, lam: np.ndarray | None, norm,
             tol_active: float = 1e-6) -> Certificate:
     """THE certificate of answers ``W`` (B, d, e) with multipliers ``lam`` (B, n, T) for the
@@ -348,22 +371,26 @@ def certify(cs: ConstraintSet, W: np.ndarray, lam: np.ndarray | None, norm,
         lam = np.where(ineq, np.maximum(lam, 0.0), np.where(eqm, lam, 0.0))
     fro = N.name == "fro"  # the Frobenius norm (self-dual) in numpy, no torch round trip
     with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
-        m = cs.margins(Wz)
         bs = np.maximum(1.0, np.abs(b))
-        pos = ineq & (b > 0)
-        margin = np.where(pos, m / np.where(pos, b, 1.0), np.inf).min((1, 2))
-        v_in = np.where(ineq, np.maximum(b - m, 0.0) / bs, 0.0).max((1, 2))
-        if cs.eq is None:
-            viol = v_in
+        sums = _fro_sums(cs, Wz, lam) if fro and cs.eq is None else None
+        if sums is not None:  # the same numbers from one compiled pass per problem
+            m, S, margin, viol, nrm, dn, lb_num, wms, comp = sums
         else:
-            v_eq = np.where(eqm, np.abs(m - b) / bs, 0.0).max((1, 2))
-            viol = np.maximum(v_in, v_eq)
-        nrm = _fro_norm(Wz) if fro else np.asarray(N.value(Wz, vector=False), dtype=float)
+            m = cs.margins(Wz)
+            pos = ineq & (b > 0)
+            margin = np.where(pos, m / np.where(pos, b, 1.0), np.inf).min((1, 2))
+            viol = np.where(ineq, np.maximum(b - m, 0.0) / bs, 0.0).max((1, 2))
+            if cs.eq is not None:
+                v_eq = np.where(eqm, np.abs(m - b) / bs, 0.0).max((1, 2))
+                viol = np.maximum(viol, v_eq)
+            nrm = _fro_norm(Wz) if fro else np.asarray(N.value(Wz, vector=False), dtype=float)
+            S = cs.combine(lam)
+            dn = (_fro_norm(S) if fro and np.isfinite(S).all()
+                  else np.asarray(N.dual.value(S, vector=False), dtype=float))
+            lb_num = (lam * b).sum((1, 2))
+            wms = np.linalg.norm((Wz - S).reshape(B, -1), axis=1)
+            comp = np.where(ineq, np.abs(lam * (m - b)), 0.0).max((1, 2))
         feasible = has & (viol <= FEAS_TOL) & np.isfinite(nrm)
-        S = cs.combine(lam)
-        dn = (_fro_norm(S) if fro and np.isfinite(S).all()
-              else np.asarray(N.dual.value(S, vector=False), dtype=float))
-        lb_num = (lam * b).sum((1, 2))
         lower = np.where((dn > 0) & (lb_num > 0), lb_num / np.where(dn > 0, dn, 1.0), 0.0)
         rhs_eq = np.zeros(B, bool) if cs.eq is None else (eqm & (b != 0)).any((1, 2))
         # W / margin is feasible (and no larger in norm when margin >= 1) unless an
@@ -376,11 +403,11 @@ def certify(cs: ConstraintSet, W: np.ndarray, lam: np.ndarray | None, norm,
         gap = np.where(feasible & lam_given, gap, np.nan)
         n2 = np.where(nrm > 0, nrm**2, 1.0)
         if N.dual == N:  # self-dual (Hilbert) norm: stationarity is W = sum lam_k A_k
-            stat = np.linalg.norm((Wz - S).reshape(B, -1), axis=1) / np.sqrt(n2)
+            stat = wms / np.sqrt(n2)
         else:  # S in ||W|| d||W||  <=>  ||S||_* = ||W|| and <S, W> = ||W||^2
             stat = np.maximum(np.abs(dn / np.sqrt(n2) - 1.0),
                               np.abs((S * Wz).sum((1, 2)) / n2 - 1.0))
-        comp = np.where(ineq, np.abs(lam * (m - b)), 0.0).max((1, 2)) / n2
+        comp = comp / n2
         kkt = np.maximum(stat, comp)
         kkt = np.where(need, np.where(nrm > 0, kkt, np.inf), np.where(nrm == 0, 0.0, kkt))
         kkt = np.where(has & lam_given, kkt, np.nan)
