@@ -748,13 +748,27 @@ class Outcome:
     extra: dict = field(default_factory=dict)
 
 
+def _margins(cs: ConstraintSet, W: np.ndarray) -> np.ndarray:
+    """m_k = Delta_k^T W z_k (B, n, T) of a batched set (0 where invalid): compiled
+    (:func:`attnsvm.svm._active_kernels.margins_batch`) where numba is, else
+    :meth:`ConstraintSet.margins`."""
+    K = active._kernels()
+    if K is None or cs.Delta.ndim != 4:
+        return cs.margins(W)
+    c = np.ascontiguousarray
+    m = np.empty(cs.valid.shape)
+    K.margins_batch(c(cs.Delta, dtype=float), c(cs.Z, dtype=float), c(cs.valid, dtype=bool),
+                    c(W, dtype=float), m)
+    return m
+
+
 def _to_feasible(cs: ConstraintSet, W: np.ndarray, lam: np.ndarray):
     """Scale each answer to minimal margin exactly 1 (ratio = min_k m_k / b_k > 0): below 1
     W / ratio is feasible (a conic answer is often a hair infeasible), above 1 it is
     feasible with a smaller norm (a barrier point has margins > 1); lam along.  Not done
     when an equality with b != 0 fixes the scale."""
     with np.errstate(invalid="ignore", over="ignore"):
-        m = cs.margins(np.nan_to_num(W))
+        m = _margins(cs, np.nan_to_num(W))
         pos = cs.ineq & (cs.b > 0)
         ratio = np.where(pos, m / np.where(pos, cs.b, 1.0), np.inf).min((1, 2))
     rhs_eq = (cs.eqmask & (cs.b != 0)).any((1, 2))
