@@ -98,42 +98,44 @@ SOLVERS = {
 def _absmax(A: np.ndarray, axes: tuple[int, ...], where=None) -> np.ndarray:
     """max |A| over ``axes`` (0 where ``where`` is False or A is empty), shape A's other
     dims.  Trailing axes (the usual case) are reduced as one flat axis, and the mask as
-    the ``where=`` of the reduction: one pass, no masked copy of A."""
+    the ``where=`` of the reduction; max |A| = max(max A, -min A): no |A| or masked copy
+    of A (large temporaries cost more in page faults than the arithmetic)."""
     k = len(axes)
     lead = A.shape[: A.ndim - k]
     if A.size == 0:
         return np.zeros(lead)
     trailing = sorted(a % A.ndim for a in axes) == list(range(A.ndim - k, A.ndim))
-    absA = np.abs(A)
     if where is not None:
         where = np.broadcast_to(where, A.shape)
         if where.all():
             where = None
     if trailing:
-        absA = absA.reshape(*lead, -1)
+        A = A.reshape(*lead, -1)
         where = None if where is None else where.reshape(*lead, -1)
         axes = (-1,)
-    if where is None:
-        return absA.max(axes)
-    return absA.max(axes, where=where, initial=0.0)
+    kw = {} if where is None else {"where": where}
+    return np.maximum(np.maximum(A.max(axes, initial=0.0, **kw), 0.0),
+                      -A.min(axes, initial=0.0, **kw))
 
 
-def normalise(A: np.ndarray, axes: tuple[int, ...], where=None):
+def normalise(A: np.ndarray, axes: tuple[int, ...], where=None, *, inplace: bool = False):
     """(A 2^-e, e): e (leading dims) the exponent of max |A| over ``axes`` (restricted to
-    ``where``), so the largest entry of A 2^-e lies in [1/2, 1); exact scaling."""
+    ``where``), so the largest entry of A 2^-e lies in [1/2, 1); exact scaling
+    (``inplace``: A, a float64 array of the caller's own, is overwritten)."""
     e = _exp2(_absmax(A, axes, where))
-    return _ldexp(A, -e), e
+    return _ldexp(A, -e, out=A if inplace else None), e
 
 
 def normalise_constraints(Delta, Z, valid, b=None, eq=None, exp=0, *,
                           zeroed: bool = False) -> ConstraintSet:
     """A normalised :class:`ConstraintSet` from (B, n, T, d) differences and (B, n, e)
-    queries (``exp``: the exponent already divided out of Delta; ``zeroed``: Delta is
-    already 0 wherever ``valid`` is False)."""
+    queries (``exp``: the exponent already divided out of Delta; ``zeroed``: Delta is a
+    float64 array of the caller's own, already 0 wherever ``valid`` is False: it is
+    scaled in place)."""
     valid = np.asarray(valid, bool)
     if not zeroed:
         Delta = np.where(valid[..., None], Delta, 0.0)
-    Delta, eD = normalise(Delta, (1, 2, 3))
+    Delta, eD = normalise(Delta, (1, 2, 3), inplace=True)  # our own array either way
     Z, eZ = normalise(np.asarray(Z, float), (1, 2))
     if b is None:
         bb = valid.astype(float)  # ones on the valid entries, 0 elsewhere
@@ -163,10 +165,10 @@ def build_constraints(X, Z, alpha, valid, b=None, eq=None, *, x_exp=0,
     sel = X[bi, ni, alpha]
     v = valid.copy()
     v[bi, ni, alpha] = False
-    with np.errstate(over="ignore", invalid="ignore"):
-        Delta = sel[:, :, None, :] - X
+    with np.errstate(over="ignore", invalid="ignore"):  # (X scaled: our own array, reused)
+        Delta = np.subtract(sel[:, :, None, :], X, out=X if normalise_data else None)
     if not valid.all():  # masked tokens; at alpha, x - x = 0 exactly (finite X)
-        Delta = np.where(v[..., None], Delta, 0.0)
+        np.copyto(Delta, 0.0, where=~v[..., None])
     if not normalise_data:
         bb = np.ones(v.shape) if b is None else np.broadcast_to(np.asarray(b, float), v.shape)
         return ConstraintSet(Delta, np.asarray(Z, float), v, np.where(v, bb, 0.0),

@@ -149,8 +149,9 @@ def _exp2(m: np.ndarray) -> np.ndarray:
     return np.where(ok, np.frexp(np.where(ok, m, 1.0))[1], 0).astype(np.int64)
 
 
-def _ldexp(a: np.ndarray, e) -> np.ndarray:
-    """a * 2^e with e broadcast over a's leading dims (exact unless it over/underflows)."""
+def _ldexp(a: np.ndarray, e, out=None) -> np.ndarray:
+    """a * 2^e with e broadcast over a's leading dims (exact unless it over/underflows);
+    ``out``: where to write it (may be ``a`` itself)."""
     a = np.asarray(a, dtype=float)
     e = np.asarray(e, dtype=np.int64)
     e = e.reshape(e.shape + (1,) * (a.ndim - e.ndim))
@@ -158,8 +159,8 @@ def _ldexp(a: np.ndarray, e) -> np.ndarray:
         if e.size and -1022 <= e.min() and e.max() <= 1023:
             # 2^e is a normal float64: a * 2^e is the correctly rounded a 2^e, as ldexp
             # (bit for bit, subnormal results included), and 10x faster than np.ldexp
-            return a * np.exp2(e.astype(float))
-        return np.ldexp(a, e)
+            return np.multiply(a, np.exp2(e.astype(float)), out=out)
+        return np.ldexp(a, e, out=out)
 
 
 # ----------------------------------------------------------------------- constraints
