@@ -111,7 +111,7 @@ def mnp_active(Delta: np.ndarray, Z: np.ndarray, valid: np.ndarray, *, tol: floa
     if sm.any():  # as the IPM path: W = sum mu_k A_k / rho^2 wherever rho > 0
         r = np.where(rho2[sm] > 0, rho2[sm], np.nan)
         lam[sm] = np.where(rho2[sm, None] > 0, mu[sm] / r[:, None], 0.0)
-        W[sm] = np.einsum("bk,bkd,bke->bde", lam[sm], D[sm], Zc[sm])
+        W[sm] = np.swapaxes(D[sm], 1, 2) @ (lam[sm][..., None] * Zc[sm])  # sum_k lam_k D_k z_k^T
         W[sm] = np.where((rho2[sm] > 0)[:, None, None], W[sm], np.nan)
     return mu, lam, W, rho2, status, iters
 

@@ -870,12 +870,18 @@ def solve(cs: ConstraintSet, norm="fro", *, solver=None, tol: float = 1e-6,
     def try_farkas(idx, lam_c, chunk=1024):
         for s in range(0, len(idx), chunk):  # chunks bound the (chunk, K, K) Gram memory
             ix, lc = idx[s:s + chunk], lam_c[s:s + chunk]
-            sub = cs.take(ix)
-            ok, bound, lv = farkas_verify(sub, lc)  # the candidates as they are (exact
-            # ones, e.g. the active set's, verify at once), then the others polished
+            # the candidates as they are (exact ones, e.g. the active set's, verify at
+            # once), then the others polished; a batch of at most ``chunk`` problems is
+            # verified whole (zero multipliers elsewhere), not copied problem by problem
+            if B <= chunk:
+                full = np.zeros((B, n, T))
+                full[ix] = lc
+                ok, bound, lv = (a[ix] for a in farkas_verify(cs, full))
+            else:
+                ok, bound, lv = farkas_verify(cs.take(ix), lc)
             redo = np.nonzero(~ok)[0]
             if len(redo):
-                sub2 = sub.take(redo)
+                sub2 = cs.take(ix[redo])
                 ok[redo], bound[redo], lv[redo] = farkas_verify(sub2, farkas_polish(sub2, lc[redo]))
             fk_ok[ix] = ok
             fk_bound[ix] = np.maximum(fk_bound[ix], bound)
