@@ -769,12 +769,13 @@ def _to_feasible(cs: ConstraintSet, W: np.ndarray, lam: np.ndarray):
     W / ratio is feasible (a conic answer is often a hair infeasible), above 1 it is
     feasible with a smaller norm (a barrier point has margins > 1); lam along.  Not done
     when an equality with b != 0 fixes the scale."""
+    fin = np.isfinite(W).all((1, 2))  # rows that are not finite (no answer) stay as they are
     with np.errstate(invalid="ignore", over="ignore"):
-        m = _margins(cs, np.nan_to_num(W))
+        m = _margins(cs, np.where(fin[:, None, None], W, 0.0))
         pos = cs.ineq & (cs.b > 0)
         ratio = np.where(pos, m / np.where(pos, cs.b, 1.0), np.inf).min((1, 2))
-    rhs_eq = (cs.eqmask & (cs.b != 0)).any((1, 2))
-    fix = (ratio > 0) & np.isfinite(ratio) & ~rhs_eq & np.isfinite(W).all((1, 2))
+    rhs_eq = np.False_ if cs.eq is None else (cs.eqmask & (cs.b != 0)).any((1, 2))
+    fix = (ratio > 0) & np.isfinite(ratio) & ~rhs_eq & fin
     r = np.where(fix, ratio, 1.0)
     return W / r[:, None, None], lam / r[:, None, None]  # S(lam) in ||W|| d||W||: degree 1
 
@@ -986,7 +987,7 @@ def _to_user_units(cs: ConstraintSet, out: Outcome, N: Norm, tol: float):
     W = _ldexp(c.W, -e)
     back = _ldexp(W, e)
     fin = np.isfinite(W).all((1, 2))
-    amax_s = np.abs(np.nan_to_num(c.W)).max((1, 2))
+    amax_s = np.abs(np.where(np.isfinite(c.W), c.W, 0.0)).max((1, 2))
     amax = np.abs(np.where(fin[:, None, None], W, 0.0)).max((1, 2))
     rep = ~c.feasible | (fin & ((amax_s == 0) | (amax >= MIN_REPRESENTABLE)))
     redo = np.nonzero(c.feasible & rep & ~np.all(back == c.W, (1, 2)))[0]

@@ -154,6 +154,9 @@ def _ldexp(a: np.ndarray, e, out=None) -> np.ndarray:
     ``out``: where to write it (may be ``a`` itself)."""
     a = np.asarray(a, dtype=float)
     e = np.asarray(e, dtype=np.int64)
+    if e.size == 1 and e.ndim <= a.ndim and -1022 <= int(e.flat[0]) <= 1023:  # one 2^e
+        with np.errstate(over="ignore", under="ignore"):
+            return np.multiply(a, 2.0 ** int(e.flat[0]), out=out)
     e = e.reshape(e.shape + (1,) * (a.ndim - e.ndim))
     with np.errstate(over="ignore", under="ignore"):
         if e.size and -1022 <= e.min() and e.max() <= 1023:
@@ -365,7 +368,7 @@ def certify(cs: ConstraintSet, W: np.ndarray, lam: np.ndarray | None, norm,
     else:
         lam = np.asarray(lam, dtype=float)
         lam_given = np.isfinite(lam).all((-2, -1))
-    lam = np.where(lam_given[:, None, None], np.nan_to_num(lam), 0.0)
+    lam = np.where(lam_given[:, None, None], lam, 0.0)  # (rows given are finite)
     if cs.eq is None:  # inequalities only: lam >= 0 on the valid ones
         lam = np.where(valid, np.maximum(lam, 0.0), 0.0)
     else:
