@@ -712,9 +712,12 @@ def _conflicts(lam: np.ndarray, ok: np.ndarray) -> list:
     sequences i with |lam_it| > 1e-9 max |lam_b| for some t, one nonzero pass over the
     (B, n) hits, then the B tuples cut from one list."""
     B = len(lam)
+    ok = np.asarray(ok, bool)
+    if not ok.any():
+        return [()] * B
     a = np.abs(lam)
     mx = a.max((1, 2), keepdims=True) if a.size else np.zeros((B, 1, 1))
-    hit = (a > 1e-9 * mx).any(-1) & (mx[..., 0] > 0) & np.asarray(ok, bool)[:, None]
+    hit = (a > 1e-9 * mx).any(-1) & (mx[..., 0] > 0) & ok[:, None]
     rows, cols = np.nonzero(hit)
     cl = cols.tolist()
     off = np.concatenate([[0], np.cumsum(np.bincount(rows, minlength=B))]).tolist()
