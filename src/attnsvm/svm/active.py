@@ -41,6 +41,8 @@ OPTIMAL, SMALL_RHO, FAILED = 0, 1, 2
 GRAM_BLAS_N = 300  # single problems with N >= this get G = (D D^T) o (Z Z^T) from BLAS
 PARALLEL_B = 64  # batches from this size run in threads (problems are independent: the
 # results do not depend on the number of threads)
+PER_THREAD = 4  # slices per thread: a thread that is slowed down (a busy core) or gets the
+# harder problems leaves its later slices to the others
 
 _K = None
 _IMPORT_ERROR = None
@@ -104,7 +106,7 @@ def mnp_active(Delta: np.ndarray, Z: np.ndarray, valid: np.ndarray, *, tol: floa
         if B >= PARALLEL_B:  # slices in torch.get_num_threads() threads (the fused engine's pool)
             from attnsvm.fused import _parallel
 
-            _parallel(K.mnp_batch, B, *args)
+            _parallel(K.mnp_batch, B, *args, per_thread=PER_THREAD)
         else:
             K.mnp_batch(*args, 0, B)
     sm = status == SMALL_RHO
