@@ -24,8 +24,10 @@ which the engine verifies (:func:`attnsvm.svm.solution.farkas_verify`) before an
 "infeasible".  The kernel's own verdict only chooses between answers: the engine
 certifies every W / lam it returns.
 
-Each problem runs in one compiled loop with its (N x N) Gram matrix in cache; the cost
-is O(N^2 (d + e)) for G plus O(N |S|) per major cycle. Batches run in slices on
+Each problem runs in one compiled loop with its (N x N) Gram matrix in cache, formed
+lazily: the diagonal, then row j when point j first enters S (the algorithm reads nothing
+else; the same bits as the full G), O(N (d + e)) per row against O(N^2 (d + e)) for all of
+G, plus O(N |S|) per major cycle. Batches run in slices (PER_THREAD per thread) on
 torch.get_num_threads() threads (the kernel releases the GIL).  Without numba
 :func:`available` is False and the engine uses the interior-point path
 (:func:`attnsvm.svm.fast.batched_mnp`), as the fused training engine does.
