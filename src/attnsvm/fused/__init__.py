@@ -270,9 +270,10 @@ STOP_CODES = {1: "zero gradient", 2: "non-finite step", 3: "no change in float64
 _POOL = None
 
 
-def _parallel(fn, B: int, *args) -> None:
-    """Run fn(*args, b0, b1) on contiguous slices of range(B), one per thread
-    (torch.get_num_threads(), so a worker limited to one thread stays on one)."""
+def _parallel(fn, B: int, *args, per_thread: int = 1) -> None:
+    """Run fn(*args, b0, b1) on contiguous slices of range(B), ``per_thread`` per thread
+    (torch.get_num_threads(), so a worker limited to one thread stays on one); more than
+    one slice per thread balances the load where problems (or cores) differ in speed."""
     global _POOL
     nt = max(1, min(torch.get_num_threads(), B))
     if nt == 1:
@@ -282,8 +283,9 @@ def _parallel(fn, B: int, *args) -> None:
         from concurrent.futures import ThreadPoolExecutor
 
         _POOL = ThreadPoolExecutor(max_workers=nt, thread_name_prefix="attnsvm-fused")
-    cuts = np.linspace(0, B, nt + 1).astype(np.int64)
-    futs = [_POOL.submit(fn, *args, int(cuts[i]), int(cuts[i + 1])) for i in range(nt)]
+    k = max(1, min(nt * per_thread, B))
+    cuts = np.linspace(0, B, k + 1).astype(np.int64)
+    futs = [_POOL.submit(fn, *args, int(cuts[i]), int(cuts[i + 1])) for i in range(k)]
     for f in futs:
         f.result()
 

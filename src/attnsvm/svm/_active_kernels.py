@@ -82,6 +82,25 @@ def _gram(D, Z, vi, nv, G):
 
 
 @njit(cache=True, nogil=True)
+def _gram_row(D, Z, vi, nv, j, scale, G):
+    """Row j of the Gram matrix, on demand: G[j, b] = (Delta_j . Delta_b)(z_j . z_b) / scale
+    over the valid constraints vi[:nv] (the same products and sums as :func:`_gram`, so
+    the same bits)."""
+    d = D.shape[1]
+    e = Z.shape[1]
+    kj = vi[j]
+    for b in range(nv):
+        kb = vi[b]
+        s1 = 0.0
+        for c in range(d):
+            s1 += D[kb, c] * D[kj, c]
+        s2 = 0.0
+        for c in range(e):
+            s2 += Z[kb, c] * Z[kj, c]
+        G[j, b] = (s1 * s2) / scale
+
+
+@njit(cache=True, nogil=True)
 def _margins(D, Z, W, vi, nv, out):
     """out[a] = Delta_k^T W z_k, k = vi[a]."""
     d = D.shape[1]
@@ -316,20 +335,37 @@ def mnp_one(D, Z, valid, tol, small, max_iter, mu, lam, W, Gin):
             W[c, f] = 0.0
     if nv == 0:
         return FAILED, 0.0, 0
-    if Gin.shape[0] == nv:
-        G = Gin
-    else:
+    # G: given in full (Gin), or formed lazily: its diagonal now, row j when point j
+    # enters the working set (the algorithm reads only G_jj and the rows of S)
+    lazy = Gin.shape[0] != nv
+    have = np.ones(nv, np.bool_)
+    if lazy:
         G = np.empty((nv, nv))
-        _gram(D, Z, vi, nv, G)
+        for a in range(nv):
+            have[a] = False
+            ka = vi[a]
+            s1 = 0.0
+            for c in range(d):
+                s1 += D[ka, c] * D[ka, c]
+            s2 = 0.0
+            for c in range(e):
+                s2 += Z[ka, c] * Z[ka, c]
+            G[a, a] = s1 * s2
+    else:
+        G = Gin
     gmax = 0.0
     for a in range(nv):
         gmax = max(gmax, G[a, a])
     if gmax <= 0.0:  # every constraint matrix is 0: origin = every point
         mu[vi[0]] = 1.0
         return SMALL_RHO, 0.0, 0
-    for a in range(nv):
-        for b in range(nv):
-            G[a, b] /= gmax
+    if lazy:
+        for a in range(nv):
+            G[a, a] /= gmax
+    else:
+        for a in range(nv):
+            for b in range(nv):
+                G[a, b] /= gmax
     cap = nv + 1
     L = np.zeros((cap, cap))
     S = np.empty(cap, np.int64)  # positions in 0..nv-1
@@ -346,6 +382,9 @@ def mnp_one(D, Z, valid, tol, small, max_iter, mu, lam, W, Gin):
     for a in range(nv):
         if G[a, a] < G[j0, j0]:
             j0 = a
+    if not have[j0]:
+        _gram_row(D, Z, vi, nv, j0, gmax, G)
+        have[j0] = True
     S[0] = j0
     inS[j0] = True
     x[0] = 1.0
@@ -418,6 +457,9 @@ def mnp_one(D, Z, valid, tol, small, max_iter, mu, lam, W, Gin):
                 Gmu[a] /= tot
         if inS[jm] or ks == cap:
             break
+        if not have[jm]:
+            _gram_row(D, Z, vi, nv, jm, gmax, G)
+            have[jm] = True
         # add jm: extend the Cholesky factor of M = G_SS + 1 1^T
         for q in range(ks):
             r[q] = G[S[q], jm] + 1.0
@@ -550,3 +592,104 @@ def mnp_batch(D, Z, valid, tol, small, max_iter, mu, lam, W, status, rho2, iters
         status[b] = st
         rho2[b] = r2
         iters[b] = it
+
+
+@njit(cache=True, nogil=True)
+def margins_batch(D, Z, valid, W, m):
+    """m[b, i, t] = Delta_bit^T W_b z_bi (0 where invalid): D (B, n, T, d), Z (B, n, e),
+    valid (B, n, T), W (B, d, e) -> m (B, n, T).  With u = W_b z_bi (d,) once per
+    sequence: O(B n (d e + T d))."""
+    B, n, T, d = D.shape
+    e = Z.shape[2]
+    u = np.empty(d)
+    for bb in range(B):
+        for i in range(n):
+            for c in range(d):
+                s = 0.0
+                for f in range(e):
+                    s += W[bb, c, f] * Z[bb, i, f]
+                u[c] = s
+            for t in range(T):
+                s = 0.0
+                if valid[bb, i, t]:
+                    for c in range(d):
+                        s += D[bb, i, t, c] * u[c]
+                m[bb, i, t] = s
+
+
+@njit(cache=True, nogil=True)
+def _fro(A):
+    """||A||_F of a finite (d, e) matrix as m ||A / m||_F, m = max |A| (0 for A = 0)."""
+    mx = 0.0
+    for c in range(A.shape[0]):
+        for f in range(A.shape[1]):
+            mx = max(mx, abs(A[c, f]))
+    if mx == 0.0:
+        return 0.0
+    s = 0.0
+    for c in range(A.shape[0]):
+        for f in range(A.shape[1]):
+            q = A[c, f] / mx
+            s += q * q
+    return mx * math.sqrt(s)
+
+
+@njit(cache=True, nogil=True)
+def certify_fro(D, Z, valid, b, W, lam, m, S, out):
+    """The sums of the Frobenius certificate of B answers (inequalities only), each
+    evaluated from the answer W itself against every constraint:
+
+        m_k = Delta_k^T W z_k                     (margins_batch; m (B, n, T))
+        S = sum_k lam_k Delta_k z_k^T             (S (B, d, e))
+        out[:, 0] = min_{b_k > 0} m_k / b_k       (inf if none)
+        out[:, 1] = max_k (b_k - m_k)^+ / max(1, |b_k|)
+        out[:, 2] = ||W||_F,  out[:, 3] = ||S||_F  (scaled: no overflow)
+        out[:, 4] = sum_k lam_k b_k,  out[:, 5] = ||W - S||_F
+        out[:, 6] = max_k |lam_k (m_k - b_k)|
+
+    D (B, n, T, d), Z (B, n, e), valid (B, n, T), b (B, n, T), W (B, d, e) finite,
+    lam (B, n, T) >= 0 and 0 where invalid.  The engine derives margin, violation, gap and
+    KKT residual from these (:func:`attnsvm.svm.solution.certify`)."""
+    B, n, T, d = D.shape
+    e = Z.shape[2]
+    margins_batch(D, Z, valid, W, m)
+    Wd = np.empty((d, e))
+    for bb in range(B):
+        for c in range(d):
+            for f in range(e):
+                S[bb, c, f] = 0.0
+        mg = np.inf
+        vi = 0.0
+        lb = 0.0
+        cp = 0.0
+        for i in range(n):
+            for t in range(T):
+                if not valid[bb, i, t]:
+                    continue
+                bk = b[bb, i, t]
+                mk = m[bb, i, t]
+                if bk > 0.0:
+                    mg = min(mg, mk / bk)
+                vi = max(vi, max(bk - mk, 0.0) / max(1.0, abs(bk)))
+                lk = lam[bb, i, t]
+                lb += lk * bk
+                cp = max(cp, abs(lk * (mk - bk)))
+                if lk != 0.0:
+                    for c in range(d):
+                        g = lk * D[bb, i, t, c]
+                        for f in range(e):
+                            S[bb, c, f] += g * Z[bb, i, f]
+        for c in range(d):
+            for f in range(e):
+                Wd[c, f] = W[bb, c, f] - S[bb, c, f]
+        s = 0.0
+        for c in range(d):
+            for f in range(e):
+                s += Wd[c, f] * Wd[c, f]
+        out[bb, 0] = mg
+        out[bb, 1] = vi
+        out[bb, 2] = _fro(W[bb])
+        out[bb, 3] = _fro(S[bb])
+        out[bb, 4] = lb
+        out[bb, 5] = math.sqrt(s)
+        out[bb, 6] = cp

@@ -24,8 +24,10 @@ which the engine verifies (:func:`attnsvm.svm.solution.farkas_verify`) before an
 "infeasible".  The kernel's own verdict only chooses between answers: the engine
 certifies every W / lam it returns.
 
-Each problem runs in one compiled loop with its (N x N) Gram matrix in cache; the cost
-is O(N^2 (d + e)) for G plus O(N |S|) per major cycle. Batches run in slices on
+Each problem runs in one compiled loop with its (N x N) Gram matrix in cache, formed
+lazily: the diagonal, then row j when point j first enters S (the algorithm reads nothing
+else; the same bits as the full G), O(N (d + e)) per row against O(N^2 (d + e)) for all of
+G, plus O(N |S|) per major cycle. Batches run in slices (PER_THREAD per thread) on
 torch.get_num_threads() threads (the kernel releases the GIL).  Without numba
 :func:`available` is False and the engine uses the interior-point path
 (:func:`attnsvm.svm.fast.batched_mnp`), as the fused training engine does.
@@ -41,6 +43,8 @@ OPTIMAL, SMALL_RHO, FAILED = 0, 1, 2
 GRAM_BLAS_N = 300  # single problems with N >= this get G = (D D^T) o (Z Z^T) from BLAS
 PARALLEL_B = 64  # batches from this size run in threads (problems are independent: the
 # results do not depend on the number of threads)
+PER_THREAD = 4  # slices per thread: a thread that is slowed down (a busy core) or gets the
+# harder problems leaves its later slices to the others
 
 _K = None
 _IMPORT_ERROR = None
@@ -104,14 +108,14 @@ def mnp_active(Delta: np.ndarray, Z: np.ndarray, valid: np.ndarray, *, tol: floa
         if B >= PARALLEL_B:  # slices in torch.get_num_threads() threads (the fused engine's pool)
             from attnsvm.fused import _parallel
 
-            _parallel(K.mnp_batch, B, *args)
+            _parallel(K.mnp_batch, B, *args, per_thread=PER_THREAD)
         else:
             K.mnp_batch(*args, 0, B)
     sm = status == SMALL_RHO
     if sm.any():  # as the IPM path: W = sum mu_k A_k / rho^2 wherever rho > 0
         r = np.where(rho2[sm] > 0, rho2[sm], np.nan)
         lam[sm] = np.where(rho2[sm, None] > 0, mu[sm] / r[:, None], 0.0)
-        W[sm] = np.einsum("bk,bkd,bke->bde", lam[sm], D[sm], Zc[sm])
+        W[sm] = np.swapaxes(D[sm], 1, 2) @ (lam[sm][..., None] * Zc[sm])  # sum_k lam_k D_k z_k^T
         W[sm] = np.where((rho2[sm] > 0)[:, None, None], W[sm], np.nan)
     return mu, lam, W, rho2, status, iters
 

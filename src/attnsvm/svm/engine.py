@@ -95,25 +95,52 @@ SOLVERS = {
 
 
 # ------------------------------------------------------------------ normalisation
-def normalise(A: np.ndarray, axes: tuple[int, ...], where=None):
+def _absmax(A: np.ndarray, axes: tuple[int, ...], where=None) -> np.ndarray:
+    """max |A| over ``axes`` (0 where ``where`` is False or A is empty), shape A's other
+    dims.  Trailing axes (the usual case) are reduced as one flat axis, and the mask as
+    the ``where=`` of the reduction; max |A| = max(max A, -min A): no |A| or masked copy
+    of A (large temporaries cost more in page faults than the arithmetic)."""
+    k = len(axes)
+    lead = A.shape[: A.ndim - k]
+    if A.size == 0:
+        return np.zeros(lead)
+    trailing = sorted(a % A.ndim for a in axes) == list(range(A.ndim - k, A.ndim))
+    if where is not None:
+        where = np.broadcast_to(where, A.shape)
+        if where.all():
+            where = None
+    if trailing:
+        A = A.reshape(*lead, -1)
+        where = None if where is None else where.reshape(*lead, -1)
+        axes = (-1,)
+    kw = {} if where is None else {"where": where}
+    return np.maximum(np.maximum(A.max(axes, initial=0.0, **kw), 0.0),
+                      -A.min(axes, initial=0.0, **kw))
+
+
+def normalise(A: np.ndarray, axes: tuple[int, ...], where=None, *, inplace: bool = False):
     """(A 2^-e, e): e (leading dims) the exponent of max |A| over ``axes`` (restricted to
-    ``where``), so the largest entry of A 2^-e lies in [1/2, 1); exact scaling."""
-    absA = np.abs(A) if where is None else np.where(where, np.abs(A), 0.0)
-    m = absA.max(axes) if A.size else np.zeros(A.shape[: A.ndim - len(axes)])
-    e = _exp2(m)
-    return _ldexp(A, -e), e
+    ``where``), so the largest entry of A 2^-e lies in [1/2, 1); exact scaling
+    (``inplace``: A, a float64 array of the caller's own, is overwritten)."""
+    e = _exp2(_absmax(A, axes, where))
+    return _ldexp(A, -e, out=A if inplace else None), e
 
 
-def normalise_constraints(Delta, Z, valid, b=None, eq=None, exp=0) -> ConstraintSet:
+def normalise_constraints(Delta, Z, valid, b=None, eq=None, exp=0, *,
+                          zeroed: bool = False) -> ConstraintSet:
     """A normalised :class:`ConstraintSet` from (B, n, T, d) differences and (B, n, e)
-    queries (``exp``: the exponent already divided out of Delta)."""
+    queries (``exp``: the exponent already divided out of Delta; ``zeroed``: Delta is a
+    float64 array of the caller's own, already 0 wherever ``valid`` is False: it is
+    scaled in place)."""
     valid = np.asarray(valid, bool)
-    Delta = np.where(valid[..., None], Delta, 0.0)
-    Delta, eD = normalise(Delta, (1, 2, 3))
+    if not zeroed:
+        Delta = np.where(valid[..., None], Delta, 0.0)
+    Delta, eD = normalise(Delta, (1, 2, 3), inplace=True)  # our own array either way
     Z, eZ = normalise(np.asarray(Z, float), (1, 2))
-    bb = np.ones(valid.shape) if b is None else np.broadcast_to(np.asarray(b, float),
-                                                                valid.shape).copy()
-    bb = np.where(valid, bb, 0.0)
+    if b is None:
+        bb = valid.astype(float)  # ones on the valid entries, 0 elsewhere
+    else:
+        bb = np.where(valid, np.broadcast_to(np.asarray(b, float), valid.shape), 0.0)
     eqm = None if eq is None else np.asarray(eq, bool) & valid
     return ConstraintSet(Delta, Z, valid, bb, eqm, np.asarray(exp) + eD + eZ)
 
@@ -138,14 +165,16 @@ def build_constraints(X, Z, alpha, valid, b=None, eq=None, *, x_exp=0,
     sel = X[bi, ni, alpha]
     v = valid.copy()
     v[bi, ni, alpha] = False
-    with np.errstate(over="ignore", invalid="ignore"):
-        Delta = np.where(v[..., None], sel[:, :, None, :] - X, 0.0)
+    with np.errstate(over="ignore", invalid="ignore"):  # (X scaled: our own array, reused)
+        Delta = np.subtract(sel[:, :, None, :], X, out=X if normalise_data else None)
+    if not valid.all():  # masked tokens; at alpha, x - x = 0 exactly (finite X)
+        np.copyto(Delta, 0.0, where=~v[..., None])
     if not normalise_data:
         bb = np.ones(v.shape) if b is None else np.broadcast_to(np.asarray(b, float), v.shape)
         return ConstraintSet(Delta, np.asarray(Z, float), v, np.where(v, bb, 0.0),
                              None if eq is None else np.asarray(eq, bool) & v,
                              np.zeros(B, np.int64))
-    return normalise_constraints(Delta, Z, v, b, eq, np.asarray(x_exp) + eX)
+    return normalise_constraints(Delta, Z, v, b, eq, np.asarray(x_exp) + eX, zeroed=True)
 
 
 # --------------------------------------------------------------------- raw solves
@@ -679,11 +708,20 @@ def _conflict(lam: np.ndarray) -> tuple:
 
 
 def _conflicts(lam: np.ndarray, ok: np.ndarray) -> list:
-    """[_conflict(lam[b]) if ok[b] else ()] for a batch lam (B, n, T), vectorised."""
+    """[_conflict(lam[b]) if ok[b] else ()] for a batch lam (B, n, T), vectorised: the
+    sequences i with |lam_it| > 1e-9 max |lam_b| for some t, one nonzero pass over the
+    (B, n) hits, then the B tuples cut from one list."""
+    B = len(lam)
+    ok = np.asarray(ok, bool)
+    if not ok.any():
+        return [()] * B
     a = np.abs(lam)
-    mx = a.max((1, 2), keepdims=True) if a.size else np.zeros((len(lam), 1, 1))
-    hit = (a > 1e-9 * mx).any(-1) & (mx[..., 0] > 0) & np.asarray(ok, bool)[:, None]
-    return [tuple(np.flatnonzero(h).tolist()) if h.any() else () for h in hit]
+    mx = a.max((1, 2), keepdims=True) if a.size else np.zeros((B, 1, 1))
+    hit = (a > 1e-9 * mx).any(-1) & (mx[..., 0] > 0) & ok[:, None]
+    rows, cols = np.nonzero(hit)
+    cl = cols.tolist()
+    off = np.concatenate([[0], np.cumsum(np.bincount(rows, minlength=B))]).tolist()
+    return [tuple(cl[off[b]:off[b + 1]]) for b in range(B)]
 
 
 def farkas_conflict(cs: ConstraintSet, max_entries: int = 20_000_000) -> tuple[int, ...]:
@@ -715,17 +753,32 @@ class Outcome:
     extra: dict = field(default_factory=dict)
 
 
+def _margins(cs: ConstraintSet, W: np.ndarray) -> np.ndarray:
+    """m_k = Delta_k^T W z_k (B, n, T) of a batched set (0 where invalid): compiled
+    (:func:`attnsvm.svm._active_kernels.margins_batch`) where numba is, else
+    :meth:`ConstraintSet.margins`."""
+    K = active._kernels()
+    if K is None or cs.Delta.ndim != 4:
+        return cs.margins(W)
+    c = np.ascontiguousarray
+    m = np.empty(cs.valid.shape)
+    K.margins_batch(c(cs.Delta, dtype=float), c(cs.Z, dtype=float), c(cs.valid, dtype=bool),
+                    c(W, dtype=float), m)
+    return m
+
+
 def _to_feasible(cs: ConstraintSet, W: np.ndarray, lam: np.ndarray):
     """Scale each answer to minimal margin exactly 1 (ratio = min_k m_k / b_k > 0): below 1
     W / ratio is feasible (a conic answer is often a hair infeasible), above 1 it is
     feasible with a smaller norm (a barrier point has margins > 1); lam along.  Not done
     when an equality with b != 0 fixes the scale."""
+    fin = np.isfinite(W).all((1, 2))  # rows that are not finite (no answer) stay as they are
     with np.errstate(invalid="ignore", over="ignore"):
-        m = cs.margins(np.nan_to_num(W))
+        m = _margins(cs, np.where(fin[:, None, None], W, 0.0))
         pos = cs.ineq & (cs.b > 0)
         ratio = np.where(pos, m / np.where(pos, cs.b, 1.0), np.inf).min((1, 2))
-    rhs_eq = (cs.eqmask & (cs.b != 0)).any((1, 2))
-    fix = (ratio > 0) & np.isfinite(ratio) & ~rhs_eq & np.isfinite(W).all((1, 2))
+    rhs_eq = np.False_ if cs.eq is None else (cs.eqmask & (cs.b != 0)).any((1, 2))
+    fix = (ratio > 0) & np.isfinite(ratio) & ~rhs_eq & fin
     r = np.where(fix, ratio, 1.0)
     return W / r[:, None, None], lam / r[:, None, None]  # S(lam) in ||W|| d||W||: degree 1
 
@@ -796,7 +849,8 @@ def solve(cs: ConstraintSet, norm="fro", *, solver=None, tol: float = 1e-6,
                  and n * T <= (MAX_BATCH_N_ACTIVE if use_active and key != "mnp" else MAX_BATCH_N)
                  and not cs.has_eq and bool(np.all(cs.b[cs.ineq] == 1.0)))
     if fro_batch:
-        Wb, lb, mu, nb, it = _fro_batch(cs.take(todo), use_active=use_active and key != "mnp")
+        sub = cs if len(todo) == B else cs.take(todo)  # (todo is sorted: all of them, as is)
+        Wb, lb, mu, nb, it = _fro_batch(sub, use_active=use_active and key != "mnp")
         W[todo], lam[todo], cand[todo], names[todo] = Wb, lb, mu, nb
         has_cand[todo] = True
         iters[todo] = it
@@ -820,12 +874,18 @@ def solve(cs: ConstraintSet, norm="fro", *, solver=None, tol: float = 1e-6,
     def try_farkas(idx, lam_c, chunk=1024):
         for s in range(0, len(idx), chunk):  # chunks bound the (chunk, K, K) Gram memory
             ix, lc = idx[s:s + chunk], lam_c[s:s + chunk]
-            sub = cs.take(ix)
-            ok, bound, lv = farkas_verify(sub, lc)  # the candidates as they are (exact
-            # ones, e.g. the active set's, verify at once), then the others polished
+            # the candidates as they are (exact ones, e.g. the active set's, verify at
+            # once), then the others polished; a batch of at most ``chunk`` problems is
+            # verified whole (zero multipliers elsewhere), not copied problem by problem
+            if B <= chunk:
+                full = np.zeros((B, n, T))
+                full[ix] = lc
+                ok, bound, lv = (a[ix] for a in farkas_verify(cs, full))
+            else:
+                ok, bound, lv = farkas_verify(cs.take(ix), lc)
             redo = np.nonzero(~ok)[0]
             if len(redo):
-                sub2 = sub.take(redo)
+                sub2 = cs.take(ix[redo])
                 ok[redo], bound[redo], lv[redo] = farkas_verify(sub2, farkas_polish(sub2, lc[redo]))
             fk_ok[ix] = ok
             fk_bound[ix] = np.maximum(fk_bound[ix], bound)
@@ -866,10 +926,9 @@ def solve(cs: ConstraintSet, norm="fro", *, solver=None, tol: float = 1e-6,
             hints[b] = r.status
             iters[b] += r.n_iter
     # 7. LP certificates for what is still unresolved, and irreducible sets where asked
-    for b in range(B):
-        if (need[b] and not cert.feasible[b] and not lp_done[b]
-                and (not fk_ok[b] or (irreducible and not zb[b]))):
-            try_lp(b)
+    for b in np.nonzero(need & ~cert.feasible & ~lp_done
+                        & (~fk_ok | (bool(irreducible) & ~zb)))[0]:
+        try_lp(b)
     # a feasible answer and a verified Farkas certificate cannot both exist
     fk_ok &= ~cert.feasible
     status = np.where(
@@ -931,7 +990,7 @@ def _to_user_units(cs: ConstraintSet, out: Outcome, N: Norm, tol: float):
     W = _ldexp(c.W, -e)
     back = _ldexp(W, e)
     fin = np.isfinite(W).all((1, 2))
-    amax_s = np.abs(np.nan_to_num(c.W)).max((1, 2))
+    amax_s = np.abs(np.where(np.isfinite(c.W), c.W, 0.0)).max((1, 2))
     amax = np.abs(np.where(fin[:, None, None], W, 0.0)).max((1, 2))
     rep = ~c.feasible | (fin & ((amax_s == 0) | (amax >= MIN_REPRESENTABLE)))
     redo = np.nonzero(c.feasible & rep & ~np.all(back == c.W, (1, 2)))[0]

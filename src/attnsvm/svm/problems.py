@@ -132,9 +132,9 @@ def _keys(X: np.ndarray, Wk, valid: np.ndarray, name: str = "W"):
     """Keys K = X W (..., n, T, d') computed on power-of-two scaled X and W (no overflow):
     returns (K 2^-e, e)."""
     d = X.shape[-1]
+    if Wk is None:  # K = X: build_constraints scales it (the same power of two)
+        return X, np.zeros(X.shape[:-3], np.int64)
     Xs, eX = normalise(X, (-3, -2, -1), valid[..., None])
-    if Wk is None:
-        return Xs, eX
     Wk = as_array(Wk, name, (2, 3), "(d, d') or (B, d, d')")
     if Wk.shape[-2] != d or Wk.shape[-1] == 0:
         raise ValueError(f"{name} must have shape ({d}, d') with d' >= 1; got {Wk.shape}")

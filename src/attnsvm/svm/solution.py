@@ -149,17 +149,21 @@ def _exp2(m: np.ndarray) -> np.ndarray:
     return np.where(ok, np.frexp(np.where(ok, m, 1.0))[1], 0).astype(np.int64)
 
 
-def _ldexp(a: np.ndarray, e) -> np.ndarray:
-    """a * 2^e with e broadcast over a's leading dims (exact unless it over/underflows)."""
+def _ldexp(a: np.ndarray, e, out=None) -> np.ndarray:
+    """a * 2^e with e broadcast over a's leading dims (exact unless it over/underflows);
+    ``out``: where to write it (may be ``a`` itself)."""
     a = np.asarray(a, dtype=float)
     e = np.asarray(e, dtype=np.int64)
+    if e.size == 1 and e.ndim <= a.ndim and -1022 <= int(e.flat[0]) <= 1023:  # one 2^e
+        with np.errstate(over="ignore", under="ignore"):
+            return np.multiply(a, 2.0 ** int(e.flat[0]), out=out)
     e = e.reshape(e.shape + (1,) * (a.ndim - e.ndim))
     with np.errstate(over="ignore", under="ignore"):
         if e.size and -1022 <= e.min() and e.max() <= 1023:
             # 2^e is a normal float64: a * 2^e is the correctly rounded a 2^e, as ldexp
             # (bit for bit, subnormal results included), and 10x faster than np.ldexp
-            return a * np.exp2(e.astype(float))
-        return np.ldexp(a, e)
+            return np.multiply(a, np.exp2(e.astype(float)), out=out)
+        return np.ldexp(a, e, out=out)
 
 
 # ----------------------------------------------------------------------- constraints
@@ -256,7 +260,9 @@ class ConstraintSet:
 
     def row_norms(self) -> np.ndarray:
         """||A_k||_F = ||Delta_k|| ||z_k|| (..., n, T) (0 where invalid)."""
-        nrm = np.linalg.norm(self.Delta, axis=-1) * np.linalg.norm(self.Z, axis=-1)[..., :, None]
+        dd = np.einsum("...d,...d->...", self.Delta, self.Delta)  # sums of squares
+        zz = np.einsum("...e,...e->...", self.Z, self.Z)
+        nrm = np.sqrt(dd) * np.sqrt(zz)[..., :, None]
         return np.where(self.valid, nrm, 0.0)
 
     def scale(self):
@@ -304,6 +310,40 @@ class Certificate:
             getattr(self, k)[idx] = getattr(other, k)
 
 
+def _fro_norm(A: np.ndarray) -> np.ndarray:
+    """||A||_F over the last two dims (finite A), shape A.shape[:-2]: m ||A / m||_F with
+    m = max |A| per item (no overflow or underflow in the squares; 0 for A = 0), as
+    :meth:`attnsvm.norms.Norm.value` computes it."""
+    if A.size == 0:
+        return np.zeros(A.shape[:-2])
+    m = np.abs(A).max((-2, -1))
+    A1 = A / np.where(m > 0, m, 1.0)[..., None, None]
+    return m * np.sqrt(np.einsum("...ij,...ij->...", A1, A1))
+
+
+def _fro_sums(cs: ConstraintSet, Wz: np.ndarray, lam: np.ndarray):
+    """The Frobenius certificate's per-problem numbers (inequalities only) by the compiled
+    :func:`attnsvm.svm._active_kernels.certify_fro`, which evaluates every constraint on
+    Wz itself: (m (B, n, T), S = sum lam_k A_k (B, d, e), margin, violation, ||W||_F,
+    ||S||_F, sum lam_k b_k, ||W - S||_F, max |lam_k (m_k - b_k)|), each (B,).  None without
+    numba or where anything overflowed (the numpy path then gives inf / NaN as it should)."""
+    from . import active
+
+    K = active._kernels()
+    if K is None or cs.Delta.ndim != 4:
+        return None
+    B = Wz.shape[0]
+    m = np.empty(cs.valid.shape)
+    S = np.empty(Wz.shape)
+    out = np.empty((B, 7))
+    c = np.ascontiguousarray
+    K.certify_fro(c(cs.Delta, dtype=float), c(cs.Z, dtype=float), c(cs.valid, dtype=bool),
+                  c(cs.b, dtype=float), c(Wz, dtype=float), c(lam, dtype=float), m, S, out)
+    if not (np.isfinite(m).all() and np.isfinite(S).all() and np.isfinite(out[:, 1:]).all()):
+        return None
+    return (m, S, *out.T)
+
+
 def certify(cs: ConstraintSet, W: np.ndarray, lam: np.ndarray | None, norm,
             tol_active: float = 1e-6) -> Certificate:
     """THE certificate of answers ``W`` (B, d, e) with multipliers ``lam`` (B, n, T) for the
@@ -328,23 +368,35 @@ def certify(cs: ConstraintSet, W: np.ndarray, lam: np.ndarray | None, norm,
     else:
         lam = np.asarray(lam, dtype=float)
         lam_given = np.isfinite(lam).all((-2, -1))
-    lam = np.where(lam_given[:, None, None], np.nan_to_num(lam), 0.0)
-    lam = np.where(ineq, np.maximum(lam, 0.0), np.where(eqm, lam, 0.0))
+    lam = np.where(lam_given[:, None, None], lam, 0.0)  # (rows given are finite)
+    if cs.eq is None:  # inequalities only: lam >= 0 on the valid ones
+        lam = np.where(valid, np.maximum(lam, 0.0), 0.0)
+    else:
+        lam = np.where(ineq, np.maximum(lam, 0.0), np.where(eqm, lam, 0.0))
+    fro = N.name == "fro"  # the Frobenius norm (self-dual) in numpy, no torch round trip
     with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
-        m = cs.margins(Wz)
         bs = np.maximum(1.0, np.abs(b))
-        pos = ineq & (b > 0)
-        margin = np.where(pos, m / np.where(pos, b, 1.0), np.inf).min((1, 2))
-        v_in = np.where(ineq, np.maximum(b - m, 0.0) / bs, 0.0).max((1, 2))
-        v_eq = np.where(eqm, np.abs(m - b) / bs, 0.0).max((1, 2))
-        viol = np.maximum(v_in, v_eq)
-        nrm = np.asarray(N.value(Wz, vector=False), dtype=float)
+        sums = _fro_sums(cs, Wz, lam) if fro and cs.eq is None else None
+        if sums is not None:  # the same numbers from one compiled pass per problem
+            m, S, margin, viol, nrm, dn, lb_num, wms, comp = sums
+        else:
+            m = cs.margins(Wz)
+            pos = ineq & (b > 0)
+            margin = np.where(pos, m / np.where(pos, b, 1.0), np.inf).min((1, 2))
+            viol = np.where(ineq, np.maximum(b - m, 0.0) / bs, 0.0).max((1, 2))
+            if cs.eq is not None:
+                v_eq = np.where(eqm, np.abs(m - b) / bs, 0.0).max((1, 2))
+                viol = np.maximum(viol, v_eq)
+            nrm = _fro_norm(Wz) if fro else np.asarray(N.value(Wz, vector=False), dtype=float)
+            S = cs.combine(lam)
+            dn = (_fro_norm(S) if fro and np.isfinite(S).all()
+                  else np.asarray(N.dual.value(S, vector=False), dtype=float))
+            lb_num = (lam * b).sum((1, 2))
+            wms = np.linalg.norm((Wz - S).reshape(B, -1), axis=1)
+            comp = np.where(ineq, np.abs(lam * (m - b)), 0.0).max((1, 2))
         feasible = has & (viol <= FEAS_TOL) & np.isfinite(nrm)
-        S = cs.combine(lam)
-        dn = np.asarray(N.dual.value(S, vector=False), dtype=float)
-        lb_num = (lam * b).sum((1, 2))
         lower = np.where((dn > 0) & (lb_num > 0), lb_num / np.where(dn > 0, dn, 1.0), 0.0)
-        rhs_eq = (eqm & (b != 0)).any((1, 2))
+        rhs_eq = np.zeros(B, bool) if cs.eq is None else (eqm & (b != 0)).any((1, 2))
         # W / margin is feasible (and no larger in norm when margin >= 1) unless an
         # equality with b != 0 pins the scale
         fix = np.where((margin > 0) & (margin < 1) & ~rhs_eq, margin, 1.0)
@@ -355,11 +407,11 @@ def certify(cs: ConstraintSet, W: np.ndarray, lam: np.ndarray | None, norm,
         gap = np.where(feasible & lam_given, gap, np.nan)
         n2 = np.where(nrm > 0, nrm**2, 1.0)
         if N.dual == N:  # self-dual (Hilbert) norm: stationarity is W = sum lam_k A_k
-            stat = np.linalg.norm((Wz - S).reshape(B, -1), axis=1) / np.sqrt(n2)
+            stat = wms / np.sqrt(n2)
         else:  # S in ||W|| d||W||  <=>  ||S||_* = ||W|| and <S, W> = ||W||^2
             stat = np.maximum(np.abs(dn / np.sqrt(n2) - 1.0),
                               np.abs((S * Wz).sum((1, 2)) / n2 - 1.0))
-        comp = np.where(ineq, np.abs(lam * (m - b)), 0.0).max((1, 2)) / n2
+        comp = comp / n2
         kkt = np.maximum(stat, comp)
         kkt = np.where(need, np.where(nrm > 0, kkt, np.inf), np.where(nrm == 0, 0.0, kkt))
         kkt = np.where(has & lam_given, kkt, np.nan)
