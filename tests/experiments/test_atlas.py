@@ -74,8 +74,9 @@ def test_tiny_population_cells_match_an_independent_solve():
     data = A.population(cfg["n"], cfg["T"], cfg["d"], cfg["seed"], cfg["B"])
     assert np.array_equal(data.X[0], random_sphere(cfg["n"], cfg["T"], cfg["d"], seed=cfg["seed"]).X)
     model = WModel(cfg["d"])
-    tr = train(model, data, optimizer=ngd(cfg["lr"]), steps=cfg["steps"], seed=cfg["seed"],
-               init="random", scale=cfg["init_scale"], record_every=cfg["steps"])
+    tr = train(model, data, optimizer=ngd(cfg["lr"]), steps=cfg["steps"],
+               seed=cfg["seed"] + A.row_seed("NGD"), init="random", scale=cfg["init_scale"],
+               record_every=cfg["steps"])
     alpha = model.attention(tr.params, data).numpy().argmax(-1)
     for b in range(cfg["B"]):
         for col, p in (("fro", 2), ("l3", 3), ("linf", "inf"), ("l1", 1)):
@@ -86,6 +87,10 @@ def test_tiny_population_cells_match_an_independent_solve():
     best = cells.loc[cells.groupby(["optimizer", "run"])["corr"].idxmax()].set_index(["optimizer", "run"]).column
     assert all(b in nearest.loc[i].split("|") for i, b in best.items())
     assert np.isfinite(tables["atlas"].corr_median).all()
+    # a row's runs do not depend on which other rows are selected (seeds from the row name)
+    alone = A.compute(A.EXPERIMENT.config("tiny", rows=["MD l_3"]))["cells"]
+    both = cells[cells.optimizer == "MD l_3"].reset_index(drop=True)
+    np.testing.assert_array_equal(alone["corr"].to_numpy(), both["corr"].to_numpy())
 
 
 def test_coinciding_svms_are_nearest_together():

@@ -29,6 +29,7 @@ finding, reported with its numbers.
 from __future__ import annotations
 
 import dataclasses
+import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -150,18 +151,24 @@ def _nearest(corr: dict) -> str:
     return "|".join(c for c, v in corr.items() if v >= top - 1e-9)
 
 
+def row_seed(name: str) -> int:
+    """A row's start seed offset from its name (CRC-32), so that adding, removing or
+    selecting rows (``cfg["rows"]``) leaves every other row's starts unchanged."""
+    return zlib.crc32(name.encode()) % 100_003
+
+
 def compute(cfg):
     n, T, d, B = cfg["n"], cfg["T"], cfg["d"], cfg["B"]
     data = population(n, T, d, cfg["seed"], B)
     rows = [r for r in ROWS if r.name in cfg.get("rows", [r.name for r in ROWS])]
     cache: dict = {}
     runs, cells, curves = [], [], []
-    for k, row in enumerate(rows):
+    for row in rows:
         model = _model(row.model, d)
         steps = int(cfg["steps"] * row.steps_factor)
         records = int(cfg.get("records", 2))  # even: the middle record is at half-time
         tr = train(model, data, loss="logistic", optimizer=row.rule(cfg), steps=steps,
-                   seed=cfg["seed"] + 101 * k, init=row.init, scale=cfg["init_scale"],
+                   seed=cfg["seed"] + row_seed(row.name), init=row.init, scale=cfg["init_scale"],
                    record_every=max(1, steps // records), record_params=True)
         W = tr.W
         hist = [model.W({kk: torch.as_tensor(v[j]) for kk, v in tr.param_history.items()}).numpy()
