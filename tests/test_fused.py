@@ -271,8 +271,8 @@ def test_auto_falls_back_and_fused_refuses():
 
 
 def test_unsupported_without_numba(monkeypatch):
-    monkeypatch.setattr(fused, "_K", None)
-    monkeypatch.setattr(fused, "_IMPORT_ERROR", ImportError("No module named 'numba'"))
+    monkeypatch.setattr(fused._kernels, "module", None)
+    monkeypatch.setattr(fused._kernels, "error", ImportError("No module named 'numba'"))
     data = D.random_sphere(n=3, T=4, d=3, seed=4, batch=2)
     assert train(M.WModel(3), data, steps=3).extra["engine"] == "torch"
     with pytest.raises(ValueError, match="numba is not importable"):

@@ -173,8 +173,8 @@ def test_ipm_fallback_without_numba(monkeypatch):
     alpha = rng.integers(0, T, (B, n))
     fast = prompt_svm_batch(X, None, alpha)
     assert set(fast.solver_) <= {"batch-mnp-active"}
-    monkeypatch.setattr(active, "_K", None)
-    monkeypatch.setattr(active, "_IMPORT_ERROR", ImportError("no numba (test)"))
+    monkeypatch.setattr(active._kernels, "module", None)
+    monkeypatch.setattr(active._kernels, "error", ImportError("no numba (test)"))
     assert not active.available()
     slow = prompt_svm_batch(X, None, alpha)
     assert not any("active" in s for s in slow.solver_)

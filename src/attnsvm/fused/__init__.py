@@ -30,24 +30,13 @@ import math
 import numpy as np
 import torch
 
+from attnsvm._optional import OptionalImport
+
 __all__ = ["available", "unsupported", "Plan", "ENGINES", "warmup"]
 
 ENGINES = ("auto", "torch", "fused")
 
-_K = None
-_IMPORT_ERROR = None
-
-
-def _kernels():
-    global _K, _IMPORT_ERROR
-    if _K is None and _IMPORT_ERROR is None:
-        try:
-            from . import kernels as K
-        except ImportError as exc:  # numba missing or broken
-            _IMPORT_ERROR = exc
-        else:
-            _K = K
-    return _K
+_kernels = OptionalImport(".kernels", __package__)  # the numba kernels, or None
 
 
 def available() -> bool:
@@ -105,7 +94,7 @@ def unsupported(model, lossf, optimizer=None, tdata=None, batch_size=None,
                 autograd: bool = False) -> str | None:
     """Why the fused engine cannot run this configuration (a short phrase), or None."""
     if not available():
-        return f"numba is not importable ({_IMPORT_ERROR}); install attnsvm[fast]"
+        return f"numba is not importable ({_kernels.error}); install attnsvm[fast]"
     name = type(model).__name__
     if name not in _MODELS or type(model).__module__ != "attnsvm.models.params":
         return f"model {name} (fused: WModel, KQModel, DiagModel, PromptModel)"

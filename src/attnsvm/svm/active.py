@@ -37,6 +37,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from attnsvm._optional import OptionalImport
+
 __all__ = ["available", "mnp_active", "warmup", "OPTIMAL", "SMALL_RHO", "FAILED"]
 
 OPTIMAL, SMALL_RHO, FAILED = 0, 1, 2
@@ -46,20 +48,7 @@ PARALLEL_B = 64  # batches from this size run in threads (problems are independe
 PER_THREAD = 4  # slices per thread: a thread that is slowed down (a busy core) or gets the
 # harder problems leaves its later slices to the others
 
-_K = None
-_IMPORT_ERROR = None
-
-
-def _kernels():
-    global _K, _IMPORT_ERROR
-    if _K is None and _IMPORT_ERROR is None:
-        try:
-            from . import _active_kernels as K
-        except ImportError as exc:  # numba missing or broken
-            _IMPORT_ERROR = exc
-        else:
-            _K = K
-    return _K
+_kernels = OptionalImport("._active_kernels", __package__)  # the numba kernels, or None
 
 
 def available() -> bool:
@@ -84,7 +73,7 @@ def mnp_active(Delta: np.ndarray, Z: np.ndarray, valid: np.ndarray, *, tol: floa
     """
     K = _kernels()
     if K is None:
-        raise RuntimeError(f"numba is not importable ({_IMPORT_ERROR}); install attnsvm[fast]")
+        raise RuntimeError(f"numba is not importable ({_kernels.error}); install attnsvm[fast]")
     D = np.ascontiguousarray(Delta, dtype=np.float64)
     Zc = np.ascontiguousarray(Z, dtype=np.float64)
     V = np.ascontiguousarray(valid, dtype=np.bool_)
