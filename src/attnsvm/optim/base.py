@@ -233,7 +233,7 @@ class InversePower:
 def check_lr_or_schedule(lr, name: str = "lr"):
     """A step size (see :func:`check_lr`) or a schedule: a callable of the per-trial step
     count t (B,) (0 at the first step) returning step sizes, e.g. :class:`InversePower`."""
-    if callable(lr) and not isinstance(lr, torch.Tensor):
+    if callable(lr):
         return lr
     return check_lr(lr, name)
 

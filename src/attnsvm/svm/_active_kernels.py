@@ -63,41 +63,34 @@ def _chol_delete(L, k, p):
 
 
 @njit(cache=True, nogil=True)
+def _gram_entry(D, Z, ka, kb):
+    """(Delta_ka . Delta_kb)(z_ka . z_kb), the sums in index order (the same bits wherever
+    an entry is formed: full matrix, lazy row, diagonal)."""
+    s1 = 0.0
+    for c in range(D.shape[1]):
+        s1 += D[ka, c] * D[kb, c]
+    s2 = 0.0
+    for c in range(Z.shape[1]):
+        s2 += Z[ka, c] * Z[kb, c]
+    return s1 * s2
+
+
+@njit(cache=True, nogil=True)
 def _gram(D, Z, vi, nv, G):
     """G[a, b] = (Delta_a . Delta_b)(z_a . z_b) over the valid constraints vi[:nv]."""
-    d = D.shape[1]
-    e = Z.shape[1]
     for a in range(nv):
-        ka = vi[a]
         for b in range(a + 1):
-            kb = vi[b]
-            s1 = 0.0
-            for c in range(d):
-                s1 += D[ka, c] * D[kb, c]
-            s2 = 0.0
-            for c in range(e):
-                s2 += Z[ka, c] * Z[kb, c]
-            G[a, b] = s1 * s2
-            G[b, a] = s1 * s2
+            g = _gram_entry(D, Z, vi[a], vi[b])
+            G[a, b] = g
+            G[b, a] = g
 
 
 @njit(cache=True, nogil=True)
 def _gram_row(D, Z, vi, nv, j, scale, G):
     """Row j of the Gram matrix, on demand: G[j, b] = (Delta_j . Delta_b)(z_j . z_b) / scale
-    over the valid constraints vi[:nv] (the same products and sums as :func:`_gram`, so
-    the same bits)."""
-    d = D.shape[1]
-    e = Z.shape[1]
-    kj = vi[j]
+    over the valid constraints vi[:nv] (the entries of :func:`_gram`, same bits)."""
     for b in range(nv):
-        kb = vi[b]
-        s1 = 0.0
-        for c in range(d):
-            s1 += D[kb, c] * D[kj, c]
-        s2 = 0.0
-        for c in range(e):
-            s2 += Z[kb, c] * Z[kj, c]
-        G[j, b] = (s1 * s2) / scale
+        G[j, b] = _gram_entry(D, Z, vi[b], vi[j]) / scale
 
 
 @njit(cache=True, nogil=True)
@@ -343,14 +336,7 @@ def mnp_one(D, Z, valid, tol, small, max_iter, mu, lam, W, Gin):
         G = np.empty((nv, nv))
         for a in range(nv):
             have[a] = False
-            ka = vi[a]
-            s1 = 0.0
-            for c in range(d):
-                s1 += D[ka, c] * D[ka, c]
-            s2 = 0.0
-            for c in range(e):
-                s2 += Z[ka, c] * Z[ka, c]
-            G[a, a] = s1 * s2
+            G[a, a] = _gram_entry(D, Z, vi[a], vi[a])
     else:
         G = Gin
     gmax = 0.0
