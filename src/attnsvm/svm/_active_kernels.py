@@ -18,22 +18,36 @@ OPTIMAL, SMALL_RHO, FAILED = 0, 1, 2
 
 @njit(cache=True, nogil=True)
 def _solve_l(L, k, r):
-    """In place: r <- L^{-1} r (L lower triangular, leading k x k block)."""
+    """In place: r <- L^{-1} r (L lower triangular, leading k x k block).  Each row's dot
+    product L[i, :i] . r[:i] in four interleaved partial sums (four independent chains of
+    additions instead of one)."""
     for i in range(k):
-        s = r[i]
-        for j in range(i):
-            s -= L[i, j] * r[j]
-        r[i] = s / L[i, i]
+        s0 = 0.0
+        s1 = 0.0
+        s2 = 0.0
+        s3 = 0.0
+        j = 0
+        while j + 4 <= i:
+            s0 += L[i, j] * r[j]
+            s1 += L[i, j + 1] * r[j + 1]
+            s2 += L[i, j + 2] * r[j + 2]
+            s3 += L[i, j + 3] * r[j + 3]
+            j += 4
+        while j < i:
+            s0 += L[i, j] * r[j]
+            j += 1
+        r[i] = (r[i] - ((s0 + s1) + (s2 + s3))) / L[i, i]
 
 
 @njit(cache=True, nogil=True)
 def _solve_lt(L, k, r):
-    """In place: r <- L^{-T} r."""
+    """In place: r <- L^{-T} r, by columns of L^T = rows of L (contiguous): x_i = r_i / L_ii,
+    then r_j -= L_ij x_i for j < i (independent updates, no chain of additions)."""
     for i in range(k - 1, -1, -1):
-        s = r[i]
-        for j in range(i + 1, k):
-            s -= L[j, i] * r[j]
-        r[i] = s / L[i, i]
+        xi = r[i] / L[i, i]
+        r[i] = xi
+        for j in range(i):
+            r[j] -= L[i, j] * xi
 
 
 @njit(cache=True, nogil=True)
@@ -86,26 +100,49 @@ def _gram(D, Z, vi, nv, G):
 
 
 @njit(cache=True, nogil=True)
-def _gram_row(D, Z, vi, nv, j, scale, G):
+def _gram_row(Dt, Zt, nv, j, scale, G, acc):
     """Row j of the Gram matrix, on demand: G[j, b] = (Delta_j . Delta_b)(z_j . z_b) / scale
-    over the valid constraints vi[:nv] (the entries of :func:`_gram`, same bits)."""
+    over the valid constraints, from their transposed copies Dt (d, nv), Zt (e, nv): the
+    entries of :func:`_gram` (each sum in index order, same bits), the loop over b inner
+    (independent sums, contiguous: no chain of dependent additions per entry). acc (nv,)."""
     for b in range(nv):
-        G[j, b] = _gram_entry(D, Z, vi[b], vi[j]) / scale
+        G[j, b] = 0.0
+        acc[b] = 0.0
+    for c in range(Dt.shape[0]):
+        x = Dt[c, j]
+        for b in range(nv):
+            G[j, b] += Dt[c, b] * x
+    for f in range(Zt.shape[0]):
+        x = Zt[f, j]
+        for b in range(nv):
+            acc[b] += Zt[f, b] * x
+    for b in range(nv):
+        G[j, b] = G[j, b] * acc[b] / scale
 
 
 @njit(cache=True, nogil=True)
 def _margins(D, Z, W, vi, nv, out):
-    """out[a] = Delta_k^T W z_k, k = vi[a]."""
+    """out[a] = Delta_k^T W z_k, k = vi[a]: u = W z_k (each u_c summed over f in index
+    order, the d sums side by side from W^T: no chain of dependent additions), then
+    Delta_k . u."""
     d = D.shape[1]
     e = Z.shape[1]
+    Wt = np.empty((e, d))
+    for c in range(d):
+        for f in range(e):
+            Wt[f, c] = W[c, f]
+    u = np.empty(d)
     for a in range(nv):
         k = vi[a]
+        for c in range(d):
+            u[c] = 0.0
+        for f in range(e):
+            zf = Z[k, f]
+            for c in range(d):
+                u[c] += Wt[f, c] * zf
         s = 0.0
         for c in range(d):
-            t = 0.0
-            for f in range(e):
-                t += W[c, f] * Z[k, f]
-            s += D[k, c] * t
+            s += D[k, c] * u[c]
         out[a] = s
 
 
@@ -333,12 +370,23 @@ def mnp_one(D, Z, valid, tol, small, max_iter, mu, lam, W, Gin):
     lazy = Gin.shape[0] != nv
     have = np.ones(nv, np.bool_)
     if lazy:
+        Dt = np.empty((d, nv))  # the valid constraints, transposed (see _gram_row)
+        Zt = np.empty((e, nv))
+        for a in range(nv):
+            k = vi[a]
+            for c in range(d):
+                Dt[c, a] = D[k, c]
+            for f in range(e):
+                Zt[f, a] = Z[k, f]
         G = np.empty((nv, nv))
         for a in range(nv):
             have[a] = False
             G[a, a] = _gram_entry(D, Z, vi[a], vi[a])
     else:
+        Dt = np.empty((0, 0))
+        Zt = np.empty((0, 0))
         G = Gin
+    acc = np.empty(nv)
     gmax = 0.0
     for a in range(nv):
         gmax = max(gmax, G[a, a])
@@ -369,7 +417,7 @@ def mnp_one(D, Z, valid, tol, small, max_iter, mu, lam, W, Gin):
         if G[a, a] < G[j0, j0]:
             j0 = a
     if not have[j0]:
-        _gram_row(D, Z, vi, nv, j0, gmax, G)
+        _gram_row(Dt, Zt, nv, j0, gmax, G, acc)
         have[j0] = True
     S[0] = j0
     inS[j0] = True
@@ -444,7 +492,7 @@ def mnp_one(D, Z, valid, tol, small, max_iter, mu, lam, W, Gin):
         if inS[jm] or ks == cap:
             break
         if not have[jm]:
-            _gram_row(D, Z, vi, nv, jm, gmax, G)
+            _gram_row(Dt, Zt, nv, jm, gmax, G, acc)
             have[jm] = True
         # add jm: extend the Cholesky factor of M = G_SS + 1 1^T
         for q in range(ks):
