@@ -727,3 +727,147 @@ def certify_fro(D, Z, valid, b, W, lam, m, S, out):
         out[bb, 4] = lb
         out[bb, 5] = math.sqrt(s)
         out[bb, 6] = cp
+
+
+@njit(cache=True, nogil=True)
+def _exp2(m):
+    """Integer e with m = f 2^e, f in [1/2, 1) (0 where m == 0 or not finite), as
+    :func:`attnsvm.svm.solution._exp2`."""
+    if m > 0.0 and math.isfinite(m):
+        return math.frexp(m)[1]
+    return 0
+
+
+LEAN_OK, LEAN_SCALE, LEAN_NO_MARGIN, LEAN_ZERO_ROW = 0, 1, 2, 3  # fro_single's verdicts
+
+
+@njit(cache=True, nogil=True)
+def fro_single(X, z, alpha, valid, tol, small, max_iter, D, Zs, v, W, lam, mu, m, S, info,
+               sums):
+    """One Frobenius ATT-SVM from the raw arrays, the steps of the engine in one compiled
+    call (bit for bit the same numbers):
+
+    1. normalisation (:func:`attnsvm.svm.engine.build_constraints`): X 2^-eX (eX the
+       exponent of max |x| over valid tokens), Delta_it = x_{i,alpha_i} - x_it on the valid
+       t != alpha_i (0 elsewhere), Delta 2^-eD, z 2^-eZ (exact: powers of two);
+    2. the active-set solve (:func:`mnp_one`, lazy Gram rows);
+    3. W, lam scaled to minimal margin exactly 1 (:func:`attnsvm.svm.engine._to_feasible`);
+    4. the certificate's sums from that W (:func:`certify_fro`, every constraint).
+
+    X (n, T, d), z (n, e), alpha (n,), valid (n, T) bool; outputs D (n, T, d), Zs (n, e),
+    v (n, T) bool (the constraints), W (d, e), lam, mu, m (n, T), S (d, e); info (8,) int64:
+    [verdict, eX + eD + eZ, kernel status, n_iter]; sums (8,): [rho2, certify_fro's 7
+    numbers].  The verdict is LEAN_OK, or why the engine's general path must take over
+    (LEAN_SCALE: a power of two out of the normal range, or a row norm near underflow;
+    LEAN_NO_MARGIN: no constraint; LEAN_ZERO_ROW: a constraint with A_k = 0)."""
+    n, T, d = X.shape
+    e = z.shape[1]
+    info[0] = LEAN_OK
+    mx = 0.0
+    for i in range(n):
+        for t in range(T):
+            if valid[i, t]:
+                for c in range(d):
+                    mx = max(mx, abs(X[i, t, c]))
+    eX = _exp2(mx)
+    if eX < -1023 or eX > 1022:
+        info[0] = LEAN_SCALE
+        return
+    sx = math.ldexp(1.0, -eX)
+    nv = 0
+    mx = 0.0
+    for i in range(n):
+        a = alpha[i]
+        for t in range(T):
+            ok = valid[i, t] and t != a
+            v[i, t] = ok
+            if ok:
+                nv += 1
+            for c in range(d):
+                D[i, t, c] = X[i, a, c] * sx - X[i, t, c] * sx if ok else 0.0
+                mx = max(mx, abs(D[i, t, c]))
+    if nv == 0:
+        info[0] = LEAN_NO_MARGIN
+        return
+    eD = _exp2(mx)
+    mz = 0.0
+    for i in range(n):
+        for f in range(e):
+            mz = max(mz, abs(z[i, f]))
+    eZ = _exp2(mz)
+    if eD < -1023 or eD > 1022 or eZ < -1023 or eZ > 1022:
+        info[0] = LEAN_SCALE
+        return
+    sd = math.ldexp(1.0, -eD)
+    sz = math.ldexp(1.0, -eZ)
+    for i in range(n):
+        for t in range(T):
+            for c in range(d):
+                D[i, t, c] *= sd
+        for f in range(e):
+            Zs[i, f] = z[i, f] * sz
+    info[1] = eX + eD + eZ
+    for i in range(n):  # a zero constraint matrix (or one near underflow): the engine's
+        zz = 0.0        # zero-constraint / Farkas path
+        for f in range(e):
+            zz += Zs[i, f] * Zs[i, f]
+        for t in range(T):
+            if v[i, t]:
+                dd = 0.0
+                for c in range(d):
+                    dd += D[i, t, c] * D[i, t, c]
+                if dd == 0.0 or zz == 0.0:
+                    info[0] = LEAN_ZERO_ROW
+                    return
+                if math.sqrt(dd) * math.sqrt(zz) < 1e-290:
+                    info[0] = LEAN_SCALE
+                    return
+    N = n * T
+    Df = D.reshape((N, d))
+    Zr = np.empty((N, e))
+    for i in range(n):
+        for t in range(T):
+            for f in range(e):
+                Zr[i * T + t, f] = Zs[i, f]
+    vf = v.reshape(N)
+    lf = lam.reshape(N)
+    st, r2, it = mnp_one(Df, Zr, vf, tol, small, max_iter, mu.reshape(N), lf, W,
+                         np.empty((0, 0)))
+    info[2] = st
+    info[3] = it
+    sums[0] = r2
+    if st != OPTIMAL:
+        return
+    # minimal margin exactly 1
+    D4 = D.reshape((1, n, T, d))
+    Z3 = Zs.reshape((1, n, e))
+    v3 = v.reshape((1, n, T))
+    W3 = W.reshape((1, d, e))
+    m3 = m.reshape((1, n, T))
+    margins_batch(D4, Z3, v3, W3, m3)
+    fin = True
+    for c in range(d):
+        for f in range(e):
+            if not math.isfinite(W[c, f]):
+                fin = False
+    ratio = np.inf
+    for i in range(n):
+        for t in range(T):
+            if v[i, t]:
+                ratio = min(ratio, m[i, t] / 1.0)
+    if ratio > 0.0 and math.isfinite(ratio) and fin:
+        for c in range(d):
+            for f in range(e):
+                W[c, f] /= ratio
+        for k in range(N):
+            lf[k] /= ratio
+    for k in range(N):  # the certificate's lam: >= 0 on the constraints, 0 elsewhere
+        lf[k] = max(lf[k], 0.0) if vf[k] else 0.0
+    b = np.empty((1, n, T))
+    for i in range(n):
+        for t in range(T):
+            b[0, i, t] = 1.0 if v[i, t] else 0.0
+    out = np.empty((1, 7))
+    certify_fro(D4, Z3, v3, b, W3, lam.reshape((1, n, T)), m3, S.reshape((1, d, e)), out)
+    for k in range(7):
+        sums[k + 1] = out[0, k]

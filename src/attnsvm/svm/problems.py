@@ -12,8 +12,9 @@ import numbers
 
 import numpy as np
 
+from ..norms import FRO
 from ..scores import opt_tokens, scores  # re-exported: the one home is attnsvm.scores
-from . import engine
+from . import engine, lean
 from .engine import build_constraints, farkas_conflict, normalise, normalise_constraints
 from .solution import ConstraintSet, Solution
 from .validate import as_alpha, as_array, as_labels, as_mask, as_norm, as_support, resolve_alpha
@@ -123,6 +124,12 @@ def att_svm(X, z, alpha=None, *, y=None, v=None, norm="fro", rank=None, mask=Non
     alpha = resolve_alpha(alpha, X, valid, y, v)
     N = as_norm(norm)
     rank = _rank(rank)
+    if N == FRO and rank is None and lean.applies(n, T, solver):
+        # small problems: the engine's steps in one compiled call (None: the engine decides)
+        sol = lean.att_svm_lean(np.ascontiguousarray(X), np.ascontiguousarray(z), alpha, valid,
+                                tol=tol)
+        if sol is not None:
+            return sol
     cs = build_constraints(X[None], z[None], alpha[None], valid[None])
     return _run(cs, norm=N, solver=solver, tol=tol, alpha=alpha, problem="att_svm",
                 vector=False, irreducible=irreducible, rank=rank)
