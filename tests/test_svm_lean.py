@@ -144,3 +144,112 @@ def test_lean_declines():
         with pytest.raises(NotRepresentableError):
             att_svm(Xp * s, zp * s, ap)
     assert not lean.applies(20, 15, None) and not lean.applies(2, 2, "ipm")
+
+
+# ------------------------------------------------------------------ batches
+def general_batch(X, z, alpha, valid, xexp=0, irreducible=False, problem="att_svm",
+                  vector=False):
+    """The batch through the general engine (build_constraints + engine.solve)."""
+    B = len(X)
+    cs = engine.build_constraints(X, z, alpha, valid, x_exp=np.broadcast_to(xexp, (B,)))
+    out = engine.solve(cs, "fro", solver=None, tol=1e-6, irreducible=irreducible)
+    return engine.to_batch_solution(cs, out, alpha=alpha, problem=problem, vector=vector,
+                                    norm="fro", tol=1e-6)
+
+
+BATCH_FIELDS = ("W_", "norm_", "margin_", "violation_", "kkt_residual_", "gap_", "dual_",
+                "support_", "margins_", "feasible_", "status_", "solver_", "alpha_")
+
+
+def same_batch(a, b):
+    for f in BATCH_FIELDS:
+        x, y = getattr(a, f), getattr(b, f)
+        assert x.shape == y.shape and x.dtype == y.dtype, f
+        assert np.array_equal(x, y, equal_nan=x.dtype.kind == "f"), f
+    assert a.conflict_ == b.conflict_
+    assert (a.norm, a.problem, a.tol_active) == (b.norm, b.problem, b.tol_active)
+    assert a.extra.keys() == b.extra.keys()
+    inf = a.status_ == "infeasible"
+    for k, x in a.extra.items():
+        y = b.extra[k]
+        if k == "lower_bound":  # infeasible: from the solver's last multipliers (rounding)
+            assert np.array_equal(x[~inf], y[~inf])
+            assert np.all((x[inf] >= 0) & (y[inf] >= 0))
+        else:
+            assert np.array_equal(x, y, equal_nan=np.asarray(x).dtype.kind == "f"), k
+
+
+def batch_instance(rng, B, n, T, d, e, kind):
+    X = rng.standard_normal((B, n, T, d))
+    z = rng.standard_normal((B, n, e))
+    alpha = rng.integers(0, T, (B, n))  # random: about half infeasible
+    valid = np.ones((B, n, T), bool)
+    if kind == "planted":
+        Ws = rng.standard_normal((B, d, e))
+        alpha = np.argmax(((X @ Ws[:, None]) * z[:, :, None, :]).sum(-1), axis=-1)
+    if kind == "degenerate":
+        X[::3, :, 1] = X[::3, :, 2]  # duplicate tokens (zero constraints where selected)
+        X[1::4, 1], z[1::4, 1] = X[1::4, 0], z[1::4, 0]  # repeated sequences
+        valid = rng.random((B, n, T)) > 0.2
+        valid[np.arange(B)[:, None], np.arange(n)[None, :], alpha] = True
+        valid[2, :, :] = False  # no constraint at all
+        valid[2, np.arange(n), alpha[2]] = True
+        z[5, 0] = 0.0  # a zero query: its constraints have A_k = 0
+        X[7] *= 2.0 ** 600  # far from unit scale
+    return X, z, alpha, valid
+
+
+@pytest.mark.parametrize("kind", ["planted", "random", "degenerate"])
+@pytest.mark.parametrize("irreducible", [False, True])
+def test_batch_lean_equals_engine(kind, irreducible):
+    from attnsvm.svm import att_svm_batch
+
+    rng = np.random.default_rng(11 + irreducible)
+    n_inf = n_feas = 0
+    for B, n, T, d, e in ((40, 6, 8, 5, 3), (70, 3, 4, 2, 2), (9, 5, 6, 4, 1)):
+        X, z, alpha, valid = batch_instance(rng, B, n, T, d, e, kind)
+        ref = general_batch(X, z, alpha, valid, irreducible=irreducible)
+        got = lean.batch_lean(X, z, alpha, valid, 0, solver=None, tol=1e-6,
+                              irreducible=irreducible, problem="att_svm", vector=False)
+        same_batch(got, ref)
+        same_batch(att_svm_batch(X, z, alpha, mask=valid, irreducible=irreducible), ref)
+        n_inf += (ref.status_ == "infeasible").sum()
+        n_feas += ref.feasible_.sum()
+    assert n_feas >= 10 and (kind == "planted" or n_inf >= 10)
+
+
+def test_prompt_batch_lean_equals_engine():
+    from attnsvm.svm import prompt_svm_batch
+    from attnsvm.svm.problems import _keys
+
+    rng = np.random.default_rng(5)
+    B, n, T, d = 300, 6, 8, 10
+    X = rng.standard_normal((B, n, T, d))
+    alpha = rng.integers(0, T, (B, n))
+    valid = np.ones((B, n, T), bool)
+    for Wk in (None, rng.standard_normal((d, d)) * 1e-3):
+        K, eK = _keys(X, Wk, valid)
+        ref = general_batch(K, np.ones((B, n, 1)), alpha, valid, eK, problem="prompt_svm",
+                            vector=True)
+        got = prompt_svm_batch(X, Wk, alpha)
+        same_batch(got, ref)
+        assert 50 <= got.feasible_.sum() <= B - 50  # both kinds, many of each
+
+
+def test_batch_lean_hands_over_stalled_problems():
+    """A major-cycle cap of 1 leaves every problem (or one) to the engine: its answers."""
+    rng = np.random.default_rng(9)
+    X, z, alpha, valid = batch_instance(rng, 12, 4, 5, 3, 3, "random")
+    ref = general_batch(X, z, alpha, valid)
+    got = lean.batch_lean(X, z, alpha, valid, 0, solver=None, tol=1e-6, irreducible=False,
+                          problem="att_svm", vector=False, max_iter=1)
+    same_batch(got, ref)
+    # one stalled problem among settled ones (the engine gets it in a batch of two)
+    Xp, zp, ap, vp = batch_instance(rng, 5, 4, 5, 3, 3, "planted")
+    ref = general_batch(Xp, zp, ap, vp)
+    Xp[3, :, 1] = Xp[3, np.arange(4), ap[3]]  # a zero constraint in problem 3: the engine's
+    ref3 = general_batch(Xp, zp, ap, vp)
+    got = lean.batch_lean(Xp, zp, ap, vp, 0, solver=None, tol=1e-6, irreducible=False,
+                          problem="att_svm", vector=False)
+    same_batch(got, ref3)
+    assert ref3.status_[3] == "infeasible" and ref.status_[3] == "optimal"

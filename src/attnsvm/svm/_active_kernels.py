@@ -738,31 +738,36 @@ def _exp2(m):
     return 0
 
 
-LEAN_OK, LEAN_SCALE, LEAN_NO_MARGIN, LEAN_ZERO_ROW = 0, 1, 2, 3  # fro_single's verdicts
+LEAN_OK, LEAN_SCALE, LEAN_NO_MARGIN, LEAN_ZERO_ROW = 0, 1, 2, 3  # _lean_one's verdicts
 
 
 @njit(cache=True, nogil=True)
-def fro_single(X, z, alpha, valid, tol, small, max_iter, D, Zs, v, W, lam, mu, m, S, info,
-               sums):
-    """One Frobenius ATT-SVM from the raw arrays, the steps of the engine in one compiled
-    call (bit for bit the same numbers):
+def _lean_one(X, z, alpha, valid, xexp, tol, small, max_iter, D, Zs, v, W, lam, mu, m, S,
+              info, sums):
+    """One Frobenius max-margin problem from the raw arrays, the steps of the engine in one
+    compiled call (the same numbers, bit for bit, for a solved problem):
 
     1. normalisation (:func:`attnsvm.svm.engine.build_constraints`): X 2^-eX (eX the
        exponent of max |x| over valid tokens), Delta_it = x_{i,alpha_i} - x_it on the valid
        t != alpha_i (0 elsewhere), Delta 2^-eD, z 2^-eZ (exact: powers of two);
-    2. the active-set solve (:func:`mnp_one`, lazy Gram rows);
+    2. the active-set solve (:func:`mnp_one`, lazy Gram rows); where it finds rho ~ 0,
+       lam = mu / rho^2 and W = sum_k lam_k A_k (as :func:`attnsvm.svm.active.mnp_active`);
     3. W, lam scaled to minimal margin exactly 1 (:func:`attnsvm.svm.engine._to_feasible`);
-    4. the certificate's sums from that W (:func:`certify_fro`, every constraint).
+    4. the certificate's sums from that W (:func:`certify_fro`, every constraint; no W:
+       those of W = 0, as :func:`attnsvm.svm.solution.certify`).
 
-    X (n, T, d), z (n, e), alpha (n,), valid (n, T) bool; outputs D (n, T, d), Zs (n, e),
-    v (n, T) bool (the constraints), W (d, e), lam, mu, m (n, T), S (d, e); info (8,) int64:
-    [verdict, eX + eD + eZ, kernel status, n_iter]; sums (8,): [rho2, certify_fro's 7
-    numbers].  The verdict is LEAN_OK, or why the engine's general path must take over
-    (LEAN_SCALE: a power of two out of the normal range, or a row norm near underflow;
-    LEAN_NO_MARGIN: no constraint; LEAN_ZERO_ROW: a constraint with A_k = 0)."""
+    X (n, T, d), z (n, e), alpha (n,), valid (n, T) bool, xexp: the exponent already divided
+    out of X; outputs D (n, T, d), Zs (n, e), v (n, T) bool (the constraints), W (d, e),
+    lam, mu, m (n, T), S (d, e); info (5,) int64: [verdict, xexp + eX + eD + eZ, kernel
+    status, n_iter, W finite]; sums (8,): [rho2, certify_fro's 7 numbers].  The verdict is LEAN_OK, or
+    why the engine's general path must take over (LEAN_SCALE: a power of two out of the
+    normal range, or a row norm near underflow; LEAN_NO_MARGIN: no constraint;
+    LEAN_ZERO_ROW: a constraint with A_k = 0)."""
     n, T, d = X.shape
     e = z.shape[1]
     info[0] = LEAN_OK
+    info[2] = FAILED
+    info[4] = 0
     mx = 0.0
     for i in range(n):
         for t in range(T):
@@ -806,7 +811,7 @@ def fro_single(X, z, alpha, valid, tol, small, max_iter, D, Zs, v, W, lam, mu, m
                 D[i, t, c] *= sd
         for f in range(e):
             Zs[i, f] = z[i, f] * sz
-    info[1] = eX + eD + eZ
+    info[1] = xexp + eX + eD + eZ
     for i in range(n):  # a zero constraint matrix (or one near underflow): the engine's
         zz = 0.0        # zero-constraint / Farkas path
         for f in range(e):
@@ -831,43 +836,78 @@ def fro_single(X, z, alpha, valid, tol, small, max_iter, D, Zs, v, W, lam, mu, m
                 Zr[i * T + t, f] = Zs[i, f]
     vf = v.reshape(N)
     lf = lam.reshape(N)
-    st, r2, it = mnp_one(Df, Zr, vf, tol, small, max_iter, mu.reshape(N), lf, W,
-                         np.empty((0, 0)))
+    muf = mu.reshape(N)
+    st, r2, it = mnp_one(Df, Zr, vf, tol, small, max_iter, muf, lf, W, np.empty((0, 0)))
     info[2] = st
     info[3] = it
     sums[0] = r2
-    if st != OPTIMAL:
+    if st == FAILED:
         return
-    # minimal margin exactly 1
-    D4 = D.reshape((1, n, T, d))
-    Z3 = Zs.reshape((1, n, e))
-    v3 = v.reshape((1, n, T))
-    W3 = W.reshape((1, d, e))
-    m3 = m.reshape((1, n, T))
-    margins_batch(D4, Z3, v3, W3, m3)
+    if st == SMALL_RHO:  # as mnp_active: W = sum mu_k A_k / rho^2 wherever rho > 0
+        for c in range(d):
+            for f in range(e):
+                W[c, f] = 0.0 if r2 > 0.0 else np.nan
+        for k in range(N):
+            lf[k] = muf[k] / r2 if r2 > 0.0 else 0.0
+        if r2 > 0.0:
+            for k in range(N):
+                for c in range(d):
+                    for f in range(e):
+                        W[c, f] += Df[k, c] * (lf[k] * Zr[k, f])
     fin = True
     for c in range(d):
         for f in range(e):
             if not math.isfinite(W[c, f]):
                 fin = False
-    ratio = np.inf
-    for i in range(n):
-        for t in range(T):
-            if v[i, t]:
-                ratio = min(ratio, m[i, t] / 1.0)
-    if ratio > 0.0 and math.isfinite(ratio) and fin:
-        for c in range(d):
-            for f in range(e):
-                W[c, f] /= ratio
-        for k in range(N):
-            lf[k] /= ratio
+    info[4] = fin
+    lam_ok = True
+    for k in range(N):
+        if not math.isfinite(lf[k]):
+            lam_ok = False
+    D4 = D.reshape((1, n, T, d))
+    Z3 = Zs.reshape((1, n, e))
+    v3 = v.reshape((1, n, T))
+    m3 = m.reshape((1, n, T))
+    if fin:  # minimal margin exactly 1
+        margins_batch(D4, Z3, v3, W.reshape((1, d, e)), m3)
+        ratio = np.inf
+        for i in range(n):
+            for t in range(T):
+                if v[i, t]:
+                    ratio = min(ratio, m[i, t] / 1.0)
+        if ratio > 0.0 and math.isfinite(ratio):
+            for c in range(d):
+                for f in range(e):
+                    W[c, f] /= ratio
+            for k in range(N):
+                lf[k] /= ratio
     for k in range(N):  # the certificate's lam: >= 0 on the constraints, 0 elsewhere
-        lf[k] = max(lf[k], 0.0) if vf[k] else 0.0
+        lf[k] = max(lf[k], 0.0) if vf[k] and lam_ok else 0.0
     b = np.empty((1, n, T))
     for i in range(n):
         for t in range(T):
             b[0, i, t] = 1.0 if v[i, t] else 0.0
+    Wc = W.copy() if fin else np.zeros((d, e))  # the certificate of no answer: W = 0
     out = np.empty((1, 7))
-    certify_fro(D4, Z3, v3, b, W3, lam.reshape((1, n, T)), m3, S.reshape((1, d, e)), out)
+    certify_fro(D4, Z3, v3, b, Wc.reshape((1, d, e)), lam.reshape((1, n, T)), m3,
+                S.reshape((1, d, e)), out)
     for k in range(7):
         sums[k + 1] = out[0, k]
+
+
+@njit(cache=True, nogil=True)
+def fro_single(X, z, alpha, valid, tol, small, max_iter, D, Zs, v, W, lam, mu, m, S, info,
+               sums):
+    """:func:`_lean_one` for one problem (xexp = 0)."""
+    _lean_one(X, z, alpha, valid, 0, tol, small, max_iter, D, Zs, v, W, lam, mu, m, S, info,
+              sums)
+
+
+@njit(cache=True, nogil=True)
+def fro_lean_batch(X, z, alpha, valid, xexp, tol, small, max_iter, D, Zs, v, W, lam, mu, m,
+                   S, info, sums, b0, b1):
+    """:func:`_lean_one` over problems b0 .. b1-1 of a batch (every argument with a leading
+    batch dim B, xexp (B,))."""
+    for b in range(b0, b1):
+        _lean_one(X[b], z[b], alpha[b], valid[b], xexp[b], tol, small, max_iter, D[b], Zs[b],
+                  v[b], W[b], lam[b], mu[b], m[b], S[b], info[b], sums[b])
