@@ -121,17 +121,17 @@ def _gram_row(Dt, Zt, nv, j, scale, G, acc):
 
 
 @njit(cache=True, nogil=True)
-def _margins(D, Z, W, vi, nv, out):
+def _margins(D, Z, W, vi, nv, out, ws):
     """out[a] = Delta_k^T W z_k, k = vi[a]: u = W z_k (each u_c summed over f in index
     order, the d sums side by side from W^T: no chain of dependent additions), then
-    Delta_k . u."""
+    Delta_k . u.  ws: workspace of d (e + 1) floats (W^T and u)."""
     d = D.shape[1]
     e = Z.shape[1]
-    Wt = np.empty((e, d))
+    Wt = ws[: e * d].reshape((e, d))
     for c in range(d):
         for f in range(e):
             Wt[f, c] = W[c, f]
-    u = np.empty(d)
+    u = ws[e * d: e * d + d]
     for a in range(nv):
         k = vi[a]
         for c in range(d):
@@ -179,7 +179,7 @@ def _affine_min(L, ks, v):
 
 
 @njit(cache=True, nogil=True)
-def _refine(D, Z, L, ks, Sk, x, gmax, lamS, W, r, v, mS):
+def _refine(D, Z, L, ks, Sk, x, gmax, lamS, W, r, v, mS, ws):
     """lam_S solving G_SS lam = 1 from the weights x (lam = x / rho^2), refined twice with
     residuals 1 - <A_k, W> from W = sum lam_k A_k itself; G_SS^{-1} by Sherman-Morrison on
     M = G_SS + 1 1^T (units: G scaled by 1 / gmax, lamS = gmax lam). Writes W; returns
@@ -202,7 +202,7 @@ def _refine(D, Z, L, ks, Sk, x, gmax, lamS, W, r, v, mS):
         for q in range(ks):
             r[q] = lamS[q] / gmax
         _combine(D, Z, r, Sk, ks, W)
-        _margins(D, Z, W, Sk, ks, mS)
+        _margins(D, Z, W, Sk, ks, mS, ws)
         for q in range(ks):
             r[q] = 1.0 - mS[q]
         _solve_l(L, ks, r)
@@ -222,14 +222,14 @@ def _refine(D, Z, L, ks, Sk, x, gmax, lamS, W, r, v, mS):
 
 
 @njit(cache=True, nogil=True)
-def _farkas_refine(D, Z, L, ks, Sk, x, gmax, W, r, v, g):
+def _farkas_refine(D, Z, L, ks, Sk, x, gmax, W, r, v, g, ws):
     """rho ~ 0: the weights x (1^T x = 1) of S moved to min ||sum_q x_q A_q|| over the
     affine hull (1^T dx = 0), twice, with the residual S = sum x_q A_q taken from the
     data: dx = -(M^{-1} g - (1^T M^{-1} g) v) / gmax, g_q = <A_q, S>, v = M^{-1} 1 / 1^T M^{-1} 1
     (M = G_SS / gmax + 1 1^T). Kept only while x stays >= 0. W: workspace."""
     for _ in range(2):
         _combine(D, Z, x, Sk, ks, W)
-        _margins(D, Z, W, Sk, ks, g)
+        _margins(D, Z, W, Sk, ks, g, ws)
         _affine_min(L, ks, v)
         for q in range(ks):
             r[q] = g[q]
@@ -246,7 +246,7 @@ def _farkas_refine(D, Z, L, ks, Sk, x, gmax, W, r, v, g):
 
 
 @njit(cache=True, nogil=True)
-def _qr_refine(D, Z, Sk, ks, W, lamS, gmax):
+def _qr_refine(D, Z, Sk, ks, W, lamS, gmax, ws):
     """The min-norm solution of <A_k, W> = 1 (k in S) by Householder QR of
     A_S^T = [vec A_k] (d e x |S|) = Q R: W = Q R^{-T} 1 (conditioning cond(A_S), not
     cond(A_S)^2 as through G_SS), refined twice with residuals from W; lamS = gmax R^{-1} Q^T W.
@@ -317,7 +317,7 @@ def _qr_refine(D, Z, Sk, ks, W, lamS, gmax):
         for c in range(d):
             for f in range(e):
                 Wt[c, f] = w[c * e + f]
-        _margins(D, Z, Wt, Sk, ks, mS)
+        _margins(D, Z, Wt, Sk, ks, mS, ws)
         for q in range(ks):
             res[q] = 1.0 - mS[q]
     for c in range(d):
@@ -352,8 +352,9 @@ def mnp_one(D, Z, valid, tol, small, max_iter, mu, lam, W, Gin):
     N = D.shape[0]
     d = D.shape[1]
     e = Z.shape[1]
-    vi = np.empty(N, np.int64)
-    nv = 0
+    ibuf = np.empty(N + 2 * (N + 1), np.int64)  # vi, S, Sk: one allocation (small
+    vi = ibuf[:N]                                 # problems: allocations cost as much as
+    nv = 0                                        # arithmetic)
     for k in range(N):
         mu[k] = 0.0
         lam[k] = 0.0
@@ -368,10 +369,15 @@ def mnp_one(D, Z, valid, tol, small, max_iter, mu, lam, W, Gin):
     # G: given in full (Gin), or formed lazily: its diagonal now, row j when point j
     # enters the working set (the algorithm reads only G_jj and the rows of S)
     lazy = Gin.shape[0] != nv
-    have = np.ones(nv, np.bool_)
+    cap = nv + 1
+    fbuf = np.empty((d + e) * nv + nv + 5 * cap + nv + d * (e + 1))  # the float vectors
+    bbuf = np.ones(2 * nv, np.bool_)
+    have = bbuf[:nv]
+    inS = bbuf[nv:]
+    inS[:] = False
     if lazy:
-        Dt = np.empty((d, nv))  # the valid constraints, transposed (see _gram_row)
-        Zt = np.empty((e, nv))
+        Dt = fbuf[: d * nv].reshape((d, nv))  # the valid constraints, transposed (_gram_row)
+        Zt = fbuf[d * nv: (d + e) * nv].reshape((e, nv))
         for a in range(nv):
             k = vi[a]
             for c in range(d):
@@ -386,7 +392,15 @@ def mnp_one(D, Z, valid, tol, small, max_iter, mu, lam, W, Gin):
         Dt = np.empty((0, 0))
         Zt = np.empty((0, 0))
         G = Gin
-    acc = np.empty(nv)
+    o = (d + e) * nv
+    acc = fbuf[o: o + nv]
+    x = fbuf[o + nv: o + nv + cap]  # weights of the working set
+    v = fbuf[o + nv + cap: o + nv + 2 * cap]
+    r = fbuf[o + nv + 2 * cap: o + nv + 3 * cap]
+    lamS = fbuf[o + nv + 3 * cap: o + nv + 4 * cap]
+    mS = fbuf[o + nv + 4 * cap: o + nv + 5 * cap]
+    Gmu = fbuf[o + nv + 5 * cap: o + 2 * nv + 5 * cap]
+    ws = fbuf[o + 2 * nv + 5 * cap:]  # _margins' workspace, d (e + 1)
     gmax = 0.0
     for a in range(nv):
         gmax = max(gmax, G[a, a])
@@ -400,17 +414,9 @@ def mnp_one(D, Z, valid, tol, small, max_iter, mu, lam, W, Gin):
         for a in range(nv):
             for b in range(nv):
                 G[a, b] /= gmax
-    cap = nv + 1
     L = np.zeros((cap, cap))
-    S = np.empty(cap, np.int64)  # positions in 0..nv-1
-    Sk = np.empty(cap, np.int64)  # constraint indices of S
-    inS = np.zeros(nv, np.bool_)
-    x = np.empty(cap)  # weights of the working set
-    v = np.empty(cap)
-    r = np.empty(cap)
-    lamS = np.empty(cap)
-    mS = np.empty(cap)
-    Gmu = np.empty(nv)
+    S = ibuf[N: N + cap]  # positions in 0..nv-1
+    Sk = ibuf[N + cap: N + 2 * cap]  # constraint indices of S
     # start: the point of smallest norm
     j0 = 0
     for a in range(nv):
@@ -435,10 +441,10 @@ def mnp_one(D, Z, valid, tol, small, max_iter, mu, lam, W, Gin):
         for a in range(nv):
             Gmu[a] = 0.0
         for q in range(ks):  # G symmetric: rows of S, contiguous
-            row = G[S[q]]
+            j = S[q]
             xq = x[q]
             for a in range(nv):
-                Gmu[a] += row[a] * xq
+                Gmu[a] += G[j, a] * xq
         rho2 = 0.0
         for q in range(ks):
             rho2 += x[q] * Gmu[S[q]]
@@ -454,11 +460,11 @@ def mnp_one(D, Z, valid, tol, small, max_iter, mu, lam, W, Gin):
             # small): the exact multipliers of S, refined from W, and every margin of W
             for q in range(ks):
                 Sk[q] = vi[S[q]]
-            tot = _refine(D, Z, L, ks, Sk, x, gmax, lamS, W, r, v, mS)
+            tot = _refine(D, Z, L, ks, Sk, x, gmax, lamS, W, r, v, mS, ws)
             if tot <= 0.0:
                 break
             refined = True
-            _margins(D, Z, W, vi, nv, Gmu)  # margins m_j = (G lam)_j
+            _margins(D, Z, W, vi, nv, Gmu, ws)  # margins m_j = (G lam)_j
             # margins carry rounding ~ eps ||A_j|| ||W||: allowed 1000 eps of it
             wn = 0.0
             for c in range(d):
@@ -566,14 +572,14 @@ def mnp_one(D, Z, valid, tol, small, max_iter, mu, lam, W, Gin):
     for q in range(ks):
         Sk[q] = vi[S[q]]
     if status == SMALL_RHO:
-        _farkas_refine(D, Z, L, ks, Sk, x, gmax, W, r, v, mS)
+        _farkas_refine(D, Z, L, ks, Sk, x, gmax, W, r, v, mS, ws)
         for q in range(ks):
             mu[Sk[q]] = x[q]
         return SMALL_RHO, rho2 * gmax, it
     if not refined:
-        tot = _refine(D, Z, L, ks, Sk, x, gmax, lamS, W, r, v, mS)
+        tot = _refine(D, Z, L, ks, Sk, x, gmax, lamS, W, r, v, mS, ws)
         if tot <= 0.0:
-            _farkas_refine(D, Z, L, ks, Sk, x, gmax, W, r, v, mS)
+            _farkas_refine(D, Z, L, ks, Sk, x, gmax, W, r, v, mS, ws)
             for q in range(ks):
                 mu[Sk[q]] = x[q]
             return SMALL_RHO, rho2 * gmax, it
@@ -581,16 +587,16 @@ def mnp_one(D, Z, valid, tol, small, max_iter, mu, lam, W, Gin):
         lam[Sk[q]] = lamS[q] / gmax
     # verify: lam >= 0, every margin >= 1, active margins = 1 (all from W); where the
     # Gram-based refinement is not accurate enough (G_SS ill-conditioned), once more by QR
-    ok = _verify(D, Z, W, vi, nv, G, gmax, Sk, ks, lamS, Gmu, mS)
-    if not ok and _qr_refine(D, Z, Sk, ks, W, lamS, gmax):
+    ok = _verify(D, Z, W, vi, nv, G, gmax, Sk, ks, lamS, Gmu, mS, ws)
+    if not ok and _qr_refine(D, Z, Sk, ks, W, lamS, gmax, ws):
         for q in range(ks):
             lam[Sk[q]] = lamS[q] / gmax
-        ok = _verify(D, Z, W, vi, nv, G, gmax, Sk, ks, lamS, Gmu, mS)
+        ok = _verify(D, Z, W, vi, nv, G, gmax, Sk, ks, lamS, Gmu, mS, ws)
     return (OPTIMAL if ok else FAILED), rho2 * gmax, it
 
 
 @njit(cache=True, nogil=True)
-def _verify(D, Z, W, vi, nv, G, gmax, Sk, ks, lamS, Gmu, mS):
+def _verify(D, Z, W, vi, nv, G, gmax, Sk, ks, lamS, Gmu, mS, ws):
     """lam >= 0, every margin >= 1 - 1e-10 (less rounding ~ eps ||A_j|| ||W||), margins on
     the support 1 to 1e-9, all computed from W."""
     d = D.shape[1]
@@ -601,14 +607,14 @@ def _verify(D, Z, W, vi, nv, G, gmax, Sk, ks, lamS, Gmu, mS):
         for f in range(e):
             wn += W[c, f] * W[c, f]
     wn = math.sqrt(wn * gmax)
-    _margins(D, Z, W, vi, nv, Gmu)
+    _margins(D, Z, W, vi, nv, Gmu, ws)
     for a in range(nv):
         if Gmu[a] < 1.0 - 1e-10 - 1e-13 * math.sqrt(G[a, a]) * wn:
             ok = False
     for q in range(ks):
         if lamS[q] < 0.0:
             ok = False
-    _margins(D, Z, W, Sk, ks, mS)
+    _margins(D, Z, W, Sk, ks, mS, ws)
     for q in range(ks):
         if abs(mS[q] - 1.0) > 1e-9:
             ok = False
