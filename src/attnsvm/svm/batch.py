@@ -9,6 +9,12 @@ problems it leaves unresolved, one vectorised interior-point method on the equiv
 minimum-norm-point problem (:func:`attnsvm.svm.fast.batched_mnp`) and an exact batched
 active-set polish; the other norms one by one; every answer is certified by the one
 batched certificate, and problems that do not certify are re-solved by a second solver.
+
+Frobenius batches with numba (n T <= 400) run each problem's steps (normalisation, the
+active-set solve, rescaling, the certificate's sums) in one compiled call
+(:func:`attnsvm.svm.lean.batch_lean`): problems certified optimal, and infeasible ones
+whose minimum-norm point passes the Farkas check, are settled there with the engine's
+numbers; the others go through the engine as described.
 """
 
 from __future__ import annotations
