@@ -369,7 +369,7 @@ def mnp_one(D, Z, valid, tol, small, max_iter, mu, lam, W, Gin):
     # G: given in full (Gin), or formed lazily: its diagonal now, row j when point j
     # enters the working set (the algorithm reads only G_jj and the rows of S)
     lazy = Gin.shape[0] != nv
-    cap = nv + 1
+    cap = min(nv, d * e + 1) + 1  # the working set: affinely independent points of R^{d e}
     fbuf = np.empty((d + e) * nv + nv + 5 * cap + nv + d * (e + 1))  # the float vectors
     bbuf = np.ones(2 * nv, np.bool_)
     have = bbuf[:nv]

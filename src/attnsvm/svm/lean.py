@@ -24,7 +24,15 @@ import time
 import numpy as np
 
 from . import active
-from .solution import FEAS_TOL, GAP_OPTIMAL, Solution, _ldexp
+from .solution import (
+    FEAS_TOL,
+    GAP_OPTIMAL,
+    BatchSolution,
+    ConstraintSet,
+    Solution,
+    _ldexp,
+    farkas_verify,
+)
 
 __all__ = ["att_svm_lean", "batch_lean", "MAX_LEAN_N"]
 
@@ -78,25 +86,29 @@ def att_svm_lean(X: np.ndarray, z: np.ndarray, alpha: np.ndarray, valid: np.ndar
         return None
     n2 = nrm * nrm if nrm > 0 else 1.0
     kkt = max(wms / math.sqrt(n2), comp / n2) if nrm > 0 else math.inf
-    # back to the caller's units: W = 2^-exp W_normalised, exactly
-    ex = np.array([info[1]])
-    Wu = _ldexp(W[None], -ex)
-    if not np.array_equal(_ldexp(Wu, ex), W[None]):
-        return None  # entries went subnormal: the engine re-certifies
-    amax = float(np.abs(Wu).max()) if Wu.size else 0.0
-    if not (np.isfinite(Wu).all() and (amax >= np.finfo(float).tiny
-                                       or float(np.abs(W).max()) == 0.0)):
-        return None  # not representable: the engine raises NotRepresentableError
-    support = v & (m <= 1.0 + tol)
-    extra = {"n_constraints": int(v.sum()), "scale_exp": int(ex[0]),
-             "lower_bound": float(_ldexp(np.array([lower]), -ex)[0]),
+    # back to the caller's units: W = 2^-exp W_normalised, exactly (engine._to_user_units;
+    # multiplying by a normal power of two is solution._ldexp, bit for bit)
+    k = int(info[1])
+    if not -511 <= k <= 511:
+        return None  # (the engine maps extreme scales)
+    up, down, down2 = 2.0 ** k, 2.0 ** -k, 2.0 ** (-2 * k)
+    with np.errstate(over="ignore", under="ignore"):
+        Wu = W * down
+        if not np.array_equal(Wu * up, W):
+            return None  # entries went subnormal: the engine re-certifies
+        amax = float(np.abs(Wu).max()) if Wu.size else 0.0
+        if not (np.isfinite(Wu).all() and (amax >= np.finfo(float).tiny
+                                           or float(np.abs(W).max()) == 0.0)):
+            return None  # not representable: the engine raises NotRepresentableError
+        dual = lam * down2
+    extra = {"n_constraints": int(v.sum()), "scale_exp": k, "lower_bound": lower * down,
              "solver_status": "optimal", "n_fallback": 0}
     return Solution(
-        W_=Wu[0], norm_=float(_ldexp(np.array([nrm]), -ex)[0]), margin_=margin,
-        violation_=viol, kkt_residual_=kkt, gap_=gap, dual_=_ldexp(lam[None], -2 * ex)[0],
-        support_=support, margins_=m, status_="optimal", solver_="mnp-active",
-        feasible_=True, conflict_=(), alpha_=alpha, norm="fro", problem=problem,
-        n_iter_=int(info[3]), time_=time.perf_counter() - t0, tol_active=tol, extra=extra)
+        W_=Wu, norm_=nrm * down, margin_=margin, violation_=viol, kkt_residual_=kkt,
+        gap_=gap, dual_=dual, support_=v & (m <= 1.0 + tol), margins_=m, status_="optimal",
+        solver_="mnp-active", feasible_=True, conflict_=(), alpha_=alpha, norm="fro",
+        problem=problem, n_iter_=int(info[3]), time_=time.perf_counter() - t0,
+        tol_active=tol, extra=extra)
 
 
 def batch_applies(B: int, n: int, T: int, solver) -> bool:
@@ -131,7 +143,6 @@ def batch_lean(X: np.ndarray, z: np.ndarray, alpha: np.ndarray, valid: np.ndarra
     (default 20 n T + 50, as :func:`attnsvm.svm.active.mnp_active`; tests use a tiny cap
     to send problems to the engine)."""
     from . import engine
-    from .solution import BatchSolution, ConstraintSet, _ldexp, farkas_verify
 
     t0 = time.perf_counter()
     K = active._kernels()
