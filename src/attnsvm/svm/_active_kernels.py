@@ -18,22 +18,36 @@ OPTIMAL, SMALL_RHO, FAILED = 0, 1, 2
 
 @njit(cache=True, nogil=True)
 def _solve_l(L, k, r):
-    """In place: r <- L^{-1} r (L lower triangular, leading k x k block)."""
+    """In place: r <- L^{-1} r (L lower triangular, leading k x k block).  Each row's dot
+    product L[i, :i] . r[:i] in four interleaved partial sums (four independent chains of
+    additions instead of one)."""
     for i in range(k):
-        s = r[i]
-        for j in range(i):
-            s -= L[i, j] * r[j]
-        r[i] = s / L[i, i]
+        s0 = 0.0
+        s1 = 0.0
+        s2 = 0.0
+        s3 = 0.0
+        j = 0
+        while j + 4 <= i:
+            s0 += L[i, j] * r[j]
+            s1 += L[i, j + 1] * r[j + 1]
+            s2 += L[i, j + 2] * r[j + 2]
+            s3 += L[i, j + 3] * r[j + 3]
+            j += 4
+        while j < i:
+            s0 += L[i, j] * r[j]
+            j += 1
+        r[i] = (r[i] - ((s0 + s1) + (s2 + s3))) / L[i, i]
 
 
 @njit(cache=True, nogil=True)
 def _solve_lt(L, k, r):
-    """In place: r <- L^{-T} r."""
+    """In place: r <- L^{-T} r, by columns of L^T = rows of L (contiguous): x_i = r_i / L_ii,
+    then r_j -= L_ij x_i for j < i (independent updates, no chain of additions)."""
     for i in range(k - 1, -1, -1):
-        s = r[i]
-        for j in range(i + 1, k):
-            s -= L[j, i] * r[j]
-        r[i] = s / L[i, i]
+        xi = r[i] / L[i, i]
+        r[i] = xi
+        for j in range(i):
+            r[j] -= L[i, j] * xi
 
 
 @njit(cache=True, nogil=True)
@@ -86,26 +100,49 @@ def _gram(D, Z, vi, nv, G):
 
 
 @njit(cache=True, nogil=True)
-def _gram_row(D, Z, vi, nv, j, scale, G):
+def _gram_row(Dt, Zt, nv, j, scale, G, acc):
     """Row j of the Gram matrix, on demand: G[j, b] = (Delta_j . Delta_b)(z_j . z_b) / scale
-    over the valid constraints vi[:nv] (the entries of :func:`_gram`, same bits)."""
+    over the valid constraints, from their transposed copies Dt (d, nv), Zt (e, nv): the
+    entries of :func:`_gram` (each sum in index order, same bits), the loop over b inner
+    (independent sums, contiguous: no chain of dependent additions per entry). acc (nv,)."""
     for b in range(nv):
-        G[j, b] = _gram_entry(D, Z, vi[b], vi[j]) / scale
+        G[j, b] = 0.0
+        acc[b] = 0.0
+    for c in range(Dt.shape[0]):
+        x = Dt[c, j]
+        for b in range(nv):
+            G[j, b] += Dt[c, b] * x
+    for f in range(Zt.shape[0]):
+        x = Zt[f, j]
+        for b in range(nv):
+            acc[b] += Zt[f, b] * x
+    for b in range(nv):
+        G[j, b] = G[j, b] * acc[b] / scale
 
 
 @njit(cache=True, nogil=True)
-def _margins(D, Z, W, vi, nv, out):
-    """out[a] = Delta_k^T W z_k, k = vi[a]."""
+def _margins(D, Z, W, vi, nv, out, ws):
+    """out[a] = Delta_k^T W z_k, k = vi[a]: u = W z_k (each u_c summed over f in index
+    order, the d sums side by side from W^T: no chain of dependent additions), then
+    Delta_k . u.  ws: workspace of d (e + 1) floats (W^T and u)."""
     d = D.shape[1]
     e = Z.shape[1]
+    Wt = ws[: e * d].reshape((e, d))
+    for c in range(d):
+        for f in range(e):
+            Wt[f, c] = W[c, f]
+    u = ws[e * d: e * d + d]
     for a in range(nv):
         k = vi[a]
+        for c in range(d):
+            u[c] = 0.0
+        for f in range(e):
+            zf = Z[k, f]
+            for c in range(d):
+                u[c] += Wt[f, c] * zf
         s = 0.0
         for c in range(d):
-            t = 0.0
-            for f in range(e):
-                t += W[c, f] * Z[k, f]
-            s += D[k, c] * t
+            s += D[k, c] * u[c]
         out[a] = s
 
 
@@ -142,7 +179,7 @@ def _affine_min(L, ks, v):
 
 
 @njit(cache=True, nogil=True)
-def _refine(D, Z, L, ks, Sk, x, gmax, lamS, W, r, v, mS):
+def _refine(D, Z, L, ks, Sk, x, gmax, lamS, W, r, v, mS, ws):
     """lam_S solving G_SS lam = 1 from the weights x (lam = x / rho^2), refined twice with
     residuals 1 - <A_k, W> from W = sum lam_k A_k itself; G_SS^{-1} by Sherman-Morrison on
     M = G_SS + 1 1^T (units: G scaled by 1 / gmax, lamS = gmax lam). Writes W; returns
@@ -165,7 +202,7 @@ def _refine(D, Z, L, ks, Sk, x, gmax, lamS, W, r, v, mS):
         for q in range(ks):
             r[q] = lamS[q] / gmax
         _combine(D, Z, r, Sk, ks, W)
-        _margins(D, Z, W, Sk, ks, mS)
+        _margins(D, Z, W, Sk, ks, mS, ws)
         for q in range(ks):
             r[q] = 1.0 - mS[q]
         _solve_l(L, ks, r)
@@ -185,14 +222,14 @@ def _refine(D, Z, L, ks, Sk, x, gmax, lamS, W, r, v, mS):
 
 
 @njit(cache=True, nogil=True)
-def _farkas_refine(D, Z, L, ks, Sk, x, gmax, W, r, v, g):
+def _farkas_refine(D, Z, L, ks, Sk, x, gmax, W, r, v, g, ws):
     """rho ~ 0: the weights x (1^T x = 1) of S moved to min ||sum_q x_q A_q|| over the
     affine hull (1^T dx = 0), twice, with the residual S = sum x_q A_q taken from the
     data: dx = -(M^{-1} g - (1^T M^{-1} g) v) / gmax, g_q = <A_q, S>, v = M^{-1} 1 / 1^T M^{-1} 1
     (M = G_SS / gmax + 1 1^T). Kept only while x stays >= 0. W: workspace."""
     for _ in range(2):
         _combine(D, Z, x, Sk, ks, W)
-        _margins(D, Z, W, Sk, ks, g)
+        _margins(D, Z, W, Sk, ks, g, ws)
         _affine_min(L, ks, v)
         for q in range(ks):
             r[q] = g[q]
@@ -209,7 +246,7 @@ def _farkas_refine(D, Z, L, ks, Sk, x, gmax, W, r, v, g):
 
 
 @njit(cache=True, nogil=True)
-def _qr_refine(D, Z, Sk, ks, W, lamS, gmax):
+def _qr_refine(D, Z, Sk, ks, W, lamS, gmax, ws):
     """The min-norm solution of <A_k, W> = 1 (k in S) by Householder QR of
     A_S^T = [vec A_k] (d e x |S|) = Q R: W = Q R^{-T} 1 (conditioning cond(A_S), not
     cond(A_S)^2 as through G_SS), refined twice with residuals from W; lamS = gmax R^{-1} Q^T W.
@@ -280,7 +317,7 @@ def _qr_refine(D, Z, Sk, ks, W, lamS, gmax):
         for c in range(d):
             for f in range(e):
                 Wt[c, f] = w[c * e + f]
-        _margins(D, Z, Wt, Sk, ks, mS)
+        _margins(D, Z, Wt, Sk, ks, mS, ws)
         for q in range(ks):
             res[q] = 1.0 - mS[q]
     for c in range(d):
@@ -315,8 +352,9 @@ def mnp_one(D, Z, valid, tol, small, max_iter, mu, lam, W, Gin):
     N = D.shape[0]
     d = D.shape[1]
     e = Z.shape[1]
-    vi = np.empty(N, np.int64)
-    nv = 0
+    ibuf = np.empty(N + 2 * (N + 1), np.int64)  # vi, S, Sk: one allocation (small
+    vi = ibuf[:N]                                 # problems: allocations cost as much as
+    nv = 0                                        # arithmetic)
     for k in range(N):
         mu[k] = 0.0
         lam[k] = 0.0
@@ -331,14 +369,38 @@ def mnp_one(D, Z, valid, tol, small, max_iter, mu, lam, W, Gin):
     # G: given in full (Gin), or formed lazily: its diagonal now, row j when point j
     # enters the working set (the algorithm reads only G_jj and the rows of S)
     lazy = Gin.shape[0] != nv
-    have = np.ones(nv, np.bool_)
+    cap = min(nv, d * e + 1) + 1  # the working set: affinely independent points of R^{d e}
+    fbuf = np.empty((d + e) * nv + nv + 5 * cap + nv + d * (e + 1))  # the float vectors
+    bbuf = np.ones(2 * nv, np.bool_)
+    have = bbuf[:nv]
+    inS = bbuf[nv:]
+    inS[:] = False
     if lazy:
+        Dt = fbuf[: d * nv].reshape((d, nv))  # the valid constraints, transposed (_gram_row)
+        Zt = fbuf[d * nv: (d + e) * nv].reshape((e, nv))
+        for a in range(nv):
+            k = vi[a]
+            for c in range(d):
+                Dt[c, a] = D[k, c]
+            for f in range(e):
+                Zt[f, a] = Z[k, f]
         G = np.empty((nv, nv))
         for a in range(nv):
             have[a] = False
             G[a, a] = _gram_entry(D, Z, vi[a], vi[a])
     else:
+        Dt = np.empty((0, 0))
+        Zt = np.empty((0, 0))
         G = Gin
+    o = (d + e) * nv
+    acc = fbuf[o: o + nv]
+    x = fbuf[o + nv: o + nv + cap]  # weights of the working set
+    v = fbuf[o + nv + cap: o + nv + 2 * cap]
+    r = fbuf[o + nv + 2 * cap: o + nv + 3 * cap]
+    lamS = fbuf[o + nv + 3 * cap: o + nv + 4 * cap]
+    mS = fbuf[o + nv + 4 * cap: o + nv + 5 * cap]
+    Gmu = fbuf[o + nv + 5 * cap: o + 2 * nv + 5 * cap]
+    ws = fbuf[o + 2 * nv + 5 * cap:]  # _margins' workspace, d (e + 1)
     gmax = 0.0
     for a in range(nv):
         gmax = max(gmax, G[a, a])
@@ -352,24 +414,16 @@ def mnp_one(D, Z, valid, tol, small, max_iter, mu, lam, W, Gin):
         for a in range(nv):
             for b in range(nv):
                 G[a, b] /= gmax
-    cap = nv + 1
     L = np.zeros((cap, cap))
-    S = np.empty(cap, np.int64)  # positions in 0..nv-1
-    Sk = np.empty(cap, np.int64)  # constraint indices of S
-    inS = np.zeros(nv, np.bool_)
-    x = np.empty(cap)  # weights of the working set
-    v = np.empty(cap)
-    r = np.empty(cap)
-    lamS = np.empty(cap)
-    mS = np.empty(cap)
-    Gmu = np.empty(nv)
+    S = ibuf[N: N + cap]  # positions in 0..nv-1
+    Sk = ibuf[N + cap: N + 2 * cap]  # constraint indices of S
     # start: the point of smallest norm
     j0 = 0
     for a in range(nv):
         if G[a, a] < G[j0, j0]:
             j0 = a
     if not have[j0]:
-        _gram_row(D, Z, vi, nv, j0, gmax, G)
+        _gram_row(Dt, Zt, nv, j0, gmax, G, acc)
         have[j0] = True
     S[0] = j0
     inS[j0] = True
@@ -387,10 +441,10 @@ def mnp_one(D, Z, valid, tol, small, max_iter, mu, lam, W, Gin):
         for a in range(nv):
             Gmu[a] = 0.0
         for q in range(ks):  # G symmetric: rows of S, contiguous
-            row = G[S[q]]
+            j = S[q]
             xq = x[q]
             for a in range(nv):
-                Gmu[a] += row[a] * xq
+                Gmu[a] += G[j, a] * xq
         rho2 = 0.0
         for q in range(ks):
             rho2 += x[q] * Gmu[S[q]]
@@ -406,11 +460,11 @@ def mnp_one(D, Z, valid, tol, small, max_iter, mu, lam, W, Gin):
             # small): the exact multipliers of S, refined from W, and every margin of W
             for q in range(ks):
                 Sk[q] = vi[S[q]]
-            tot = _refine(D, Z, L, ks, Sk, x, gmax, lamS, W, r, v, mS)
+            tot = _refine(D, Z, L, ks, Sk, x, gmax, lamS, W, r, v, mS, ws)
             if tot <= 0.0:
                 break
             refined = True
-            _margins(D, Z, W, vi, nv, Gmu)  # margins m_j = (G lam)_j
+            _margins(D, Z, W, vi, nv, Gmu, ws)  # margins m_j = (G lam)_j
             # margins carry rounding ~ eps ||A_j|| ||W||: allowed 1000 eps of it
             wn = 0.0
             for c in range(d):
@@ -444,7 +498,7 @@ def mnp_one(D, Z, valid, tol, small, max_iter, mu, lam, W, Gin):
         if inS[jm] or ks == cap:
             break
         if not have[jm]:
-            _gram_row(D, Z, vi, nv, jm, gmax, G)
+            _gram_row(Dt, Zt, nv, jm, gmax, G, acc)
             have[jm] = True
         # add jm: extend the Cholesky factor of M = G_SS + 1 1^T
         for q in range(ks):
@@ -518,14 +572,14 @@ def mnp_one(D, Z, valid, tol, small, max_iter, mu, lam, W, Gin):
     for q in range(ks):
         Sk[q] = vi[S[q]]
     if status == SMALL_RHO:
-        _farkas_refine(D, Z, L, ks, Sk, x, gmax, W, r, v, mS)
+        _farkas_refine(D, Z, L, ks, Sk, x, gmax, W, r, v, mS, ws)
         for q in range(ks):
             mu[Sk[q]] = x[q]
         return SMALL_RHO, rho2 * gmax, it
     if not refined:
-        tot = _refine(D, Z, L, ks, Sk, x, gmax, lamS, W, r, v, mS)
+        tot = _refine(D, Z, L, ks, Sk, x, gmax, lamS, W, r, v, mS, ws)
         if tot <= 0.0:
-            _farkas_refine(D, Z, L, ks, Sk, x, gmax, W, r, v, mS)
+            _farkas_refine(D, Z, L, ks, Sk, x, gmax, W, r, v, mS, ws)
             for q in range(ks):
                 mu[Sk[q]] = x[q]
             return SMALL_RHO, rho2 * gmax, it
@@ -533,16 +587,16 @@ def mnp_one(D, Z, valid, tol, small, max_iter, mu, lam, W, Gin):
         lam[Sk[q]] = lamS[q] / gmax
     # verify: lam >= 0, every margin >= 1, active margins = 1 (all from W); where the
     # Gram-based refinement is not accurate enough (G_SS ill-conditioned), once more by QR
-    ok = _verify(D, Z, W, vi, nv, G, gmax, Sk, ks, lamS, Gmu, mS)
-    if not ok and _qr_refine(D, Z, Sk, ks, W, lamS, gmax):
+    ok = _verify(D, Z, W, vi, nv, G, gmax, Sk, ks, lamS, Gmu, mS, ws)
+    if not ok and _qr_refine(D, Z, Sk, ks, W, lamS, gmax, ws):
         for q in range(ks):
             lam[Sk[q]] = lamS[q] / gmax
-        ok = _verify(D, Z, W, vi, nv, G, gmax, Sk, ks, lamS, Gmu, mS)
+        ok = _verify(D, Z, W, vi, nv, G, gmax, Sk, ks, lamS, Gmu, mS, ws)
     return (OPTIMAL if ok else FAILED), rho2 * gmax, it
 
 
 @njit(cache=True, nogil=True)
-def _verify(D, Z, W, vi, nv, G, gmax, Sk, ks, lamS, Gmu, mS):
+def _verify(D, Z, W, vi, nv, G, gmax, Sk, ks, lamS, Gmu, mS, ws):
     """lam >= 0, every margin >= 1 - 1e-10 (less rounding ~ eps ||A_j|| ||W||), margins on
     the support 1 to 1e-9, all computed from W."""
     d = D.shape[1]
@@ -553,14 +607,14 @@ def _verify(D, Z, W, vi, nv, G, gmax, Sk, ks, lamS, Gmu, mS):
         for f in range(e):
             wn += W[c, f] * W[c, f]
     wn = math.sqrt(wn * gmax)
-    _margins(D, Z, W, vi, nv, Gmu)
+    _margins(D, Z, W, vi, nv, Gmu, ws)
     for a in range(nv):
         if Gmu[a] < 1.0 - 1e-10 - 1e-13 * math.sqrt(G[a, a]) * wn:
             ok = False
     for q in range(ks):
         if lamS[q] < 0.0:
             ok = False
-    _margins(D, Z, W, Sk, ks, mS)
+    _margins(D, Z, W, Sk, ks, mS, ws)
     for q in range(ks):
         if abs(mS[q] - 1.0) > 1e-9:
             ok = False
@@ -679,3 +733,187 @@ def certify_fro(D, Z, valid, b, W, lam, m, S, out):
         out[bb, 4] = lb
         out[bb, 5] = math.sqrt(s)
         out[bb, 6] = cp
+
+
+@njit(cache=True, nogil=True)
+def _exp2(m):
+    """Integer e with m = f 2^e, f in [1/2, 1) (0 where m == 0 or not finite), as
+    :func:`attnsvm.svm.solution._exp2`."""
+    if m > 0.0 and math.isfinite(m):
+        return math.frexp(m)[1]
+    return 0
+
+
+LEAN_OK, LEAN_SCALE, LEAN_NO_MARGIN, LEAN_ZERO_ROW = 0, 1, 2, 3  # _lean_one's verdicts
+
+
+@njit(cache=True, nogil=True)
+def _lean_one(X, z, alpha, valid, xexp, tol, small, max_iter, D, Zs, v, W, lam, mu, m, S,
+              info, sums):
+    """One Frobenius max-margin problem from the raw arrays, the steps of the engine in one
+    compiled call (the same numbers, bit for bit, for a solved problem):
+
+    1. normalisation (:func:`attnsvm.svm.engine.build_constraints`): X 2^-eX (eX the
+       exponent of max |x| over valid tokens), Delta_it = x_{i,alpha_i} - x_it on the valid
+       t != alpha_i (0 elsewhere), Delta 2^-eD, z 2^-eZ (exact: powers of two);
+    2. the active-set solve (:func:`mnp_one`, lazy Gram rows); where it finds rho ~ 0,
+       lam = mu / rho^2 and W = sum_k lam_k A_k (as :func:`attnsvm.svm.active.mnp_active`);
+    3. W, lam scaled to minimal margin exactly 1 (:func:`attnsvm.svm.engine._to_feasible`);
+    4. the certificate's sums from that W (:func:`certify_fro`, every constraint; no W:
+       those of W = 0, as :func:`attnsvm.svm.solution.certify`).
+
+    X (n, T, d), z (n, e), alpha (n,), valid (n, T) bool, xexp: the exponent already divided
+    out of X; outputs D (n, T, d), Zs (n, e), v (n, T) bool (the constraints), W (d, e),
+    lam, mu, m (n, T), S (d, e); info (5,) int64: [verdict, xexp + eX + eD + eZ, kernel
+    status, n_iter, W finite]; sums (8,): [rho2, certify_fro's 7 numbers].  The verdict is LEAN_OK, or
+    why the engine's general path must take over (LEAN_SCALE: a power of two out of the
+    normal range, or a row norm near underflow; LEAN_NO_MARGIN: no constraint;
+    LEAN_ZERO_ROW: a constraint with A_k = 0)."""
+    n, T, d = X.shape
+    e = z.shape[1]
+    info[0] = LEAN_OK
+    info[2] = FAILED
+    info[4] = 0
+    mx = 0.0
+    for i in range(n):
+        for t in range(T):
+            if valid[i, t]:
+                for c in range(d):
+                    mx = max(mx, abs(X[i, t, c]))
+    eX = _exp2(mx)
+    if eX < -1023 or eX > 1022:
+        info[0] = LEAN_SCALE
+        return
+    sx = math.ldexp(1.0, -eX)
+    nv = 0
+    mx = 0.0
+    for i in range(n):
+        a = alpha[i]
+        for t in range(T):
+            ok = valid[i, t] and t != a
+            v[i, t] = ok
+            if ok:
+                nv += 1
+            for c in range(d):
+                D[i, t, c] = X[i, a, c] * sx - X[i, t, c] * sx if ok else 0.0
+                mx = max(mx, abs(D[i, t, c]))
+    if nv == 0:
+        info[0] = LEAN_NO_MARGIN
+        return
+    eD = _exp2(mx)
+    mz = 0.0
+    for i in range(n):
+        for f in range(e):
+            mz = max(mz, abs(z[i, f]))
+    eZ = _exp2(mz)
+    if eD < -1023 or eD > 1022 or eZ < -1023 or eZ > 1022:
+        info[0] = LEAN_SCALE
+        return
+    sd = math.ldexp(1.0, -eD)
+    sz = math.ldexp(1.0, -eZ)
+    for i in range(n):
+        for t in range(T):
+            for c in range(d):
+                D[i, t, c] *= sd
+        for f in range(e):
+            Zs[i, f] = z[i, f] * sz
+    info[1] = xexp + eX + eD + eZ
+    for i in range(n):  # a zero constraint matrix (or one near underflow): the engine's
+        zz = 0.0        # zero-constraint / Farkas path
+        for f in range(e):
+            zz += Zs[i, f] * Zs[i, f]
+        for t in range(T):
+            if v[i, t]:
+                dd = 0.0
+                for c in range(d):
+                    dd += D[i, t, c] * D[i, t, c]
+                if dd == 0.0 or zz == 0.0:
+                    info[0] = LEAN_ZERO_ROW
+                    return
+                if math.sqrt(dd) * math.sqrt(zz) < 1e-290:
+                    info[0] = LEAN_SCALE
+                    return
+    N = n * T
+    Df = D.reshape((N, d))
+    Zr = np.empty((N, e))
+    for i in range(n):
+        for t in range(T):
+            for f in range(e):
+                Zr[i * T + t, f] = Zs[i, f]
+    vf = v.reshape(N)
+    lf = lam.reshape(N)
+    muf = mu.reshape(N)
+    st, r2, it = mnp_one(Df, Zr, vf, tol, small, max_iter, muf, lf, W, np.empty((0, 0)))
+    info[2] = st
+    info[3] = it
+    sums[0] = r2
+    if st == FAILED:
+        return
+    if st == SMALL_RHO:  # as mnp_active: W = sum mu_k A_k / rho^2 wherever rho > 0
+        for c in range(d):
+            for f in range(e):
+                W[c, f] = 0.0 if r2 > 0.0 else np.nan
+        for k in range(N):
+            lf[k] = muf[k] / r2 if r2 > 0.0 else 0.0
+        if r2 > 0.0:
+            for k in range(N):
+                for c in range(d):
+                    for f in range(e):
+                        W[c, f] += Df[k, c] * (lf[k] * Zr[k, f])
+    fin = True
+    for c in range(d):
+        for f in range(e):
+            if not math.isfinite(W[c, f]):
+                fin = False
+    info[4] = fin
+    lam_ok = True
+    for k in range(N):
+        if not math.isfinite(lf[k]):
+            lam_ok = False
+    D4 = D.reshape((1, n, T, d))
+    Z3 = Zs.reshape((1, n, e))
+    v3 = v.reshape((1, n, T))
+    m3 = m.reshape((1, n, T))
+    if fin:  # minimal margin exactly 1
+        margins_batch(D4, Z3, v3, W.reshape((1, d, e)), m3)
+        ratio = np.inf
+        for i in range(n):
+            for t in range(T):
+                if v[i, t]:
+                    ratio = min(ratio, m[i, t] / 1.0)
+        if ratio > 0.0 and math.isfinite(ratio):
+            for c in range(d):
+                for f in range(e):
+                    W[c, f] /= ratio
+            for k in range(N):
+                lf[k] /= ratio
+    for k in range(N):  # the certificate's lam: >= 0 on the constraints, 0 elsewhere
+        lf[k] = max(lf[k], 0.0) if vf[k] and lam_ok else 0.0
+    b = np.empty((1, n, T))
+    for i in range(n):
+        for t in range(T):
+            b[0, i, t] = 1.0 if v[i, t] else 0.0
+    Wc = W.copy() if fin else np.zeros((d, e))  # the certificate of no answer: W = 0
+    out = np.empty((1, 7))
+    certify_fro(D4, Z3, v3, b, Wc.reshape((1, d, e)), lam.reshape((1, n, T)), m3,
+                S.reshape((1, d, e)), out)
+    for k in range(7):
+        sums[k + 1] = out[0, k]
+
+
+@njit(cache=True, nogil=True)
+def fro_single(X, z, alpha, valid, tol, small, max_iter, D, Zs, v, W, lam, mu, m, S, info,
+               sums):
+    """:func:`_lean_one` for one problem (xexp = 0)."""
+    _lean_one(X, z, alpha, valid, 0, tol, small, max_iter, D, Zs, v, W, lam, mu, m, S, info,
+              sums)
+
+
+@njit(cache=True, nogil=True)
+def fro_lean_batch(X, z, alpha, valid, xexp, tol, small, max_iter, D, Zs, v, W, lam, mu, m,
+                   S, info, sums, b0, b1):
+    """:func:`_lean_one` over problems b0 .. b1-1 of a batch (every argument with a leading
+    batch dim B, xexp (B,))."""
+    for b in range(b0, b1):
+        _lean_one(X[b], z[b], alpha[b], valid[b], xexp[b], tol, small, max_iter, D[b], Zs[b],
+                  v[b], W[b], lam[b], mu[b], m[b], S[b], info[b], sums[b])

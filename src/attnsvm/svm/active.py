@@ -118,4 +118,8 @@ def warmup() -> bool:
     mnp_active(rng.standard_normal((2, 3, 2)), np.ones((2, 3, 1)), np.ones((2, 3), bool))
     mnp_active(rng.standard_normal((1, GRAM_BLAS_N, 2)), np.ones((1, GRAM_BLAS_N, 1)),
                np.ones((1, GRAM_BLAS_N), bool))
+    from .lean import att_svm_lean
+
+    att_svm_lean(rng.standard_normal((2, 3, 2)), rng.standard_normal((2, 2)),
+                 np.zeros(2, np.int64), np.ones((2, 3), bool), tol=1e-6)
     return True

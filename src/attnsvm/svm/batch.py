@@ -9,13 +9,20 @@ problems it leaves unresolved, one vectorised interior-point method on the equiv
 minimum-norm-point problem (:func:`attnsvm.svm.fast.batched_mnp`) and an exact batched
 active-set polish; the other norms one by one; every answer is certified by the one
 batched certificate, and problems that do not certify are re-solved by a second solver.
+
+Frobenius batches with numba (n T <= 400) run each problem's steps (normalisation, the
+active-set solve, rescaling, the certificate's sums) in one compiled call
+(:func:`attnsvm.svm.lean.batch_lean`): problems certified optimal, and infeasible ones
+whose minimum-norm point passes the Farkas check, are settled there with the engine's
+numbers; the others go through the engine as described.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from . import engine
+from ..norms import FRO
+from . import engine, lean
 from .problems import _keys
 from .solution import BatchSolution
 from .validate import as_alpha, as_array, as_mask, as_norm
@@ -68,6 +75,9 @@ def att_svm_batch(X, z, alpha, *, norm="fro", mask=None, solver=None, tol=1e-6,
         z = np.broadcast_to(z, (B, *z.shape))
     if z.shape[:2] != (B, n) or z.shape[2] == 0:
         raise ValueError(f"z must have shape ({B}, {n}, e) or ({n}, e); got {z.shape}")
+    if as_norm(norm) == FRO and lean.batch_applies(B, n, T, solver):  # compiled per problem
+        return lean.batch_lean(X, z, a, valid, 0, solver=solver, tol=tol,
+                               irreducible=irreducible, problem="att_svm", vector=False)
     cs = engine.build_constraints(X, z, a, valid)
     return _solve(cs, norm=norm, solver=solver, tol=tol, irreducible=irreducible, alpha=a,
                   problem="att_svm", vector=False)
@@ -83,6 +93,9 @@ def prompt_svm_batch(X, W, alpha, *, norm="fro", mask=None, solver=None, tol=1e-
     X, a, valid = _batch_inputs(X, alpha, mask)
     B, n, T, d = X.shape
     K, eK = _keys(X, W, valid)
+    if as_norm(norm) == FRO and lean.batch_applies(B, n, T, solver):  # compiled per problem
+        return lean.batch_lean(K, np.ones((B, n, 1)), a, valid, eK, solver=solver, tol=tol,
+                               irreducible=irreducible, problem="prompt_svm", vector=True)
     cs = engine.build_constraints(K, np.ones((B, n, 1)), a, valid,
                                   x_exp=np.broadcast_to(np.asarray(eK), (B,)))
     return _solve(cs, norm=norm, solver=solver, tol=tol, irreducible=irreducible, alpha=a,

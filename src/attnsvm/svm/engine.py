@@ -29,6 +29,11 @@ A single problem is a batch of one.  The steps of :func:`solve`:
    an irreducible conflict is asked for).  Neither verified: "uncertified".
 
 The status of every problem is read off the certificate, never off a solver's word.
+
+Small single Frobenius problems (:func:`attnsvm.svm.att_svm`, n T < 300) and Frobenius
+batches (n T <= 400) first try :mod:`attnsvm.svm.lean`: the steps above for the problems
+the active-set solver settles (certified optimal, or a verified Farkas certificate), in
+one compiled call per problem; every other problem comes here.
 """
 
 from __future__ import annotations

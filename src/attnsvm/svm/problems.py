@@ -12,8 +12,9 @@ import numbers
 
 import numpy as np
 
+from ..norms import FRO
 from ..scores import opt_tokens, scores  # re-exported: the one home is attnsvm.scores
-from . import engine
+from . import engine, lean
 from .engine import build_constraints, farkas_conflict, normalise, normalise_constraints
 from .solution import ConstraintSet, Solution
 from .validate import as_alpha, as_array, as_labels, as_mask, as_norm, as_support, resolve_alpha
@@ -98,9 +99,12 @@ def att_svm(X, z, alpha=None, *, y=None, v=None, norm="fro", rank=None, mask=Non
         (status "heuristic_rank"): the convex problem restricted to W = U C, U the top-m
         left singular vectors of the convex solution.
     mask : (n, T) bool, True = valid token.
-    solver : None (Frobenius: dual min-norm-point solver if n_constraints <= d e, else a
-        structured primal IPM, then an exact active-set polish; nuclear: structured dual
-        log-barrier on a working set after reducing W to span(Delta) x span(z); other
+    solver : None (Frobenius: with numba, the compiled exact active-set min-norm-point
+        solver for N = n_constraints <= 300, or N <= 4000 and N <= 3 d e (n T < 300:
+        normalisation, solve and certificate in one compiled call, :mod:`attnsvm.svm.lean`);
+        else the dual min-norm-point solver if N <= d e or a structured primal IPM, then
+        an exact active-set polish; nuclear: structured dual log-barrier on a working set
+        after reducing W to span(Delta) x span(z); other
         norms: cvxpy with the norm's expression and default solver), "ipm" / "mnp"
         (Frobenius), "barrier" / "working_set" (nuclear), or a cvxpy solver name
         ("clarabel", "scs").  An answer that does not certify is re-solved by a second
@@ -123,6 +127,12 @@ def att_svm(X, z, alpha=None, *, y=None, v=None, norm="fro", rank=None, mask=Non
     alpha = resolve_alpha(alpha, X, valid, y, v)
     N = as_norm(norm)
     rank = _rank(rank)
+    if N == FRO and rank is None and lean.applies(n, T, solver):
+        # small problems: the engine's steps in one compiled call (None: the engine decides)
+        sol = lean.att_svm_lean(np.ascontiguousarray(X), np.ascontiguousarray(z), alpha, valid,
+                                tol=tol)
+        if sol is not None:
+            return sol
     cs = build_constraints(X[None], z[None], alpha[None], valid[None])
     return _run(cs, norm=N, solver=solver, tol=tol, alpha=alpha, problem="att_svm",
                 vector=False, irreducible=irreducible, rank=rank)

@@ -108,7 +108,8 @@ def as_alpha(alpha, shape: tuple[int, ...], T: int, valid: np.ndarray | None = N
         raise ValueError(f"{name} out of range: token indices must lie in [0, {T - 1}]; "
                          f"got {bad}")
     if valid is not None and a.size:
-        ok = np.take_along_axis(valid, a[..., None], -1)[..., 0]
+        ok = (valid[np.arange(a.size), a] if a.ndim == 1 and valid.ndim == 2 else
+              np.take_along_axis(valid, a[..., None], -1)[..., 0])
         if not ok.all():
             idx = np.argwhere(~ok)
             lead = idx[:, 0] if idx.shape[1] == 1 else idx[:, 0]

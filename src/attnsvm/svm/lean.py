@@ -1,0 +1,237 @@
+"""The small single Frobenius ATT-SVM in one compiled call (the engine's own steps, none of
+its per-call numpy overhead).
+
+For a problem of ~100 constraints the compiled solve takes ~0.1 ms and the general engine
+(:func:`attnsvm.svm.engine.solve`: constraint set, batch bookkeeping, certificate,
+Farkas and retry logic, result assembly: ~100 numpy calls) several times that.  Here the
+normalisation, the active-set solve, the rescaling to minimal margin 1 and the
+certificate's sums run in :func:`attnsvm.svm._active_kernels.fro_single`; the
+certificate's numbers are derived from those sums by the formulas of
+:func:`attnsvm.svm.solution.certify`, and the answer is returned only when that
+certificate says "optimal" (feasible, relative duality gap <= GAP_OPTIMAL) and W maps
+back to the caller's units exactly.  Anything else (infeasible, no constraint, a zero
+constraint, an unresolved or inaccurate solve, extreme scales) returns None and the
+caller runs the general engine, which gives the same answer as before (Farkas
+certificates, conflict sets, fallbacks, errors).  Where both apply they agree bit for bit
+(tests/test_svm_lean.py).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+import numpy as np
+
+from . import active
+from .solution import (
+    FEAS_TOL,
+    GAP_OPTIMAL,
+    BatchSolution,
+    ConstraintSet,
+    Solution,
+    _ldexp,
+    farkas_verify,
+)
+
+__all__ = ["att_svm_lean", "batch_lean", "MAX_LEAN_N"]
+
+MAX_LEAN_N = active.GRAM_BLAS_N - 1  # n T up to which single problems take this path
+# (larger problems: the general engine, whose overhead is then small against the solve)
+_SOLVERS = (None, "auto", "fast", "active")
+
+
+def applies(n: int, T: int, solver) -> bool:
+    """Whether :func:`att_svm_lean` may be tried: Frobenius default / active solver,
+    numba present, n T <= MAX_LEAN_N (the engine's rule picks the active-set solver
+    there, with lazy Gram rows)."""
+    key = solver if solver is None else str(solver).lower()
+    return key in _SOLVERS and n * T <= MAX_LEAN_N and active.available()
+
+
+def att_svm_lean(X: np.ndarray, z: np.ndarray, alpha: np.ndarray, valid: np.ndarray, *,
+                 tol: float, problem: str = "att_svm") -> Solution | None:
+    """The certified optimal :class:`Solution` of the Frobenius ATT-SVM of validated X
+    (n, T, d), z (n, e), alpha (n,), valid (n, T), as :func:`attnsvm.att_svm` returns it;
+    None where the general engine must decide (see the module docstring)."""
+    t0 = time.perf_counter()
+    K = active._kernels()
+    n, T, d = X.shape
+    e = z.shape[1]
+    D = np.empty((n, T, d))
+    Zs = np.empty((n, e))
+    v = np.empty((n, T), bool)
+    W = np.empty((d, e))
+    lam = np.empty((n, T))
+    mu = np.empty((n, T))
+    m = np.empty((n, T))
+    S = np.empty((d, e))
+    info = np.zeros(5, np.int64)
+    sums = np.zeros(8)
+    K.fro_single(X, z, alpha, valid, 1e-12, 1e-13, 20 * n * T + 50, D, Zs, v, W, lam, mu,
+                 m, S, info, sums)
+    if info[0] != K.LEAN_OK or info[2] != active.OPTIMAL or not info[4]:
+        return None
+    # the certificate (solution.certify, Frobenius, inequalities with b = 1, lam given)
+    margin, viol, nrm, dn, lb_num, wms, comp = (float(x) for x in sums[1:8])
+    if not all(math.isfinite(x) for x in (viol, nrm, dn, lb_num, wms, comp)):
+        return None
+    if not (viol <= FEAS_TOL and math.isfinite(nrm)):
+        return None
+    lower = lb_num / dn if dn > 0 and lb_num > 0 else 0.0
+    fix = margin if 0 < margin < 1 else 1.0
+    upper = nrm / fix
+    gap = max(upper - lower, 0.0) / lower if lower > 0 else math.inf
+    if not gap <= GAP_OPTIMAL:
+        return None
+    n2 = nrm * nrm if nrm > 0 else 1.0
+    kkt = max(wms / math.sqrt(n2), comp / n2) if nrm > 0 else math.inf
+    # back to the caller's units: W = 2^-exp W_normalised, exactly (engine._to_user_units;
+    # multiplying by a normal power of two is solution._ldexp, bit for bit)
+    k = int(info[1])
+    if not -511 <= k <= 511:
+        return None  # (the engine maps extreme scales)
+    up, down, down2 = 2.0 ** k, 2.0 ** -k, 2.0 ** (-2 * k)
+    with np.errstate(over="ignore", under="ignore"):
+        Wu = W * down
+        if not np.array_equal(Wu * up, W):
+            return None  # entries went subnormal: the engine re-certifies
+        amax = float(np.abs(Wu).max()) if Wu.size else 0.0
+        if not (np.isfinite(Wu).all() and (amax >= np.finfo(float).tiny
+                                           or float(np.abs(W).max()) == 0.0)):
+            return None  # not representable: the engine raises NotRepresentableError
+        dual = lam * down2
+    extra = {"n_constraints": int(v.sum()), "scale_exp": k, "lower_bound": lower * down,
+             "solver_status": "optimal", "n_fallback": 0}
+    return Solution(
+        W_=Wu, norm_=nrm * down, margin_=margin, violation_=viol, kkt_residual_=kkt,
+        gap_=gap, dual_=dual, support_=v & (m <= 1.0 + tol), margins_=m, status_="optimal",
+        solver_="mnp-active", feasible_=True, conflict_=(), alpha_=alpha, norm="fro",
+        problem=problem, n_iter_=int(info[3]), time_=time.perf_counter() - t0,
+        tol_active=tol, extra=extra)
+
+
+def batch_applies(B: int, n: int, T: int, solver) -> bool:
+    """Whether :func:`batch_lean` may be tried: Frobenius default / active solver, numba
+    present, B >= 2 and n T <= MAX_BATCH_N_ACTIVE (where the engine runs the batch through
+    the compiled active-set solver)."""
+    from .engine import MAX_BATCH_N_ACTIVE
+
+    key = solver if solver is None else str(solver).lower()
+    return key in _SOLVERS and B >= 2 and n * T <= MAX_BATCH_N_ACTIVE and active.available()
+
+
+def batch_lean(X: np.ndarray, z: np.ndarray, alpha: np.ndarray, valid: np.ndarray, xexp, *,
+               solver, tol: float, irreducible: bool, problem: str, vector: bool,
+               max_iter: int | None = None):
+    """B Frobenius problems (validated X (B, n, T, d) divided by 2^xexp, z (B, n, e), alpha
+    (B, n), valid (B, n, T)) as :func:`attnsvm.svm.engine.solve` and
+    :func:`~attnsvm.svm.engine.to_batch_solution` give them, each problem's steps in one
+    compiled call (:func:`attnsvm.svm._active_kernels.fro_lean_batch`, in threads).
+
+    A problem is settled here when its certificate (from the returned W, the formulas of
+    :func:`attnsvm.svm.solution.certify`) says "optimal", or, where the solver found the
+    origin in the convex hull (rho ~ 0), when its minimum-norm point mu passes the Farkas
+    check of :func:`~attnsvm.svm.solution.farkas_verify` ("infeasible"; with
+    ``irreducible`` those go to the engine, which names an irreducible conflict by LP).
+    Every other problem (no constraint, a zero constraint, a stalled or inaccurate solve,
+    extreme scales, a Farkas candidate that needs polishing) is solved by the engine
+    itself, as before.  Settled problems carry the engine's numbers bit for bit, except
+    the ``lower_bound`` of infeasible ones (the weak-duality bound of the solver's last
+    multipliers mu / rho^2, rho ~ 0: W = sum_k lam_k A_k is summed here in another order
+    than numpy's, and cancels to ~ rho).  ``max_iter``: the solver's major-cycle cap
+    (default 20 n T + 50, as :func:`attnsvm.svm.active.mnp_active`; tests use a tiny cap
+    to send problems to the engine)."""
+    from . import engine
+
+    t0 = time.perf_counter()
+    K = active._kernels()
+    c = np.ascontiguousarray
+    B, n, T, d = X.shape
+    e = z.shape[2]
+    X, z = c(X, dtype=float), c(z, dtype=float)
+    alpha, valid = c(alpha, dtype=np.int64), c(valid, dtype=bool)
+    xexp = c(np.broadcast_to(np.asarray(xexp, np.int64), (B,)))
+    D = np.empty((B, n, T, d))
+    Zs = np.empty((B, n, e))
+    v = np.empty((B, n, T), bool)
+    W = np.empty((B, d, e))
+    lam = np.empty((B, n, T))
+    mu = np.empty((B, n, T))
+    m = np.empty((B, n, T))
+    S = np.empty((B, d, e))
+    info = np.zeros((B, 5), np.int64)
+    sums = np.zeros((B, 8))
+    mi = 20 * n * T + 50 if max_iter is None else int(max_iter)  # (as mnp_active)
+    args = (X, z, alpha, valid, xexp, 1e-12, 1e-13, mi, D, Zs, v, W, lam, mu, m, S, info, sums)
+    if B >= active.PARALLEL_B:  # slices in threads, as mnp_active
+        from attnsvm.fused import _parallel
+
+        _parallel(K.fro_lean_batch, B, *args, per_thread=active.PER_THREAD)
+    else:
+        K.fro_lean_batch(*args, 0, B)
+    verdict, ex, kst, iters, fin = info.T
+    margin, viol, nrm, dn, lb_num, wms, comp = sums[:, 1:8].T
+    ran = (verdict == K.LEAN_OK) & np.isfinite(sums[:, 2:8]).all(1)
+    has = ran & (fin == 1)
+    with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+        # the certificate's numbers (solution.certify: Frobenius, b = 1, lam given)
+        feasible = has & (viol <= FEAS_TOL) & np.isfinite(nrm)
+        lower = np.where((dn > 0) & (lb_num > 0), lb_num / np.where(dn > 0, dn, 1.0), 0.0)
+        fix = np.where((margin > 0) & (margin < 1), margin, 1.0)
+        gap = np.where(lower > 0, np.maximum(nrm / fix - lower, 0.0) / lower, np.inf)
+        n2 = np.where(nrm > 0, nrm**2, 1.0)
+        kkt = np.where(nrm > 0, np.maximum(wms / np.sqrt(n2), comp / n2), np.inf)
+        opt = has & (kst == active.OPTIMAL) & feasible & (gap <= GAP_OPTIMAL)
+        # back to the caller's units (engine._to_user_units): exact, representable
+        Wu = _ldexp(W, -ex)
+        amax = np.abs(np.where(np.isfinite(Wu), Wu, 0.0)).max((1, 2))
+        opt &= (np.isfinite(Wu).all((1, 2)) & np.all(_ldexp(Wu, ex) == W, (1, 2))
+                & ((amax >= np.finfo(float).tiny) | (np.abs(W).max((1, 2)) == 0)))
+    # rho ~ 0: the minimum-norm point mu as the Farkas candidate (engine.solve, step 4)
+    inf = ran & (kst == active.SMALL_RHO) & ~feasible & (not irreducible)
+    fk_lam = np.zeros((B, n, T))
+    fk_bound = np.full(B, np.nan)
+    if inf.any():
+        ix = np.nonzero(inf)[0]
+        ok, bound, lv = farkas_verify(ConstraintSet(D[ix], Zs[ix], v[ix], v[ix].astype(float),
+                                                    None, ex[ix]), mu[ix])
+        inf[ix] = ok
+        fk_bound[ix] = np.where(ok, bound, np.nan)
+        fk_lam[ix] = np.where(ok[:, None, None], lv, 0.0)
+    nanf = np.where(opt, 1.0, np.nan)
+    status = np.where(opt, "optimal", "infeasible").astype(object)
+    names = np.array(["batch-mnp-active"] * B, dtype=object)
+    out = dict(
+        W_=np.where(opt[:, None, None], Wu, np.nan), norm_=np.where(opt, _ldexp(nrm, -ex), np.inf),
+        margin_=margin * nanf, violation_=viol * nanf, kkt_residual_=kkt * nanf,
+        gap_=gap * nanf, dual_=np.where(opt[:, None, None], _ldexp(lam, -2 * ex), 0.0),
+        support_=opt[:, None, None] & v & (m <= 1.0 + tol),
+        margins_=np.where(opt[:, None, None], m, np.nan), feasible_=opt, status_=status,
+        solver_=names, conflict_=engine._conflicts(fk_lam, inf))
+    extra = {"n_constraints": v.sum((1, 2)), "n_fallback": 0, "scale_exp": ex.copy(),
+             "farkas_bound": fk_bound,
+             "lower_bound": _ldexp(lower, -ex), "solver_status": np.array([""] * B, object)}
+    rest = np.nonzero(~(opt | inf))[0]
+    if len(rest):  # the engine's own path for these (a batch of >= 2, as here)
+        sub = rest if len(rest) > 1 else np.array([rest[0], 1 - rest[0] if B == 2 else
+                                                   (rest[0] + 1) % B])
+        cs = engine.build_constraints(X[sub], z[sub], alpha[sub], valid[sub], x_exp=xexp[sub])
+        o = engine.solve(cs, "fro", solver=solver, tol=tol, irreducible=irreducible)
+        bs = engine.to_batch_solution(cs, o, alpha=alpha[sub], problem=problem, vector=False,
+                                      norm="fro", tol=tol)
+        k = len(rest)
+        for f in out:
+            val = getattr(bs, f)
+            if f == "conflict_":
+                for j, b in enumerate(rest):
+                    out[f][b] = val[j]
+            else:
+                out[f][rest] = val[:k]
+        for f in ("n_constraints", "scale_exp", "farkas_bound", "lower_bound", "solver_status"):
+            extra[f][rest] = bs.extra[f][:k]
+        extra["n_fallback"] = bs.extra["n_fallback"]
+    if vector:
+        out["W_"] = out["W_"][..., 0]
+    return BatchSolution(**out, alpha_=alpha, norm="fro", problem=problem,
+                         time_=time.perf_counter() - t0, tol_active=tol, extra=extra)

@@ -1,0 +1,255 @@
+"""The compiled small-problem path of att_svm (attnsvm.svm.lean) against the general
+engine on the same inputs (every field bit for bit where the lean path answers; None,
+and so the engine's own answer, where it must not: infeasible, zero constraints, no
+constraint, extreme scales), and against an independent solver (cvxpy + Clarabel) and
+the KKT conditions."""
+
+import numpy as np
+import pytest
+
+pytest.importorskip("numba")
+
+from attnsvm.svm import att_svm, engine, lean  # noqa: E402
+from attnsvm.svm.problems import _run  # noqa: E402
+
+FIELDS = ("norm_", "margin_", "violation_", "kkt_residual_", "gap_", "status_", "solver_",
+          "feasible_", "conflict_", "n_iter_", "tol_active", "norm", "problem")
+ARRAYS = ("W_", "dual_", "support_", "margins_", "alpha_")
+
+
+def general(X, z, alpha, valid, tol=1e-6):
+    """att_svm through the general engine (build_constraints + engine.solve)."""
+    cs = engine.build_constraints(X[None], z[None], alpha[None], valid[None])
+    return _run(cs, norm="fro", solver=None, tol=tol, alpha=alpha, problem="att_svm",
+                vector=False, irreducible=True)
+
+
+def same(a, b):
+    for f in FIELDS:
+        x, y = getattr(a, f), getattr(b, f)
+        assert x == y or (isinstance(x, float) and np.isnan(x) and np.isnan(y)), f
+    for f in ARRAYS:
+        x, y = getattr(a, f), getattr(b, f)
+        assert (x is None) == (y is None), f
+        if x is not None:
+            assert x.shape == y.shape and x.dtype == y.dtype, f
+            assert np.array_equal(x, y), f
+    assert a.extra.keys() == b.extra.keys()
+    for k, x in a.extra.items():
+        assert np.array_equal(x, b.extra[k]), k
+
+
+def instance(rng, n, T, d, e, kind):
+    X = rng.standard_normal((n, T, d))
+    z = rng.standard_normal((n, e))
+    Ws = rng.standard_normal((d, e))
+    valid = np.ones((n, T), bool)
+    if kind == "tie" and n > 1:  # a repeated sequence
+        X[1], z[1] = X[0], z[0]
+    if kind == "lowrank":  # tokens on a line
+        X = X[..., :1] * rng.standard_normal(d)
+    if kind == "mask":
+        valid = rng.random((n, T)) > 0.3
+        valid[:, 0] = True
+    if kind == "scale":  # far from unit scale (exact powers of two and not)
+        X = X * 10.0 ** rng.integers(-150, 150)
+        z = z * 3.7 ** rng.integers(-60, 60)
+    s = ((X @ Ws) * z[:, None, :]).sum(-1)
+    alpha = np.argmax(np.where(valid, s, -np.inf), axis=1)
+    if kind == "dup" and T > 2:  # duplicate (unselected) tokens: repeated constraints
+        for i in range(n):
+            t1, t2 = [t for t in range(T) if t != alpha[i]][:2]
+            X[i, t1] = X[i, t2]
+    if kind == "random":  # often infeasible
+        alpha = np.array([rng.choice(np.nonzero(valid[i])[0]) for i in range(n)])
+    return X, z, alpha, valid
+
+
+@pytest.mark.parametrize("kind", ["planted", "dup", "tie", "lowrank", "mask", "scale", "random"])
+def test_lean_equals_engine(kind):
+    rng = np.random.default_rng(["planted", "dup", "tie", "lowrank", "mask", "scale",
+                                 "random"].index(kind))
+    answered = 0
+    for _ in range(25):
+        n, T = rng.integers(1, 9), rng.integers(2, 9)
+        d, e = rng.integers(1, 7), rng.integers(1, 7)
+        X, z, alpha, valid = instance(rng, n, T, d, e, kind)
+        ref = general(X, z, alpha, valid)
+        got = lean.att_svm_lean(X, z, alpha, valid, tol=1e-6)
+        if got is None:  # the engine decides: att_svm gives the engine's answer
+            assert ref.status_ != "optimal" or ref.solver_ != "mnp-active" or kind == "scale"
+            same(att_svm(X, z, alpha, mask=valid), ref)
+            continue
+        answered += 1
+        assert ref.status_ == "optimal"
+        same(got, ref)
+        same(att_svm(X, z, alpha, mask=valid), ref)
+    if kind != "random":
+        assert answered >= 15
+
+
+def test_lean_matches_clarabel_and_kkt():
+    import cvxpy as cp
+
+    rng = np.random.default_rng(7)
+    for kind in ("planted", "dup", "tie"):
+        X, z, alpha, valid = instance(rng, 6, 5, 4, 3, kind)
+        sol = lean.att_svm_lean(X, z, alpha, valid, tol=1e-6)
+        assert sol is not None and sol.status_ == "optimal"
+        n, T, d = X.shape
+        keep = valid & (np.arange(T)[None, :] != alpha[:, None])
+        ii, tt = np.nonzero(keep)
+        D = X[ii, alpha[ii]] - X[ii, tt]
+        M = np.einsum("kd,ke->kde", D, z[ii]).reshape(len(ii), -1)
+        W = cp.Variable((d, 3))
+        prob = cp.Problem(cp.Minimize(cp.sum_squares(W)), [M @ cp.vec(W, order="C") >= 1])
+        prob.solve(solver="CLARABEL", tol_gap_abs=1e-12, tol_gap_rel=1e-12, tol_feas=1e-12)
+        assert sol.norm_ == pytest.approx(np.linalg.norm(W.value), rel=1e-7)
+        m = M @ sol.W_.reshape(-1)
+        lam = sol.dual_[ii, tt]
+        assert m.min() == pytest.approx(1.0, abs=1e-12) and lam.min() >= 0
+        assert np.abs(lam * (m - 1)).max() <= 1e-9 * lam.max()
+        assert np.allclose(lam @ M, sol.W_.reshape(-1), rtol=0, atol=1e-10 * sol.norm_)
+        assert np.allclose(sol.margins_[ii, tt], m, rtol=0, atol=1e-12)
+        assert np.array_equal(sol.support_, keep & (sol.margins_ <= 1 + 1e-6))
+
+
+def test_lean_declines():
+    """Where the engine must decide, the lean path returns None."""
+    rng = np.random.default_rng(3)
+    X = rng.standard_normal((3, 4, 2))
+    z = rng.standard_normal((3, 2))
+    a = np.zeros(3, np.int64)
+    v = np.ones((3, 4), bool)
+    X2 = X.copy()
+    X2[1, 2] = X2[1, 0]  # a token equal to the selected one: A_k = 0, infeasible
+    assert lean.att_svm_lean(X2, z, a, v, tol=1e-6) is None
+    assert att_svm(X2, z, a).status_ == "infeasible"
+    v1 = np.zeros((3, 4), bool)
+    v1[:, 0] = True  # no constraint: W = 0
+    assert lean.att_svm_lean(X, z, a, v1, tol=1e-6) is None
+    assert att_svm(X, z, a, mask=v1).norm_ == 0.0
+    Xi = np.zeros((2, 2, 1))
+    Xi[0, 1, 0], Xi[1, 0, 0] = 1.0, 1.0  # -W >= 1 and W >= 1: infeasible
+    zi = np.ones((2, 1))
+    assert lean.att_svm_lean(Xi, zi, np.array([0, 0]), np.ones((2, 2), bool), tol=1e-6) is None
+    s = att_svm(Xi, zi, np.array([0, 0]))
+    assert s.status_ == "infeasible" and s.conflict_ == (0, 1)
+    from attnsvm.svm.solution import NotRepresentableError
+
+    Xp, zp, ap, vp = instance(rng, 4, 3, 2, 2, "planted")
+    assert lean.att_svm_lean(Xp, zp, ap, vp, tol=1e-6) is not None
+    for s in (2.0 ** 1000, 2.0 ** -1000):  # W_mm under- / overflows float64: the engine raises
+        assert lean.att_svm_lean(Xp * s, zp * s, ap, vp, tol=1e-6) is None
+        with pytest.raises(NotRepresentableError):
+            att_svm(Xp * s, zp * s, ap)
+    assert not lean.applies(20, 15, None) and not lean.applies(2, 2, "ipm")
+
+
+# ------------------------------------------------------------------ batches
+def general_batch(X, z, alpha, valid, xexp=0, irreducible=False, problem="att_svm",
+                  vector=False):
+    """The batch through the general engine (build_constraints + engine.solve)."""
+    B = len(X)
+    cs = engine.build_constraints(X, z, alpha, valid, x_exp=np.broadcast_to(xexp, (B,)))
+    out = engine.solve(cs, "fro", solver=None, tol=1e-6, irreducible=irreducible)
+    return engine.to_batch_solution(cs, out, alpha=alpha, problem=problem, vector=vector,
+                                    norm="fro", tol=1e-6)
+
+
+BATCH_FIELDS = ("W_", "norm_", "margin_", "violation_", "kkt_residual_", "gap_", "dual_",
+                "support_", "margins_", "feasible_", "status_", "solver_", "alpha_")
+
+
+def same_batch(a, b):
+    for f in BATCH_FIELDS:
+        x, y = getattr(a, f), getattr(b, f)
+        assert x.shape == y.shape and x.dtype == y.dtype, f
+        assert np.array_equal(x, y, equal_nan=x.dtype.kind == "f"), f
+    assert a.conflict_ == b.conflict_
+    assert (a.norm, a.problem, a.tol_active) == (b.norm, b.problem, b.tol_active)
+    assert a.extra.keys() == b.extra.keys()
+    inf = a.status_ == "infeasible"
+    for k, x in a.extra.items():
+        y = b.extra[k]
+        if k == "lower_bound":  # infeasible: from the solver's last multipliers (rounding)
+            assert np.array_equal(x[~inf], y[~inf])
+            assert np.all((x[inf] >= 0) & (y[inf] >= 0))
+        else:
+            assert np.array_equal(x, y, equal_nan=np.asarray(x).dtype.kind == "f"), k
+
+
+def batch_instance(rng, B, n, T, d, e, kind):
+    X = rng.standard_normal((B, n, T, d))
+    z = rng.standard_normal((B, n, e))
+    alpha = rng.integers(0, T, (B, n))  # random: about half infeasible
+    valid = np.ones((B, n, T), bool)
+    if kind == "planted":
+        Ws = rng.standard_normal((B, d, e))
+        alpha = np.argmax(((X @ Ws[:, None]) * z[:, :, None, :]).sum(-1), axis=-1)
+    if kind == "degenerate":
+        X[::3, :, 1] = X[::3, :, 2]  # duplicate tokens (zero constraints where selected)
+        X[1::4, 1], z[1::4, 1] = X[1::4, 0], z[1::4, 0]  # repeated sequences
+        valid = rng.random((B, n, T)) > 0.2
+        valid[np.arange(B)[:, None], np.arange(n)[None, :], alpha] = True
+        valid[2, :, :] = False  # no constraint at all
+        valid[2, np.arange(n), alpha[2]] = True
+        z[5, 0] = 0.0  # a zero query: its constraints have A_k = 0
+        X[7] *= 2.0 ** 600  # far from unit scale
+    return X, z, alpha, valid
+
+
+@pytest.mark.parametrize("kind", ["planted", "random", "degenerate"])
+@pytest.mark.parametrize("irreducible", [False, True])
+def test_batch_lean_equals_engine(kind, irreducible):
+    from attnsvm.svm import att_svm_batch
+
+    rng = np.random.default_rng(11 + irreducible)
+    n_inf = n_feas = 0
+    for B, n, T, d, e in ((40, 6, 8, 5, 3), (70, 3, 4, 2, 2), (9, 5, 6, 4, 1)):
+        X, z, alpha, valid = batch_instance(rng, B, n, T, d, e, kind)
+        ref = general_batch(X, z, alpha, valid, irreducible=irreducible)
+        got = lean.batch_lean(X, z, alpha, valid, 0, solver=None, tol=1e-6,
+                              irreducible=irreducible, problem="att_svm", vector=False)
+        same_batch(got, ref)
+        same_batch(att_svm_batch(X, z, alpha, mask=valid, irreducible=irreducible), ref)
+        n_inf += (ref.status_ == "infeasible").sum()
+        n_feas += ref.feasible_.sum()
+    assert n_feas >= 10 and (kind == "planted" or n_inf >= 10)
+
+
+def test_prompt_batch_lean_equals_engine():
+    from attnsvm.svm import prompt_svm_batch
+    from attnsvm.svm.problems import _keys
+
+    rng = np.random.default_rng(5)
+    B, n, T, d = 300, 6, 8, 10
+    X = rng.standard_normal((B, n, T, d))
+    alpha = rng.integers(0, T, (B, n))
+    valid = np.ones((B, n, T), bool)
+    for Wk in (None, rng.standard_normal((d, d)) * 1e-3):
+        K, eK = _keys(X, Wk, valid)
+        ref = general_batch(K, np.ones((B, n, 1)), alpha, valid, eK, problem="prompt_svm",
+                            vector=True)
+        got = prompt_svm_batch(X, Wk, alpha)
+        same_batch(got, ref)
+        assert 50 <= got.feasible_.sum() <= B - 50  # both kinds, many of each
+
+
+def test_batch_lean_hands_over_stalled_problems():
+    """A major-cycle cap of 1 leaves every problem (or one) to the engine: its answers."""
+    rng = np.random.default_rng(9)
+    X, z, alpha, valid = batch_instance(rng, 12, 4, 5, 3, 3, "random")
+    ref = general_batch(X, z, alpha, valid)
+    got = lean.batch_lean(X, z, alpha, valid, 0, solver=None, tol=1e-6, irreducible=False,
+                          problem="att_svm", vector=False, max_iter=1)
+    same_batch(got, ref)
+    # one stalled problem among settled ones (the engine gets it in a batch of two)
+    Xp, zp, ap, vp = batch_instance(rng, 5, 4, 5, 3, 3, "planted")
+    ref = general_batch(Xp, zp, ap, vp)
+    Xp[3, :, 1] = Xp[3, np.arange(4), ap[3]]  # a zero constraint in problem 3: the engine's
+    ref3 = general_batch(Xp, zp, ap, vp)
+    got = lean.batch_lean(Xp, zp, ap, vp, 0, solver=None, tol=1e-6, irreducible=False,
+                          problem="att_svm", vector=False)
+    same_batch(got, ref3)
+    assert ref3.status_[3] == "infeasible" and ref.status_[3] == "optimal"
