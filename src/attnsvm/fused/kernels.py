@@ -4,8 +4,11 @@ stateless steps, each trial's working set in cache (imported only when numba is)
 The maths is :mod:`attnsvm.models.objective` (fixed and trained linear head) and the
 stateless rules of :mod:`attnsvm.optim.rules`, written as loops over one trial. The
 formulas follow the torch reference term by term (same anchor, same log-domain scales,
-same branches of the losses' stable forms); only the order of floating-point sums
-differs, so the two paths agree to rounding (tests/test_fused.py: 1e-12 relative).
+same branches of the losses' stable forms), with one exception: the fixed head's row
+factors are evaluated in the linear domain while they are far from underflow and
+overflow (PLAIN_MIN, PLAIN_MAX; _trial_run), which saves two log1p and an exp per
+row. Only the rounding differs, so the two paths agree to 1e-12 relative
+(tests/test_fused.py, also at both switches and far past saturation).
 No fastmath: every sum is evaluated in a fixed order, and trials are independent, so a
 run gives the same bits for any number of threads. The drivers are serial over a slice
 of trials and release the GIL; :mod:`attnsvm.fused` runs slices in a thread pool (no
@@ -16,6 +19,10 @@ P2 (B, s2), in the order of the model's parameter dict: W | K, Q | k, q | p, the
 trained head v (slot 1 after W or p, slot 2 after K, Q or k, q); unused slots have s = 0.
 Integer configuration ``ic`` and real hyper-parameters ``fc`` are arrays, so each kernel
 compiles once for every model, loss and rule (cached on disk by numba).
+
+Speed. Hot loops index with offsets cast to unsigned (_U), so that numba emits no
+negative-index wrap-around (four instructions per load, and it stops LLVM from
+vectorising); matrix products go through _vecmat_rows, one call per product.
 """
 
 from __future__ import annotations
