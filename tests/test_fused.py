@@ -183,8 +183,9 @@ def test_far_past_saturation_equals_torch_and_mpmath():
         assert abs(lf - lref) < 1e-9 * abs(lref), (lf, lref)
 
 
-def _mp_grad(mp, X, z, y, v, W):
-    """dL/dW of L = mean_i logistic(y_i v^T X_i^T softmax(X_i W z_i)), in mpmath.
+def _mp_grad(mp, X, z, y, v, W, loss="logistic"):
+    """dL/dW of L = mean_i loss(y_i v^T X_i^T softmax(X_i W z_i)), in mpmath (logistic or
+    exponential loss).
 
     dL/da_t = loss'(f) s_t (c_t - f) with c_t - f written as (c_t - c_k) - sum_u s_u (c_u - c_k)
     (an identity; k any index): past saturation f and c_k agree to thousands of digits,
@@ -203,13 +204,121 @@ def _mp_grad(mp, X, z, y, v, W):
         k = a.index(mx)
         dev = mp.fsum(s[u] * (c[u] - c[k]) for u in range(T))  # f - c_k
         f = c[k] + dev
-        lp = -1 / (1 + mp.exp(f)) / n  # d/df of log(1 + e^{-f}) / n
+        # d/df of log(1 + e^{-f}) / n, of e^{-f} / n
+        lp = -1 / (1 + mp.exp(f)) / n if loss == "logistic" else -mp.exp(-f) / n
         for t in range(T):
             ga = lp * s[t] * ((c[t] - c[k]) - dev)
             for j in range(d):
                 for l in range(d):
                     G[j * d + l] += ga * mp.mpf(X[i, t, j]) * mp.mpf(z[i, l])
     return G
+
+
+def _mp_log_lam_top(mp, X, z, y, v, W, loss):
+    """max_i log lam_i, lam_i = w_i (-loss'(f_i)) s_j,i (w_i = 1/n, f_i the margin, s_j,i
+    the second-largest attention of sequence i) in mpmath: what the fused kernel's choice
+    between its linear and log-domain row factors reads (kernels.PLAIN_MIN / PLAIN_MAX)."""
+    n, T, d = X.shape
+    top = -mp.inf
+    for i in range(n):
+        a = [mp.fsum(mp.mpf(X[i, t, j]) * mp.fsum(mp.mpf(W[j, l]) * mp.mpf(z[i, l])
+                                                   for l in range(d)) for j in range(d))
+             for t in range(T)]
+        lse = max(a) + mp.log(mp.fsum(mp.exp(at - max(a)) for at in a))
+        ls_j = sorted(a)[-2] - lse
+        f = mp.fsum(mp.exp(a[t] - lse) * mp.mpf(y[i]) * mp.fsum(
+            mp.mpf(v[j]) * mp.mpf(X[i, t, j]) for j in range(d)) for t in range(T))
+        lnd = -mp.log(1 + mp.exp(f)) if loss == "logistic" else -f
+        top = max(top, -mp.log(n) + lnd + ls_j)
+    return top
+
+
+def _assert_fused_grad_exact(mp, data, W, loss):
+    """The fused scaled gradient at W (unbatched (d, d)) equals the torch reference path's
+    and a 50-digit mpmath gradient: direction to 1e-12, log |G| to 1e-12 relative."""
+    from attnsvm.losses import LOSSES
+
+    d = W.shape[0]
+    model = M.WModel(d)
+    tdata = M.prepare(data)
+    Wt = torch.as_tensor(W)[None]
+    plan = fused.Plan(model, tdata, LOSSES[loss], O.ngd(0.1), Q=1, B=1, check_stall=True)
+    gf = plan.evaluate({"W": Wt}, need_gap=False).grads
+    gt = model.evaluate({"W": Wt}, tdata, loss=loss, need_gap=False).grads
+    ref = _mp_grad(mp, data.X, data.z, data.y, data.v, W, loss)
+    nref = mp.sqrt(mp.fsum(x * x for x in ref))
+    uref = np.array([float(x / nref) for x in ref])
+    lref = float(mp.log(nref))
+    for g in (gf, gt):
+        t = g.tensors["W"][0].numpy().ravel()
+        lg = float(g.log_scale["W"][0]) + np.log(np.linalg.norm(t))
+        assert np.abs(t / np.linalg.norm(t) - uref).max() < 1e-12
+        assert abs(lg - lref) <= 1e-12 * max(1.0, abs(lref)), (lg, lref)
+
+
+def _bisect(fn, lo, hi, iters=60):
+    """x in [lo, hi] with fn(x) = 0, fn(lo) > 0 > fn(hi) (geometric bisection)."""
+    assert fn(lo) > 0 > fn(hi)
+    for _ in range(iters):
+        mid = (lo * hi) ** 0.5
+        lo, hi = (mid, hi) if fn(mid) > 0 else (lo, mid)
+    return (lo * hi) ** 0.5
+
+
+@pytest.mark.parametrize("loss", ["logistic", "exponential"])
+def test_row_factor_regimes_at_the_switch_equal_torch_and_mpmath(loss):
+    """Along W = alpha W0 the softmax saturates and the largest row factor lam falls
+    through kernels.PLAIN_MIN = 2^-900 at alpha*: there the kernel leaves its linear row
+    factors for the log domain. Right at the switch (alpha* (1 +- 1e-12), 1 +- 1e-6),
+    well inside each regime and deep in saturation (lam ~ e^-6000, the plain gradient
+    underflows), the fused gradient equals torch's and mpmath's."""
+    mp = pytest.importorskip("mpmath")
+    mp.mp.dps = 50
+    K = fused._kernels()
+    data = D.planted(n=3, T=4, d=4, seed=0, score_gap=0.5)
+    W0 = train(M.WModel(4), data, optimizer=O.ngd(0.5), steps=300, seed=0,
+               engine="torch").params["W"][0].numpy()
+    W0 = W0 / np.linalg.norm(W0)
+    lmin = float(mp.log(K.PLAIN_MIN))
+
+    def gap(alpha):
+        return float(_mp_log_lam_top(mp, data.X, data.z, data.y, data.v, alpha * W0, loss)) - lmin
+
+    a_star = _bisect(gap, 1.0, 1e5)
+    assert abs(gap(a_star)) < 1e-6
+    seen = set()
+    for f in (1 - 1e-6, 1 - 1e-12, 1.0, 1 + 1e-12, 1 + 1e-6, 0.01, 0.5, 2.0, 10.0):
+        alpha = a_star * f
+        seen.add(gap(alpha) > 0)
+        _assert_fused_grad_exact(mp, data, alpha * W0, loss)
+    assert seen == {True, False}  # both regimes were exercised
+
+
+def test_row_factor_overflow_switch_equals_torch_and_mpmath():
+    """The exponential loss at large negative margins (labels flipped, head scaled by c):
+    -loss'(f) = e^-f grows past kernels.PLAIN_MAX = 2^900 and the kernel takes the log
+    domain; around that switch and beyond (lam ~ e^5000, finite only in log form) the
+    fused gradient equals torch's and mpmath's."""
+    mp = pytest.importorskip("mpmath")
+    mp.mp.dps = 50
+    K = fused._kernels()
+    base = D.planted(n=3, T=4, d=4, seed=1, score_gap=0.5)
+    W = 0.7 * np.eye(4)
+    lmax = float(mp.log(K.PLAIN_MAX))
+
+    def data_at(c):
+        return base.replace(y=-base.y, v=c * base.v)
+
+    def gap(c):
+        dat = data_at(c)
+        return lmax - float(_mp_log_lam_top(mp, dat.X, dat.z, dat.y, dat.v, W, "exponential"))
+
+    c_star = _bisect(gap, 1.0, 1e5)
+    seen = set()
+    for f in (1 - 1e-6, 1 - 1e-12, 1.0, 1 + 1e-12, 1 + 1e-6, 0.1, 8.0):
+        seen.add(gap(c_star * f) > 0)
+        _assert_fused_grad_exact(mp, data_at(c_star * f), W, "exponential")
+    assert seen == {True, False}
 
 
 def test_deterministic_and_thread_independent():

@@ -4,8 +4,11 @@ stateless steps, each trial's working set in cache (imported only when numba is)
 The maths is :mod:`attnsvm.models.objective` (fixed and trained linear head) and the
 stateless rules of :mod:`attnsvm.optim.rules`, written as loops over one trial. The
 formulas follow the torch reference term by term (same anchor, same log-domain scales,
-same branches of the losses' stable forms); only the order of floating-point sums
-differs, so the two paths agree to rounding (tests/test_fused.py: 1e-12 relative).
+same branches of the losses' stable forms), with one exception: the fixed head's row
+factors are evaluated in the linear domain while they are far from underflow and
+overflow (PLAIN_MIN, PLAIN_MAX; _trial_run), which saves two log1p and an exp per
+row. Only the rounding differs, so the two paths agree to 1e-12 relative
+(tests/test_fused.py, also at both switches and far past saturation).
 No fastmath: every sum is evaluated in a fixed order, and trials are independent, so a
 run gives the same bits for any number of threads. The drivers are serial over a slice
 of trials and release the GIL; :mod:`attnsvm.fused` runs slices in a thread pool (no
@@ -16,6 +19,10 @@ P2 (B, s2), in the order of the model's parameter dict: W | K, Q | k, q | p, the
 trained head v (slot 1 after W or p, slot 2 after K, Q or k, q); unused slots have s = 0.
 Integer configuration ``ic`` and real hyper-parameters ``fc`` are arrays, so each kernel
 compiles once for every model, loss and rule (cached on disk by numba).
+
+Speed. Hot loops index with offsets cast to unsigned (_U), so that numba emits no
+negative-index wrap-around (four instructions per load, and it stops LLVM from
+vectorising); matrix products go through _vecmat_rows, one call per product.
 """
 
 from __future__ import annotations
@@ -40,7 +47,13 @@ IC_MAXLR, IC_NEEDGAP, IC_WID, IC_SIZE = 16, 17, 18, 19
 FC_LR, FC_P, FC_Q, FC_REG, FC_C, FC_MAXLR, FC_SIZE = 0, 1, 2, 3, 4, 5, 6
 
 NINF = -np.inf
+_U = np.uint64  # an index cast to unsigned: no negative-index wrap-around in numba
 LOG_GAP_SWITCH = -35.0
+# the fixed head's row factors lam_r are evaluated in the linear domain while the largest
+# lies in [PLAIN_MIN, PLAIN_MAX] (2^-900, 2^900: normal floats with 2^122 to spare), in the
+# log domain otherwise (_trial_run)
+PLAIN_MIN = 2.0 ** -900
+PLAIN_MAX = 2.0 ** 900
 
 
 # ------------------------------------------------------------ scalar helpers
@@ -76,6 +89,25 @@ def _log_neg_deriv(loss, u):
     if loss == EXPONENTIAL:
         return -u
     return 0.0
+
+
+@njit(cache=True, error_model="numpy")
+def _neg_deriv(loss, u):
+    """-loss'(u) in the linear domain: sigmoid(-u) = 1 / (1 + e^u), e^-u, 1 (inf / 0 where
+    it leaves float64: the caller then takes _log_neg_deriv)."""
+    if loss == LOGISTIC:
+        return 1.0 / (1.0 + math.exp(u))
+    if loss == EXPONENTIAL:
+        return math.exp(-u)
+    return 1.0
+
+
+@njit(cache=True, error_model="numpy")
+def _log_s_j(am, x):
+    """log s_j = (a_j - a_k) - log1p(x), x = e_j sum r (-inf for a_j = -inf: one key)."""
+    if am == NINF:
+        return NINF
+    return am - math.log1p(x)
 
 
 @njit(cache=True, error_model="numpy")
@@ -159,10 +191,10 @@ def _max_abs(x, o, k):
     m3 = 0.0
     i = 0
     while i + 4 <= k:
-        a0 = abs(x[o + i])
-        a1 = abs(x[o + i + 1])
-        a2 = abs(x[o + i + 2])
-        a3 = abs(x[o + i + 3])
+        a0 = abs(x[_U(o + i)])
+        a1 = abs(x[_U(o + i + 1)])
+        a2 = abs(x[_U(o + i + 2)])
+        a3 = abs(x[_U(o + i + 3)])
         if a0 > m0:
             m0 = a0
         if a1 > m1:
@@ -173,7 +205,7 @@ def _max_abs(x, o, k):
             m3 = a3
         i += 4
     while i < k:
-        a0 = abs(x[o + i])
+        a0 = abs(x[_U(o + i)])
         if a0 > m0:
             m0 = a0
         i += 1
@@ -194,14 +226,14 @@ def _sum_sq(x, o, k, inv):
     nb = k // 8
     for b in range(nb):
         i = o + b * 8
-        a0 = x[i] * inv
-        a1 = x[i + 1] * inv
-        a2 = x[i + 2] * inv
-        a3 = x[i + 3] * inv
-        a4 = x[i + 4] * inv
-        a5 = x[i + 5] * inv
-        a6 = x[i + 6] * inv
-        a7 = x[i + 7] * inv
+        a0 = x[_U(i)] * inv
+        a1 = x[_U(i + 1)] * inv
+        a2 = x[_U(i + 2)] * inv
+        a3 = x[_U(i + 3)] * inv
+        a4 = x[_U(i + 4)] * inv
+        a5 = x[_U(i + 5)] * inv
+        a6 = x[_U(i + 6)] * inv
+        a7 = x[_U(i + 7)] * inv
         s0 += a0 * a0
         s1 += a1 * a1
         s2 += a2 * a2
@@ -211,7 +243,7 @@ def _sum_sq(x, o, k, inv):
         s6 += a6 * a6
         s7 += a7 * a7
     for i in range(o + nb * 8, o + k):
-        a0 = x[i] * inv
+        a0 = x[_U(i)] * inv
         s0 += a0 * a0
     return ((s0 + s1) + (s2 + s3)) + ((s4 + s5) + (s6 + s7))
 
@@ -224,13 +256,13 @@ def _sum(x, o, k):
     s3 = 0.0
     i = 0
     while i + 4 <= k:
-        s0 += x[o + i]
-        s1 += x[o + i + 1]
-        s2 += x[o + i + 2]
-        s3 += x[o + i + 3]
+        s0 += x[_U(o + i)]
+        s1 += x[_U(o + i + 1)]
+        s2 += x[_U(o + i + 2)]
+        s3 += x[_U(o + i + 3)]
         i += 4
     while i < k:
-        s0 += x[o + i]
+        s0 += x[_U(o + i)]
         i += 1
     return (s0 + s1) + (s2 + s3)
 
@@ -327,38 +359,85 @@ def _scaled_add(a, o, la, ga, e, k):
 
 
 @njit(cache=True, error_model="numpy")
-def _dots(X, xo, v, vo, out, oo, T, d):
-    """out[oo + t] = X[xo + t d : xo + (t+1) d] . v[vo : vo + d] for t < T (sums over j in
-    order), four rows at a time so that the loads of v are shared."""
-    t = 0
-    while t + 4 <= T:
-        b0 = xo + t * d
-        b1 = b0 + d
-        b2 = b1 + d
-        b3 = b2 + d
-        s0 = 0.0
-        s1 = 0.0
-        s2 = 0.0
-        s3 = 0.0
-        for j in range(d):
-            vj = v[vo + j]
-            s0 += X[b0 + j] * vj
-            s1 += X[b1 + j] * vj
-            s2 += X[b2 + j] * vj
-            s3 += X[b3 + j] * vj
-        out[oo + t] = s0
-        out[oo + t + 1] = s1
-        out[oo + t + 2] = s2
-        out[oo + t + 3] = s3
-        t += 4
-    while t < T:
-        b0 = xo + t * d
-        s0 = 0.0
-        for j in range(d):
-            s0 += X[b0 + j] * v[vo + j]
-        out[oo + t] = s0
-        t += 1
+def _vecmat_rows(a, ao, ars, ast, M, mo, mrs, out, oo, ors, R, K, N):
+    """Row r < R of out = a_r M_r: out[oo + r ors + j] = sum_t a[ao + r ars + t ast]
+    M[mo + r mrs + t N + j] for j < N, t < K (a_r a strided vector, M_r a row-major (K, N)
+    matrix; mrs = 0 shares one M). Every sum runs over t in order from 0.0: the bits of
+    the plain loop ``out = 0; for t: out += a_t M_t``, whatever the blocking.
 
+    Wide rows (N >= 16): four rows of M per pass over out (``out = (((out + a_0 M_0) +
+    a_1 M_1) + a_2 M_2) + a_3 M_3``, the same order), so that out makes one trip through
+    memory per four terms and the pass vectorises. Narrow rows: four, two, one columns'
+    sums in registers (independent chains; an axpy through memory would wait on its own
+    stores). Indices are cast to unsigned (_U): numba then skips its negative-index
+    wrap-around, which costs four instructions per load and blocks vectorisation."""
+    for r in range(R):
+        ar = ao + r * ars
+        mr = mo + r * mrs
+        orr = oo + r * ors
+        if N >= 16:
+            for j in range(N):
+                out[_U(orr + j)] = 0.0
+            t = 0
+            while t + 4 <= K:
+                a0 = a[_U(ar + t * ast)]
+                a1 = a[_U(ar + (t + 1) * ast)]
+                a2 = a[_U(ar + (t + 2) * ast)]
+                a3 = a[_U(ar + (t + 3) * ast)]
+                b0 = mr + t * N
+                b1 = b0 + N
+                b2 = b1 + N
+                b3 = b2 + N
+                for j in range(N):
+                    out[_U(orr + j)] = (((out[_U(orr + j)] + a0 * M[_U(b0 + j)])
+                                         + a1 * M[_U(b1 + j)]) + a2 * M[_U(b2 + j)]) \
+                        + a3 * M[_U(b3 + j)]
+                t += 4
+            while t < K:
+                at = a[_U(ar + t * ast)]
+                b0 = mr + t * N
+                for j in range(N):
+                    out[_U(orr + j)] = out[_U(orr + j)] + at * M[_U(b0 + j)]
+                t += 1
+            continue
+        j = 0
+        while j + 4 <= N:
+            s0 = 0.0
+            s1 = 0.0
+            s2 = 0.0
+            s3 = 0.0
+            b = mr + j
+            for t in range(K):
+                at = a[_U(ar + t * ast)]
+                s0 += at * M[_U(b)]
+                s1 += at * M[_U(b + 1)]
+                s2 += at * M[_U(b + 2)]
+                s3 += at * M[_U(b + 3)]
+                b += N
+            out[_U(orr + j)] = s0
+            out[_U(orr + j + 1)] = s1
+            out[_U(orr + j + 2)] = s2
+            out[_U(orr + j + 3)] = s3
+            j += 4
+        if j + 2 <= N:
+            s0 = 0.0
+            s1 = 0.0
+            b = mr + j
+            for t in range(K):
+                at = a[_U(ar + t * ast)]
+                s0 += at * M[_U(b)]
+                s1 += at * M[_U(b + 1)]
+                b += N
+            out[_U(orr + j)] = s0
+            out[_U(orr + j + 1)] = s1
+            j += 2
+        if j < N:
+            s0 = 0.0
+            b = mr + j
+            for t in range(K):
+                s0 += a[_U(ar + t * ast)] * M[_U(b)]
+                b += N
+            out[_U(orr + j)] = s0
 
 # ------------------------------------------------------------------ the rules
 @njit(cache=True, error_model="numpy")
@@ -469,9 +548,10 @@ def _step_checked(P, G, N, o, k, c):
     fin = True
     big = False
     for x in range(o, o + k):
-        v = P[x] - c * G[x]
-        N[x] = v
-        chg |= v != P[x]
+        px = P[_U(x)]
+        v = px - c * G[_U(x)]
+        N[_U(x)] = v
+        chg |= v != px
         fin &= (v - v) == 0.0
         big |= abs(v) > 1e300
     return (1 if fin else 0) | (2 if chg else 0) | (4 if big else 0)
@@ -558,10 +638,11 @@ def _apply_rule(ic, fc, P, G, N, so, gm, ls, lgap, D, work):
 # ------------------------------------------------------------ one trial's run
 @njit(cache=True, error_model="numpy")
 def _trial_run(ic, fc, X, Z, gam, gopt, yl, logw, mask, Wf, P, G, N, so, gm, ls,
-               KT, WZ, ZQ, A, S, Rr, C, dr, rho, rhov, rlg, acc, tmp, Dv, work, out, t0, t1):
+               KT, WZ, ZQ, A, S, Rr, C, dr, rho, rhov, rlg, acc, tmp, Dv, work, XT, aux,
+               out, t0, t1):
     """Steps t0 .. t1-1 of one trial (with ic[IC_RULE] == R_NONE: the gradient at P only),
-    the step loop and the gradient in one function: a compiled call costs ~15 ns per
-    array argument, so the only call per step is the rule's.
+    the step loop and the gradient in one function (few calls per step: a call passes
+    each array as seven words).
 
     Flat (1-d) arrays of one trial: X (n, T, d) tokens, Z (n, Q, d) queries, gam (n, Q, T)
     scores with masked keys 0, gopt (n, Q), yl (n, Q) labels, logw (n, Q) log query
@@ -570,6 +651,20 @@ def _trial_run(ic, fc, X, Z, gam, gopt, yl, logw, mask, Wf, P, G, N, so, gm, ls,
     flat vector, tensor k at [so[k], so[k+1]) (the W model holds W^T: every product runs
     over contiguous rows); G, N: the gradient and the next parameters, same layout.
     The gradient of a step: tensor k is G_k / gm[k] times exp(ls[k]) (G raw, gm = max|G|).
+    Scratch: XT (n, d, T) receives X transposed (the logits then run over contiguous
+    tokens), aux (4 R) the row terms of the fixed head.
+
+    Row factors (fixed head). dL/da_rt = -lam_r (s_t dr_r - r_t c_rt) with lam_r =
+    w_r (-loss'(u_r)) s_j,r (s_j the second-largest attention of row r, r_t = s_t / s_j off
+    the anchor, dr_r = sum_t r_t c_rt), and the gradient is exp(top) times the sum with
+    lam_r / exp(top), top = log max_r lam_r. Two regimes, per step: while the largest lam_r lies in [PLAIN_MIN,
+    PLAIN_MAX] (far from underflow and overflow), lam_r is evaluated in the linear domain
+    (-loss'(u) with one exp, s_j = e_j / (1 + x) already at hand) and lam_r / max lam
+    divides; otherwise (the softmax or the loss saturated: the plain lam underflows)
+    log lam_r = log w_r + log(-loss'(u_r)) + log s_j,r in the log domain and
+    exp(log lam_r - top), as the torch reference does. Both give the same numbers to
+    rounding: in the linear regime a row whose lam_r underflows weighs < 2^-122 next to
+    the largest (it underflows in exp(log lam_r - top) as well).
 
     Per step (the trainer's semantics): a zero gradient stops the trial (code 1) before
     the update; an update with a non-finite parameter (code 2) or, if ic[IC_STALL], that
@@ -591,6 +686,18 @@ def _trial_run(ic, fc, X, Z, gam, gopt, yl, logw, mask, Wf, P, G, N, so, gm, ls,
     o1 = so[1]  # offset of the second tensor (K, Q / k, q)
     ov = so[na]  # offset of the head v
     nP = ic[IC_NP]
+    # aux: u_r | a_j - a_k | x = e_j sum r | w_r (the query weights, linear)
+    AU = 0
+    AM = R
+    AX = 2 * R
+    AW = 3 * R
+    for r in range(R):
+        aux[_U(AW + r)] = math.exp(logw[_U(r)])
+    for i in range(n):  # XT[i, j, t] = X[i, t, j]
+        for t in range(T):
+            xo = (i * T + t) * d
+            for j in range(d):
+                XT[_U(i * d * T + j * T + t)] = X[_U(xo + j)]
     out[0] = -1.0
     out[1] = 0.0
     lgap = np.nan
@@ -598,50 +705,20 @@ def _trial_run(ic, fc, X, Z, gam, gopt, yl, logw, mask, Wf, P, G, N, so, gm, ls,
     for step in range(t0, t1):  # (t is the token index below)
         for k in range(3):
             ls[k] = NINF
-        # ---- W z for every query row: WZ (R, d); loops: l, then rows, then contiguous j
+        # ---- W z for every query row: WZ (R, d)
         if model == W_MODEL:  # W z_r = sum_l z_rl (row l of W^T)
-            for x in range(R * d):
-                acc[x] = 0.0
-            for l in range(d):
-                base = l * d
-                for r in range(R):
-                    zl = Z[r * d + l]
-                    ro = r * d
-                    for j in range(d):
-                        acc[ro + j] += zl * P[base + j]
-            for x in range(R * d):
-                WZ[x] = acc[x]
+            _vecmat_rows(Z, 0, d, 1, P, 0, 0, WZ, 0, d, R, d, d)
         elif model == KQ_MODEL:  # K (Q^T z_r): ZQ (R, m), then sum_c ZQ_rc (row c of K^T)
             for j in range(d):
                 for c in range(m):
-                    KT[c * d + j] = P[j * m + c]
-            for x in range(R * m):
-                acc[x] = 0.0
-            for l in range(d):
-                base = l * m
-                for r in range(R):
-                    zl = Z[r * d + l]
-                    ro = r * m
-                    for c in range(m):
-                        acc[ro + c] += zl * P[o1 + base + c]
-            for x in range(R * m):
-                ZQ[x] = acc[x]
-            for x in range(R * d):
-                acc[x] = 0.0
-            for c in range(m):
-                base = c * d
-                for r in range(R):
-                    zc = ZQ[r * m + c]
-                    ro = r * d
-                    for j in range(d):
-                        acc[ro + j] += zc * KT[base + j]
-            for x in range(R * d):
-                WZ[x] = acc[x]
+                    KT[_U(c * d + j)] = P[_U(j * m + c)]
+            _vecmat_rows(Z, 0, d, 1, P, o1, 0, ZQ, 0, m, R, d, m)
+            _vecmat_rows(ZQ, 0, m, 1, KT, 0, 0, WZ, 0, d, R, m, d)
         elif model == DIAG_MODEL:
             for r in range(R):
                 zo = r * d
                 for j in range(d):
-                    WZ[zo + j] = Z[zo + j] * (P[j] * P[o1 + j])
+                    WZ[_U(zo + j)] = Z[_U(zo + j)] * (P[_U(j)] * P[_U(o1 + j)])
         else:  # prompt: W p, the same for every row
             if ic[IC_WID]:
                 for j in range(d):
@@ -656,18 +733,21 @@ def _trial_run(ic, fc, X, Z, gam, gopt, yl, logw, mask, Wf, P, G, N, so, gm, ls,
                         acc[j] += pl * Wf[0, base + j]
             for r in range(R):
                 for j in range(d):
-                    WZ[r * d + j] = acc[j]
+                    WZ[_U(r * d + j)] = acc[_U(j)]
 
-        # ---- logits a_rt = x_it . (W z)_r: dot products, four tokens at a time
-        for r in range(R):
-            _dots(X, (r // Qn) * T * d, WZ, r * d, A, r * T, T, d)
+        # ---- logits a_rt = x_it . (W z)_r = sum_j (W z)_rj XT[i, j, t] (over j in order)
+        if Qn == 1:
+            _vecmat_rows(WZ, 0, d, 1, XT, 0, d * T, A, 0, T, R, d, T)
+        else:
+            for i in range(n):
+                _vecmat_rows(WZ, i * Qn * d, d, 1, XT, i * d * T, 0, A, i * Qn * T, T, Qn, d, T)
         if hasmask:
             for x in range(R * T):
-                if mask[x] == 0:
-                    A[x] = NINF
+                if mask[_U(x)] == 0:
+                    A[_U(x)] = NINF
         ovf = False  # a logit overflowed (+inf or NaN): the last step left float64
         for x in range(R * T):
-            ax = A[x]
+            ax = A[_U(x)]
             if ax != ax or ax == np.inf:
                 ovf = True
                 break
@@ -684,18 +764,18 @@ def _trial_run(ic, fc, X, Z, gam, gopt, yl, logw, mask, Wf, P, G, N, so, gm, ls,
             break
 
         # ---- per row: anchor, softmax around it, the loss terms
+        vtop = 0.0  # the fixed head's largest lam_r, linear (nan: some lam_r is not finite)
         for r in range(R):
-            i = r // Qn
             ro = r * T
             # anchor k: the first maximiser; with a_j the largest other key,
             # r_t = exp(a_t - a_j) (t != k), s_t = r_t e_j / (1 + e_j sum r), e_j = exp(a_j - a_k),
             # M = log s_j = (a_j - a_k) - log1p(e_j sum r): attention.softmax_terms with one exp
             # per key (exact where e_j underflows: then s_t = 0 off the anchor, M = a_j - a_k).
             k = 0
-            mx = A[ro]
+            mx = A[_U(ro)]
             aj = NINF
             for t in range(1, T):
-                at = A[ro + t]
+                at = A[_U(ro + t)]
                 if at > mx:
                     aj = mx
                     mx = at
@@ -703,62 +783,69 @@ def _trial_run(ic, fc, X, Z, gam, gopt, yl, logw, mask, Wf, P, G, N, so, gm, ls,
                 elif at > aj:
                     aj = at
             eM = 0.0  # exp(M) = e_j / (1 + e_j sum r)
+            x = 0.0
             if aj == NINF:  # the anchor is the only admissible key
-                M = NINF
                 for t in range(T):
-                    Rr[ro + t] = 0.0
-                    S[ro + t] = 0.0
-                S[ro + k] = 1.0
+                    Rr[_U(ro + t)] = 0.0
+                    S[_U(ro + t)] = 0.0
+                S[_U(ro + k)] = 1.0
             else:
                 sr = 0.0
                 for t in range(T):
+                    e = math.exp(A[_U(ro + t)] - aj)
                     if t == k:
-                        Rr[ro + t] = 0.0
-                    else:
-                        e = math.exp(A[ro + t] - aj)
-                        Rr[ro + t] = e
-                        sr += e
+                        e = 0.0
+                    Rr[_U(ro + t)] = e
+                    sr += e
                 ej = math.exp(aj - mx)
                 x = ej * sr
-                lse = math.log1p(x)
-                M = (aj - mx) - lse
                 eM = ej / (1.0 + x)
                 for t in range(T):
-                    S[ro + t] = Rr[ro + t] * eM
-                S[ro + k] = 1.0 / (1.0 + x)
-            lw = logw[r]
+                    S[_U(ro + t)] = Rr[_U(ro + t)] * eM
+                S[_U(ro + k)] = 1.0 / (1.0 + x)
+            lw = logw[_U(r)]
             if trained == 0:
-                gk = gam[ro + k]
+                gk = gam[_U(ro + k)]
                 s_ = 0.0
                 for t in range(T):
-                    c = gk - gam[ro + t]
-                    C[ro + t] = c
-                    s_ += Rr[ro + t] * c
-                dr[r] = s_
-                go = gopt[r]
+                    c = gk - gam[_U(ro + t)]
+                    C[_U(ro + t)] = c
+                    s_ += Rr[_U(ro + t)] * c
+                dr[_U(r)] = s_
+                go = gopt[_U(r)]
                 D = (go - gk) + eM * s_
                 u = go - D
-                rho[r] = lw + _log_neg_deriv(loss, u) + M
+                aux[_U(AU + r)] = u
+                aux[_U(AM + r)] = aj - mx
+                aux[_U(AX + r)] = x
+                lam = (aux[_U(AW + r)] * _neg_deriv(loss, u)) * eM
+                rho[_U(r)] = lam
+                if not lam <= PLAIN_MAX:  # nan, inf or too large: the log domain
+                    vtop = np.nan
+                elif lam > vtop:
+                    vtop = lam
                 if need_gap:
+                    M = _log_s_j(aj - mx, x)
                     logD = M + _log(s_) if gk >= go else _log(D)
-                    rlg[r] = lw + _log_gap(loss, go, logD, D)
+                    rlg[_U(r)] = lw + _log_gap(loss, go, logD, D)
             else:
-                _dots(X, i * T * d, P, ov, acc, 0, T, d)  # c_t = v . x_t
-                ck = acc[k]
+                # c_t = v . x_t
+                _vecmat_rows(P, ov, 0, 1, XT, (r // Qn) * d * T, 0, acc, 0, 0, 1, d, T)
+                ck = acc[_U(k)]
                 s_ = 0.0
                 for t in range(T):
-                    cd = acc[t] - ck
-                    if hasmask and mask[ro + t] == 0:
+                    cd = acc[_U(t)] - ck
+                    if hasmask and mask[_U(ro + t)] == 0:
                         cd = 0.0
-                    C[ro + t] = cd
-                    s_ += Rr[ro + t] * cd
-                dr[r] = s_
-                u = yl[r] * (ck + eM * s_)
+                    C[_U(ro + t)] = cd
+                    s_ += Rr[_U(ro + t)] * cd
+                dr[_U(r)] = s_
+                u = yl[_U(r)] * (ck + eM * s_)
                 rv = lw + _log_neg_deriv(loss, u)
-                rhov[r] = rv if rv == rv else NINF
-                rho[r] = rv + M
+                rhov[_U(r)] = rv if rv == rv else NINF
+                rho[_U(r)] = rv + _log_s_j(aj - mx, x)
                 if need_gap:
-                    rlg[r] = lw + _log_value(loss, u)
+                    rlg[_U(r)] = lw + _log_value(loss, u)
         lgap = np.nan
         if need_gap:
             for r in range(R):
@@ -766,96 +853,57 @@ def _trial_run(ic, fc, X, Z, gam, gopt, yl, logw, mask, Wf, P, G, N, so, gm, ls,
                     rlg[r] = NINF
             lgap = _logsumexp(rlg, R)
 
-        # ---- row factors exp(rho - max rho) and dL/da (scaled), into A
-        top = NINF
-        for r in range(R):
-            if rho[r] != rho[r]:
-                rho[r] = NINF
-            if rho[r] > top:
-                top = rho[r]
-        topf = top if np.isfinite(top) else 0.0
+        # ---- row factors lam_r / max lam and dL/da (scaled), into A
+        linear = trained == 0 and vtop >= PLAIN_MIN  # (False for nan)
+        if linear:
+            top = math.log(vtop)
+            for r in range(R):
+                rho[_U(r)] = rho[_U(r)] / vtop
+        else:
+            if trained == 0:  # log lam_r
+                for r in range(R):
+                    u = aux[_U(AU + r)]
+                    rho[_U(r)] = logw[_U(r)] + _log_neg_deriv(loss, u) \
+                        + _log_s_j(aux[_U(AM + r)], aux[_U(AX + r)])
+            top = NINF
+            for r in range(R):
+                if rho[r] != rho[r]:
+                    rho[r] = NINF
+                if rho[r] > top:
+                    top = rho[r]
+            topf = top if np.isfinite(top) else 0.0
+            for r in range(R):
+                rho[_U(r)] = math.exp(rho[_U(r)] - topf)
         for r in range(R):
             ro = r * T
-            fac = math.exp(rho[r] - topf)
-            sdr = dr[r]
+            fac = rho[_U(r)]
+            sdr = dr[_U(r)]
             if trained == 0:
                 for t in range(T):
-                    g = -fac * (S[ro + t] * sdr - Rr[ro + t] * C[ro + t])
-                    A[ro + t] = g if g == g else 0.0
+                    g = -fac * (S[_U(ro + t)] * sdr - Rr[_U(ro + t)] * C[_U(ro + t)])
+                    A[_U(ro + t)] = g if g == g else 0.0
             else:
-                f = -yl[r] * fac
+                f = -yl[_U(r)] * fac
                 for t in range(T):
-                    g = f * (Rr[ro + t] * C[ro + t] - S[ro + t] * sdr)
-                    A[ro + t] = g if g == g else 0.0
-        # GX_r = sum_t Ga_rt x_it  (R, d), into WZ (the sum over t in order either way)
-        for r in range(R):
-            xo = (r // Qn) * T * d
-            ao = r * T
-            ro = r * d
-            if d <= 32:
-                for j in range(d):
-                    s_ = 0.0
-                    for t in range(T):
-                        s_ += A[ao + t] * X[xo + t * d + j]
-                    WZ[ro + j] = s_
-            else:
-                for j in range(d):
-                    acc[j] = 0.0
-                for t in range(T):
-                    g = A[ao + t]
-                    base = xo + t * d
-                    for j in range(d):
-                        acc[j] += g * X[base + j]
-                for j in range(d):
-                    WZ[ro + j] = acc[j]
+                    g = f * (Rr[_U(ro + t)] * C[_U(ro + t)] - S[_U(ro + t)] * sdr)
+                    A[_U(ro + t)] = g if g == g else 0.0
+        # GX_r = sum_t Ga_rt x_it  (R, d), into WZ (sums over t in order)
+        if Qn == 1:
+            _vecmat_rows(A, 0, T, 1, X, 0, T * d, WZ, 0, d, R, T, d)
+        else:
+            for i in range(n):
+                _vecmat_rows(A, i * Qn * T, T, 1, X, i * T * d, 0, WZ, i * Qn * d, d, Qn, T, d)
         GX = WZ
 
         # ---- parameter gradients (raw, times exp(top))
         if model == W_MODEL:  # G_W^T = sum_r z_r GX_r^T: row l = sum_r z_rl GX_r
-            for l in range(d):
-                for j in range(d):
-                    acc[j] = 0.0
-                for r in range(R):
-                    zl = Z[r * d + l]
-                    ro = r * d
-                    for j in range(d):
-                        acc[j] += zl * GX[ro + j]
-                base = l * d
-                for j in range(d):
-                    G[base + j] = acc[j]
+            _vecmat_rows(Z, 0, 1, d, GX, 0, 0, G, 0, d, d, R, d)
             ls[0] = _scale(G, 0, d * d, top, gm, 0)
         elif model == KQ_MODEL:
             # dK = G_W Q: row j = sum_r GX_rj (Q^T z_r); dQ = G_W^T K: row l = sum_r z_rl (K^T GX_r)
-            for j in range(d):
-                for c in range(m):
-                    acc[c] = 0.0
-                for r in range(R):
-                    g = GX[r * d + j]
-                    base = r * m
-                    for c in range(m):
-                        acc[c] += g * ZQ[base + c]
-                for c in range(m):
-                    G[j * m + c] = acc[c]
-            for r in range(R):  # K^T GX_r into ZQ
-                for c in range(m):
-                    acc[c] = 0.0
-                for j in range(d):
-                    g = GX[r * d + j]
-                    base = j * m
-                    for c in range(m):
-                        acc[c] += g * P[base + c]
-                for c in range(m):
-                    ZQ[r * m + c] = acc[c]
-            for l in range(d):
-                for c in range(m):
-                    acc[c] = 0.0
-                for r in range(R):
-                    zl = Z[r * d + l]
-                    base = r * m
-                    for c in range(m):
-                        acc[c] += zl * ZQ[base + c]
-                for c in range(m):
-                    G[o1 + l * m + c] = acc[c]
+            _vecmat_rows(GX, 0, 1, d, ZQ, 0, 0, G, 0, m, d, R, m)
+            _vecmat_rows(GX, 0, d, 1, P, 0, 0, ZQ, 0, m, R, d, m)  # K^T GX_r into ZQ
+            _vecmat_rows(Z, 0, 1, d, ZQ, 0, 0, G, o1, m, d, R, m)
             ls[0] = _scale(G, 0, d * m, top, gm, 0)
             ls[1] = _scale(G, o1, d * m, top, gm, 1)
             reg = fc[FC_REG]
@@ -874,7 +922,7 @@ def _trial_run(ic, fc, X, Z, gam, gopt, yl, logw, mask, Wf, P, G, N, so, gm, ls,
             for r in range(R):
                 base = r * d
                 for j in range(d):
-                    acc[j] += GX[base + j] * Z[base + j]
+                    acc[_U(j)] += GX[_U(base + j)] * Z[_U(base + j)]
             for j in range(d):
                 G[j] = acc[j] * P[o1 + j]
                 G[o1 + j] = acc[j] * P[j]
@@ -886,7 +934,7 @@ def _trial_run(ic, fc, X, Z, gam, gopt, yl, logw, mask, Wf, P, G, N, so, gm, ls,
             for r in range(R):
                 base = r * d
                 for j in range(d):
-                    acc[j] += GX[base + j]
+                    acc[_U(j)] += GX[_U(base + j)]
             if ic[IC_WID]:
                 for j in range(d):
                     G[j] = acc[j]
@@ -919,7 +967,7 @@ def _trial_run(ic, fc, X, Z, gam, gopt, yl, logw, mask, Wf, P, G, N, so, gm, ls,
                         s_ = 0.0
                     base = (i * T + t) * d
                     for j in range(d):
-                        acc[j] += s_ * X[base + j]
+                        acc[_U(j)] += s_ * X[_U(base + j)]
             for j in range(d):
                 G[ov + j] = acc[j]
             ls[na] = _scale(G, ov, d, topv, gm, na)
@@ -985,7 +1033,7 @@ def _scratch(ic, sP):
             np.empty(R * max(m, 1)), np.empty(R * T), np.empty(R * T), np.empty(R * T),
             np.empty(R * T), np.empty(R), np.empty(R), np.empty(R), np.empty(R),
             np.empty(max(R * max(d, m), T, 1)), np.empty(big), np.empty(max(sP, 1)),
-            np.empty(4 * ic[IC_NP] + 4))
+            np.empty(4 * ic[IC_NP] + 4), np.empty(n * T * d), np.empty(4 * R))
 
 
 @njit(cache=True, error_model="numpy")
@@ -1027,14 +1075,14 @@ def grad_batch(ic, fc, X, Z, gam, gopt, yl, w, mask, Wf, P0, P1, P2, G0, G1, G2,
     be R_NONE."""
     so = _slots(P0, P1, P2)
     sP = so[3]
-    KT, WZ, ZQ, A, S, Rr, C, dr, rho, rhov, rlg, acc, tmp, D, work = _scratch(ic, sP)
+    KT, WZ, ZQ, A, S, Rr, C, dr, rho, rhov, rlg, acc, tmp, D, work, XT, aux = _scratch(ic, sP)
     P, G, N = np.empty(sP), np.empty(sP), np.empty(sP)
     ls, gm, out = np.full(3, NINF), np.ones(3), np.zeros(3)
     for b in range(b0, b1):
         _load(ic, P0, P1, P2, b, P, so)
         _trial_run(ic, fc, _row(X, b), _row(Z, b), _row(gam, b), _row(gopt, b), _row(yl, b),
                    _row(w, b), _row(mask, b), Wf, P, G, N, so, gm, ls, KT, WZ, ZQ, A, S, Rr, C,
-                   dr, rho, rhov, rlg, acc, tmp, D, work, out, 0, 1)
+                   dr, rho, rhov, rlg, acc, tmp, D, work, XT, aux, out, 0, 1)
         for k in range(3):  # the scaled form: max|.| = 1
             LS[b, k] = ls[k]
             inv = 1.0 / gm[k]
@@ -1057,7 +1105,7 @@ def run_steps(ic, fc, X, Z, gam, gopt, yl, w, mask, Wf, P0, P1, P2, t0, t1,
     active / stop_step / stop_code are updated (see _trial_run)."""
     so = _slots(P0, P1, P2)
     sP = so[3]
-    KT, WZ, ZQ, A, S, Rr, C, dr, rho, rhov, rlg, acc, tmp, D, work = _scratch(ic, sP)
+    KT, WZ, ZQ, A, S, Rr, C, dr, rho, rhov, rlg, acc, tmp, D, work, XT, aux = _scratch(ic, sP)
     P, G, N = np.empty(sP), np.empty(sP), np.empty(sP)
     ls, gm, out = np.full(3, NINF), np.ones(3), np.zeros(3)
     for b in range(b0, b1):
@@ -1066,7 +1114,7 @@ def run_steps(ic, fc, X, Z, gam, gopt, yl, w, mask, Wf, P0, P1, P2, t0, t1,
         _load(ic, P0, P1, P2, b, P, so)
         _trial_run(ic, fc, _row(X, b), _row(Z, b), _row(gam, b), _row(gopt, b), _row(yl, b),
                    _row(w, b), _row(mask, b), Wf, P, G, N, so, gm, ls, KT, WZ, ZQ, A, S, Rr, C,
-                   dr, rho, rhov, rlg, acc, tmp, D, work, out, t0, t1)
+                   dr, rho, rhov, rlg, acc, tmp, D, work, XT, aux, out, t0, t1)
         _store(ic, P, so, P0, P1, P2, b)
         if out[0] >= 0:
             active[b] = 0
