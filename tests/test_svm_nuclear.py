@@ -258,3 +258,48 @@ def test_nuclear_infeasible_is_certified():
     cs, D, Zk, b = _rows(X, z, [0, 0])
     W, y, status, _ = nuclear_ipm(D, Zk, b)
     assert status != "optimal"
+
+
+def test_nuclear_ipm_drops_far_rows():
+    # drop_tol: once gap and residuals are <= 1e-3, rows with slack > 5% b and a small
+    # multiplier leave the method (multiplier 0 in the answer); the optimum is unchanged
+    # and every row, dropped or not, holds (the KKT numbers are computed on all rows)
+    X, z, alpha = planted(40, 8, 6, 12)
+    cs, D, Zk, b = _rows(X, z, alpha)
+    W, y, status, _ = nuclear_ipm(D, Zk, b, drop_tol=1e-3)
+    W2, y2, status2, _ = nuclear_ipm(D, Zk, b)
+    assert status == status2 == "optimal" and len(y) == len(b)
+    assert (y == 0).sum() > len(b) // 4 and (y2 > 0).all()
+    viol, gap, stat, comp, _ = _kkt(D, Zk, b, W, y)
+    assert viol > -1e-8 and 0 <= gap < 1e-8 and stat < 1e-7 and comp < 1e-7
+    n1, n2 = (np.linalg.svd(w, compute_uv=False).sum() for w in (W, W2))
+    assert abs(n1 - n2) <= 1e-8 * n2
+
+
+def test_nuclear_working_set_dropped_row_violated_restarts(monkeypatch):
+    # a run that sheds rows it should not (here: every third given row, active ones too,
+    # reported with multiplier 0 like dropped rows): the final check on all rows, dropped
+    # ones included, must catch the violation and solve again without dropping
+    from attnsvm.svm import engine, fast
+
+    calls = []
+    real = fast.nuclear_ipm
+
+    def greedy(D, Zk, b, drop_tol=0.0, **k):
+        calls.append(drop_tol)
+        if not drop_tol:
+            return real(D, Zk, b, **k)
+        keep = np.arange(len(b)) % 3 != 0
+        W, y, status, it = real(D[keep], Zk[keep], b[keep], **k)
+        y_all = np.zeros(len(b) + len(y) - keep.sum())
+        y_all[np.nonzero(keep)[0]] = y[: keep.sum()]
+        y_all[len(b):] = y[keep.sum():]
+        return W, y_all, status, it
+
+    monkeypatch.setattr(engine, "nuclear_ipm", greedy)
+    X, z, alpha = planted(30, 6, 5, 13)
+    sol = att_svm(X, z, alpha, norm="nuc")
+    assert sol.status_ == "optimal" and sol.gap_ < 1e-8 and sol.solver_ == "ipm-working-set"
+    assert calls[0] > 0 and calls[-1] == 0 and len(calls) == 2
+    min_margin, lower, upper = independent_certificate(X, z, alpha, sol)
+    assert abs(min_margin - 1) < 1e-9 and (upper - lower) / lower < 1e-8

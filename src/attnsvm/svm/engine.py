@@ -85,6 +85,7 @@ NUC_SLACK = 1e-6  # nuclear SCS working set: Frobenius support + constraints wit
 NUC_ALL_N = 300  # nuclear IPM: every constraint in the working set up to this N, else a seed
 NUC_SEED_ACTIVE_RATIO = 1.5  # ... from the Frobenius active-set solver where N <= this d e
 NUC_ADD_SLACK = 0.1  # ... grown by the outside constraints with margin < b (1 + this)
+NUC_DROP_TOL = 1e-3  # ... and, once gap and residuals are below this, shed far-inactive rows
 SMALLEST_NORMAL = np.finfo(float).tiny
 # the largest entry of a returned W must be a normal float64 (full relative precision)
 MIN_REPRESENTABLE = SMALLEST_NORMAL
@@ -434,7 +435,7 @@ def _nuc_seed(cs: ConstraintSet) -> np.ndarray:
 
 def _nuc_ipm_working_set(cs: ConstraintSet, max_rounds: int = 10, tol: float = 1e-9,
                          add_slack: float = NUC_ADD_SLACK, check_tol: float = 1e-1,
-                         check_min: float = 1e-4):
+                         check_min: float = 1e-4, drop_tol: float = NUC_DROP_TOL):
     """Nuclear norm: constraint generation around the primal-dual SDP interior-point method
     :func:`attnsvm.svm.fast.nuclear_ipm` (Nesterov-Todd direction, N x N Schur
     complement from the rank-two structure of the constraints), after the dimension
@@ -479,18 +480,23 @@ def _nuc_ipm_working_set(cs: ConstraintSet, max_rounds: int = 10, tol: float = 1
             return red.Delta[ai, at], red.Z[ai], red.b[ai, at]
 
         C, lam, status, it = nuclear_ipm(red.Delta[wi, wt], red.Z[wi], red.b[wi, wt], tol=tol,
-                                         check=check, check_tol=check_tol, check_min=check_min)
+                                         check=check, check_tol=check_tol, check_min=check_min,
+                                         drop_tol=drop_tol)
         total += it
         wi = np.concatenate([r[0] for r in rows])
         wt = np.concatenate([r[1] for r in rows])
         if status != "optimal":
-            if len(wi) > n0 and status == "failed":
-                continue  # it grew the set on the way: once more, cold, on the grown set
+            if (len(wi) > n0 or drop_tol) and status == "failed":
+                drop_tol = 0.0  # it changed the set on the way: once more, cold
+                continue
             return None, None, status, "ipm-working-set", total
         m = red.margins(C)
-        out = valid & ~work
+        live = np.zeros(valid.shape, bool)
+        live[wi, wt] = lam > 0  # (rows the method dropped have multiplier 0)
+        out = valid & ~live
         if not (out & (m < red.b - 1e-9 * bs)).any():
             break
+        drop_tol = 0.0  # a dropped row may be the violated one: no dropping from here on
         work |= out & (m < bs * (1 + add_slack))
     else:
         if C is None or status != "optimal":
