@@ -24,7 +24,7 @@ active-set polish that solves the KKT system of the identified support exactly:
 from __future__ import annotations
 
 import numpy as np
-from scipy.linalg import cho_factor, cho_solve, solve_triangular
+from scipy.linalg import cho_factor, cho_solve
 
 from .solution import ConstraintSet
 
@@ -416,10 +416,8 @@ def _sym(A: np.ndarray) -> np.ndarray:
     return 0.5 * (A + A.T)
 
 
-def _psd_step(L: np.ndarray, dX: np.ndarray) -> float:
-    """Largest a <= 1 with L L^T + a dX PSD (L the lower Cholesky factor of a PD matrix)."""
-    T = solve_triangular(L, dX, lower=True, check_finite=False)
-    T = solve_triangular(L, T.T, lower=True, check_finite=False)
+def _unit_step(T: np.ndarray) -> float:
+    """Largest a <= 1 with I + a T PSD (T symmetric up to rounding)."""
     lmin = float(np.linalg.eigvalsh(_sym(T))[0])
     return 1.0 if lmin >= -1.0 else -1.0 / lmin
 
@@ -605,6 +603,7 @@ def nuclear_ipm(Delta: np.ndarray, Zk: np.ndarray, b: np.ndarray, *, tol: float 
         if F is None:
             break
         Dsum = sv[:, None] + sv[None, :]
+        rs = 1.0 / np.sqrt(np.outer(sv, sv))
         r0 = -rp - A(Wn @ Rd @ Wn)
 
         def direction(Rt, rc, F=F, r0=r0, G=G, Wn=Wn, Rd=Rd, s=s, y=y):
@@ -615,20 +614,23 @@ def nuclear_ipm(Delta: np.ndarray, Zk: np.ndarray, b: np.ndarray, *, tol: float 
             dX = _sym(GRG - Wn @ dZ @ Wn)
             return dX, dy, dZ, (rc - s * dy) / y
 
-        def steps(dX, dy, dZ, ds, LX=LX, LZ=LZ, s=s, y=y):
-            return (min(_psd_step(LX, dX), _pos_step(s, ds)),
-                    min(_psd_step(LZ, dZ), _pos_step(y, dy)))
+        def steps(dX, dy, dZ, ds, G=G, Gi=Gi, rs=rs, s=s, y=y):
+            # X + a dX = G (D + a dXt) G^T, Z + a dZ = G^-T (D + a dZt) G^-1 (scaled
+            # directions dXt = G^-1 dX G^-T, dZt = G^T dZ G): PSD iff I + a D^-1/2 (.) D^-1/2 is
+            dXt = Gi @ dX @ Gi.T
+            dZt = G.T @ dZ @ G
+            return (min(_unit_step(dXt * rs), _pos_step(s, ds)),
+                    min(_unit_step(dZt * rs), _pos_step(y, dy)), dXt, dZt)
 
         dX, dy, dZ, ds = direction(-np.diag(sv), -s * y)  # predictor (affine scaling)
-        ap, ad = steps(dX, dy, dZ, ds)
+        ap, ad, dXt, dZt = steps(dX, dy, dZ, ds)
         mu_aff = (float(((X + ap * dX) * (Zm + ad * dZ)).sum())
                   + float((s + ap * ds) @ (y + ad * dy))) / (m + len(y))
         sigma = min(1.0, (mu_aff / mu) ** 3)
-        dXt = Gi @ dX @ Gi.T  # scaled affine directions, for Mehrotra's second-order term
-        dZt = G.T @ dZ @ G
+        # Mehrotra's second-order term from the scaled affine directions
         Rc = sigma * mu * eye - np.diag(sv * sv) - _sym(dXt @ dZt)
         dX, dy, dZ, ds = direction(2.0 * Rc / Dsum, sigma * mu - s * y - ds * dy)  # corrector
-        ap, ad = steps(dX, dy, dZ, ds)
+        ap, ad, _, _ = steps(dX, dy, dZ, ds)
         gamma = 0.9 + 0.09 * min(ap, ad)
         ap, ad = min(1.0, gamma * ap), min(1.0, gamma * ad)
         X = _sym(X + ap * dX)
