@@ -303,3 +303,21 @@ def test_nuclear_working_set_dropped_row_violated_restarts(monkeypatch):
     assert calls[0] > 0 and calls[-1] == 0 and len(calls) == 2
     min_margin, lower, upper = independent_certificate(X, z, alpha, sol)
     assert abs(min_margin - 1) < 1e-9 and (upper - lower) / lower < 1e-8
+
+
+def test_nuclear_infeasible_seed_subset_exits_early(monkeypatch):
+    # N = 350 > NUC_ALL_N: the seed's Frobenius solve on a subset of the rows finds it
+    # infeasible, so the whole problem is (whatever the norm): no IPM run, and the engine
+    # verifies a Farkas certificate
+    from attnsvm.svm import engine
+
+    calls = []
+    monkeypatch.setattr(engine, "nuclear_ipm", lambda *a, **k: calls.append(1))
+    rng = np.random.default_rng(5)
+    X = rng.standard_normal((50, 8, 3))
+    z = rng.standard_normal((50, 3))
+    alpha = rng.integers(0, 8, 50)
+    sol = att_svm(X, z, alpha, norm="nuc")
+    assert sol.status_ == "infeasible" and not sol.feasible_ and len(sol.conflict_) >= 2
+    assert sol.solver_ == "ipm-working-set" and not calls
+    assert att_svm(X, z, alpha).status_ == "infeasible"  # the Frobenius verdict agrees

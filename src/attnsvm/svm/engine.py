@@ -413,30 +413,37 @@ def _nuc_seed(cs: ConstraintSet) -> np.ndarray:
     thereby join (measured at (100, 16, 32), att_svm nuclear end to end: 0.17 s with
     this seed vs 0.21 s with the exact Frobenius support, which costs 0.08 s itself).
     Solved by the exact active-set solver where the subset has <= NUC_SEED_ACTIVE_RATIO
-    d e constraints (numba), else by the structured primal IPM to 1e-5."""
+    d e or <= ACTIVE_SMALL_N constraints (numba), else by the structured primal IPM to 1e-5.
+
+    Returns (work, farkas): farkas is None, or, where the active-set solver finds the
+    subset infeasible (then so is every superset, whatever the norm), its Farkas
+    candidate on the (n, T) grid (verified by the caller's caller) and work is None."""
     valid = cs.valid
     if cs.n_constraints <= NUC_ALL_N or cs.has_eq:
-        return valid.copy()
+        return valid.copy(), None
     bs = np.where(valid, cs.b, 1.0)
     m0 = np.where(valid, cs.margins(cs.combine(valid.astype(float))) / bs, np.inf)
     sub = valid & (np.argsort(np.argsort(m0, axis=1), axis=1) < NUC_SEED_K)
     sc = cs.with_valid(sub)
     Wf = lf = None
-    if active.available() and sc.n_constraints <= NUC_SEED_ACTIVE_RATIO * cs.d * cs.e and np.all(
-            cs.b[valid] == 1.0):
+    n_sub = sc.n_constraints
+    if active.available() and (n_sub <= NUC_SEED_ACTIVE_RATIO * cs.d * cs.e
+                               or n_sub <= ACTIVE_SMALL_N) and np.all(cs.b[valid] == 1.0):
         r = _fro_fast(sc, "active")
         if r is not None and r.status == "optimal":
             Wf, lf = r.W, r.lam
+        elif r is not None and r.status == "infeasible" and r.farkas is not None:
+            return None, r.farkas
     if Wf is None:
         Wf, lf, st, _ = primal_ipm(sc, tol=1e-5)
         if st != "optimal":
-            return valid.copy()
+            return valid.copy(), None
     mf = cs.margins(Wf)
     work = valid & ((lf > 1e-6 * lf.max()) | (mf <= bs * (1 + 1e-4)))
     m = np.where(valid, mf / bs, np.inf)
     ok = np.isfinite(m.min(1))
     work[np.nonzero(ok)[0], m.argmin(1)[ok]] = True
-    return work
+    return work, None
 
 
 def _nuc_ipm_working_set(cs: ConstraintSet, max_rounds: int = 10, tol: float = 1e-9,
@@ -455,11 +462,14 @@ def _nuc_ipm_working_set(cs: ConstraintSet, max_rounds: int = 10, tol: float = 1
     all constraints; a violation > 1e-9 b starts a new round, cold, on the grown set (and
     so does a run that failed after growing).  Returns (W (d, e), lam (n, T) multipliers
     of min 1/2 ||W||_*^2, status, "ipm-working-set", total iterations); the certificate
-    is computed by the caller from W and lam on all constraints.
+    is computed by the caller from W and lam on all constraints; where the seed's subset is
+    infeasible: (None, None, "infeasible", name, 0, Farkas candidate (n, T)).
     """
     valid = cs.valid
     U, V, red = _nuc_reduce(cs)
-    work = _nuc_seed(red)
+    work, farkas = _nuc_seed(red)
+    if work is None:  # an infeasible subset: no answer, a Farkas candidate for the caller
+        return None, None, "infeasible", "ipm-working-set", 0, farkas
     bs = np.where(valid, cs.b, 1.0)
     total = 0
     status = "failed"
