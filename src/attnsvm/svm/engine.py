@@ -15,8 +15,9 @@ A single problem is a batch of one.  The steps of :func:`solve`:
    N <= MAX_BATCH_N_ACTIVE, single problems by the rule of :func:`_fro_fast`), else (no
    numba, or a problem it leaves unresolved) the batched Frobenius min-norm-point IPM for
    many small problems, else one by one (Frobenius: dual min-norm point or structured
-   primal IPM, then an exact active-set polish; nuclear: the structured dual barrier on a working
-   set; any norm: cvxpy with the norm's own expression and solver);
+   primal IPM, then an exact active-set polish; nuclear: the primal-dual SDP interior-point
+   method on a working set, the dual barrier as its fallback; any norm: cvxpy with the
+   norm's own expression and solver);
 3. every answer is rescaled to be exactly feasible and certified by
    :func:`~attnsvm.svm.solution.certify` (one batched call);
 4. problems without a feasible answer get a Farkas certificate (the solver's own
