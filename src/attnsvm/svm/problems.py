@@ -99,9 +99,8 @@ def att_svm(X, z, alpha=None, *, y=None, v=None, norm="fro", rank=None, mask=Non
         left singular vectors of the convex solution.
     mask : (n, T) bool, True = valid token.
     solver : None (Frobenius: dual min-norm-point solver if n_constraints <= d e, else a
-        structured primal IPM, then an exact active-set polish; nuclear: primal-dual SDP
-        interior-point method on a working set after reducing W to span(Delta) x span(z),
-        the structured dual log-barrier as its fallback; other
+        structured primal IPM, then an exact active-set polish; nuclear: structured dual
+        log-barrier on a working set after reducing W to span(Delta) x span(z); other
         norms: cvxpy with the norm's expression and default solver), "ipm" / "mnp"
         (Frobenius), "barrier" / "working_set" (nuclear), or a cvxpy solver name
         ("clarabel", "scs").  An answer that does not certify is re-solved by a second
