@@ -194,7 +194,7 @@ def test_other_norms_unit_margin_and_rank():
             assert sol.rank(1e-5) <= fro.rank()
             assert sol.norm_ <= np.linalg.svd(fro.W_, compute_uv=False).sum() + 1e-6
     r1 = att_svm(X, z, alpha, norm="nuc", rank=1)
-    assert r1.feasible_ and r1.rank(1e-6) <= 1 and r1.violation_ == 0
+    assert r1.feasible_ and r1.rank(1e-6) <= 1 and r1.violation_ <= 1e-12
 
 
 def test_seq2seq_causal():
