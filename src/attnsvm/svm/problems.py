@@ -103,8 +103,9 @@ def att_svm(X, z, alpha=None, *, y=None, v=None, norm="fro", rank=None, mask=Non
         solver for N = n_constraints <= 300, or N <= 4000 and N <= 3 d e (n T < 300:
         normalisation, solve and certificate in one compiled call, :mod:`attnsvm.svm.lean`);
         else the dual min-norm-point solver if N <= d e or a structured primal IPM, then
-        an exact active-set polish; nuclear: structured dual log-barrier on a working set
-        after reducing W to span(Delta) x span(z); other
+        an exact active-set polish; nuclear: primal-dual SDP interior-point method on a
+        working set after reducing W to span(Delta) x span(z), the dual log-barrier as
+        its fallback; other
         norms: cvxpy with the norm's expression and default solver), "ipm" / "mnp"
         (Frobenius), "barrier" / "working_set" (nuclear), or a cvxpy solver name
         ("clarabel", "scs").  An answer that does not certify is re-solved by a second
