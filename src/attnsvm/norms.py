@@ -57,6 +57,20 @@ def _max_abs(A: torch.Tensor, dims) -> torch.Tensor:
     return A.abs().amax(dim=dims)
 
 
+_CHUNK = 1 << 15  # entries per chunk of items in :meth:`Norm.value` (256 KiB of float64)
+
+
+def _chunk_rows(t: torch.Tensor, dims) -> int:
+    """Rows of dim 0 per chunk for an entrywise norm of many items on the CPU (each item's
+    value is the same computed alone, so chunks change no bit); 0: in one go (few items,
+    another device, or autograd)."""
+    if (t.ndim <= len(dims) or t.device.type != "cpu" or t.numel() <= 2 * _CHUNK
+            or (t.requires_grad and torch.is_grad_enabled())):
+        return 0
+    c = max(1, _CHUNK // max(1, t.numel() // t.shape[0]))
+    return c if c < t.shape[0] else 0
+
+
 def _scaled(A: torch.Tensor, dims):
     """(A / m, m) with m = max|A| per item (items that are 0 stay 0 with m = 0)."""
     m = _max_abs(A, dims)
@@ -101,16 +115,22 @@ class Norm:
         """||A|| over the item dims: (..., d, e) -> (...) [vector: (..., d) -> (...)]."""
         t, back = _as_torch(A)
         dims = _item_dims(t, vector)
+        c = _chunk_rows(t, dims) if self.entrywise else 0
+        if c:  # many items on the CPU: c rows at a time, the temporaries staying in cache
+            return back(torch.cat([self._value_of(t[i:i + c], dims)
+                                   for i in range(0, t.shape[0], c)]))
+        return back(self._value_of(t, dims))
+
+    def _value_of(self, t, dims):
+        """:meth:`value` of a tensor (each item on its own: the same per item in chunks)."""
         fin = torch.isfinite(t).all(dim=dims) if t.numel() else None
         if fin is not None and not bool(fin.all()):  # inf items have norm inf, NaN items NaN
             nan = torch.isnan(t).any(dim=dims)
-            v = self.value(torch.where(_expand(fin, len(dims)), t, torch.zeros_like(t)), vector)
-            v = torch.as_tensor(v, dtype=t.dtype, device=t.device)
-            v = torch.where(fin, v, torch.where(nan, torch.full_like(v, float("nan")),
-                                                torch.full_like(v, float("inf"))))
-            return back(v)
+            v = self._value_of(torch.where(_expand(fin, len(dims)), t, torch.zeros_like(t)), dims)
+            return torch.where(fin, v, torch.where(nan, torch.full_like(v, float("nan")),
+                                                   torch.full_like(v, float("inf"))))
         A1, m = _scaled(t, dims)
-        return back(m * self._value(A1, dims))
+        return m * self._value(A1, dims)
 
     def _value(self, A1, dims):
         raise NotImplementedError
