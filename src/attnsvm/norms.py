@@ -61,9 +61,9 @@ _CHUNK = 1 << 15  # entries per chunk of items in :meth:`Norm.value` (256 KiB of
 
 
 def _chunk_rows(t: torch.Tensor, dims) -> int:
-    """Rows of dim 0 per chunk for an entrywise norm of many items on the CPU (each item's
-    value is the same computed alone, so chunks change no bit); 0: in one go (few items,
-    another device, or autograd)."""
+    """Rows of dim 0 per chunk for the value of many items on the CPU (for a norm whose
+    value is the same per item in any batch: ``Norm._exact_ops``); 0: in one go (few
+    items, another device, or autograd)."""
     if (t.ndim <= len(dims) or t.device.type != "cpu" or t.numel() <= 2 * _CHUNK
             or (t.requires_grad and torch.is_grad_enabled())):
         return 0
@@ -91,6 +91,10 @@ class Norm:
     p: float | None = None
     entrywise: bool = True
     solver: str = "CLARABEL"
+    # value() uses only correctly rounded elementwise ops (abs, /, *, sqrt) and per-item
+    # reductions: the same bits for any number of items, so it may run in chunks (a
+    # general power x^p is not: torch's vectorised and scalar pow may differ in the last bit)
+    _exact_ops: bool = False
 
     # -------------------------------------------------------------- identity
     def __repr__(self) -> str:
@@ -115,7 +119,7 @@ class Norm:
         """||A|| over the item dims: (..., d, e) -> (...) [vector: (..., d) -> (...)]."""
         t, back = _as_torch(A)
         dims = _item_dims(t, vector)
-        c = _chunk_rows(t, dims) if self.entrywise else 0
+        c = _chunk_rows(t, dims) if self._exact_ops else 0
         if c:  # many items on the CPU: c rows at a time, the temporaries staying in cache
             return back(torch.cat([self._value_of(t[i:i + c], dims)
                                    for i in range(0, t.shape[0], c)]))
@@ -192,6 +196,7 @@ class Lp(Norm):
         self.p = p
         self.q = math.inf if p == 1 else (1.0 if math.isinf(p) else p / (p - 1.0))
         self.name = "l1" if p == 1 else ("linf" if math.isinf(p) else f"l{p:g}")
+        self._exact_ops = p == 1 or math.isinf(p)
 
     @property
     def dual(self) -> Norm:
@@ -234,6 +239,7 @@ class Frobenius(Lp):
     def __init__(self):
         super().__init__(2.0)
         self.name = "fro"
+        self._exact_ops = True  # x^2 is x * x, and sqrt is correctly rounded
 
     @property
     def dual(self) -> Norm:
