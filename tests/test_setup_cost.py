@@ -70,6 +70,15 @@ def test_logits_bit_identical_to_the_full_product(name, batched, chunks):
     assert a.requires_grad and torch.equal(a.detach(), plain_logits(model, params, td))
 
 
+@pytest.mark.parametrize("batched", [False, True])
+def test_gx_bit_identical_to_the_full_product(batched, chunks):
+    B, d = 130, 9
+    td = M.prepare(D.random_sphere(n=5, T=6, d=d, seed=1, batch=B if batched else None))
+    Ga = torch.as_tensor(np.random.default_rng(0).standard_normal((B, 5, 1, 6)))
+    plain = (Ga[:, :, 0, :, None] * td["X"]).sum(2)[:, :, None, :]
+    assert torch.equal(M.WModel(d)._gx(td, Ga), plain)
+
+
 @pytest.mark.parametrize("norm", ["fro", "l1", "linf", 3.0, "nuc"])
 def test_norm_values_bit_identical_unchunked(norm, chunks):
     N = norms.get_norm(norm)
@@ -195,3 +204,22 @@ def test_train_records_are_the_plain_recomputation(case, engine, chunks):
             params, state = opt.update(ev.grads, state, params, ev.log_gap)
         for kk, v in tr.params.items():
             assert equal(v.numpy(), params[kk].numpy()), kk
+
+
+def test_scaled_gradient_max_by_aminmax():
+    from attnsvm.models.objective import _scaled
+
+    rng = np.random.default_rng(2)
+    t = torch.as_tensor(rng.standard_normal((8, 5, 3)) * 10.0 ** rng.integers(-300, 300, (8, 1, 1)))
+    t[1] = 0.0
+    t[2, 0, 0], t[3, 4, 2], t[4, 1, 1] = float("nan"), float("inf"), -float("inf")
+    t[5] = -t[5].abs()  # the max |.| is a negative entry
+    top = torch.as_tensor(rng.standard_normal(8))
+    m = t.reshape(8, -1).abs().amax(1)  # the plain form
+    pos = m > 0
+    safe = torch.where(pos, m, torch.ones_like(m))
+    want_t = t / safe[:, None, None]
+    want_l = torch.where(pos, torch.log(safe) + top,
+                         torch.where(torch.isnan(m), m, torch.full_like(m, float("-inf"))))
+    got = _scaled({"W": t.clone()}, top)
+    assert equal(got.tensors["W"], want_t) and equal(got.log_scale["W"], want_l)

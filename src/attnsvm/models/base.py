@@ -35,22 +35,23 @@ INIT_KINDS = ("random", "zero", "balanced", "unbalanced")
 _CHUNK = 1 << 15  # entries of the product x_it * (W z_i) per chunk of trials (256 KiB)
 
 
-def _dot_last(X, WZ):
-    """(X * WZ).sum(-1): X (Bx, n, T, d), WZ (Bw, n|1, 1, d) -> (B, n, T). On the CPU, many
-    trials are done a chunk at a time into one output, so that the product lives in cache
-    instead of in a (B, n, T, d) temporary: each entry is the same sum of the same products,
-    bit for bit (tests/test_setup_cost.py). (Not under autograd: ``out=`` has no graph.)"""
-    shp = torch.broadcast_shapes(X.shape, WZ.shape)
+def _sum_product(X, Y, dim: int):
+    """(X * Y).sum(dim) (X, Y 4-d, broadcasting; dim 2 or 3). On the CPU, many trials are
+    done a chunk at a time into one output, so that the product lives in cache instead of
+    in a (B, n, T, d) temporary: each entry is the same sum of the same products, bit for
+    bit (tests/test_setup_cost.py). (Not under autograd: ``out=`` has no graph.)"""
+    shp = torch.broadcast_shapes(X.shape, Y.shape)
     B = shp[0]
     c = max(1, _CHUNK // max(1, shp[1] * shp[2] * shp[3]))
     if (B <= c or X.device.type != "cpu"
-            or (torch.is_grad_enabled() and (X.requires_grad or WZ.requires_grad))):
-        return (X * WZ).sum(-1)
-    out = torch.empty(shp[:-1], dtype=torch.result_type(X, WZ), device=X.device)
+            or (torch.is_grad_enabled() and (X.requires_grad or Y.requires_grad))):
+        return (X * Y).sum(dim)
+    oshp = [k for i, k in enumerate(shp) if i != dim % 4]
+    out = torch.empty(oshp, dtype=torch.result_type(X, Y), device=X.device)
     for b in range(0, B, c):
         xs = X if X.shape[0] == 1 else X[b:b + c]
-        ws = WZ if WZ.shape[0] == 1 else WZ[b:b + c]
-        torch.sum(xs * ws, -1, out=out[b:b + c])
+        ys = Y if Y.shape[0] == 1 else Y[b:b + c]
+        torch.sum(xs * ys, dim, out=out[b:b + c])
     return out
 
 
@@ -179,7 +180,7 @@ class AttentionModel:
         X = data["X"]
         WZ = self._wz(params, self.queries(data) if self.has_query_data else None)
         if WZ.shape[2] == 1:  # one query: elementwise beats many tiny batched matmuls
-            a = _dot_last(X, WZ)[:, :, None, :]  # (B, n, 1, T)
+            a = _sum_product(X, WZ, -1)[:, :, None, :]  # (B, n, 1, T)
         else:
             a = WZ @ X.transpose(-1, -2)  # (B, n, Q, T)
         m = self._key_mask(data)
@@ -276,7 +277,7 @@ class AttentionModel:
     def _gx(self, data, Ga):
         """GX_{iq} = sum_t (dL/da_iqt) x_it: (B, n, Q, d)."""
         if Ga.shape[2] == 1:
-            return (Ga[:, :, 0, :, None] * data["X"]).sum(2)[:, :, None, :]
+            return _sum_product(Ga[:, :, 0, :, None], data["X"], 2)[:, :, None, :]
         return Ga @ data["X"]
 
     def _grads_from_ga(self, params, data, Ga) -> dict:
