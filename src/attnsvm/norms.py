@@ -127,14 +127,20 @@ class Norm:
 
     def _value_of(self, t, dims):
         """:meth:`value` of a tensor (each item on its own: the same per item in chunks)."""
-        fin = torch.isfinite(t).all(dim=dims) if t.numel() else None
-        if fin is not None and not bool(fin.all()):  # inf items have norm inf, NaN items NaN
-            nan = torch.isnan(t).any(dim=dims)
+        if t.numel() == 0:
+            A1, m = _scaled(t, dims)
+            return m * self._value(A1, dims)
+        # m = max|t| per item from one min/max pass (NaN for an item with a NaN, inf for one
+        # with an inf; abs: +0 and a positive NaN, as max |t| gives)
+        lo, hi = torch.aminmax(t.flatten(-len(dims)), dim=-1)
+        m = torch.maximum(-lo, hi).abs()
+        fin = torch.isfinite(m)
+        if not bool(fin.all()):  # inf items have norm inf, NaN items NaN
             v = self._value_of(torch.where(_expand(fin, len(dims)), t, torch.zeros_like(t)), dims)
-            return torch.where(fin, v, torch.where(nan, torch.full_like(v, float("nan")),
+            return torch.where(fin, v, torch.where(torch.isnan(m), torch.full_like(v, float("nan")),
                                                    torch.full_like(v, float("inf"))))
-        A1, m = _scaled(t, dims)
-        return m * self._value(A1, dims)
+        safe = torch.where(m > 0, m, torch.ones_like(m))
+        return m * self._value(t / _expand(safe, len(dims)), dims)
 
     def _value(self, A1, dims):
         raise NotImplementedError
