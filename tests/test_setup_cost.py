@@ -210,3 +210,19 @@ def test_train_records_are_the_plain_recomputation(case, engine, chunks):
         for kk, v in tr.params.items():
             assert equal(v.numpy(), params[kk].numpy()), kk
 
+
+
+@pytest.mark.parametrize("engine", ["fused", "torch"])
+@pytest.mark.parametrize("steps", [0, 3])
+@pytest.mark.parametrize("kind", ["numpy", "tensor"])
+def test_dict_init_is_never_shared_with_the_result(engine, steps, kind):
+    if engine == "fused":
+        pytest.importorskip("numba")
+    data = D.random_sphere(n=4, T=5, d=3, seed=0)
+    W0 = np.random.default_rng(0).standard_normal((4, 3, 3))
+    init = W0.copy() if kind == "numpy" else torch.as_tensor(W0.copy())
+    tr = train(M.WModel(3), data, optimizer=ngd(0.1), steps=steps, init={"W": init}, engine=engine)
+    tr.params["W"].add_(1.0)
+    tr.params["W"][:] = 7.0
+    assert equal(np.asarray(init), W0)
+    assert not np.shares_memory(tr.W, np.asarray(init))

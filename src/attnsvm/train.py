@@ -136,6 +136,9 @@ def _check_device(device):
 
 
 def _init_params(model, init, B, seed, scale, device, dtype):
+    """The initial parameters {name: (B, ...)}. A dict's arrays are validated, not copied:
+    they may share memory with the caller's (``train`` copies them unless the fused kernel,
+    which copies them into its own slots, runs)."""
     if isinstance(init, str):
         return model.init(B, seed=seed, scale=scale, kind=init, device=device, dtype=dtype)
     if not isinstance(init, dict):
@@ -151,7 +154,7 @@ def _init_params(model, init, B, seed, scale, device, dtype):
                                 np.asarray(v, dtype=np.float64))
         except (TypeError, ValueError):
             raise ValueError(f"init[{k!r}] must be a numeric array of shape {shp} or (B, *{shp})") from None
-        t = t.to(device=device, dtype=dtype).clone()
+        t = t.to(device=device, dtype=dtype)
         if tuple(t.shape) == shp:
             t = t.expand(B, *shp).clone()
         if tuple(t.shape) != (B, *shp):
@@ -510,6 +513,8 @@ def train(model: AttentionModel, data, loss="logistic", optimizer: Optimizer | N
         elif engine == "fused":
             raise ValueError(f"engine='fused' does not support {why}")
     engine_used = "torch" if plan is None else ("fused" if plan.in_kernel else "fused-gradient")
+    if isinstance(init, dict) and not (plan is not None and plan.in_kernel):
+        params = {kk: v.clone() for kk, v in params.items()}  # never the caller's memory
 
     state = optimizer.init(params)
     check_stall = bs is None and not optimizer.stateful
