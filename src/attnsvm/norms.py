@@ -91,9 +91,10 @@ class Norm:
     p: float | None = None
     entrywise: bool = True
     solver: str = "CLARABEL"
-    # value() uses only correctly rounded elementwise ops (abs, /, *, sqrt) and per-item
-    # reductions: the same bits for any number of items, so it may run in chunks (a
-    # general power x^p is not: torch's vectorised and scalar pow may differ in the last bit)
+    # value() uses only exact or correctly rounded elementwise ops (abs, min, max, /, *,
+    # sqrt) and per-item reductions: the same bits for any number of items, so it may run
+    # in chunks (a general power x^p may not: torch's vectorised and scalar pow can differ
+    # in the last bit)
     _exact_ops: bool = False
 
     # -------------------------------------------------------------- identity
