@@ -57,6 +57,20 @@ def _max_abs(A: torch.Tensor, dims) -> torch.Tensor:
     return A.abs().amax(dim=dims)
 
 
+_CHUNK = 1 << 17  # entries per chunk of items in :meth:`Norm.value` (1 MiB of float64)
+
+
+def _chunk_rows(t: torch.Tensor, dims) -> int:
+    """Rows of dim 0 per chunk for the value of many items on the CPU (for a norm whose
+    value is the same per item in any batch: ``Norm._exact_ops``); 0: in one go (few
+    items, another device, or autograd)."""
+    if (t.ndim <= len(dims) or t.device.type != "cpu" or t.numel() <= 2 * _CHUNK
+            or (t.requires_grad and torch.is_grad_enabled())):
+        return 0
+    c = max(1, _CHUNK // max(1, t.numel() // t.shape[0]))
+    return c if c < t.shape[0] else 0
+
+
 def _scaled(A: torch.Tensor, dims):
     """(A / m, m) with m = max|A| per item (items that are 0 stay 0 with m = 0)."""
     m = _max_abs(A, dims)
@@ -77,6 +91,11 @@ class Norm:
     p: float | None = None
     entrywise: bool = True
     solver: str = "CLARABEL"
+    # value() uses only exact or correctly rounded elementwise ops (abs, min, max, /, *,
+    # sqrt) and per-item reductions: the same bits for any number of items, so it may run
+    # in chunks (a general power x^p may not: torch's vectorised and scalar pow can differ
+    # in the last bit)
+    _exact_ops: bool = False
 
     # -------------------------------------------------------------- identity
     def __repr__(self) -> str:
@@ -101,16 +120,28 @@ class Norm:
         """||A|| over the item dims: (..., d, e) -> (...) [vector: (..., d) -> (...)]."""
         t, back = _as_torch(A)
         dims = _item_dims(t, vector)
-        fin = torch.isfinite(t).all(dim=dims) if t.numel() else None
-        if fin is not None and not bool(fin.all()):  # inf items have norm inf, NaN items NaN
-            nan = torch.isnan(t).any(dim=dims)
-            v = self.value(torch.where(_expand(fin, len(dims)), t, torch.zeros_like(t)), vector)
-            v = torch.as_tensor(v, dtype=t.dtype, device=t.device)
-            v = torch.where(fin, v, torch.where(nan, torch.full_like(v, float("nan")),
-                                                torch.full_like(v, float("inf"))))
-            return back(v)
-        A1, m = _scaled(t, dims)
-        return back(m * self._value(A1, dims))
+        c = _chunk_rows(t, dims) if self._exact_ops else 0
+        if c:  # many items on the CPU: c rows at a time, the temporaries staying in cache
+            return back(torch.cat([self._value_of(t[i:i + c], dims)
+                                   for i in range(0, t.shape[0], c)]))
+        return back(self._value_of(t, dims))
+
+    def _value_of(self, t, dims):
+        """:meth:`value` of a tensor (each item on its own: the same per item in chunks)."""
+        if t.numel() == 0:
+            A1, m = _scaled(t, dims)
+            return m * self._value(A1, dims)
+        # m = max|t| per item from one min/max pass (NaN for an item with a NaN, inf for one
+        # with an inf; abs: +0 and a positive NaN, as max |t| gives)
+        lo, hi = torch.aminmax(t.flatten(-len(dims)), dim=-1)
+        m = torch.maximum(-lo, hi).abs()
+        fin = torch.isfinite(m)
+        if not bool(fin.all()):  # inf items have norm inf, NaN items NaN
+            v = self._value_of(torch.where(_expand(fin, len(dims)), t, torch.zeros_like(t)), dims)
+            return torch.where(fin, v, torch.where(torch.isnan(m), torch.full_like(v, float("nan")),
+                                                   torch.full_like(v, float("inf"))))
+        safe = torch.where(m > 0, m, torch.ones_like(m))
+        return m * self._value(t / _expand(safe, len(dims)), dims)
 
     def _value(self, A1, dims):
         raise NotImplementedError
@@ -172,6 +203,7 @@ class Lp(Norm):
         self.p = p
         self.q = math.inf if p == 1 else (1.0 if math.isinf(p) else p / (p - 1.0))
         self.name = "l1" if p == 1 else ("linf" if math.isinf(p) else f"l{p:g}")
+        self._exact_ops = p == 1 or math.isinf(p)
 
     @property
     def dual(self) -> Norm:
@@ -214,6 +246,7 @@ class Frobenius(Lp):
     def __init__(self):
         super().__init__(2.0)
         self.name = "fro"
+        self._exact_ops = True  # x^2 is x * x, and sqrt is correctly rounded
 
     @property
     def dual(self) -> Norm:

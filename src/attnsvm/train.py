@@ -136,6 +136,9 @@ def _check_device(device):
 
 
 def _init_params(model, init, B, seed, scale, device, dtype):
+    """The initial parameters {name: (B, ...)}. A dict's arrays are validated, not copied:
+    they may share memory with the caller's (``train`` copies them unless the fused kernel,
+    which copies them into its own slots, runs)."""
     if isinstance(init, str):
         return model.init(B, seed=seed, scale=scale, kind=init, device=device, dtype=dtype)
     if not isinstance(init, dict):
@@ -151,12 +154,12 @@ def _init_params(model, init, B, seed, scale, device, dtype):
                                 np.asarray(v, dtype=np.float64))
         except (TypeError, ValueError):
             raise ValueError(f"init[{k!r}] must be a numeric array of shape {shp} or (B, *{shp})") from None
-        t = t.to(device=device, dtype=dtype).clone()
+        t = t.to(device=device, dtype=dtype)
         if tuple(t.shape) == shp:
             t = t.expand(B, *shp).clone()
         if tuple(t.shape) != (B, *shp):
             raise ValueError(f"init[{k!r}] must have shape {shp} or {(B, *shp)}; got {tuple(t.shape)}")
-        if not bool(torch.isfinite(t).all()):
+        if not _all_finite(t):
             raise ValueError(f"init[{k!r}] contains NaN or inf")
         out[k] = t
     return out
@@ -266,11 +269,16 @@ def minibatch(tdata: dict, batch_size: int, seeds: torch.Tensor, step: int) -> d
 
 
 # ---------------------------------------------------------------------- records
-def _record(model, params, tdata, lossf, alpha, refs, Q):
-    """Per-trial metrics (B, n_metrics) and their names."""
+def _record(model, params, tdata, lossf, alpha, refs, Q, start=None):
+    """Per-trial metrics (B, n_metrics) and their names. ``start``: (logits, objective or
+    None) already computed at these parameters (the objective's L and gaps being those of
+    ``evaluate(grad=False)``): they are not computed again."""
+    a, ev = (None, None) if start is None else start
     with torch.no_grad():
-        ev = model.evaluate(params, tdata, lossf, grad=False)
-        a = model._logits(params, tdata)
+        if a is None:
+            a = model._logits(params, tdata)
+        if ev is None:
+            ev = model.evaluate(params, tdata, lossf, grad=False, logits=a)
         s = torch.softmax(a, dim=-1)  # (B, n, Q, T)
         B = s.shape[0]
         cols = {"loss": ev.loss, "loss_gap": ev.gap, "log10_gap": ev.log_gap / LN10}
@@ -288,6 +296,15 @@ def _record(model, params, tdata, lossf, alpha, refs, Q):
             cols[f"corr_{name}"] = correlation(Wc, R, vector=Wc.ndim == 2)
     names = list(cols)
     return names, torch.stack([cols[k].to(torch.float64).reshape(B) for k in names], dim=1)
+
+
+def _all_finite(t: torch.Tensor) -> bool:
+    """Every entry of t is finite (no NaN, no inf): its min and max are, in one pass
+    without a temporary (min and max propagate NaN)."""
+    if t.numel() == 0:
+        return True
+    lo, hi = torch.aminmax(t)
+    return bool(torch.isfinite(lo) & torch.isfinite(hi))
 
 
 def _freeze(active: torch.Tensor, new: dict, old: dict) -> dict:
@@ -468,12 +485,12 @@ def train(model: AttentionModel, data, loss="logistic", optimizer: Optimizer | N
             dict(loss=lossf, optimizer=optimizer, steps=steps, scale=scale,
                  record_params=record_params, progress=progress, device=device, dtype=dtype,
                  batch_size=batch_size, autograd=autograd, engine=engine))
-    first = model.evaluate(params, tdata, lossf, grad=True, autograd=autograd)
     a0 = model._logits(params, tdata)
+    first = model.evaluate(params, tdata, lossf, grad=True, autograd=autograd, logits=a0)
     Q = a0.shape[2]
     if not (not bool((torch.isnan(a0) | torch.isposinf(a0)).any())
             and bool(torch.isfinite(first.loss).all())
-            and all(bool(torch.isfinite(t).all()) for t in first.grads.tensors.values())):
+            and all(_all_finite(t) for t in first.grads.tensors.values())):
         big = float(tdata["X"].abs().max())
         raise ValueError(f"the objective is not finite at the start (max |X| = {big:.3g}): the "
                          "data overflow float64 in the logits or the gradient; rescale X (and z): "
@@ -496,6 +513,8 @@ def train(model: AttentionModel, data, loss="logistic", optimizer: Optimizer | N
         elif engine == "fused":
             raise ValueError(f"engine='fused' does not support {why}")
     engine_used = "torch" if plan is None else ("fused" if plan.in_kernel else "fused-gradient")
+    if isinstance(init, dict) and not (plan is not None and plan.in_kernel):
+        params = {kk: v.clone() for kk, v in params.items()}  # never the caller's memory
 
     state = optimizer.init(params)
     check_stall = bs is None and not optimizer.stateful
@@ -504,9 +523,15 @@ def train(model: AttentionModel, data, loss="logistic", optimizer: Optimizer | N
     reason = np.full(B, "", dtype=object)
     rec_steps, rec_vals, hist, names = [], [], [], None
 
+    # A record at step 0 sees the initial parameters (nothing has been applied yet): it
+    # reuses their logits, and the closed form's L and gaps (those of grad=False; the
+    # autograd paths compute them another way).
+    start = (a0, first if not autograd and model.head == "linear" else None)
+
     def record(t):
         nonlocal names
-        names, vals = _record(model, params, tdata, lossf, alpha_t, refs, Q)
+        names, vals = _record(model, params, tdata, lossf, alpha_t, refs, Q,
+                              start if t == 0 else None)
         rec_steps.append(t)
         rec_vals.append(torch.cat([vals, (~active).to(vals.dtype)[:, None]], dim=1))
         if record_params:

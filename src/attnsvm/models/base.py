@@ -32,6 +32,29 @@ __all__ = ["AttentionModel", "INIT_KINDS"]
 INIT_KINDS = ("random", "zero", "balanced", "unbalanced")
 
 
+_CHUNK = 1 << 15  # entries of the product x_it * (W z_i) per chunk of trials (256 KiB)
+
+
+def _sum_product(X, Y, dim: int):
+    """(X * Y).sum(dim) (X, Y 4-d, broadcasting; dim 2 or 3). On the CPU, many trials are
+    done a chunk at a time into one output, so that the product lives in cache instead of
+    in a (B, n, T, d) temporary: each entry is the same sum of the same products, bit for
+    bit (tests/test_setup_cost.py). (Not under autograd: ``out=`` has no graph.)"""
+    shp = torch.broadcast_shapes(X.shape, Y.shape)
+    B = shp[0]
+    c = max(1, _CHUNK // max(1, shp[1] * shp[2] * shp[3]))
+    if (B <= c or X.device.type != "cpu"
+            or (torch.is_grad_enabled() and (X.requires_grad or Y.requires_grad))):
+        return (X * Y).sum(dim)
+    oshp = [k for i, k in enumerate(shp) if i != dim % 4]
+    out = torch.empty(oshp, dtype=torch.result_type(X, Y), device=X.device)
+    for b in range(0, B, c):
+        xs = X if X.shape[0] == 1 else X[b:b + c]
+        ys = Y if Y.shape[0] == 1 else Y[b:b + c]
+        torch.sum(xs * ys, dim, out=out[b:b + c])
+    return out
+
+
 class AttentionModel:
     """Base class: queries, masks, heads, forward pass and the stable objective.
 
@@ -104,11 +127,12 @@ class AttentionModel:
 
     def finite(self, params) -> torch.Tensor:
         """(B,) bool: every parameter (and, for factorised models, W itself) is finite."""
-        m = torch.stack([v.reshape(v.shape[0], -1).abs().amax(1) for v in params.values()]).amax(0)
-        ok = torch.isfinite(m)
-        if self.factorised:
-            W = self.W(params)
-            ok = ok & torch.isfinite(W.reshape(W.shape[0], -1).abs().amax(1))
+        ts = list(params.values()) + ([self.W(params)] if self.factorised else [])
+        ok = None
+        for v in ts:  # min and max per trial (they propagate NaN): one pass, no |v| copy
+            lo, hi = torch.aminmax(v.reshape(v.shape[0], -1), dim=1)
+            f = torch.isfinite(lo) & torch.isfinite(hi)
+            ok = f if ok is None else ok & f
         return ok
 
     def norms(self, params) -> dict:
@@ -156,7 +180,7 @@ class AttentionModel:
         X = data["X"]
         WZ = self._wz(params, self.queries(data) if self.has_query_data else None)
         if WZ.shape[2] == 1:  # one query: elementwise beats many tiny batched matmuls
-            a = (X * WZ).sum(-1)[:, :, None, :]  # (B, n, 1, T)
+            a = _sum_product(X, WZ, -1)[:, :, None, :]  # (B, n, 1, T)
         else:
             a = WZ @ X.transpose(-1, -2)  # (B, n, Q, T)
         m = self._key_mask(data)
@@ -197,12 +221,16 @@ class AttentionModel:
 
     def _gamma(self, data, Q):
         """gamma_{iqt} = y_{iq} v^T x_{it} (Bx, n, Q, T) (attnsvm.scores) with inadmissible
-        keys (padding, causal future) at -inf."""
+        keys (padding, causal future) at -inf; cached in ``data`` (callers must not modify it)."""
         self._labels(data, Q)  # the label layout must fit the queries
-        g = scores(data["X"], data["y"], data["v"])
-        g = g[:, :, None, :] if g.ndim == 3 else g
-        m = self._key_mask(data)
-        return g if m is None else g.masked_fill(~m, float("-inf"))
+        key = ("_gamma", self.query, Q)
+        cache = data.setdefault("_cache", {})
+        if key not in cache:
+            g = scores(data["X"], data["y"], data["v"])
+            g = g[:, :, None, :] if g.ndim == 3 else g
+            m = self._key_mask(data)
+            cache[key] = g if m is None else g.masked_fill(~m, float("-inf"))
+        return cache[key]
 
     def _consts(self, data, Q):
         """Step-independent terms of the fixed-head objective, cached in ``data``:
@@ -218,23 +246,25 @@ class AttentionModel:
         return cache[key]
 
     def evaluate(self, params, data, loss="logistic", grad: bool = True, autograd: bool = False,
-                 need_gap: bool = True) -> O.Objective:
+                 need_gap: bool = True, logits=None) -> O.Objective:
         """Risk L (B,), gap L - L* (B,), log(L - L*) (B,) and the scaled gradient
         (:class:`~attnsvm.optim.Scaled`), in the stable form of :mod:`.objective`.
 
         L* = sum w loss(gamma_opt) for a fixed linear head, 0 otherwise. ``autograd=True``
         uses torch.autograd of the stable objective (the reference path) instead of the
         closed form; other heads always use autograd. ``need_gap=False`` (closed form) may
-        skip L and log(L - L*) (returned as None)."""
+        skip L and log(L - L*) (returned as None). ``logits``: ``self._logits(params, data)``
+        where the caller already has them (the same values; not recomputed, except by the
+        autograd paths, which need their own)."""
         lossf = get_loss(loss)
         data = prepare(data)
         if self.fixed_linear:
             if data.get("v") is None:
                 raise ValueError("a fixed linear head needs data.v of shape (d,); got None")
-            return O.fixed_linear(self, params, data, lossf, grad, autograd, need_gap)
+            return O.fixed_linear(self, params, data, lossf, grad, autograd, need_gap, logits)
         if self.head == "linear":
-            return O.trained_linear(self, params, data, lossf, grad, autograd, need_gap)
-        return O.autograd_head(self, params, data, lossf, grad)
+            return O.trained_linear(self, params, data, lossf, grad, autograd, need_gap, logits)
+        return O.autograd_head(self, params, data, lossf, grad, logits)
 
     def objective(self, params, data, loss="logistic", grad: bool = True, autograd: bool = False,
                   need_gap: bool = True):
@@ -247,7 +277,7 @@ class AttentionModel:
     def _gx(self, data, Ga):
         """GX_{iq} = sum_t (dL/da_iqt) x_it: (B, n, Q, d)."""
         if Ga.shape[2] == 1:
-            return (Ga[:, :, 0, :, None] * data["X"]).sum(2)[:, :, None, :]
+            return _sum_product(Ga[:, :, 0, :, None], data["X"], 2)[:, :, None, :]
         return Ga @ data["X"]
 
     def _grads_from_ga(self, params, data, Ga) -> dict:

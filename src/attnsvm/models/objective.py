@@ -125,12 +125,14 @@ def _scaled_attention_grads(model, params, data, Ga, log_scale) -> Scaled:
     return _scaled(raw, log_scale)
 
 
-def fixed_linear(model, params, data, lossf, grad=True, autograd=False, need_gap=True) -> Objective:
-    """Fixed linear head v: (L, L - L*, log(L - L*), scaled dL/dparams); module docstring."""
+def fixed_linear(model, params, data, lossf, grad=True, autograd=False, need_gap=True,
+                 logits=None) -> Objective:
+    """Fixed linear head v: (L, L - L*, log(L - L*), scaled dL/dparams); module docstring.
+    ``logits``: model._logits(params, data) when the caller has them (not recomputed)."""
     if autograd and grad:
         return _fixed_linear_autograd(model, params, data, lossf)
     with torch.no_grad():
-        a = model._logits(params, data)
+        a = model._logits(params, data) if logits is None else logits
         B, n, Q, T = a.shape
         gam0, gopt, w, _ = model._consts(data, Q)
         st = softmax_terms(a)
@@ -179,12 +181,14 @@ def _fixed_linear_autograd(model, params, data, lossf) -> Objective:
     return Objective(L, gap, torch.log(gap), Scaled.of(dict(zip(params, g))))
 
 
-def trained_linear(model, params, data, lossf, grad=True, autograd=False, need_gap=True) -> Objective:
-    """Trained linear head (W-part and v-part scaled separately); module docstring."""
+def trained_linear(model, params, data, lossf, grad=True, autograd=False, need_gap=True,
+                   logits=None) -> Objective:
+    """Trained linear head (W-part and v-part scaled separately); module docstring.
+    ``logits``: model._logits(params, data) when the caller has them (not recomputed)."""
     if autograd and grad:
         return autograd_head(model, params, data, lossf, grad=True)
     with torch.no_grad():
-        a = model._logits(params, data)
+        a = model._logits(params, data) if logits is None else logits
         B, n, Q, T = a.shape
         st = softmax_terms(a)
         X, v = data["X"], params["v"]
@@ -219,13 +223,16 @@ def trained_linear(model, params, data, lossf, grad=True, autograd=False, need_g
     return Objective(L, L, lg, grads)
 
 
-def autograd_head(model, params, data, lossf, grad=True) -> Objective:
+def autograd_head(model, params, data, lossf, grad=True, logits=None) -> Objective:
     """Any head: L = sum w loss(y h(U)) by torch.autograd, with the anchored pooling U
-    (L* = 0). The gradient is exact to float64 as long as it is representable."""
+    (L* = 0). The gradient is exact to float64 as long as it is representable.
+    ``logits`` (model._logits(params, data), used only with grad=False: autograd needs
+    its own)."""
     if grad:
         params = {k: t.detach().requires_grad_(True) for k, t in params.items()}
+        logits = None
     with torch.set_grad_enabled(grad):
-        a = model._logits(params, data)
+        a = model._logits(params, data) if logits is None else logits
         s = torch.softmax(a, dim=-1)
         f = model._headf(params, pool_anchored(a, s, data["X"]), data)
         u = model._labels(data, a.shape[2]) * f
