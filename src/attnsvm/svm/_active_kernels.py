@@ -486,9 +486,11 @@ def _mnp_ws(D, Z, valid, tol, small, max_iter, mu, lam, W, Gin, ibuf, fbuf, bbuf
     it = 0
     rho2 = G[j0, j0]
     refined = False
+    fresh = False  # Gmu holds the margins <A_k, W> of the current W (all valid k)
     while it < max_iter:
         it += 1
         refined = False
+        fresh = False
         # major cycle: x . p_j for every j, and the most violated one
         for a in range(nv):
             Gmu[a] = 0.0
@@ -517,6 +519,7 @@ def _mnp_ws(D, Z, valid, tol, small, max_iter, mu, lam, W, Gin, ibuf, fbuf, bbuf
                 break
             refined = True
             _margins(D, Z, W, vi, nv, Gmu, ws)  # margins m_j = (G lam)_j
+            fresh = True
             # margins carry rounding ~ eps ||A_j|| ||W||: allowed 1000 eps of it
             wn = 0.0
             for c in range(d):
@@ -545,6 +548,7 @@ def _mnp_ws(D, Z, valid, tol, small, max_iter, mu, lam, W, Gin, ibuf, fbuf, bbuf
             for q in range(ks):
                 x[q] = lamS[q] / tot
             rho2 = 1.0 / tot
+            fresh = False
             for a in range(nv):
                 Gmu[a] /= tot
         if inS[jm] or ks == cap:
@@ -646,11 +650,11 @@ def _mnp_ws(D, Z, valid, tol, small, max_iter, mu, lam, W, Gin, ibuf, fbuf, bbuf
         lam[Sk[q]] = lamS[q] / gmax
     # verify: lam >= 0, every margin >= 1, active margins = 1 (all from W); where the
     # Gram-based refinement is not accurate enough (G_SS ill-conditioned), once more by QR
-    ok = _verify(D, Z, W, vi, nv, G, gmax, Sk, ks, lamS, Gmu, mS, ws)
+    ok = _verify(D, Z, W, vi, nv, G, gmax, S, Sk, ks, lamS, Gmu, mS, ws, refined and fresh)
     if not ok and _qr_refine(D, Z, Sk, ks, W, lamS, gmax, ws):
         for q in range(ks):
             lam[Sk[q]] = lamS[q] / gmax
-        ok = _verify(D, Z, W, vi, nv, G, gmax, Sk, ks, lamS, Gmu, mS, ws)
+        ok = _verify(D, Z, W, vi, nv, G, gmax, S, Sk, ks, lamS, Gmu, mS, ws, False)
     if ok and mfin.shape[0] == N:  # _verify's margins of this W (Gmu)
         for a in range(nv):
             mfin[vi[a]] = Gmu[a]
@@ -658,9 +662,11 @@ def _mnp_ws(D, Z, valid, tol, small, max_iter, mu, lam, W, Gin, ibuf, fbuf, bbuf
 
 
 @njit(cache=True, nogil=True)
-def _verify(D, Z, W, vi, nv, G, gmax, Sk, ks, lamS, Gmu, mS, ws):
+def _verify(D, Z, W, vi, nv, G, gmax, S, Sk, ks, lamS, Gmu, mS, ws, fresh):
     """lam >= 0, every margin >= 1 - 1e-10 (less rounding ~ eps ||A_j|| ||W||), margins on
-    the support 1 to 1e-9, all computed from W."""
+    the support 1 to 1e-9, all computed from W (fresh: Gmu already holds the margins of
+    this W, computed by :func:`_margins` as here: the same bits, not recomputed; those of
+    the support are its entries S)."""
     d = D.shape[1]
     e = Z.shape[1]
     ok = True
@@ -669,14 +675,16 @@ def _verify(D, Z, W, vi, nv, G, gmax, Sk, ks, lamS, Gmu, mS, ws):
         for f in range(e):
             wn += W[c, f] * W[c, f]
     wn = math.sqrt(wn * gmax)
-    _margins(D, Z, W, vi, nv, Gmu, ws)
+    if not fresh:
+        _margins(D, Z, W, vi, nv, Gmu, ws)
     for a in range(nv):
         if Gmu[a] < 1.0 - 1e-10 - 1e-13 * math.sqrt(G[a, a]) * wn:
             ok = False
     for q in range(ks):
         if lamS[q] < 0.0:
             ok = False
-    _margins(D, Z, W, Sk, ks, mS, ws)
+    for q in range(ks):
+        mS[q] = Gmu[S[q]]
     for q in range(ks):
         if abs(mS[q] - 1.0) > 1e-9:
             ok = False
