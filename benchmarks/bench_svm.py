@@ -314,7 +314,8 @@ def _peer_qp(name, M):
 def peers_bench(quick=False, rounds=3):
     """attnsvm vs daqp, quadprog (dense QP on vec(W), Hessian I) and scikit-learn
     LinearSVC (hard margin via C = 1e6 on the points vec(Delta_k z_k^T) and their mirror)
-    for the Frobenius ATT-SVM; batched prompt SVMs vs a Python loop of daqp / quadprog;
+    for the Frobenius ATT-SVM; batched prompt SVMs vs a Python loop of daqp / quadprog
+    (attnsvm with its default threads, and on one thread: the per-thread comparison);
     the nuclear norm vs cvxpy + SCS. Median of ``rounds`` runs each, all in this process;
     the peers get their dense constraint matrix prebuilt (not timed), attnsvm starts
     from the tokens. ratio = peer time / attnsvm time (> 1: attnsvm faster).

@@ -2,8 +2,9 @@
 numba is; see :mod:`attnsvm.svm.active` for the maths and the public wrapper).
 
 One problem at a time, its Gram matrix and working set in cache; the batch driver is a
-serial loop over a slice of problems that releases the GIL. No fastmath: results do not
-depend on the number of threads.
+serial loop over a slice of problems that releases the GIL, with one workspace for the
+slice (no allocation per problem). No fastmath: results do not depend on the number of
+threads.
 """
 
 from __future__ import annotations
@@ -694,11 +695,13 @@ def _verify(D, Z, W, vi, nv, G, gmax, S, Sk, ks, lamS, Gmu, mS, ws, fresh):
 @njit(cache=True, nogil=True)
 def mnp_batch(D, Z, valid, tol, small, max_iter, mu, lam, W, status, rho2, iters, b0, b1):
     """mnp_one over problems b0 .. b1-1 of a batch: D (B, N, d), Z (B, N, e), valid (B, N);
-    outputs mu, lam (B, N), W (B, d, e), status, rho2, iters (B,)."""
+    outputs mu, lam (B, N), W (B, d, e), status, rho2, iters (B,).  One workspace for the
+    slice (:func:`_mnp_work`)."""
     none = np.empty((0, 0))
+    wk = _mnp_work(D.shape[1], D.shape[2], Z.shape[2])
     for b in range(b0, b1):
-        st, r2, it = mnp_one(D[b], Z[b], valid[b], tol, small, max_iter, mu[b], lam[b], W[b],
-                             none)
+        st, r2, it = _mnp_ws(D[b], Z[b], valid[b], tol, small, max_iter, mu[b], lam[b], W[b],
+                             none, wk[0], wk[1], wk[2], wk[3], wk[4], wk[1][:0])
         status[b] = st
         rho2[b] = r2
         iters[b] = it
