@@ -258,6 +258,19 @@ def _median_time(fn, rounds):
     return float(np.median(ts)), out
 
 
+def _one_thread_time(fn, rounds):
+    """Median time of fn with the batch kernels on one thread (torch.set_num_threads(1),
+    which :func:`attnsvm.fused._parallel` reads), the thread count restored afterwards."""
+    import torch
+
+    nt = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        return _median_time(fn, rounds)[0]
+    finally:
+        torch.set_num_threads(nt)
+
+
 def _dense_rows(X, z, alpha):
     """M (N, d e): row k = vec(Delta_k z_k^T) (C order), the constraints M vec(W) >= 1."""
     n, T, d = X.shape
@@ -303,7 +316,8 @@ def _peer_qp(name, M):
 def peers_bench(quick=False, rounds=3):
     """attnsvm vs daqp, quadprog (dense QP on vec(W), Hessian I) and scikit-learn
     LinearSVC (hard margin via C = 1e6 on the points vec(Delta_k z_k^T) and their mirror)
-    for the Frobenius ATT-SVM; batched prompt SVMs vs a Python loop of daqp / quadprog;
+    for the Frobenius ATT-SVM; batched prompt SVMs vs a Python loop of daqp / quadprog
+    (attnsvm with its default threads, and on one thread: the per-thread comparison);
     the nuclear norm vs cvxpy + SCS. Median of ``rounds`` runs each, all in this process;
     the peers get their dense constraint matrix prebuilt (not timed), attnsvm starts
     from the tokens. ratio = peer time / attnsvm time (> 1: attnsvm faster).
@@ -357,6 +371,8 @@ def peers_bench(quick=False, rounds=3):
     alpha = rng.integers(0, T, (B, n))
     prompt_svm_batch(X[:4], None, alpha[:4])
     ta, bs = _median_time(lambda: prompt_svm_batch(X, None, alpha), rounds)
+    # the same batch on one thread: the per-thread comparison (the peers' loops run on one)
+    ta1 = _one_thread_time(lambda: prompt_svm_batch(X, None, alpha), rounds)
     Ms = [_dense_rows(X[b], np.ones((n, 1)), alpha[b]) for b in range(B)]
     for p in peers:
         if p == "LinearSVC":
@@ -375,6 +391,9 @@ def peers_bench(quick=False, rounds=3):
         line(f"prompt batch B={B} {(n, T, d)}", p + " loop", tp, ta, dn, mm,
              f"verdicts agree {agree}/{B} ({int(bs.feasible_.sum())} feasible); "
              f"{1e3 * ta / B:.4f} vs {1e3 * tp / B:.4f} ms/problem")
+        line(f"prompt batch B={B} 1 thread", p + " loop", tp, ta1, dn, mm,
+             f"attnsvm on 1 thread (torch.set_num_threads(1)): {1e3 * ta1 / B:.4f} vs "
+             f"{1e3 * tp / B:.4f} ms/problem")
     # nuclear norm vs cvxpy + SCS
     n, T, d = (20, 8, 10) if quick else (100, 16, 32)
     X, z, alpha = planted(n, T, d)

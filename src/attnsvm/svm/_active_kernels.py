@@ -2,8 +2,9 @@
 numba is; see :mod:`attnsvm.svm.active` for the maths and the public wrapper).
 
 One problem at a time, its Gram matrix and working set in cache; the batch driver is a
-serial loop over a slice of problems that releases the GIL. No fastmath: results do not
-depend on the number of threads.
+serial loop over a slice of problems that releases the GIL, with one workspace for the
+slice (no allocation per problem). No fastmath: results do not depend on the number of
+threads.
 """
 
 from __future__ import annotations
@@ -22,21 +23,29 @@ def _solve_l(L, k, r):
     product L[i, :i] . r[:i] in four interleaved partial sums (four independent chains of
     additions instead of one)."""
     for i in range(k):
-        s0 = 0.0
-        s1 = 0.0
-        s2 = 0.0
-        s3 = 0.0
-        j = 0
-        while j + 4 <= i:
-            s0 += L[i, j] * r[j]
-            s1 += L[i, j + 1] * r[j + 1]
-            s2 += L[i, j + 2] * r[j + 2]
-            s3 += L[i, j + 3] * r[j + 3]
-            j += 4
-        while j < i:
-            s0 += L[i, j] * r[j]
-            j += 1
-        r[i] = (r[i] - ((s0 + s1) + (s2 + s3))) / L[i, i]
+        _solve_l_row(L, i, r)
+
+
+@njit(cache=True, nogil=True)
+def _solve_l_row(L, i, r):
+    """Row i of :func:`_solve_l`: r[i] <- (r[i] - L[i, :i] . r[:i]) / L[i, i], r[:i] solved
+    (the same bits as there: the incrementally kept L^{-1} 1 of :func:`mnp_one` is the
+    vector a full forward substitution gives)."""
+    s0 = 0.0
+    s1 = 0.0
+    s2 = 0.0
+    s3 = 0.0
+    j = 0
+    while j + 4 <= i:
+        s0 += L[i, j] * r[j]
+        s1 += L[i, j + 1] * r[j + 1]
+        s2 += L[i, j + 2] * r[j + 2]
+        s3 += L[i, j + 3] * r[j + 3]
+        j += 4
+    while j < i:
+        s0 += L[i, j] * r[j]
+        j += 1
+    r[i] = (r[i] - ((s0 + s1) + (s2 + s3))) / L[i, i]
 
 
 @njit(cache=True, nogil=True)
@@ -179,13 +188,28 @@ def _affine_min(L, ks, v):
 
 
 @njit(cache=True, nogil=True)
-def _refine(D, Z, L, ks, Sk, x, gmax, lamS, W, r, v, mS, ws):
+def _affine_min_y(L, ks, v, y):
+    """:func:`_affine_min` given y = L^{-1} 1 (kept by :func:`mnp_one` as points enter and
+    leave): only the back substitution, the same bits."""
+    for q in range(ks):
+        v[q] = y[q]
+    _solve_lt(L, ks, v)
+    sv = 0.0
+    for q in range(ks):
+        sv += v[q]
+    for q in range(ks):
+        v[q] /= sv
+    return sv
+
+
+@njit(cache=True, nogil=True)
+def _refine(D, Z, L, ks, Sk, x, gmax, lamS, W, r, v, mS, ws, y):
     """lam_S solving G_SS lam = 1 from the weights x (lam = x / rho^2), refined twice with
     residuals 1 - <A_k, W> from W = sum lam_k A_k itself; G_SS^{-1} by Sherman-Morrison on
     M = G_SS + 1 1^T (units: G scaled by 1 / gmax, lamS = gmax lam). Writes W; returns
-    sum(lamS) (= 1 / rho^2 scaled) or -1 where G_SS is singular (rho = 0)."""
+    sum(lamS) (= 1 / rho^2 scaled) or -1 where G_SS is singular (rho = 0).  y = L^{-1} 1."""
     rho2 = 0.0
-    s1 = _affine_min(L, ks, v)  # v = M^{-1} 1 / s1
+    s1 = _affine_min_y(L, ks, v, y)  # v = M^{-1} 1 / s1 (y = L^{-1} 1)
     den = 1.0 - s1  # 1 - 1^T M^{-1} 1 = s1 rho^2 in exact arithmetic
     for q in range(ks):
         v[q] *= s1
@@ -222,15 +246,15 @@ def _refine(D, Z, L, ks, Sk, x, gmax, lamS, W, r, v, mS, ws):
 
 
 @njit(cache=True, nogil=True)
-def _farkas_refine(D, Z, L, ks, Sk, x, gmax, W, r, v, g, ws):
+def _farkas_refine(D, Z, L, ks, Sk, x, gmax, W, r, v, g, ws, y):
     """rho ~ 0: the weights x (1^T x = 1) of S moved to min ||sum_q x_q A_q|| over the
     affine hull (1^T dx = 0), twice, with the residual S = sum x_q A_q taken from the
     data: dx = -(M^{-1} g - (1^T M^{-1} g) v) / gmax, g_q = <A_q, S>, v = M^{-1} 1 / 1^T M^{-1} 1
-    (M = G_SS / gmax + 1 1^T). Kept only while x stays >= 0. W: workspace."""
+    (M = G_SS / gmax + 1 1^T). Kept only while x stays >= 0. W: workspace; y = L^{-1} 1."""
     for _ in range(2):
         _combine(D, Z, x, Sk, ks, W)
         _margins(D, Z, W, Sk, ks, g, ws)
-        _affine_min(L, ks, v)
+        _affine_min_y(L, ks, v, y)
         for q in range(ks):
             r[q] = g[q]
         _solve_l(L, ks, r)
@@ -348,13 +372,37 @@ def mnp_one(D, Z, valid, tol, small, max_iter, mu, lam, W, Gin):
     """Wolfe's minimum-norm-point algorithm for one problem; see
     :func:`attnsvm.svm.active.mnp_active`. D (N, d), Z (N, e), valid (N,) bool;
     Gin: the Gram matrix of the valid constraints (nv, nv), overwritten, or (0, 0) (then
-    it is formed here); writes mu (N,), lam (N,), W (d, e); returns (status, rho2, n_iter)."""
+    it is formed here); writes mu (N,), lam (N,), W (d, e); returns (status, rho2, n_iter).
+    (:func:`_mnp_ws` in a workspace of its own.)"""
+    wk = _mnp_work(D.shape[0], D.shape[1], Z.shape[1])
+    return _mnp_ws(D, Z, valid, tol, small, max_iter, mu, lam, W, Gin, wk[0], wk[1], wk[2],
+                   wk[3], wk[4], wk[1][:0])
+
+
+@njit(cache=True, nogil=True)
+def _mnp_work(N, d, e):
+    """The workspace of :func:`_mnp_ws` for up to N constraints of (d, e): (int buffer,
+    float buffer, bool buffer, Gram buffer N^2, Cholesky buffer cap^2).  Batch drivers
+    allocate it once per slice (small problems: allocations cost as much as arithmetic)."""
+    cap = min(N, d * e + 1) + 1
+    return (np.empty(N + 2 * (N + 1), np.int64),
+            np.empty((d + e) * N + N + 5 * cap + N + d * (e + 1) + cap),
+            np.empty(2 * N, np.bool_), np.empty(N * N), np.empty(cap * cap))
+
+
+@njit(cache=True, nogil=True)
+def _mnp_ws(D, Z, valid, tol, small, max_iter, mu, lam, W, Gin, ibuf, fbuf, bbuf, Gbuf,
+            Lbuf, mfin):
+    """:func:`mnp_one` in the workspace of :func:`_mnp_work` (ibuf, fbuf, bbuf, Gbuf, Lbuf,
+    sized for N constraints or more).  mfin: (N,) or empty; where it has N entries and the
+    answer is OPTIMAL it receives the margins <A_k, W> of the returned W over the valid
+    constraints (those of the final verification, the order of summation of
+    :func:`margins_batch`, hence its bits), untouched elsewhere."""
     N = D.shape[0]
     d = D.shape[1]
     e = Z.shape[1]
-    ibuf = np.empty(N + 2 * (N + 1), np.int64)  # vi, S, Sk: one allocation (small
-    vi = ibuf[:N]                                 # problems: allocations cost as much as
-    nv = 0                                        # arithmetic)
+    vi = ibuf[:N]  # vi, S, Sk
+    nv = 0
     for k in range(N):
         mu[k] = 0.0
         lam[k] = 0.0
@@ -370,10 +418,9 @@ def mnp_one(D, Z, valid, tol, small, max_iter, mu, lam, W, Gin):
     # enters the working set (the algorithm reads only G_jj and the rows of S)
     lazy = Gin.shape[0] != nv
     cap = min(nv, d * e + 1) + 1  # the working set: affinely independent points of R^{d e}
-    fbuf = np.empty((d + e) * nv + nv + 5 * cap + nv + d * (e + 1))  # the float vectors
-    bbuf = np.ones(2 * nv, np.bool_)
     have = bbuf[:nv]
-    inS = bbuf[nv:]
+    inS = bbuf[nv: 2 * nv]
+    have[:] = True
     inS[:] = False
     if lazy:
         Dt = fbuf[: d * nv].reshape((d, nv))  # the valid constraints, transposed (_gram_row)
@@ -384,13 +431,13 @@ def mnp_one(D, Z, valid, tol, small, max_iter, mu, lam, W, Gin):
                 Dt[c, a] = D[k, c]
             for f in range(e):
                 Zt[f, a] = Z[k, f]
-        G = np.empty((nv, nv))
+        G = Gbuf[: nv * nv].reshape((nv, nv))
         for a in range(nv):
             have[a] = False
             G[a, a] = _gram_entry(D, Z, vi[a], vi[a])
     else:
-        Dt = np.empty((0, 0))
-        Zt = np.empty((0, 0))
+        Dt = fbuf[:0].reshape((0, 0))
+        Zt = fbuf[:0].reshape((0, 0))
         G = Gin
     o = (d + e) * nv
     acc = fbuf[o: o + nv]
@@ -400,7 +447,10 @@ def mnp_one(D, Z, valid, tol, small, max_iter, mu, lam, W, Gin):
     lamS = fbuf[o + nv + 3 * cap: o + nv + 4 * cap]
     mS = fbuf[o + nv + 4 * cap: o + nv + 5 * cap]
     Gmu = fbuf[o + nv + 5 * cap: o + 2 * nv + 5 * cap]
-    ws = fbuf[o + 2 * nv + 5 * cap:]  # _margins' workspace, d (e + 1)
+    ws = fbuf[o + 2 * nv + 5 * cap: o + 2 * nv + 5 * cap + d * (e + 1)]  # _margins'
+    y = fbuf[o + 2 * nv + 5 * cap + d * (e + 1): o + 2 * nv + 6 * cap + d * (e + 1)]
+    # y = L^{-1} 1 on the working set (a row more when a point enters; rows from the
+    # first dropped one on when points leave): the minor cycles' forward substitution
     gmax = 0.0
     for a in range(nv):
         gmax = max(gmax, G[a, a])
@@ -414,7 +464,8 @@ def mnp_one(D, Z, valid, tol, small, max_iter, mu, lam, W, Gin):
         for a in range(nv):
             for b in range(nv):
                 G[a, b] /= gmax
-    L = np.zeros((cap, cap))
+    L = Lbuf[: cap * cap].reshape((cap, cap))
+    L[:, :] = 0.0
     S = ibuf[N: N + cap]  # positions in 0..nv-1
     Sk = ibuf[N + cap: N + 2 * cap]  # constraint indices of S
     # start: the point of smallest norm
@@ -429,14 +480,18 @@ def mnp_one(D, Z, valid, tol, small, max_iter, mu, lam, W, Gin):
     inS[j0] = True
     x[0] = 1.0
     L[0, 0] = math.sqrt(G[j0, j0] + 1.0)
+    y[0] = 1.0
+    _solve_l_row(L, 0, y)
     ks = 1
     status = FAILED
     it = 0
     rho2 = G[j0, j0]
     refined = False
+    fresh = False  # Gmu holds the margins <A_k, W> of the current W (all valid k)
     while it < max_iter:
         it += 1
         refined = False
+        fresh = False
         # major cycle: x . p_j for every j, and the most violated one
         for a in range(nv):
             Gmu[a] = 0.0
@@ -460,11 +515,12 @@ def mnp_one(D, Z, valid, tol, small, max_iter, mu, lam, W, Gin):
             # small): the exact multipliers of S, refined from W, and every margin of W
             for q in range(ks):
                 Sk[q] = vi[S[q]]
-            tot = _refine(D, Z, L, ks, Sk, x, gmax, lamS, W, r, v, mS, ws)
+            tot = _refine(D, Z, L, ks, Sk, x, gmax, lamS, W, r, v, mS, ws, y)
             if tot <= 0.0:
                 break
             refined = True
             _margins(D, Z, W, vi, nv, Gmu, ws)  # margins m_j = (G lam)_j
+            fresh = True
             # margins carry rounding ~ eps ||A_j|| ||W||: allowed 1000 eps of it
             wn = 0.0
             for c in range(d):
@@ -493,6 +549,7 @@ def mnp_one(D, Z, valid, tol, small, max_iter, mu, lam, W, Gin):
             for q in range(ks):
                 x[q] = lamS[q] / tot
             rho2 = 1.0 / tot
+            fresh = False
             for a in range(nv):
                 Gmu[a] /= tot
         if inS[jm] or ks == cap:
@@ -512,13 +569,15 @@ def mnp_one(D, Z, valid, tol, small, max_iter, mu, lam, W, Gin):
         for q in range(ks):
             L[ks, q] = r[q]
         L[ks, ks] = math.sqrt(dd)
+        y[ks] = 1.0
+        _solve_l_row(L, ks, y)
         S[ks] = jm
         inS[jm] = True
         x[ks] = 0.0
         ks += 1
         # minor cycles: affine minimiser of the working set, line search to it
         while True:
-            _affine_min(L, ks, v)
+            _affine_min_y(L, ks, v, y)
             pos = True
             for q in range(ks):
                 if v[q] <= 0.0:
@@ -544,6 +603,7 @@ def mnp_one(D, Z, valid, tol, small, max_iter, mu, lam, W, Gin):
                 xmax = max(xmax, x[q])
             q = ks - 1
             dropped = False
+            q0 = ks
             while q >= 0:
                 if x[q] <= 1e-15 * xmax and ks > 1:
                     inS[S[q]] = False
@@ -553,9 +613,13 @@ def mnp_one(D, Z, valid, tol, small, max_iter, mu, lam, W, Gin):
                         x[u] = x[u + 1]
                     ks -= 1
                     dropped = True
+                    q0 = q
                 q -= 1
             if not dropped:
                 break
+            for q in range(q0, ks):  # rows q0.. of L changed: those of y
+                y[q] = 1.0
+                _solve_l_row(L, q, y)
             sx = 0.0
             for q in range(ks):
                 x[q] = max(x[q], 0.0)
@@ -572,14 +636,14 @@ def mnp_one(D, Z, valid, tol, small, max_iter, mu, lam, W, Gin):
     for q in range(ks):
         Sk[q] = vi[S[q]]
     if status == SMALL_RHO:
-        _farkas_refine(D, Z, L, ks, Sk, x, gmax, W, r, v, mS, ws)
+        _farkas_refine(D, Z, L, ks, Sk, x, gmax, W, r, v, mS, ws, y)
         for q in range(ks):
             mu[Sk[q]] = x[q]
         return SMALL_RHO, rho2 * gmax, it
     if not refined:
-        tot = _refine(D, Z, L, ks, Sk, x, gmax, lamS, W, r, v, mS, ws)
+        tot = _refine(D, Z, L, ks, Sk, x, gmax, lamS, W, r, v, mS, ws, y)
         if tot <= 0.0:
-            _farkas_refine(D, Z, L, ks, Sk, x, gmax, W, r, v, mS, ws)
+            _farkas_refine(D, Z, L, ks, Sk, x, gmax, W, r, v, mS, ws, y)
             for q in range(ks):
                 mu[Sk[q]] = x[q]
             return SMALL_RHO, rho2 * gmax, it
@@ -587,18 +651,23 @@ def mnp_one(D, Z, valid, tol, small, max_iter, mu, lam, W, Gin):
         lam[Sk[q]] = lamS[q] / gmax
     # verify: lam >= 0, every margin >= 1, active margins = 1 (all from W); where the
     # Gram-based refinement is not accurate enough (G_SS ill-conditioned), once more by QR
-    ok = _verify(D, Z, W, vi, nv, G, gmax, Sk, ks, lamS, Gmu, mS, ws)
+    ok = _verify(D, Z, W, vi, nv, G, gmax, S, Sk, ks, lamS, Gmu, mS, ws, refined and fresh)
     if not ok and _qr_refine(D, Z, Sk, ks, W, lamS, gmax, ws):
         for q in range(ks):
             lam[Sk[q]] = lamS[q] / gmax
-        ok = _verify(D, Z, W, vi, nv, G, gmax, Sk, ks, lamS, Gmu, mS, ws)
+        ok = _verify(D, Z, W, vi, nv, G, gmax, S, Sk, ks, lamS, Gmu, mS, ws, False)
+    if ok and mfin.shape[0] == N:  # _verify's margins of this W (Gmu)
+        for a in range(nv):
+            mfin[vi[a]] = Gmu[a]
     return (OPTIMAL if ok else FAILED), rho2 * gmax, it
 
 
 @njit(cache=True, nogil=True)
-def _verify(D, Z, W, vi, nv, G, gmax, Sk, ks, lamS, Gmu, mS, ws):
+def _verify(D, Z, W, vi, nv, G, gmax, S, Sk, ks, lamS, Gmu, mS, ws, fresh):
     """lam >= 0, every margin >= 1 - 1e-10 (less rounding ~ eps ||A_j|| ||W||), margins on
-    the support 1 to 1e-9, all computed from W."""
+    the support 1 to 1e-9, all computed from W (fresh: Gmu already holds the margins of
+    this W, computed by :func:`_margins` as here: the same bits, not recomputed; those of
+    the support are its entries S)."""
     d = D.shape[1]
     e = Z.shape[1]
     ok = True
@@ -607,14 +676,16 @@ def _verify(D, Z, W, vi, nv, G, gmax, Sk, ks, lamS, Gmu, mS, ws):
         for f in range(e):
             wn += W[c, f] * W[c, f]
     wn = math.sqrt(wn * gmax)
-    _margins(D, Z, W, vi, nv, Gmu, ws)
+    if not fresh:
+        _margins(D, Z, W, vi, nv, Gmu, ws)
     for a in range(nv):
         if Gmu[a] < 1.0 - 1e-10 - 1e-13 * math.sqrt(G[a, a]) * wn:
             ok = False
     for q in range(ks):
         if lamS[q] < 0.0:
             ok = False
-    _margins(D, Z, W, Sk, ks, mS, ws)
+    for q in range(ks):
+        mS[q] = Gmu[S[q]]
     for q in range(ks):
         if abs(mS[q] - 1.0) > 1e-9:
             ok = False
@@ -624,11 +695,13 @@ def _verify(D, Z, W, vi, nv, G, gmax, Sk, ks, lamS, Gmu, mS, ws):
 @njit(cache=True, nogil=True)
 def mnp_batch(D, Z, valid, tol, small, max_iter, mu, lam, W, status, rho2, iters, b0, b1):
     """mnp_one over problems b0 .. b1-1 of a batch: D (B, N, d), Z (B, N, e), valid (B, N);
-    outputs mu, lam (B, N), W (B, d, e), status, rho2, iters (B,)."""
+    outputs mu, lam (B, N), W (B, d, e), status, rho2, iters (B,).  One workspace for the
+    slice (:func:`_mnp_work`)."""
     none = np.empty((0, 0))
+    wk = _mnp_work(D.shape[1], D.shape[2], Z.shape[2])
     for b in range(b0, b1):
-        st, r2, it = mnp_one(D[b], Z[b], valid[b], tol, small, max_iter, mu[b], lam[b], W[b],
-                             none)
+        st, r2, it = _mnp_ws(D[b], Z[b], valid[b], tol, small, max_iter, mu[b], lam[b], W[b],
+                             none, wk[0], wk[1], wk[2], wk[3], wk[4], wk[1][:0])
         status[b] = st
         rho2[b] = r2
         iters[b] = it
@@ -639,9 +712,14 @@ def margins_batch(D, Z, valid, W, m):
     """m[b, i, t] = Delta_bit^T W_b z_bi (0 where invalid): D (B, n, T, d), Z (B, n, e),
     valid (B, n, T), W (B, d, e) -> m (B, n, T).  With u = W_b z_bi (d,) once per
     sequence: O(B n (d e + T d))."""
+    _margins_batch_ws(D, Z, valid, W, m, np.empty(D.shape[3]))
+
+
+@njit(cache=True, nogil=True)
+def _margins_batch_ws(D, Z, valid, W, m, u):
+    """:func:`margins_batch` with its workspace u (d,) given."""
     B, n, T, d = D.shape
     e = Z.shape[2]
-    u = np.empty(d)
     for bb in range(B):
         for i in range(n):
             for c in range(d):
@@ -690,10 +768,17 @@ def certify_fro(D, Z, valid, b, W, lam, m, S, out):
     D (B, n, T, d), Z (B, n, e), valid (B, n, T), b (B, n, T), W (B, d, e) finite,
     lam (B, n, T) >= 0 and 0 where invalid.  The engine derives margin, violation, gap and
     KKT residual from these (:func:`attnsvm.svm.solution.certify`)."""
+    d = D.shape[3]
+    _certify_fro_ws(D, Z, valid, b, W, lam, m, S, out, np.empty((d, Z.shape[2])),
+                    np.empty(d))
+
+
+@njit(cache=True, nogil=True)
+def _certify_fro_ws(D, Z, valid, b, W, lam, m, S, out, Wd, u):
+    """:func:`certify_fro` with its workspace Wd (d, e), u (d,) given."""
     B, n, T, d = D.shape
     e = Z.shape[2]
-    margins_batch(D, Z, valid, W, m)
-    Wd = np.empty((d, e))
+    _margins_batch_ws(D, Z, valid, W, m, u)
     for bb in range(B):
         for c in range(d):
             for f in range(e):
@@ -748,8 +833,18 @@ LEAN_OK, LEAN_SCALE, LEAN_NO_MARGIN, LEAN_ZERO_ROW = 0, 1, 2, 3  # _lean_one's v
 
 
 @njit(cache=True, nogil=True)
+def _lean_work(n, T, d, e):
+    """The workspace of :func:`_lean_one` for problems of (n, T, d, e): that of
+    :func:`_mnp_work` for N = n T and a float buffer (z per constraint, b, W's copy, the
+    certificate's sums and workspace), allocated once per batch slice."""
+    N = n * T
+    a = _mnp_work(N, d, e)
+    return (a[0], a[1], a[2], a[3], a[4], np.empty(N * e + N + 2 * d * e + 7 + d))
+
+
+@njit(cache=True, nogil=True)
 def _lean_one(X, z, alpha, valid, xexp, tol, small, max_iter, D, Zs, v, W, lam, mu, m, S,
-              info, sums):
+              info, sums, wk):
     """One Frobenius max-margin problem from the raw arrays, the steps of the engine in one
     compiled call (the same numbers, bit for bit, for a solved problem):
 
@@ -768,7 +863,7 @@ def _lean_one(X, z, alpha, valid, xexp, tol, small, max_iter, D, Zs, v, W, lam, 
     status, n_iter, W finite]; sums (8,): [rho2, certify_fro's 7 numbers].  The verdict is LEAN_OK, or
     why the engine's general path must take over (LEAN_SCALE: a power of two out of the
     normal range, or a row norm near underflow; LEAN_NO_MARGIN: no constraint;
-    LEAN_ZERO_ROW: a constraint with A_k = 0)."""
+    LEAN_ZERO_ROW: a constraint with A_k = 0).  wk: the workspace (:func:`_lean_work`)."""
     n, T, d = X.shape
     e = z.shape[1]
     info[0] = LEAN_OK
@@ -835,7 +930,8 @@ def _lean_one(X, z, alpha, valid, xexp, tol, small, max_iter, D, Zs, v, W, lam, 
                     return
     N = n * T
     Df = D.reshape((N, d))
-    Zr = np.empty((N, e))
+    fl = wk[5]
+    Zr = fl[: N * e].reshape((N, e))
     for i in range(n):
         for t in range(T):
             for f in range(e):
@@ -843,7 +939,9 @@ def _lean_one(X, z, alpha, valid, xexp, tol, small, max_iter, D, Zs, v, W, lam, 
     vf = v.reshape(N)
     lf = lam.reshape(N)
     muf = mu.reshape(N)
-    st, r2, it = mnp_one(Df, Zr, vf, tol, small, max_iter, muf, lf, W, np.empty((0, 0)))
+    mf = m.reshape(N)  # OPTIMAL: the final margins of W on the constraints (_mnp_ws)
+    st, r2, it = _mnp_ws(Df, Zr, vf, tol, small, max_iter, muf, lf, W, wk[3][:0].reshape((0, 0)),
+                         wk[0], wk[1], wk[2], wk[3], wk[4], mf)
     info[2] = st
     info[3] = it
     sums[0] = r2
@@ -874,8 +972,11 @@ def _lean_one(X, z, alpha, valid, xexp, tol, small, max_iter, D, Zs, v, W, lam, 
     Z3 = Zs.reshape((1, n, e))
     v3 = v.reshape((1, n, T))
     m3 = m.reshape((1, n, T))
-    if fin:  # minimal margin exactly 1
-        margins_batch(D4, Z3, v3, W.reshape((1, d, e)), m3)
+    u = fl[N * e + N + 2 * d * e + 7: N * e + N + 2 * d * e + 7 + d]
+    if fin:  # minimal margin exactly 1 (OPTIMAL: the margins are those of the solver's
+        # final check, the same bits as margins_batch gives)
+        if st != OPTIMAL:
+            _margins_batch_ws(D4, Z3, v3, W.reshape((1, d, e)), m3, u)
         ratio = np.inf
         for i in range(n):
             for t in range(T):
@@ -889,14 +990,18 @@ def _lean_one(X, z, alpha, valid, xexp, tol, small, max_iter, D, Zs, v, W, lam, 
                 lf[k] /= ratio
     for k in range(N):  # the certificate's lam: >= 0 on the constraints, 0 elsewhere
         lf[k] = max(lf[k], 0.0) if vf[k] and lam_ok else 0.0
-    b = np.empty((1, n, T))
+    b = fl[N * e: N * e + N].reshape((1, n, T))
     for i in range(n):
         for t in range(T):
             b[0, i, t] = 1.0 if v[i, t] else 0.0
-    Wc = W.copy() if fin else np.zeros((d, e))  # the certificate of no answer: W = 0
-    out = np.empty((1, 7))
-    certify_fro(D4, Z3, v3, b, Wc.reshape((1, d, e)), lam.reshape((1, n, T)), m3,
-                S.reshape((1, d, e)), out)
+    Wc = fl[N * e + N: N * e + N + d * e].reshape((d, e))
+    for c in range(d):  # the certificate of no answer: W = 0
+        for f in range(e):
+            Wc[c, f] = W[c, f] if fin else 0.0
+    Wd = fl[N * e + N + d * e: N * e + N + 2 * d * e].reshape((d, e))
+    out = fl[N * e + N + 2 * d * e: N * e + N + 2 * d * e + 7].reshape((1, 7))
+    _certify_fro_ws(D4, Z3, v3, b, Wc.reshape((1, d, e)), lam.reshape((1, n, T)), m3,
+                    S.reshape((1, d, e)), out, Wd, u)
     for k in range(7):
         sums[k + 1] = out[0, k]
 
@@ -905,15 +1010,17 @@ def _lean_one(X, z, alpha, valid, xexp, tol, small, max_iter, D, Zs, v, W, lam, 
 def fro_single(X, z, alpha, valid, tol, small, max_iter, D, Zs, v, W, lam, mu, m, S, info,
                sums):
     """:func:`_lean_one` for one problem (xexp = 0)."""
+    n, T, d = X.shape
     _lean_one(X, z, alpha, valid, 0, tol, small, max_iter, D, Zs, v, W, lam, mu, m, S, info,
-              sums)
+              sums, _lean_work(n, T, d, z.shape[1]))
 
 
 @njit(cache=True, nogil=True)
 def fro_lean_batch(X, z, alpha, valid, xexp, tol, small, max_iter, D, Zs, v, W, lam, mu, m,
                    S, info, sums, b0, b1):
     """:func:`_lean_one` over problems b0 .. b1-1 of a batch (every argument with a leading
-    batch dim B, xexp (B,))."""
+    batch dim B, xexp (B,)); one workspace for the slice."""
+    wk = _lean_work(X.shape[1], X.shape[2], X.shape[3], z.shape[2])
     for b in range(b0, b1):
         _lean_one(X[b], z[b], alpha[b], valid[b], xexp[b], tol, small, max_iter, D[b], Zs[b],
-                  v[b], W[b], lam[b], mu[b], m[b], S[b], info[b], sums[b])
+                  v[b], W[b], lam[b], mu[b], m[b], S[b], info[b], sums[b], wk)
