@@ -173,24 +173,10 @@ def _combine(D, Z, lam, S, ks, W):
 
 
 @njit(cache=True, nogil=True)
-def _affine_min(L, ks, v):
-    """v <- affine minimiser weights of the working set: M u = 1, v = u / 1^T u."""
-    for q in range(ks):
-        v[q] = 1.0
-    _solve_l(L, ks, v)
-    _solve_lt(L, ks, v)
-    sv = 0.0
-    for q in range(ks):
-        sv += v[q]
-    for q in range(ks):
-        v[q] /= sv
-    return sv
-
-
-@njit(cache=True, nogil=True)
 def _affine_min_y(L, ks, v, y):
-    """:func:`_affine_min` given y = L^{-1} 1 (kept by :func:`mnp_one` as points enter and
-    leave): only the back substitution, the same bits."""
+    """v <- affine minimiser weights of the working set: M u = 1, v = u / 1^T u, with
+    M = L L^T, given y = L^{-1} 1 (kept by :func:`mnp_one` as points enter and leave): only
+    the back substitution u = L^{-T} y. Returns 1^T u."""
     for q in range(ks):
         v[q] = y[q]
     _solve_lt(L, ks, v)
