@@ -19,7 +19,7 @@ Scale (``--scale TOTAL``): the same pipeline (data, NGD training, outcomes with 
 at TOTAL trials per d, ``--chunk`` trials at a time (``attnsvm.chunks.map_chunks``), with the
 time of training and of outcomes and the memory (peak RSS, and the RSS after every chunk:
 flat when the memory is bounded by the chunk). Chunk j of dimension d draws its data with
-seed j * chunk + d, exactly as the cell {trials: chunk, seed: j * chunk} of
+seed j * chunk + d, exactly as the cell {trials: chunk, population: chunk, seed: j * chunk} of
 ``attnsvm sweep mmts-fig9 --scale full`` does, so ``--dask W`` then runs that sweep on a
 Dask LocalCluster of W workers, times it and checks that its outcome counts equal the
 chunked run's:
@@ -148,12 +148,13 @@ def run_scaled(total: int, chunk: int, steps: int) -> pd.DataFrame:
 
 
 def run_dask(total: int, chunk: int, steps: int, workers: int, ref: pd.DataFrame) -> None:
-    """The same trials as a Dask sweep of mmts-fig9 cells {trials: chunk, seed: j chunk}."""
+    """The same trials as a Dask sweep of mmts-fig9 cells {trials: chunk, population: chunk,
+    seed: j chunk} (population = chunk: each cell draws exactly its chunk, as the chunked run)."""
     from attnsvm.sweep import grid, sweep
 
     seeds = list(range(0, total, chunk))
-    cells = grid(trials=chunk, seed=seeds, steps=steps)
-    cmd = (f"attnsvm sweep mmts-fig9 --scale full --grid trials={chunk} --grid "
+    cells = grid(trials=chunk, population=chunk, seed=seeds, steps=steps)
+    cmd = (f"attnsvm sweep mmts-fig9 --scale full --grid trials={chunk} --grid population={chunk} --grid "
            f"seed=0:{total}:{chunk} --grid steps={steps} --executor dask --workers {workers}")
     with tempfile.TemporaryDirectory() as store:
         t = time.perf_counter()

@@ -92,6 +92,22 @@ def test_quick_scale_is_a_prefix_of_the_full_population():
         F.datasets({**CFG, "trials": 5, "population": 4})
 
 
+def test_scale_chunk_cell_draws_exactly_its_chunk():
+    """benchmarks/bench_fig9.py --scale: chunk j of dimension d is random_sphere(seed = j c + d,
+    batch = c), and the sweep cell {trials: c, population: c, seed: j c} must draw the same
+    trials (the Dask sweep's outcome counts are compared with the chunked run's)."""
+    from attnsvm.data import random_sphere
+
+    c, j = 3, 2
+    data = F.datasets({**CFG, "trials": c, "population": c, "seed": j * c})
+    dm = max(CFG["ds"])
+    for k, d in enumerate(CFG["ds"]):
+        ref = random_sphere(n=CFG["n"], T=CFG["T"], d=d, seed=j * c + d, batch=c, cross=False)
+        np.testing.assert_array_equal(data.X[k * c:(k + 1) * c, ..., :d], ref.X)
+        np.testing.assert_array_equal(data.X[k * c:(k + 1) * c, ..., d:], np.zeros((c, CFG["n"], CFG["T"], dm - d)))
+        np.testing.assert_array_equal(data.y[k * c:(k + 1) * c], ref.y)
+
+
 def _tables(good: bool, trials: int = 400) -> dict:
     """Built to pass: saturation and GMM shares rise with d, < 1% 'other' (negative gap);
     built to fail: flat shares, 5% negative gaps among the saturated runs."""

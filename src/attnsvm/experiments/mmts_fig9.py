@@ -59,7 +59,8 @@ def datasets(cfg) -> TokenData:
     dm = max(cfg["ds"])
     m, k = cfg.get("population", cfg["trials"]), cfg["trials"]
     if k > m:
-        raise ValueError(f"trials = {k} exceeds the population of {m} problems per d")
+        raise ValueError(f"trials = {k} exceeds the population of {m} problems per d "
+                         f"(set population >= trials too; in a sweep: --grid population={k})")
     parts = [random_sphere(n=cfg["n"], T=cfg["T"], d=d, seed=cfg["seed"] + d, batch=m, cross=False)
              for d in cfg["ds"]]
     return TokenData(X=np.concatenate([_pad(p.X[:k], dm) for p in parts]),
