@@ -569,12 +569,7 @@ def _nuc_barrier_working_set(cs: ConstraintSet, max_rounds: int = 20, gap_tol: f
     relative duality gap (measured ~1e-7 at (100, 16, 32)).
     """
     valid = cs.valid
-    ii, tt = np.nonzero(valid)
-    Uf, su, _ = np.linalg.svd(cs.Delta[ii, tt].T, full_matrices=False)
-    U = Uf[:, su > 1e-12 * max(su.max(), 1e-300)]
-    Vf, sv, _ = np.linalg.svd(cs.Z.T, full_matrices=False)
-    V = Vf[:, sv > 1e-12 * max(sv.max(), 1e-300)]
-    red = ConstraintSet(cs.Delta @ U, cs.Z @ V, valid, cs.b)
+    U, V, red = _nuc_reduce(cs)
     work = _nuc_initial_work(cs)
     total = 0
     scale = max(1.0, float(np.abs(cs.b[valid]).max()))
