@@ -130,7 +130,8 @@ def test_infeasible_farkas_verified(seed):
         assert {0, 1} <= set(sol.conflict_)
     bs = att_svm_batch(np.stack([X, X]), np.stack([z, z]), np.stack([alpha, alpha]))
     assert np.all(bs.solver_ == "batch-mnp-active")
-    assert np.all(np.isfinite(bs.extra["farkas_bound"]))
+    # the proven bound (inf where sum mu_k A_k cancels to exactly 0: a perfect certificate)
+    assert np.all(bs.extra["farkas_bound"] >= 1e9)
 
 
 def test_batched_equals_one_by_one():
@@ -225,3 +226,68 @@ def test_solver_choice_single():
     Xl, zl, al = planted(400, 16, 2, 2, np.random.default_rng(4), 0)  # N = 6000 > 3 d e
     assert att_svm(Xl, zl, al).solver_.startswith("ipm")
     assert engine.SOLVERS[engine.FRO][2] == "active"
+
+
+def _farkas_loop(cs, lam):
+    """farkas_verify by explicit loops over one problem (no numpy reductions): lam cleaned
+    as np.nan_to_num, S = sum_k lam_k A_k / sum_k lam_k b_k, bound = 1 / ||S||_F."""
+    n, T = cs.shape
+    lam = np.nan_to_num(np.where(cs.valid, lam, 0.0))
+    if any(cs.ineq[i, t] and lam[i, t] < 0 for i in range(n) for t in range(T)):
+        return False, 0.0
+    lb = sum(lam[i, t] * cs.b[i, t] for i in range(n) for t in range(T))
+    if not (lb > 0 and np.isfinite(lb)):
+        return False, 0.0
+    S = sum(lam[i, t] / lb * np.outer(cs.Delta[i, t], cs.Z[i]) for i in range(n)
+            for t in range(T))
+    r = float(np.sqrt((S * S).sum()))
+    bound = 1.0 / r if r > 0 else np.inf
+    return bool(bound >= 1e9), bound
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(0, 2**31 - 1), st.booleans(), st.booleans())
+def test_farkas_verify_compiled_equals_numpy_and_loops(seed, with_eq, certificate):
+    """The compiled Farkas check (farkas_batch: engine and batched path) against the numpy
+    one and explicit loops: the same verdicts, bounds to 1e-12, the same multipliers."""
+    from attnsvm.svm.solution import ConstraintSet, _farkas_numpy, farkas_verify
+
+    rng = np.random.default_rng(seed)
+    B, n, T, d, e = 7, 3, 4, 3, 2
+    Delta = rng.standard_normal((B, n, T, d))
+    Z = rng.standard_normal((B, n, e))
+    valid = rng.random((B, n, T)) > 0.2
+    b = np.where(valid, rng.uniform(0.5, 2.0, (B, n, T)), 0.0)
+    eq = (rng.random((B, n, T)) > 0.7) if with_eq else None
+    lam = np.abs(rng.standard_normal((B, n, T)))
+    if certificate:  # problem 0: constraints A and -A (each b > 0): lam = (1, 1) proves it
+        Delta[0] = 0.0
+        valid[0] = False
+        Delta[0, 0, 0], Delta[0, 1, 0] = rng.standard_normal(d), 0.0
+        Delta[0, 1, 0] = -Delta[0, 0, 0]
+        Z[0, 1] = Z[0, 0]
+        valid[0, 0, 0] = valid[0, 1, 0] = True
+        b[0] = np.where(valid[0], 1.0, 0.0)
+        lam[0] = np.where(valid[0], 1.0, 0.0)
+    lam[1, 0, 0] = -0.5  # a negative multiplier (an inequality unless eq says otherwise)
+    valid[1, 0, 0] = True
+    lam[2, 1, 1] = np.nan  # NaN -> 0, +inf -> max float (np.nan_to_num)
+    lam[3, 0, 1] = np.inf
+    cs = ConstraintSet(Delta, Z, valid, b, eq, 0)
+    ok, bound, lv = farkas_verify(cs, lam)
+    ok2, bound2, lv2 = _farkas_numpy(cs, lam)
+    assert np.array_equal(ok, ok2)
+    # ||S|| = 1 / bound to rounding (a certificate's S cancels to ~1e-16 in any order)
+    with np.errstate(divide="ignore"):
+        np.testing.assert_allclose(1 / bound, 1 / bound2, rtol=1e-12, atol=1e-14)
+        np.testing.assert_allclose(lv, lv2, rtol=1e-15)
+        for k in range(B):
+            okl, bl = _farkas_loop(cs.take(k), lam[k])
+            assert ok[k] == okl
+            np.testing.assert_allclose(1 / bound[k], 1 / np.float64(bl), rtol=1e-12, atol=1e-14)
+    if certificate:
+        assert ok[0] and bound[0] == np.inf
+    # a certificate whose S overflows is not one (numpy: NaN S had given bound inf)
+    big = ConstraintSet(Delta[:1] * 1e300, Z[:1] * 1e300, valid[:1], b[:1], None, 0)
+    assert not farkas_verify(big, np.where(valid[:1], 1e-3, 0.0))[0][0]
+    assert not _farkas_numpy(big, np.where(valid[:1], 1e-3, 0.0))[0][0]

@@ -156,6 +156,27 @@ def _margins(D, Z, W, vi, nv, out, ws):
 
 
 @njit(cache=True, nogil=True)
+def _margins_t(Dt, Zt, W, nv, out, u):
+    """:func:`_margins` over every valid constraint from the transposed copies Dt (d, nv),
+    Zt (e, nv) of :func:`_gram_row`: out[b] = sum_c Dt[c, b] (sum_f W[c, f] Zt[f, b]), each
+    sum in the index order of :func:`_margins` (the same bits), the loop over b inner
+    (independent sums, contiguous).  u: workspace (nv,)."""
+    d = Dt.shape[0]
+    e = Zt.shape[0]
+    for b in range(nv):
+        out[b] = 0.0
+    for c in range(d):
+        for b in range(nv):
+            u[b] = 0.0
+        for f in range(e):
+            w = W[c, f]
+            for b in range(nv):
+                u[b] += w * Zt[f, b]
+        for b in range(nv):
+            out[b] += Dt[c, b] * u[b]
+
+
+@njit(cache=True, nogil=True)
 def _combine(D, Z, lam, S, ks, W):
     """W = sum_{a < ks} lam[a] Delta_{S[a]} z_{S[a]}^T (S: constraint indices)."""
     d = D.shape[1]
@@ -408,6 +429,7 @@ def _mnp_ws(D, Z, valid, tol, small, max_iter, mu, lam, W, Gin, ibuf, fbuf, bbuf
     inS = bbuf[nv: 2 * nv]
     have[:] = True
     inS[:] = False
+    o0 = (d + e) * nv
     if lazy:
         Dt = fbuf[: d * nv].reshape((d, nv))  # the valid constraints, transposed (_gram_row)
         Zt = fbuf[d * nv: (d + e) * nv].reshape((e, nv))
@@ -418,9 +440,20 @@ def _mnp_ws(D, Z, valid, tol, small, max_iter, mu, lam, W, Gin, ibuf, fbuf, bbuf
             for f in range(e):
                 Zt[f, a] = Z[k, f]
         G = Gbuf[: nv * nv].reshape((nv, nv))
+        s1 = fbuf[o0 + nv + 5 * cap: o0 + 2 * nv + 5 * cap]  # (Gmu's space, free here)
+        s2 = fbuf[o0: o0 + nv]  # (acc's)
+        for a in range(nv):
+            s1[a] = 0.0
+            s2[a] = 0.0
+        for c in range(d):
+            for a in range(nv):
+                s1[a] += Dt[c, a] * Dt[c, a]
+        for f in range(e):
+            for a in range(nv):
+                s2[a] += Zt[f, a] * Zt[f, a]
         for a in range(nv):
             have[a] = False
-            G[a, a] = _gram_entry(D, Z, vi[a], vi[a])
+            G[a, a] = s1[a] * s2[a]
     else:
         Dt = fbuf[:0].reshape((0, 0))
         Zt = fbuf[:0].reshape((0, 0))
@@ -505,7 +538,10 @@ def _mnp_ws(D, Z, valid, tol, small, max_iter, mu, lam, W, Gin, ibuf, fbuf, bbuf
             if tot <= 0.0:
                 break
             refined = True
-            _margins(D, Z, W, vi, nv, Gmu, ws)  # margins m_j = (G lam)_j
+            if lazy:  # margins m_j = (G lam)_j
+                _margins_t(Dt, Zt, W, nv, Gmu, acc)
+            else:
+                _margins(D, Z, W, vi, nv, Gmu, ws)
             fresh = True
             # margins carry rounding ~ eps ||A_j|| ||W||: allowed 1000 eps of it
             wn = 0.0
@@ -1001,12 +1037,207 @@ def fro_single(X, z, alpha, valid, tol, small, max_iter, D, Zs, v, W, lam, mu, m
               sums, _lean_work(n, T, d, z.shape[1]))
 
 
+_BIG = 1.7976931348623157e308  # np.nan_to_num's image of +inf
+
+
 @njit(cache=True, nogil=True)
-def fro_lean_batch(X, z, alpha, valid, xexp, tol, small, max_iter, D, Zs, v, W, lam, mu, m,
-                   S, info, sums, b0, b1):
-    """:func:`_lean_one` over problems b0 .. b1-1 of a batch (every argument with a leading
-    batch dim B, xexp (B,)); one workspace for the slice."""
+def _farkas_one(D, Z, valid, ineq, b, lam, lout, S, u, bound_min):
+    """The Farkas check of :func:`attnsvm.svm.solution.farkas_verify` for one problem:
+    D (n, T, d), Z (n, e), valid, ineq (n, T) bool, b (n, T), lam (n, T) -> lout (n, T)
+    (lam with NaN -> 0 and +-inf -> +-max float, 0 where invalid, divided by
+    lb = sum_k lam_k b_k when the certificate is usable); S (d, e), u (d,): workspace.
+
+        S = sum_i (sum_t lout_it Delta_it) z_i^T,  bound = 1 / ||S||_F  (inf for S = 0)
+
+    Returns (ok, bound): ok when lam_k >= 0 on the inequalities, lb > 0 finite and
+    bound >= bound_min; bound = 0 when lam is not usable or S is not finite.  Sums in index
+    order (t, then i), so that every caller (the engine, the compiled batch path) gets the
+    same bits."""
+    n, T, d = D.shape
+    e = Z.shape[1]
+    sign_ok = True
+    lb = 0.0
+    for i in range(n):
+        for t in range(T):
+            x = lam[i, t]
+            if not valid[i, t] or x != x:
+                x = 0.0
+            elif x > _BIG:
+                x = _BIG
+            elif x < -_BIG:
+                x = -_BIG
+            lout[i, t] = x
+            if ineq[i, t] and not x >= 0.0:
+                sign_ok = False
+            lb += x * b[i, t]
+    good = sign_ok and lb > 0.0 and math.isfinite(lb)
+    if not good:
+        return False, 0.0
+    for i in range(n):
+        for t in range(T):
+            lout[i, t] /= lb
+    for c in range(d):
+        for f in range(e):
+            S[c, f] = 0.0
+    for i in range(n):
+        for c in range(d):
+            u[c] = 0.0
+        for t in range(T):
+            x = lout[i, t]
+            if x != 0.0:
+                for c in range(d):
+                    u[c] += x * D[i, t, c]
+        for c in range(d):
+            for f in range(e):
+                S[c, f] += u[c] * Z[i, f]
+    r = 0.0
+    for c in range(d):
+        for f in range(e):
+            r += S[c, f] * S[c, f]
+    r = math.sqrt(r)
+    if not math.isfinite(r):
+        return False, 0.0
+    bound = 1.0 / r if r > 0.0 else np.inf
+    return bound >= bound_min, bound
+
+
+@njit(cache=True, nogil=True)
+def farkas_batch(D, Z, valid, ineq, b, lam, lout, ok, bound, bound_min):
+    """:func:`_farkas_one` over a batch: D (B, n, T, d), Z (B, n, e), valid, ineq, b, lam,
+    lout (B, n, T); ok (B,) bool, bound (B,) out."""
+    d = D.shape[3]
+    S = np.empty((d, Z.shape[2]))
+    u = np.empty(d)
+    for bb in range(D.shape[0]):
+        o, bd = _farkas_one(D[bb], Z[bb], valid[bb], ineq[bb], b[bb], lam[bb], lout[bb], S, u,
+                            bound_min)
+        ok[bb] = o
+        bound[bb] = bd
+
+
+SETTLED_OPT, SETTLED_INF, TO_ENGINE = 0, 1, 2  # _lean_settle's verdicts
+
+
+@njit(cache=True, nogil=True)
+def _ldx(x, k):
+    """x 2^k as :func:`attnsvm.svm.solution._ldexp` gives it (bit for bit): a product with
+    2^k where 2^k is a normal float64, ldexp otherwise."""
+    if -1022 <= k <= 1023:
+        return x * math.ldexp(1.0, k)
+    return math.ldexp(x, k)
+
+
+@njit(cache=True, nogil=True)
+def _lean_settle(D, Zs, v, W, lam, mu, m, info, sums, wk, tol, irreducible, feas_tol,
+                 gap_opt, bound_min, Wo, sc, dual, sup, margins, fk_lam, hit):
+    """The verdict on one problem after :func:`_lean_one` (the arithmetic of
+    :func:`attnsvm.svm.lean.batch_lean` before this kernel: the formulas of
+    :func:`attnsvm.svm.solution.certify` on the certificate's sums, elementwise, the same
+    bits):
+
+        lower = lb_num / ||S||  (0 unless both > 0),  fix = margin if 0 < margin < 1 else 1
+        gap = max(||W|| / fix - lower, 0) / lower,  kkt = max(||W - S|| / ||W||,
+        max_k |lam_k (m_k - 1)| / ||W||^2)
+
+    SETTLED_OPT: solved, the certificate optimal (violation <= feas_tol, gap <= gap_opt),
+    W 2^-scale_exp representable exactly; SETTLED_INF: the solver found rho ~ 0 and its
+    minimum-norm point mu passes the Farkas check (:func:`_farkas_one`), unless
+    ``irreducible``; TO_ENGINE otherwise.  Writes Wo (d, e) (NaN unless optimal), sc (8,):
+    [norm, margin, violation, kkt, gap, lower_bound (user units), farkas_bound, verdict],
+    dual, sup (support), margins (n, T), fk_lam (n, T) the normalised Farkas multipliers,
+    hit (n,) the sequences in the certificate's support (|lam_it| > 1e-9 max |lam|)."""
+    n, T, d = D.shape
+    e = Zs.shape[1]
+    nan = np.nan
+    ex = info[1]
+    margin, viol, nrm, dn, lb_num, wms, comp = (sums[1], sums[2], sums[3], sums[4], sums[5],
+                                                sums[6], sums[7])
+    ran = info[0] == LEAN_OK
+    for k in range(2, 8):
+        if not math.isfinite(sums[k]):
+            ran = False
+    has = ran and info[4] == 1
+    feasible = has and viol <= feas_tol and math.isfinite(nrm)
+    lower = lb_num / dn if (dn > 0.0 and lb_num > 0.0) else 0.0
+    fix = margin if (margin > 0.0 and margin < 1.0) else 1.0
+    gap = max(nrm / fix - lower, 0.0) / lower if lower > 0.0 else np.inf
+    n2 = nrm * nrm if nrm > 0.0 else 1.0
+    kkt = max(wms / math.sqrt(n2), comp / n2) if nrm > 0.0 else np.inf
+    opt = has and info[2] == OPTIMAL and feasible and gap <= gap_opt
+    if opt:  # back to the caller's units, exactly and representably
+        amax = 0.0
+        wmax = 0.0
+        for c in range(d):
+            for f in range(e):
+                w = W[c, f]
+                wu = _ldx(w, -ex)
+                if not math.isfinite(wu) or _ldx(wu, ex) != w:
+                    opt = False
+                amax = max(amax, abs(wu))
+                wmax = max(wmax, abs(w))
+                Wo[c, f] = wu
+        if not (amax >= 2.2250738585072014e-308 or wmax == 0.0):
+            opt = False
+    for i in range(n):
+        hit[i] = False
+        for t in range(T):
+            fk_lam[i, t] = 0.0
+    fk = nan
+    verdict = TO_ENGINE
+    if opt:
+        verdict = SETTLED_OPT
+    elif ran and info[2] == SMALL_RHO and not feasible and not irreducible:
+        fl = wk[5]
+        N = n * T
+        b = fl[N * e: N * e + N].reshape((n, T))  # 1 on the constraints (_lean_one)
+        Sw = fl[N * e + N + d * e: N * e + N + 2 * d * e].reshape((d, e))
+        u = fl[N * e + N + 2 * d * e + 7: N * e + N + 2 * d * e + 7 + d]
+        ok, bound = _farkas_one(D, Zs, v, v, b, mu, fk_lam, Sw, u, bound_min)
+        if ok:
+            verdict = SETTLED_INF
+            fk = bound
+            mx = 0.0
+            for i in range(n):
+                for t in range(T):
+                    mx = max(mx, abs(fk_lam[i, t]))
+            for i in range(n):
+                for t in range(T):
+                    if abs(fk_lam[i, t]) > 1e-9 * mx and mx > 0.0:
+                        hit[i] = True
+        else:
+            for i in range(n):
+                for t in range(T):
+                    fk_lam[i, t] = 0.0
+    if verdict != SETTLED_OPT:
+        for c in range(d):
+            for f in range(e):
+                Wo[c, f] = nan
+    one = 1.0 if opt else nan
+    sc[0] = _ldx(nrm, -ex) if opt else np.inf
+    sc[1] = margin * one
+    sc[2] = viol * one
+    sc[3] = kkt * one
+    sc[4] = gap * one
+    sc[5] = _ldx(lower, -ex)
+    sc[6] = fk
+    sc[7] = verdict
+    for i in range(n):
+        for t in range(T):
+            dual[i, t] = _ldx(lam[i, t], -2 * ex) if opt else 0.0
+            sup[i, t] = opt and v[i, t] and m[i, t] <= 1.0 + tol
+            margins[i, t] = m[i, t] if opt else nan
+
+
+@njit(cache=True, nogil=True)
+def fro_settle_batch(X, z, alpha, valid, xexp, tol, small, max_iter, D, Zs, v, W, lam, mu, m,
+                     S, info, sums, tol_active, irreducible, feas_tol, gap_opt, bound_min, Wo,
+                     sc, dual, sup, margins, fk_lam, hit, b0, b1):
+    """:func:`_lean_one` then :func:`_lean_settle` over problems b0 .. b1-1 of a batch
+    (every array with a leading batch dim B); one workspace for the slice."""
     wk = _lean_work(X.shape[1], X.shape[2], X.shape[3], z.shape[2])
     for b in range(b0, b1):
         _lean_one(X[b], z[b], alpha[b], valid[b], xexp[b], tol, small, max_iter, D[b], Zs[b],
                   v[b], W[b], lam[b], mu[b], m[b], S[b], info[b], sums[b], wk)
+        _lean_settle(D[b], Zs[b], v[b], W[b], lam[b], mu[b], m[b], info[b], sums[b], wk,
+                     tol_active, irreducible, feas_tol, gap_opt, bound_min, Wo[b], sc[b],
+                     dual[b], sup[b], margins[b], fk_lam[b], hit[b])

@@ -25,13 +25,11 @@ import numpy as np
 
 from . import active
 from .solution import (
+    FARKAS_BOUND,
     FEAS_TOL,
     GAP_OPTIMAL,
     BatchSolution,
-    ConstraintSet,
     Solution,
-    _ldexp,
-    farkas_verify,
 )
 
 __all__ = ["att_svm_lean", "batch_lean", "MAX_LEAN_N"]
@@ -111,6 +109,21 @@ def att_svm_lean(X: np.ndarray, z: np.ndarray, alpha: np.ndarray, valid: np.ndar
         tol_active=tol, extra=extra)
 
 
+def _hits(hit: np.ndarray, ok: np.ndarray) -> list:
+    """conflict_ of a batch: the tuple of sequences i with hit[b, i] for each problem b with
+    ok[b] (() elsewhere), from one nonzero pass (as :func:`attnsvm.svm.engine._conflicts`)."""
+    B = len(hit)
+    out = [()] * B
+    hit = hit & ok[:, None]
+    rows, cols = np.nonzero(hit)
+    if len(rows):
+        cl = cols.tolist()
+        off = np.searchsorted(rows, np.arange(B + 1)).tolist()
+        for b in np.flatnonzero(hit.any(1)).tolist():
+            out[b] = tuple(cl[off[b]:off[b + 1]])
+    return out
+
+
 def batch_applies(B: int, n: int, T: int, solver) -> bool:
     """Whether :func:`batch_lean` may be tried: Frobenius default / active solver, numba
     present, B >= 2 and n T <= MAX_BATCH_N_ACTIVE (where the engine runs the batch through
@@ -127,12 +140,14 @@ def batch_lean(X: np.ndarray, z: np.ndarray, alpha: np.ndarray, valid: np.ndarra
     """B Frobenius problems (validated X (B, n, T, d) divided by 2^xexp, z (B, n, e), alpha
     (B, n), valid (B, n, T)) as :func:`attnsvm.svm.engine.solve` and
     :func:`~attnsvm.svm.engine.to_batch_solution` give them, each problem's steps in one
-    compiled call (:func:`attnsvm.svm._active_kernels.fro_lean_batch`, in threads).
+    compiled call (:func:`attnsvm.svm._active_kernels.fro_settle_batch`, in threads), the
+    verdict included.
 
-    A problem is settled here when its certificate (from the returned W, the formulas of
+    A problem is settled there when its certificate (from the returned W, the formulas of
     :func:`attnsvm.svm.solution.certify`) says "optimal", or, where the solver found the
     origin in the convex hull (rho ~ 0), when its minimum-norm point mu passes the Farkas
-    check of :func:`~attnsvm.svm.solution.farkas_verify` ("infeasible"; with
+    check of :func:`~attnsvm.svm.solution.farkas_verify` (the same compiled function,
+    :func:`~attnsvm.svm._active_kernels._farkas_one`) ("infeasible"; with
     ``irreducible`` those go to the engine, which names an irreducible conflict by LP).
     Every other problem (no constraint, a zero constraint, a stalled or inaccurate solve,
     extreme scales, a Farkas candidate that needs polishing) is solved by the engine
@@ -163,56 +178,37 @@ def batch_lean(X: np.ndarray, z: np.ndarray, alpha: np.ndarray, valid: np.ndarra
     info = np.zeros((B, 5), np.int64)
     sums = np.zeros((B, 8))
     mi = 20 * n * T + 50 if max_iter is None else int(max_iter)  # (as mnp_active)
-    args = (X, z, alpha, valid, xexp, 1e-12, 1e-13, mi, D, Zs, v, W, lam, mu, m, S, info, sums)
+    # the answers as returned: W_, [norm, margin, violation, kkt, gap, lower_bound,
+    # farkas_bound, verdict], dual_, support_, margins_, Farkas multipliers, conflict hits
+    Wo = np.empty((B, d, e))
+    sc = np.empty((B, 8))
+    dual = np.empty((B, n, T))
+    sup = np.empty((B, n, T), bool)
+    margins = np.empty((B, n, T))
+    fk_lam = np.empty((B, n, T))
+    hit = np.empty((B, n), bool)
+    args = (X, z, alpha, valid, xexp, 1e-12, 1e-13, mi, D, Zs, v, W, lam, mu, m, S, info, sums,
+            float(tol), bool(irreducible), FEAS_TOL, GAP_OPTIMAL, FARKAS_BOUND, Wo, sc, dual,
+            sup, margins, fk_lam, hit)
     if B >= active.PARALLEL_B:  # slices in threads, as mnp_active
         from attnsvm.fused import _parallel
 
-        _parallel(K.fro_lean_batch, B, *args, per_thread=active.PER_THREAD)
+        _parallel(K.fro_settle_batch, B, *args, per_thread=active.PER_THREAD)
     else:
-        K.fro_lean_batch(*args, 0, B)
-    verdict, ex, kst, iters, fin = info.T
-    margin, viol, nrm, dn, lb_num, wms, comp = sums[:, 1:8].T
-    ran = (verdict == K.LEAN_OK) & np.isfinite(sums[:, 2:8]).all(1)
-    has = ran & (fin == 1)
-    with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
-        # the certificate's numbers (solution.certify: Frobenius, b = 1, lam given)
-        feasible = has & (viol <= FEAS_TOL) & np.isfinite(nrm)
-        lower = np.where((dn > 0) & (lb_num > 0), lb_num / np.where(dn > 0, dn, 1.0), 0.0)
-        fix = np.where((margin > 0) & (margin < 1), margin, 1.0)
-        gap = np.where(lower > 0, np.maximum(nrm / fix - lower, 0.0) / lower, np.inf)
-        n2 = np.where(nrm > 0, nrm**2, 1.0)
-        kkt = np.where(nrm > 0, np.maximum(wms / np.sqrt(n2), comp / n2), np.inf)
-        opt = has & (kst == active.OPTIMAL) & feasible & (gap <= GAP_OPTIMAL)
-        # back to the caller's units (engine._to_user_units): exact, representable
-        Wu = _ldexp(W, -ex)
-        amax = np.abs(np.where(np.isfinite(Wu), Wu, 0.0)).max((1, 2))
-        opt &= (np.isfinite(Wu).all((1, 2)) & np.all(_ldexp(Wu, ex) == W, (1, 2))
-                & ((amax >= np.finfo(float).tiny) | (np.abs(W).max((1, 2)) == 0)))
-    # rho ~ 0: the minimum-norm point mu as the Farkas candidate (engine.solve, step 4)
-    inf = ran & (kst == active.SMALL_RHO) & ~feasible & (not irreducible)
-    fk_lam = np.zeros((B, n, T))
-    fk_bound = np.full(B, np.nan)
-    if inf.any():
-        ix = np.nonzero(inf)[0]
-        ok, bound, lv = farkas_verify(ConstraintSet(D[ix], Zs[ix], v[ix], v[ix].astype(float),
-                                                    None, ex[ix]), mu[ix])
-        inf[ix] = ok
-        fk_bound[ix] = np.where(ok, bound, np.nan)
-        fk_lam[ix] = np.where(ok[:, None, None], lv, 0.0)
-    nanf = np.where(opt, 1.0, np.nan)
-    status = np.where(opt, "optimal", "infeasible").astype(object)
-    names = np.array(["batch-mnp-active"] * B, dtype=object)
+        K.fro_settle_batch(*args, 0, B)
+    verdict = sc[:, 7]
+    opt = verdict == K.SETTLED_OPT
+    inf = verdict == K.SETTLED_INF
+    ex = info[:, 1]
     out = dict(
-        W_=np.where(opt[:, None, None], Wu, np.nan), norm_=np.where(opt, _ldexp(nrm, -ex), np.inf),
-        margin_=margin * nanf, violation_=viol * nanf, kkt_residual_=kkt * nanf,
-        gap_=gap * nanf, dual_=np.where(opt[:, None, None], _ldexp(lam, -2 * ex), 0.0),
-        support_=opt[:, None, None] & v & (m <= 1.0 + tol),
-        margins_=np.where(opt[:, None, None], m, np.nan), feasible_=opt, status_=status,
-        solver_=names, conflict_=engine._conflicts(fk_lam, inf))
+        W_=Wo, norm_=sc[:, 0], margin_=sc[:, 1], violation_=sc[:, 2], kkt_residual_=sc[:, 3],
+        gap_=sc[:, 4], dual_=dual, support_=sup, margins_=margins, feasible_=opt,
+        status_=np.where(opt, "optimal", "infeasible").astype(object),
+        solver_=np.full(B, "batch-mnp-active", dtype=object), conflict_=_hits(hit, inf))
     extra = {"n_constraints": v.sum((1, 2)), "n_fallback": 0, "scale_exp": ex.copy(),
-             "farkas_bound": fk_bound,
-             "lower_bound": _ldexp(lower, -ex), "solver_status": np.array([""] * B, object)}
-    rest = np.nonzero(~(opt | inf))[0]
+             "farkas_bound": sc[:, 6].copy(), "lower_bound": sc[:, 5].copy(),
+             "solver_status": np.full(B, "", dtype=object)}
+    rest = np.nonzero(verdict == K.TO_ENGINE)[0]
     if len(rest):  # the engine's own path for these (a batch of >= 2, as here)
         sub = rest if len(rest) > 1 else np.array([rest[0], 1 - rest[0] if B == 2 else
                                                    (rest[0] + 1) % B])

@@ -434,9 +434,24 @@ def farkas_verify(cs: ConstraintSet, lam: np.ndarray):
     <= ||S||_F ||W||_F,  so every feasible W has ||W||_F >= FARKAS_BOUND (normalised units).
 
     Returns (ok (B,) bool, bound (B,) the proven lower bound sum lam b / ||S||_F on the
-    Frobenius norm of any feasible W in normalised units (inf for S = 0), lam normalised to
-    sum lam b = 1 (B, n, T)).
+    Frobenius norm of any feasible W in normalised units (inf for S = 0; 0 where lam is not
+    usable or S is not finite), lam normalised to sum lam b = 1 (B, n, T)).
+
+    With numba, one compiled pass per problem
+    (:func:`attnsvm.svm._active_kernels.farkas_batch`: the same numbers, sums in index
+    order; the batched Frobenius path calls the same function, hence the same bits);
+    otherwise numpy.
     """
+    from .active import _kernels
+
+    K = _kernels()
+    if K is not None:
+        return _farkas_compiled(K, cs, lam)
+    return _farkas_numpy(cs, lam)
+
+
+def _farkas_numpy(cs: ConstraintSet, lam):
+    """:func:`farkas_verify` in numpy (no numba)."""
     lam = np.nan_to_num(np.asarray(lam, dtype=float))
     ineq = cs.ineq
     lam = np.where(cs.valid, lam, 0.0)
@@ -447,9 +462,30 @@ def farkas_verify(cs: ConstraintSet, lam: np.ndarray):
     with np.errstate(invalid="ignore", over="ignore"):
         S = cs.combine(lam)
         r = np.linalg.norm(S.reshape(*S.shape[:-2], -1), axis=-1)
+    good &= np.isfinite(r)
     bound = np.where(good, np.where(r > 0, 1.0 / np.where(r > 0, r, 1.0), np.inf), 0.0)
     ok = good & (bound >= FARKAS_BOUND)
     return ok, bound, lam
+
+
+def _farkas_compiled(K, cs: ConstraintSet, lam):
+    """:func:`farkas_verify` by the compiled kernel (any leading batch shape)."""
+    n, T = cs.shape
+    bs = cs.batch_shape
+    B = int(np.prod(bs, dtype=np.int64))
+    c = np.ascontiguousarray
+
+    def flat(a, tail, dtype=float):
+        return c(np.broadcast_to(np.asarray(a, dtype), (*bs, *tail)).reshape(B, *tail))
+
+    lamf = flat(lam, (n, T))
+    lout = np.empty((B, n, T))
+    ok = np.empty(B, bool)
+    bound = np.empty(B)
+    K.farkas_batch(flat(cs.Delta, (n, T, cs.d)), flat(cs.Z, (n, cs.e)),
+                   flat(cs.valid, (n, T), bool), flat(cs.ineq, (n, T), bool),
+                   flat(cs.b, (n, T)), lamf, lout, ok, bound, FARKAS_BOUND)
+    return ok.reshape(bs), bound.reshape(bs), lout.reshape(*bs, n, T)
 
 
 # -------------------------------------------------------------------------- solution
