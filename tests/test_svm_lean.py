@@ -253,3 +253,15 @@ def test_batch_lean_hands_over_stalled_problems():
                           problem="att_svm", vector=False)
     same_batch(got, ref3)
     assert ref3.status_[3] == "infeasible" and ref.status_[3] == "optimal"
+
+
+@pytest.mark.parametrize("n", [1, 6, 12, 13, 20])
+def test_conflict_tuples(n):
+    """conflict_ from the kernel's hit rows: the table lookup (n <= 12) and the nonzero pass
+    (n > 12) give, for each problem with ok, the sequences it hits, in order (() else)."""
+    rng = np.random.default_rng(n)
+    B = 200
+    hit = rng.random((B, n)) < 0.3
+    ok = rng.random(B) < 0.6
+    want = [tuple(int(i) for i in np.flatnonzero(hit[b])) if ok[b] else () for b in range(B)]
+    assert lean._hits(hit, ok) == want

@@ -975,8 +975,10 @@ def _lean_one(X, z, alpha, valid, xexp, tol, small, max_iter, D, Zs, v, W, lam, 
                 W[c, f] = 0.0 if r2 > 0.0 else np.nan
         for k in range(N):
             lf[k] = muf[k] / r2 if r2 > 0.0 else 0.0
-        if r2 > 0.0:
+        if r2 > 0.0:  # (terms with lam_k = 0 would add +-0: skipped, the same bits)
             for k in range(N):
+                if lf[k] == 0.0:
+                    continue
                 for c in range(d):
                     for f in range(e):
                         W[c, f] += Df[k, c] * (lf[k] * Zr[k, f])

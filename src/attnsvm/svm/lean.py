@@ -18,6 +18,7 @@ certificates, conflict sets, fallbacks, errors).  Where both apply they agree bi
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 
@@ -111,10 +112,16 @@ def att_svm_lean(X: np.ndarray, z: np.ndarray, alpha: np.ndarray, valid: np.ndar
 
 def _hits(hit: np.ndarray, ok: np.ndarray) -> list:
     """conflict_ of a batch: the tuple of sequences i with hit[b, i] for each problem b with
-    ok[b] (() elsewhere), from one nonzero pass (as :func:`attnsvm.svm.engine._conflicts`)."""
-    B = len(hit)
-    out = [()] * B
+    ok[b] (() elsewhere).  Up to 12 sequences a row's bits index a table of the 2^n tuples
+    (one lookup per problem); beyond, one nonzero pass (as
+    :func:`attnsvm.svm.engine._conflicts`)."""
+    B, n = hit.shape
     hit = hit & ok[:, None]
+    if n <= 12:
+        codes = (hit.astype(np.int64) << np.arange(n)).sum(1).tolist()
+        tab = _subsets(n)
+        return [tab[c] for c in codes]
+    out = [()] * B
     rows, cols = np.nonzero(hit)
     if len(rows):
         cl = cols.tolist()
@@ -122,6 +129,12 @@ def _hits(hit: np.ndarray, ok: np.ndarray) -> list:
         for b in np.flatnonzero(hit.any(1)).tolist():
             out[b] = tuple(cl[off[b]:off[b + 1]])
     return out
+
+
+@functools.cache
+def _subsets(n: int) -> tuple:
+    """The 2^n tuples (i for i < n with bit i of c set), indexed by c."""
+    return tuple(tuple(i for i in range(n) if c >> i & 1) for c in range(1 << n))
 
 
 def batch_applies(B: int, n: int, T: int, solver) -> bool:
