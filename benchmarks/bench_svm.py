@@ -258,17 +258,30 @@ def _median_time(fn, rounds):
     return float(np.median(ts)), out
 
 
-def _one_thread_time(fn, rounds):
-    """Median time of fn with the batch kernels on one thread (torch.set_num_threads(1),
-    which :func:`attnsvm.fused._parallel` reads), the thread count restored afterwards."""
+def _on_one_thread(fn):
+    """fn() with the batch kernels on one thread (torch.set_num_threads(1), which
+    :func:`attnsvm.fused._parallel` reads), the thread count restored afterwards."""
     import torch
 
     nt = torch.get_num_threads()
     try:
         torch.set_num_threads(1)
-        return _median_time(fn, rounds)[0]
+        return fn()
     finally:
         torch.set_num_threads(nt)
+
+
+def _interleaved(fns, rounds):
+    """Median time of each fn in ``fns`` (name -> fn) over ``rounds`` rounds, the fns run
+    one after the other within each round; returns (times, last results) by name."""
+    ts = {k: [] for k in fns}
+    out = {}
+    for _ in range(rounds):
+        for k, fn in fns.items():
+            t0 = time.perf_counter()
+            out[k] = fn()
+            ts[k].append(time.perf_counter() - t0)
+    return {k: float(np.median(v)) for k, v in ts.items()}, out
 
 
 def _dense_rows(X, z, alpha):
@@ -364,24 +377,25 @@ def peers_bench(quick=False, rounds=3):
             nrm = np.linalg.norm(w) / min(1.0, mm)
             line(prob, p, tp, ta, abs(nrm - sol.norm_) / sol.norm_, mm,
                  f"attnsvm {sol.solver_}, gap {sol.gap_:.0e}")
-    # batched prompt SVMs: B problems of (6, 8, 10)
+    # batched prompt SVMs: B problems of (6, 8, 10).  Each round is ~15 ms, so the
+    # contenders run interleaved (attnsvm on its threads, attnsvm on one thread, each peer
+    # loop, then again), at least 11 rounds: a machine that slows down for a while slows
+    # every contender alike instead of the one that happened to run then.
     B, n, T, d = (300 if quick else 1000), 6, 8, 10
     rng = np.random.default_rng(0)
     X = rng.standard_normal((B, n, T, d))
     alpha = rng.integers(0, T, (B, n))
     prompt_svm_batch(X[:4], None, alpha[:4])
-    ta, bs = _median_time(lambda: prompt_svm_batch(X, None, alpha), rounds)
-    # the same batch on one thread: the per-thread comparison (the peers' loops run on one)
-    ta1 = _one_thread_time(lambda: prompt_svm_batch(X, None, alpha), rounds)
     Ms = [_dense_rows(X[b], np.ones((n, 1)), alpha[b]) for b in range(B)]
-    for p in peers:
-        if p == "LinearSVC":
-            continue
-
-        def loop(p=p):
-            return [_peer_qp(p, M) for M in Ms]
-
-        tp, ws = _median_time(loop, rounds)
+    loops = [p for p in peers if p != "LinearSVC"]
+    fns = {"attnsvm": lambda: prompt_svm_batch(X, None, alpha),
+           "attnsvm 1 thread": lambda: _on_one_thread(lambda: prompt_svm_batch(X, None, alpha))}
+    for p in loops:
+        fns[p] = (lambda p=p: [_peer_qp(p, M) for M in Ms])
+    tm, res = _interleaved(fns, max(rounds, 11))
+    bs, ta, ta1 = res["attnsvm"], tm["attnsvm"], tm["attnsvm 1 thread"]
+    for p in loops:
+        tp, ws = tm[p], res[p]
         feas = np.array([w is not None for w in ws])
         agree = int((feas == bs.feasible_).sum())
         both = np.nonzero(feas & bs.feasible_)[0]
@@ -390,7 +404,8 @@ def peers_bench(quick=False, rounds=3):
         mm = min(((Ms[b] @ ws[b]).min() for b in both), default=float("nan"))
         line(f"prompt batch B={B} {(n, T, d)}", p + " loop", tp, ta, dn, mm,
              f"verdicts agree {agree}/{B} ({int(bs.feasible_.sum())} feasible); "
-             f"{1e3 * ta / B:.4f} vs {1e3 * tp / B:.4f} ms/problem")
+             f"{1e3 * ta / B:.4f} vs {1e3 * tp / B:.4f} ms/problem "
+             f"(interleaved, median of {max(rounds, 11)})")
         line(f"prompt batch B={B} 1 thread", p + " loop", tp, ta1, dn, mm,
              f"attnsvm on 1 thread (torch.set_num_threads(1)): {1e3 * ta1 / B:.4f} vs "
              f"{1e3 * tp / B:.4f} ms/problem")
