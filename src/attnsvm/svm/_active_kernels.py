@@ -1121,11 +1121,18 @@ SETTLED_OPT, SETTLED_INF, TO_ENGINE = 0, 1, 2  # _lean_settle's verdicts
 
 
 @njit(cache=True, nogil=True)
-def _ldx(x, k):
-    """x 2^k as :func:`attnsvm.svm.solution._ldexp` gives it (bit for bit): a product with
-    2^k where 2^k is a normal float64, ldexp otherwise."""
-    if -1022 <= k <= 1023:
-        return x * math.ldexp(1.0, k)
+def _pow2(k):
+    """2^k where it is a normal float64 (-1022 <= k <= 1023), else 0 (:func:`_ldx` then
+    calls ldexp)."""
+    return math.ldexp(1.0, k) if -1022 <= k <= 1023 else 0.0
+
+
+@njit(cache=True, nogil=True)
+def _ldx(x, k, p):
+    """x 2^k as :func:`attnsvm.svm.solution._ldexp` gives it (bit for bit): the product
+    x p with p = :func:`_pow2` (k) where 2^k is a normal float64, ldexp otherwise."""
+    if p != 0.0:
+        return x * p
     return math.ldexp(x, k)
 
 
@@ -1166,14 +1173,16 @@ def _lean_settle(D, Zs, v, W, lam, mu, m, info, sums, wk, tol, irreducible, feas
     n2 = nrm * nrm if nrm > 0.0 else 1.0
     kkt = max(wms / math.sqrt(n2), comp / n2) if nrm > 0.0 else np.inf
     opt = has and info[2] == OPTIMAL and feasible and gap <= gap_opt
+    down = _pow2(-ex)
+    up = _pow2(ex)
     if opt:  # back to the caller's units, exactly and representably
         amax = 0.0
         wmax = 0.0
         for c in range(d):
             for f in range(e):
                 w = W[c, f]
-                wu = _ldx(w, -ex)
-                if not math.isfinite(wu) or _ldx(wu, ex) != w:
+                wu = _ldx(w, -ex, down)
+                if not math.isfinite(wu) or _ldx(wu, ex, up) != w:
                     opt = False
                 amax = max(amax, abs(wu))
                 wmax = max(wmax, abs(w))
@@ -1215,17 +1224,18 @@ def _lean_settle(D, Zs, v, W, lam, mu, m, info, sums, wk, tol, irreducible, feas
             for f in range(e):
                 Wo[c, f] = nan
     one = 1.0 if opt else nan
-    sc[0] = _ldx(nrm, -ex) if opt else np.inf
+    sc[0] = _ldx(nrm, -ex, down) if opt else np.inf
     sc[1] = margin * one
     sc[2] = viol * one
     sc[3] = kkt * one
     sc[4] = gap * one
-    sc[5] = _ldx(lower, -ex)
+    sc[5] = _ldx(lower, -ex, down)
     sc[6] = fk
     sc[7] = verdict
+    down2 = _pow2(-2 * ex)
     for i in range(n):
         for t in range(T):
-            dual[i, t] = _ldx(lam[i, t], -2 * ex) if opt else 0.0
+            dual[i, t] = _ldx(lam[i, t], -2 * ex, down2) if opt else 0.0
             sup[i, t] = opt and v[i, t] and m[i, t] <= 1.0 + tol
             margins[i, t] = m[i, t] if opt else nan
 
