@@ -1151,7 +1151,7 @@ def _lean_settle(D, Zs, v, W, lam, mu, m, info, sums, wk, tol, irreducible, feas
     SETTLED_OPT: solved, the certificate optimal (violation <= feas_tol, gap <= gap_opt),
     W 2^-scale_exp representable exactly; SETTLED_INF: the solver found rho ~ 0 and its
     minimum-norm point mu passes the Farkas check (:func:`_farkas_one`), unless
-    ``irreducible``; TO_ENGINE otherwise.  Writes Wo (d, e) (NaN unless optimal), sc (8,):
+    ``irreducible``; TO_ENGINE otherwise.  Writes Wo (d, e) (NaN unless optimal), sc[:8]:
     [norm, margin, violation, kkt, gap, lower_bound (user units), farkas_bound, verdict],
     dual, sup (support), margins (n, T), fk_lam (n, T) the normalised Farkas multipliers,
     hit (n,) the sequences in the certificate's support (|lam_it| > 1e-9 max |lam|)."""
@@ -1241,15 +1241,39 @@ def _lean_settle(D, Zs, v, W, lam, mu, m, info, sums, wk, tol, irreducible, feas
 
 
 @njit(cache=True, nogil=True)
-def fro_settle_batch(X, z, alpha, valid, xexp, tol, small, max_iter, D, Zs, v, W, lam, mu, m,
-                     S, info, sums, tol_active, irreducible, feas_tol, gap_opt, bound_min, Wo,
-                     sc, dual, sup, margins, fk_lam, hit, b0, b1):
-    """:func:`_lean_one` then :func:`_lean_settle` over problems b0 .. b1-1 of a batch
-    (every array with a leading batch dim B); one workspace for the slice."""
-    wk = _lean_work(X.shape[1], X.shape[2], X.shape[3], z.shape[2])
+def fro_settle_batch(X, z, alpha, valid, xexp, tol, small, max_iter, tol_active, irreducible,
+                     feas_tol, gap_opt, bound_min, info, Wo, sc, dual, sup, margins, hit, b0,
+                     b1):
+    """:func:`_lean_one` then :func:`_lean_settle` over problems b0 .. b1-1 of a batch:
+    X (B, n, T, d), z (B, n, e), alpha (B, n), valid (B, n, T), xexp (B,) in; info (B, 5),
+    the answers Wo (B, d, e), sc (B, 9) (:func:`_lean_settle`'s 8 numbers and the number of
+    constraints), dual, sup, margins (B, n, T), hit (B, n) out.  The per-problem arrays
+    (constraints, multipliers, margins, ...) live in one workspace for the slice, in cache,
+    not in (B, ...) arrays."""
+    n, T, d = X.shape[1], X.shape[2], X.shape[3]
+    e = z.shape[2]
+    wk = _lean_work(n, T, d, e)
+    D = np.empty((n, T, d))
+    Zs = np.empty((n, e))
+    v = np.empty((n, T), np.bool_)
+    W = np.empty((d, e))
+    lam = np.empty((n, T))
+    mu = np.empty((n, T))
+    m = np.empty((n, T))
+    S = np.empty((d, e))
+    sums = np.empty(8)
+    fk_lam = np.empty((n, T))
     for b in range(b0, b1):
-        _lean_one(X[b], z[b], alpha[b], valid[b], xexp[b], tol, small, max_iter, D[b], Zs[b],
-                  v[b], W[b], lam[b], mu[b], m[b], S[b], info[b], sums[b], wk)
-        _lean_settle(D[b], Zs[b], v[b], W[b], lam[b], mu[b], m[b], info[b], sums[b], wk,
-                     tol_active, irreducible, feas_tol, gap_opt, bound_min, Wo[b], sc[b],
-                     dual[b], sup[b], margins[b], fk_lam[b], hit[b])
+        sums[:] = 0.0
+        _lean_one(X[b], z[b], alpha[b], valid[b], xexp[b], tol, small, max_iter, D, Zs, v, W,
+                  lam, mu, m, S, info[b], sums, wk)
+        _lean_settle(D, Zs, v, W, lam, mu, m, info[b], sums, wk, tol_active, irreducible,
+                     feas_tol, gap_opt, bound_min, Wo[b], sc[b], dual[b], sup[b], margins[b],
+                     fk_lam, hit[b])
+        nc = 0
+        if info[b, 0] == LEAN_OK or info[b, 0] == LEAN_ZERO_ROW:
+            for i in range(n):
+                for t in range(T):
+                    if v[i, t]:
+                        nc += 1
+        sc[b, 8] = nc

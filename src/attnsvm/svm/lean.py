@@ -180,29 +180,18 @@ def batch_lean(X: np.ndarray, z: np.ndarray, alpha: np.ndarray, valid: np.ndarra
     X, z = c(X, dtype=float), c(z, dtype=float)
     alpha, valid = c(alpha, dtype=np.int64), c(valid, dtype=bool)
     xexp = c(np.broadcast_to(np.asarray(xexp, np.int64), (B,)))
-    D = np.empty((B, n, T, d))
-    Zs = np.empty((B, n, e))
-    v = np.empty((B, n, T), bool)
-    W = np.empty((B, d, e))
-    lam = np.empty((B, n, T))
-    mu = np.empty((B, n, T))
-    m = np.empty((B, n, T))
-    S = np.empty((B, d, e))
     info = np.zeros((B, 5), np.int64)
-    sums = np.zeros((B, 8))
     mi = 20 * n * T + 50 if max_iter is None else int(max_iter)  # (as mnp_active)
     # the answers as returned: W_, [norm, margin, violation, kkt, gap, lower_bound,
-    # farkas_bound, verdict], dual_, support_, margins_, Farkas multipliers, conflict hits
+    # farkas_bound, verdict, n_constraints], dual_, support_, margins_, conflict hits
     Wo = np.empty((B, d, e))
-    sc = np.empty((B, 8))
+    sc = np.empty((B, 9))
     dual = np.empty((B, n, T))
     sup = np.empty((B, n, T), bool)
     margins = np.empty((B, n, T))
-    fk_lam = np.empty((B, n, T))
     hit = np.empty((B, n), bool)
-    args = (X, z, alpha, valid, xexp, 1e-12, 1e-13, mi, D, Zs, v, W, lam, mu, m, S, info, sums,
-            float(tol), bool(irreducible), FEAS_TOL, GAP_OPTIMAL, FARKAS_BOUND, Wo, sc, dual,
-            sup, margins, fk_lam, hit)
+    args = (X, z, alpha, valid, xexp, 1e-12, 1e-13, mi, float(tol), bool(irreducible),
+            FEAS_TOL, GAP_OPTIMAL, FARKAS_BOUND, info, Wo, sc, dual, sup, margins, hit)
     if B >= active.PARALLEL_B:  # slices in threads, as mnp_active
         from attnsvm.fused import _parallel
 
@@ -218,7 +207,7 @@ def batch_lean(X: np.ndarray, z: np.ndarray, alpha: np.ndarray, valid: np.ndarra
         gap_=sc[:, 4], dual_=dual, support_=sup, margins_=margins, feasible_=opt,
         status_=np.where(opt, "optimal", "infeasible").astype(object),
         solver_=np.full(B, "batch-mnp-active", dtype=object), conflict_=_hits(hit, inf))
-    extra = {"n_constraints": v.sum((1, 2)), "n_fallback": 0, "scale_exp": ex.copy(),
+    extra = {"n_constraints": sc[:, 8].astype(np.int64), "n_fallback": 0, "scale_exp": ex.copy(),
              "farkas_bound": sc[:, 6].copy(), "lower_bound": sc[:, 5].copy(),
              "solver_status": np.full(B, "", dtype=object)}
     rest = np.nonzero(verdict == K.TO_ENGINE)[0]
