@@ -117,10 +117,22 @@ def _gram_row(Dt, Zt, nv, j, scale, G, acc):
     for b in range(nv):
         G[j, b] = 0.0
         acc[b] = 0.0
-    for c in range(Dt.shape[0]):
+    d = Dt.shape[0]
+    c = 0
+    while c + 4 <= d:  # four terms per pass over the row (added in the order of c: same bits)
+        x0 = Dt[c, j]
+        x1 = Dt[c + 1, j]
+        x2 = Dt[c + 2, j]
+        x3 = Dt[c + 3, j]
+        for b in range(nv):
+            G[j, b] = (((G[j, b] + Dt[c, b] * x0) + Dt[c + 1, b] * x1) + Dt[c + 2, b] * x2) \
+                + Dt[c + 3, b] * x3
+        c += 4
+    while c < d:
         x = Dt[c, j]
         for b in range(nv):
             G[j, b] += Dt[c, b] * x
+        c += 1
     for f in range(Zt.shape[0]):
         x = Zt[f, j]
         for b in range(nv):
@@ -445,9 +457,16 @@ def _mnp_ws(D, Z, valid, tol, small, max_iter, mu, lam, W, Gin, ibuf, fbuf, bbuf
         for a in range(nv):
             s1[a] = 0.0
             s2[a] = 0.0
-        for c in range(d):
+        c = 0
+        while c + 4 <= d:  # four terms per pass, added in the order of c (same bits)
+            for a in range(nv):
+                s1[a] = (((s1[a] + Dt[c, a] * Dt[c, a]) + Dt[c + 1, a] * Dt[c + 1, a])
+                         + Dt[c + 2, a] * Dt[c + 2, a]) + Dt[c + 3, a] * Dt[c + 3, a]
+            c += 4
+        while c < d:
             for a in range(nv):
                 s1[a] += Dt[c, a] * Dt[c, a]
+            c += 1
         for f in range(e):
             for a in range(nv):
                 s2[a] += Zt[f, a] * Zt[f, a]
@@ -514,18 +533,44 @@ def _mnp_ws(D, Z, valid, tol, small, max_iter, mu, lam, W, Gin, ibuf, fbuf, bbuf
         # major cycle: x . p_j for every j, and the most violated one
         for a in range(nv):
             Gmu[a] = 0.0
-        for q in range(ks):  # G symmetric: rows of S, contiguous
+        q = 0
+        while q + 4 <= ks:  # G symmetric: rows of S, contiguous; four rows per pass (the
+            j0 = S[q]       # additions of each entry in the order of q, the same bits)
+            j1 = S[q + 1]
+            j2 = S[q + 2]
+            j3 = S[q + 3]
+            x0 = x[q]
+            x1 = x[q + 1]
+            x2 = x[q + 2]
+            x3 = x[q + 3]
+            for a in range(nv):
+                Gmu[a] = (((Gmu[a] + G[j0, a] * x0) + G[j1, a] * x1) + G[j2, a] * x2) \
+                    + G[j3, a] * x3
+            q += 4
+        while q < ks:
             j = S[q]
             xq = x[q]
             for a in range(nv):
                 Gmu[a] += G[j, a] * xq
+            q += 1
         rho2 = 0.0
         for q in range(ks):
             rho2 += x[q] * Gmu[S[q]]
-        jm = -1  # the most violated point outside S (on S, G mu = rho^2 1 up to rounding)
+        # the most violated point outside S (on S, G mu = rho^2 1 up to rounding): the
+        # first strict minimum, one comparison per point before the membership test;
+        # only where none lies below +inf (non-finite G), the scan from the first point
+        # outside S
+        jm = -1
+        best = np.inf
         for a in range(nv):
-            if not inS[a] and (jm < 0 or Gmu[a] < Gmu[jm]):
+            g = Gmu[a]
+            if g < best and not inS[a]:
+                best = g
                 jm = a
+        if jm < 0:
+            for a in range(nv):
+                if not inS[a] and (jm < 0 or Gmu[a] < Gmu[jm]):
+                    jm = a
         if rho2 <= small:  # the origin is (numerically) in the hull
             status = SMALL_RHO
             break
