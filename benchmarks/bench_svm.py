@@ -2,7 +2,7 @@
 
     python benchmarks/bench_svm.py [--quick] [--no-nuc] [--nuc-only] [--nuc-scs]
                                    [--no-norms] [--norms-only] [--no-peers] [--peers-only]
-                                   [--rounds R]
+                                   [--prompt-only] [--rounds R]
 
 Random feasible (planted) instances: z_i random unit vectors, tokens Gaussian, alpha_i =
 argmax_t x_it^T W* z_i for a random W* (so W* separates, the SVM is feasible).
@@ -105,13 +105,15 @@ def main(argv=None):
     ap.add_argument("--no-peers", action="store_true",
                     help="skip attnsvm vs daqp / quadprog / LinearSVC / cvxpy+SCS")
     ap.add_argument("--peers-only", action="store_true", help="only the peers section")
+    ap.add_argument("--prompt-only", action="store_true",
+                    help="only the batched prompt SVMs vs the daqp / quadprog loops")
     ap.add_argument("--rounds", type=int, default=3, help="peers, nuclear: rounds (median)")
     args = ap.parse_args(argv)
     from attnsvm.svm import active, att_svm
 
     active.warmup()  # numba's compile / cache load: set-up, not timed
-    if args.peers_only:
-        peers_bench(args.quick, args.rounds)
+    if args.peers_only or args.prompt_only:
+        peers_bench(args.quick, args.rounds, prompt_only=args.prompt_only)
         return
 
     if args.norms_only:
@@ -326,7 +328,7 @@ def _peer_qp(name, M):
     raise ValueError(name)
 
 
-def peers_bench(quick=False, rounds=3):
+def peers_bench(quick=False, rounds=3, prompt_only=False):
     """attnsvm vs daqp, quadprog (dense QP on vec(W), Hessian I) and scikit-learn
     LinearSVC (hard margin via C = 1e6 on the points vec(Delta_k z_k^T) and their mirror)
     for the Frobenius ATT-SVM; batched prompt SVMs vs a Python loop of daqp / quadprog
@@ -352,7 +354,7 @@ def peers_bench(quick=False, rounds=3):
         print(f"  {problem:<30} {peer:<10} {tp:>9.4g} {ta:>10.4g} {r:>7.2f} {agree:>13.1e} "
               f"{mm:>11.8f}  {note}", flush=True)
 
-    sizes = PEER_SIZES[:2] if quick else PEER_SIZES
+    sizes = [] if prompt_only else PEER_SIZES[:2] if quick else PEER_SIZES
     att_svm(*planted(5, 4, 4, seed=1))
     for n, T, d in sizes:
         X, z, alpha = planted(n, T, d)
@@ -410,16 +412,17 @@ def peers_bench(quick=False, rounds=3):
              f"attnsvm on 1 thread (torch.set_num_threads(1)): {1e3 * ta1 / B:.4f} vs "
              f"{1e3 * tp / B:.4f} ms/problem")
     # nuclear norm vs cvxpy + SCS
-    n, T, d = (20, 8, 10) if quick else (100, 16, 32)
-    X, z, alpha = planted(n, T, d)
-    att_svm(*planted(5, 4, 4, seed=1), norm="nuc")
-    naive(*planted(5, 4, 4, seed=1), "nuc")
-    ta, sol = _median_time(lambda: att_svm(X, z, alpha, norm="nuc"), rounds)
-    tp, (Wn, name) = _median_time(lambda: naive(X, z, alpha, "nuc"), rounds)
-    nn, vn = feasible_norm(X, z, alpha, Wn, "nuc")
-    mm = 1 - vn if vn > 0 else float("nan")
-    line(f"nuc {(n, T, d)} N={n * (T - 1)}", f"cvxpy+{name}", tp, ta,
-         abs(nn - sol.norm_) / sol.norm_, mm, f"attnsvm gap {sol.gap_:.0e}")
+    if not prompt_only:
+        n, T, d = (20, 8, 10) if quick else (100, 16, 32)
+        X, z, alpha = planted(n, T, d)
+        att_svm(*planted(5, 4, 4, seed=1), norm="nuc")
+        naive(*planted(5, 4, 4, seed=1), "nuc")
+        ta, sol = _median_time(lambda: att_svm(X, z, alpha, norm="nuc"), rounds)
+        tp, (Wn, name) = _median_time(lambda: naive(X, z, alpha, "nuc"), rounds)
+        nn, vn = feasible_norm(X, z, alpha, Wn, "nuc")
+        mm = 1 - vn if vn > 0 else float("nan")
+        line(f"nuc {(n, T, d)} N={n * (T - 1)}", f"cvxpy+{name}", tp, ta,
+             abs(nn - sol.norm_) / sol.norm_, mm, f"attnsvm gap {sol.gap_:.0e}")
     behind = [r for r in rows if np.isfinite(r[4]) and r[4] < 1]
     print("  attnsvm behind: " + ("; ".join(f"{r[0]} vs {r[1]} ({r[4]:.2f}x)" for r in behind)
                                   if behind else "nowhere in this run"))
