@@ -118,8 +118,14 @@ def warmup() -> bool:
     mnp_active(rng.standard_normal((2, 3, 2)), np.ones((2, 3, 1)), np.ones((2, 3), bool))
     mnp_active(rng.standard_normal((1, GRAM_BLAS_N, 2)), np.ones((1, GRAM_BLAS_N, 1)),
                np.ones((1, GRAM_BLAS_N), bool))
-    from .lean import att_svm_lean
+    from .lean import att_svm_lean, batch_lean
+    from .solution import ConstraintSet, farkas_verify
 
     att_svm_lean(rng.standard_normal((2, 3, 2)), rng.standard_normal((2, 2)),
                  np.zeros(2, np.int64), np.ones((2, 3), bool), tol=1e-6)
+    batch_lean(rng.standard_normal((2, 2, 3, 2)), np.ones((2, 2, 1)), np.zeros((2, 2), np.int64),
+               np.ones((2, 2, 3), bool), 0, solver=None, tol=1e-6, irreducible=False,
+               problem="prompt_svm", vector=True)  # the batched path (fro_settle_batch)
+    farkas_verify(ConstraintSet(np.ones((1, 1, 2, 2)), np.ones((1, 1, 1)),
+                                np.ones((1, 1, 2), bool), np.ones((1, 1, 2))), np.ones((1, 1, 2)))
     return True
