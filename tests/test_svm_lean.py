@@ -257,11 +257,12 @@ def test_batch_lean_hands_over_stalled_problems():
 
 @pytest.mark.parametrize("n", [1, 6, 12, 13, 20])
 def test_conflict_tuples(n):
-    """conflict_ from the kernel's hit rows: the table lookup (n <= 12) and the nonzero pass
-    (n > 12) give, for each problem with ok, the sequences it hits, in order (() else)."""
+    """conflict_ from hit rows (engine._conflict_tuples, the batched lean path's and the
+    engine's): the table lookup (n <= 12) and the nonzero pass (n > 12) give, for each
+    problem with ok, the sequences it hits, in order (() else)."""
     rng = np.random.default_rng(n)
     B = 200
     hit = rng.random((B, n)) < 0.3
     ok = rng.random(B) < 0.6
     want = [tuple(int(i) for i in np.flatnonzero(hit[b])) if ok[b] else () for b in range(B)]
-    assert lean._hits(hit, ok) == want
+    assert engine._conflict_tuples(hit, ok) == want

@@ -39,6 +39,7 @@ one compiled call per problem; every other problem comes here.
 
 from __future__ import annotations
 
+import functools
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -854,19 +855,36 @@ def _conflict(lam: np.ndarray) -> tuple:
 
 def _conflicts(lam: np.ndarray, ok: np.ndarray) -> list:
     """[_conflict(lam[b]) if ok[b] else ()] for a batch lam (B, n, T), vectorised: the
-    sequences i with |lam_it| > 1e-9 max |lam_b| for some t, one nonzero pass over the
-    (B, n) hits, then the B tuples cut from one list."""
+    sequences i with |lam_it| > 1e-9 max |lam_b| for some t (:func:`_conflict_tuples`)."""
     B = len(lam)
     ok = np.asarray(ok, bool)
     if not ok.any():
         return [()] * B
     a = np.abs(lam)
     mx = a.max((1, 2), keepdims=True) if a.size else np.zeros((B, 1, 1))
-    hit = (a > 1e-9 * mx).any(-1) & (mx[..., 0] > 0) & ok[:, None]
+    return _conflict_tuples((a > 1e-9 * mx).any(-1) & (mx[..., 0] > 0), ok)
+
+
+def _conflict_tuples(hit: np.ndarray, ok: np.ndarray) -> list:
+    """conflict_ of a batch from hit (B, n) bool: the tuple of the sequences i with
+    hit[b, i] for each problem b with ok[b], () elsewhere.  Up to 12 sequences a row's
+    bits index a table of the 2^n tuples (one lookup per problem); beyond, one nonzero
+    pass over the hits, the B tuples cut from one list."""
+    B, n = hit.shape
+    hit = hit & np.asarray(ok, bool)[:, None]
+    if n <= 12:
+        tab = _subsets(n)
+        return [tab[c] for c in (hit.astype(np.int64) << np.arange(n)).sum(1).tolist()]
     rows, cols = np.nonzero(hit)
     cl = cols.tolist()
     off = np.concatenate([[0], np.cumsum(np.bincount(rows, minlength=B))]).tolist()
     return [tuple(cl[off[b]:off[b + 1]]) for b in range(B)]
+
+
+@functools.cache
+def _subsets(n: int) -> tuple:
+    """The 2^n tuples (i for i < n with bit i of c set), indexed by c."""
+    return tuple(tuple(i for i in range(n) if c >> i & 1) for c in range(1 << n))
 
 
 def farkas_conflict(cs: ConstraintSet, max_entries: int = 20_000_000) -> tuple[int, ...]:

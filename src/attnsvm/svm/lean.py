@@ -18,7 +18,6 @@ certificates, conflict sets, fallbacks, errors).  Where both apply they agree bi
 
 from __future__ import annotations
 
-import functools
 import math
 import time
 
@@ -110,33 +109,6 @@ def att_svm_lean(X: np.ndarray, z: np.ndarray, alpha: np.ndarray, valid: np.ndar
         tol_active=tol, extra=extra)
 
 
-def _hits(hit: np.ndarray, ok: np.ndarray) -> list:
-    """conflict_ of a batch: the tuple of sequences i with hit[b, i] for each problem b with
-    ok[b] (() elsewhere).  Up to 12 sequences a row's bits index a table of the 2^n tuples
-    (one lookup per problem); beyond, one nonzero pass (as
-    :func:`attnsvm.svm.engine._conflicts`)."""
-    B, n = hit.shape
-    hit = hit & ok[:, None]
-    if n <= 12:
-        codes = (hit.astype(np.int64) << np.arange(n)).sum(1).tolist()
-        tab = _subsets(n)
-        return [tab[c] for c in codes]
-    out = [()] * B
-    rows, cols = np.nonzero(hit)
-    if len(rows):
-        cl = cols.tolist()
-        off = np.searchsorted(rows, np.arange(B + 1)).tolist()
-        for b in np.flatnonzero(hit.any(1)).tolist():
-            out[b] = tuple(cl[off[b]:off[b + 1]])
-    return out
-
-
-@functools.cache
-def _subsets(n: int) -> tuple:
-    """The 2^n tuples (i for i < n with bit i of c set), indexed by c."""
-    return tuple(tuple(i for i in range(n) if c >> i & 1) for c in range(1 << n))
-
-
 def batch_applies(B: int, n: int, T: int, solver) -> bool:
     """Whether :func:`batch_lean` may be tried: Frobenius default / active solver, numba
     present, B >= 2 and n T <= MAX_BATCH_N_ACTIVE (where the engine runs the batch through
@@ -206,7 +178,7 @@ def batch_lean(X: np.ndarray, z: np.ndarray, alpha: np.ndarray, valid: np.ndarra
         W_=Wo, norm_=sc[:, 0], margin_=sc[:, 1], violation_=sc[:, 2], kkt_residual_=sc[:, 3],
         gap_=sc[:, 4], dual_=dual, support_=sup, margins_=margins, feasible_=opt,
         status_=np.where(opt, "optimal", "infeasible").astype(object),
-        solver_=np.full(B, "batch-mnp-active", dtype=object), conflict_=_hits(hit, inf))
+        solver_=np.full(B, "batch-mnp-active", dtype=object), conflict_=engine._conflict_tuples(hit, inf))
     extra = {"n_constraints": sc[:, 8].astype(np.int64), "n_fallback": 0, "scale_exp": ex.copy(),
              "farkas_bound": sc[:, 6].copy(), "lower_bound": sc[:, 5].copy(),
              "solver_status": np.full(B, "", dtype=object)}
