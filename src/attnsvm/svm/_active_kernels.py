@@ -1198,8 +1198,9 @@ def _lean_settle(D, Zs, v, W, lam, mu, m, info, sums, wk, tol, irreducible, feas
     minimum-norm point mu passes the Farkas check (:func:`_farkas_one`), unless
     ``irreducible``; TO_ENGINE otherwise.  Writes Wo (d, e) (NaN unless optimal), sc[:8]:
     [norm, margin, violation, kkt, gap, lower_bound (user units), farkas_bound, verdict],
-    dual, sup (support), margins (n, T), fk_lam (n, T) the normalised Farkas multipliers,
-    hit (n,) the sequences in the certificate's support (|lam_it| > 1e-9 max |lam|)."""
+    dual, sup (support), margins (n, T), hit (n,) the sequences in the certificate's
+    support (|lam_it| > 1e-9 max |lam|, lam the normalised Farkas multipliers that
+    :func:`_farkas_one` writes to the workspace fk_lam (n, T))."""
     n, T, d = D.shape
     e = Zs.shape[1]
     nan = np.nan
@@ -1236,8 +1237,6 @@ def _lean_settle(D, Zs, v, W, lam, mu, m, info, sums, wk, tol, irreducible, feas
             opt = False
     for i in range(n):
         hit[i] = False
-        for t in range(T):
-            fk_lam[i, t] = 0.0
     fk = nan
     verdict = TO_ENGINE
     if opt:
@@ -1260,10 +1259,6 @@ def _lean_settle(D, Zs, v, W, lam, mu, m, info, sums, wk, tol, irreducible, feas
                 for t in range(T):
                     if abs(fk_lam[i, t]) > 1e-9 * mx and mx > 0.0:
                         hit[i] = True
-        else:
-            for i in range(n):
-                for t in range(T):
-                    fk_lam[i, t] = 0.0
     if verdict != SETTLED_OPT:
         for c in range(d):
             for f in range(e):
