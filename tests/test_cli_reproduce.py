@@ -52,7 +52,7 @@ DEMO = textwrap.dedent('''
         last = float(t["curve"].y.iloc[-1])
         return [Check("y grows with x", f"y(4) = {last:g}", last > 0),
                 Check("the curve has 5 rows", f"{len(t['curve'])} rows", len(t["curve"]) == 5,
-                      sanity=True)]
+                      kind="sanity")]
 
 
     def judge_b(t, cfg):

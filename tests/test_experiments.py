@@ -73,7 +73,7 @@ def test_report_separates_sanity_checks_and_lists_findings(tmp_path):
         configs={"tiny": {}, "quick": {}, "full": {}},
         compute=lambda cfg: {"t": pd.DataFrame({"x": [0.5]})},
         judge=lambda t, cfg: [Check("x >= 1", "x = 0.5", False, note="seen on 3 of 3 seeds"),
-                              Check("the data has 1 row", "1 row", True, sanity=True)],
+                              Check("the data has 1 row", "1 row", True, kind="sanity")],
         plot=lambda t, cfg, out: [],
         deviations=("eta = 1 instead of the paper's 0.5 (stability)",),
     )

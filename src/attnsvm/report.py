@@ -119,7 +119,7 @@ def to_record(res: Result, out: Path, tables: dict[str, str] | None = None) -> d
         "error": res.error,
         "finished": _dt.datetime.now().isoformat(timespec="seconds"),
         "checks": [{"claim": c.claim, "measured": c.measured, "passed": bool(c.passed),
-                    "note": c.note, "sanity": bool(c.sanity)} for c in res.checks],
+                    "note": c.note, "kind": c.kind, "quote": c.quote, "where": c.where} for c in res.checks],
         "figures": [_rel(Path(f), out) for f in res.figures],
         "tables": {name: {"path": (tables or {}).get(name), "rows": int(len(df))}
                    for name, df in res.tables.items()},
@@ -183,7 +183,13 @@ def _as_records(results: Sequence[Result | dict], out: Path) -> list[dict]:
 
 
 def _checks(rec: dict) -> list[Check]:
-    return [Check(**c) for c in rec.get("checks", [])]
+    out = []
+    for c in rec.get("checks", []):
+        c = dict(c)
+        if "sanity" in c:  # records written before checks had a kind
+            c["kind"] = "sanity" if c.pop("sanity") else "claim"
+        out.append(Check(**c))
+    return out
 
 
 def _passed(rec: dict) -> bool:
@@ -206,7 +212,7 @@ def verdict_frame(results: Sequence[Result | dict], out: Path | str = ".") -> pd
                              claim="(experiment raised an error)",
                              measured=_last_line(rec["error"]), verdict="error", note=""))
         for c in _checks(rec):
-            rows.append(dict(experiment=name, scale=scale, kind="sanity" if c.sanity else "claim",
+            rows.append(dict(experiment=name, scale=scale, kind=c.kind,
                              claim=c.claim, measured=c.measured, verdict=c.verdict, note=c.note))
     return pd.DataFrame(rows, columns=["experiment", "scale", "kind", "claim", "measured",
                                        "verdict", "note"])
@@ -257,7 +263,7 @@ def render(records: list[dict], out: Path | str, problems: Sequence[str] = ()) -
 
     checks = {r["experiment"]["name"]: _checks(r) for r in records}
     n_ok = sum(_passed(r) for r in records)
-    claims = [c for cs in checks.values() for c in cs if not c.sanity]
+    claims = [c for cs in checks.values() for c in cs if c.kind == "claim"]
     sanity = [c for cs in checks.values() for c in cs if c.sanity]
     scales, mixed = _scales_line(records)
     seconds = sum(float(r.get("seconds", 0.0)) for r in records)
@@ -285,7 +291,7 @@ def render(records: list[dict], out: Path | str, problems: Sequence[str] = ()) -
               "|---|---|---|---|---|---|"]
     for rec in records:
         e, cs = rec["experiment"], checks[rec["experiment"]["name"]]
-        cl, sa = [c for c in cs if not c.sanity], [c for c in cs if c.sanity]
+        cl, sa = [c for c in cs if c.kind == "claim"], [c for c in cs if c.sanity]
         status = "error" if rec.get("error") else f"{sum(c.passed for c in cl)}/{len(cl)}"
         san = "" if rec.get("error") else f"{sum(c.passed for c in sa)}/{len(sa)}"
         lines.append(f"| [{e['name']}](#{e['name']}) | {e['title']} | {rec.get('scale')} "
@@ -311,7 +317,7 @@ def _section(rec: dict, checks: list[Check], out: Path) -> list[str]:
     for fig in rec.get("figures", []):
         lines += [f"![{e['name']}: {Path(fig).stem}]({fig})", ""]
     if checks:
-        df = pd.DataFrame([dict(kind="sanity" if c.sanity else "claim", claim=c.claim,
+        df = pd.DataFrame([dict(kind=c.kind, claim=c.claim,
                                 measured=c.measured,
                                 verdict="**holds**" if c.passed else "**does not hold**",
                                 note=c.note) for c in checks])

@@ -254,7 +254,7 @@ def judge(tables, cfg):
             f"{name}: the runs saturate (min_i s_(i,alpha_i) >= {SAT}) in >= 90% of runs",
             f"{share_sat:.0%} of {len(r)} runs saturated after {int(r.steps.iloc[0])} steps"
             + (f"; {n_over} stopped on an overflowing step" if n_over else ""),
-            bool(share_sat >= 0.9), sanity=True,
+            bool(share_sat >= 0.9), kind="sanity",
             note="a run that has not saturated (or whose step overflowed float64) has no "
                  "converged direction to compare; it is left out of the verdicts below"
                  + ("; Polyak's step c (L - L*) / ||G||^2 diverges when a run settles on "
@@ -267,7 +267,7 @@ def judge(tables, cfg):
         checks.append(Check(
             f"{name}: the {LABEL[pred]} SVM differs from the other columns' SVMs (median over "
             f"datasets of its largest corr with another column < {CORR})",
-            f"median largest corr {sep:.4f}", bool(sep < CORR), sanity=True,
+            f"median largest corr {sep:.4f}", bool(sep < CORR), kind="sanity",
             note="if the SVMs coincide the row cannot tell the geometries apart"))
         a = atlas[(atlas.optimizer == name)].set_index("column")
         if pred not in a.index:

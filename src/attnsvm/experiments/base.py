@@ -33,25 +33,48 @@ PAPERS = {
 }
 
 
+KINDS = ("claim", "sanity", "finding")
+"""The three kinds of verdict, kept apart everywhere (registry, report, README, ``list``):
+
+- ``"claim"``: a paper's claim, run at the paper's own setting, metric, population and
+  threshold; ``quote`` holds the paper's sentence and ``where`` its section or figure.
+  Only these make the headline count.
+- ``"sanity"``: a check of attnsvm's set-up (true by construction of the data or the
+  solver); a failing one means the experiment did not test what it meant to.
+- ``"finding"``: attnsvm's own result beyond the paper (a bigger population, another
+  start, an unfiltered set, a new prediction); reported with its evidence and never
+  counted as the paper failing.
+"""
+
+
 @dataclass(frozen=True)
 class Check:
-    """One verdict: what the theory predicts, what the run measured, and whether it holds.
+    """One verdict: what is predicted, what the run measured, and whether it holds.
 
     ``note`` says why a prediction does not apply or fails (e.g. "not saturated",
     "SVM infeasible for 3 of 100 instances") instead of hiding the case.
 
-    ``sanity=True`` marks a check of the set-up rather than of the paper's claim (true by
-    construction of the data or the solver, e.g. "the two candidate SVMs differ", "token
-    1 is not locally optimal" on fixed data, rank(W) <= min(n, d)). The report counts
-    sanity checks apart from the claims; a failing sanity check means the experiment did
-    not test what it meant to, not that the paper is wrong.
+    ``kind`` is one of ``KINDS`` (see there). A ``"claim"`` carries the paper's sentence in
+    ``quote`` and its place (section, theorem, figure) in ``where``; ``claim`` is then
+    the operational statement that is checked (metric and threshold).
     """
 
     claim: str
     measured: str
     passed: bool
     note: str = ""
-    sanity: bool = False
+    kind: str = "claim"
+    quote: str = ""
+    where: str = ""
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise ValueError(f"Check.kind must be one of {KINDS}, got {self.kind!r}")
+
+    @property
+    def sanity(self) -> bool:
+        """True for a check of the set-up (``kind == "sanity"``)."""
+        return self.kind == "sanity"
 
     @property
     def verdict(self) -> str:
@@ -59,17 +82,21 @@ class Check:
 
 
 def check_at_least(claim: str, name: str, value: float, threshold: float, note: str = "",
-                   fmt: str = ".4g", sanity: bool = False) -> Check:
+                   fmt: str = ".4g", kind: str = "claim", quote: str = "",
+                   where: str = "") -> Check:
     """Check ``value >= threshold`` (NaN fails), with the numbers written out."""
     ok = bool(value >= threshold) if not _isnan(value) else False
-    return Check(claim, f"{name} = {value:{fmt}} (needs >= {threshold:{fmt}})", ok, note, sanity)
+    return Check(claim, f"{name} = {value:{fmt}} (needs >= {threshold:{fmt}})", ok, note,
+                 kind, quote, where)
 
 
 def check_at_most(claim: str, name: str, value: float, threshold: float, note: str = "",
-                  fmt: str = ".4g", sanity: bool = False) -> Check:
+                  fmt: str = ".4g", kind: str = "claim", quote: str = "",
+                  where: str = "") -> Check:
     """Check ``value <= threshold`` (NaN fails), with the numbers written out."""
     ok = bool(value <= threshold) if not _isnan(value) else False
-    return Check(claim, f"{name} = {value:{fmt}} (needs <= {threshold:{fmt}})", ok, note, sanity)
+    return Check(claim, f"{name} = {value:{fmt}} (needs <= {threshold:{fmt}})", ok, note,
+                 kind, quote, where)
 
 
 def _isnan(x: Any) -> bool:
@@ -147,9 +174,15 @@ class Result:
 
     @property
     def claims(self) -> list[Check]:
-        """The checks of the paper's claims (sanity checks of the set-up excluded)."""
-        return [c for c in self.checks if not c.sanity]
+        """The checks of the papers' claims (``kind == "claim"``)."""
+        return [c for c in self.checks if c.kind == "claim"]
 
     @property
     def sanity_checks(self) -> list[Check]:
-        return [c for c in self.checks if c.sanity]
+        """The checks of attnsvm's set-up (``kind == "sanity"``)."""
+        return [c for c in self.checks if c.kind == "sanity"]
+
+    @property
+    def findings(self) -> list[Check]:
+        """attnsvm's own findings beyond the papers (``kind == "finding"``)."""
+        return [c for c in self.checks if c.kind == "finding"]

@@ -154,7 +154,7 @@ def judge_diag(tables, cfg):
     return [
         check_at_least("the diagonal ATT-SVM is feasible on every dataset (the separability "
                        "assumption)", "share of datasets", float(svm.feasible.mean()), 1.0,
-                       fmt=".2f", sanity=True,
+                       fmt=".2f", kind="sanity",
                        note=f"{len(svm)} datasets; the l_1 and l_2 SVMs differ (corr <= "
                             f"{DISTINCT}) on {int((svm.corr_l1_l2 <= DISTINCT).sum())}"),
         check_at_least(
@@ -259,7 +259,7 @@ def judge_nuclear(tables, cfg):
     lower = reach["rank"] < reach.rank_fro
     return [
         check_at_least("both ATT-SVMs (nuclear, Frobenius) are feasible on every dataset",
-                       "share of datasets", float(f.feasible.mean()), 1.0, fmt=".2f", sanity=True,
+                       "share of datasets", float(f.feasible.mean()), 1.0, fmt=".2f", kind="sanity",
                        note=f"rank(W_nuc) < rank(W_fro) on {int((f.rank_nuc < f.rank_fro).sum())}"
                             f" of {len(f)} datasets; corr(W_nuc, W_fro) <= {DISTINCT} on "
                             f"{int((f.corr_nuc_fro <= DISTINCT).sum())}"),

@@ -204,7 +204,7 @@ def judge_bregman(tables, cfg):
         "that the reached tokens are defined",
         "smallest fraction over p", float(sat.min()), 0.9,
         note="; ".join(f"p = {_fmt(p)}: {v:.0%}" for p, v in sat.items()), fmt=".2f",
-        sanity=True))
+        kind="sanity"))
     return checks
 
 

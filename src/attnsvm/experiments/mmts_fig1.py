@@ -274,7 +274,7 @@ def judge(tables: dict, cfg: dict) -> list[Check]:
         Check("figure: token 1 is not locally optimal at s = 0.9 (SVM-neighbour token 2 has an "
               "equal score) and is locally optimal at s = 0 (its neighbour has score 0)",
               f"locally optimal: (a) {bool(loc.get(('a', 1), False))}, (b) {bool(loc.get(('b', 1), False))}",
-              (not loc.get(("a", 1), True)) and bool(loc.get(("b", 1), False)), sanity=True),
+              (not loc.get(("a", 1), True)) and bool(loc.get(("b", 1), False)), kind="sanity"),
         check_at_least(f"figure (b) s = 0: every start converges to the max-margin direction of the "
                        f"token it selects, GMM or LMM (corr >= {CORR})", "starts reaching GMM or LMM",
                        int(b.outcome.isin(["GMM", "LMM"]).sum()), len(b), _per_start(b), fmt="d"),
@@ -288,7 +288,7 @@ def judge(tables: dict, cfg: dict) -> list[Check]:
         Check(f"population (a): each of the {len(sa)} datasets has n = 1, Assumption B and the GMM as "
               "its only LMM (the premises of Theorem 2)",
               f"{int((sa.assumption_b & sa.gmm_locally_optimal & (sa.other_lmms == 0)).sum())} of {len(sa)}",
-              bool((sa.assumption_b & sa.gmm_locally_optimal & (sa.other_lmms == 0)).all()), sanity=True),
+              bool((sa.assumption_b & sa.gmm_locally_optimal & (sa.other_lmms == 0)).all()), kind="sanity"),
         check_at_least(f"population (a), Theorem 2: every start on every dataset converges to the GMM "
                        f"(corr >= {CORR})", f"runs reaching GMM ({len(sa)} datasets x {len(cfg['starts'])} starts)",
                        int((pa.outcome == "GMM").sum()), len(pa),
@@ -313,7 +313,7 @@ def judge(tables: dict, cfg: dict) -> list[Check]:
                "is only 'sufficiently large'")),
         Check(f"population (c): each of the {len(sc)} notebook datasets satisfies Assumption B with a "
               "feasible GMM", f"{int((sc.assumption_b & sc.gmm_feasible).sum())} of {len(sc)}",
-              bool((sc.assumption_b & sc.gmm_feasible).all()), sanity=True),
+              bool((sc.assumption_b & sc.gmm_feasible).all()), kind="sanity"),
         check_at_least(f"population (c): on every notebook dataset whose only LMM is the GMM, every start "
                        f"converges to the GMM (corr >= {CORR})",
                        f"runs reaching GMM ({len(clean_c)} of {len(sc)} datasets x {len(cfg['starts'])} starts)",

@@ -146,7 +146,7 @@ def judge(tables: dict, cfg: dict) -> list[Check]:
         Check("figure: in (a) every selected token is a support vector of the head SVM (Assumption C); "
               "in (b) u_2 = (0.5, 1.5) is not", f"head-SVM support: (a) {sa.head_support[0]}, "
               f"(b) {sb.head_support[0]}", sa.head_support[0] == "[0, 1, 2]" and "2" not in sb.head_support[0],
-              sanity=True),
+              kind="sanity"),
         check_at_least(f"figure (a): p converges to the ATT-SVM direction (corr >= {CORR})",
                        "corr(p, p_mm)", a.corr_p_att, CORR),
         check_at_least(f"figure (a): v converges to the head-SVM direction (corr >= {CORR})",
@@ -165,7 +165,7 @@ def judge(tables: dict, cfg: dict) -> list[Check]:
         Check("populations: the SVMs exist on every dataset and the theorem's case holds: (a) every u_i "
               "is a head-SVM support vector (by construction), (b) some u_i is not",
               f"(a) {_share(case_a)}, (b) {_share(case_b)}; ATT-SVM and head SVM feasible: {_share(feas)}",
-              bool(case_a.all() and case_b.all()), sanity=True),
+              bool(case_a.all() and case_b.all()), kind="sanity"),
         check_at_least(f"population (a), Theorem 5: p -> p_mm (ATT-SVM) and v -> v_mm on every dataset "
                        f"(corr >= {CORR})", "datasets", int(conv_a.sum()), len(conv_a),
                        f"{_worst(ea, 'corr_p_att')}, {_worst(ea, 'corr_v_head')}", fmt="d"),

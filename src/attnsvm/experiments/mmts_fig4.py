@@ -109,7 +109,7 @@ def judge(tables, cfg):
                       f"{m[(m.optimizer == 'NGD') & (m.step == T)].norm.median():.3g} (medians)"),
         check_at_least(f"NGD's ||p_t|| grows like eta t (increment ratio >= {LINEAR}; NGD steps "
                        "have length eta, so this only checks that the direction settles)",
-                       "smallest increment ratio NGD", float(g_ngd.min()), LINEAR, sanity=True),
+                       "smallest increment ratio NGD", float(g_ngd.min()), LINEAR, kind="sanity"),
     ]
 
 

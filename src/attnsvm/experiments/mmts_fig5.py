@@ -141,11 +141,11 @@ def judge(tables: dict, cfg: dict) -> list[Check]:
         m = float(ctrl.p2.abs().max())
         checks.append(Check(
             f"figure, control C = 1 (equal scores, symmetric keys): no bias, |p_2| <= {ZERO:g} for both losses",
-            f"max |p_2| = {m:.2g}", m <= ZERO, sanity=True))
+            f"max |p_2| = {m:.2g}", m <= ZERO, kind="sanity"))
     checks.append(Check(
         f"population: in each of the {len(geo)} geometries both optimal tokens are support vectors of "
         "the GMM (as in the paper's construction)", f"{int(geo.both_support.sum())} of {len(geo)}",
-        bool(geo.both_support.all()), sanity=True))
+        bool(geo.both_support.all()), kind="sanity"))
     for loss, (sign, what) in expect.items():
         d = at[(at.loss == loss) & (at.C > 1)]
         per = d.groupby("dataset")

@@ -220,16 +220,16 @@ def judge(tables, cfg):
         checks += [
             check_at_least(f"[{o}] set-up: the model learns (held-out loss falls by >= {LEARNS:g} "
                            "nat, median over seeds)", "val loss drop", l0 - lT, LEARNS, fmt=".3f",
-                           note=f"{diverged} run(s) diverged" if diverged else "", sanity=True),
+                           note=f"{diverged} run(s) diverged" if diverged else "", kind="sanity"),
             check_at_most(f"[{o}] set-up: recomputed attention equals the model's (float32 model)",
                           "max |s_recomputed - s_model|", t.recompute_err.max(), 1e-5, fmt=".2g",
-                          sanity=True),
+                          kind="sanity"),
             Check(f"[{o}] set-up: every SVM carries a certificate (violation <= 1e-6, relative "
                   "duality gap <= 1e-6)",
                   f"max violation {feas.svm_violation.max():.1e}, max gap {feas.svm_gap.max():.1e}; "
                   f"feasible {len(feas)}/{len(t)}",
                   bool(len(feas) and feas.svm_violation.max() <= 1e-6 and feas.svm_gap.max() <= 1e-6),
-                  sanity=True),
+                  kind="sanity"),
         ]
         grow = (e.wqk_norm_T / e.wqk_norm_0).median()
         checks.append(check_at_least(

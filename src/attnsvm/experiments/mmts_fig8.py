@@ -113,7 +113,7 @@ def judge(tables: dict, cfg: dict) -> list[Check]:
               "has no SVM-neighbour (Definition 2)",
               f"locally optimal: {bool(lmm.locally_optimal)}, SVM-neighbours in sequence 1: "
               f"{int(lmm.neighbours_seq1)}",
-              bool(lmm.locally_optimal) and int(lmm.neighbours_seq1) == 0, sanity=True),
+              bool(lmm.locally_optimal) and int(lmm.neighbours_seq1) == 0, kind="sanity"),
         check_at_least(f"some start converges to the GMM direction (corr >= {CORR})",
                        "starts reaching GMM", int((oc.outcome == "GMM").sum()), 1, per, fmt="d"),
         check_at_least(f"another start converges to the LMM direction, not the GMM (corr >= {CORR}):"

@@ -222,7 +222,7 @@ def judge(tables, cfg):
         Check("every saturated run has a feasible SVM for its selected tokens (attention can "
               "only saturate along a separating direction)",
               f"{int(sat.svm_feasible.sum())} of {len(sat)} feasible", bool(sat.svm_feasible.all()),
-              "" if sat.svm_feasible.all() else "infeasible selections are counted as 'other'", sanity=True),
+              "" if sat.svm_feasible.all() else "infeasible selections are counted as 'other'", kind="sanity"),
     ]
 
 

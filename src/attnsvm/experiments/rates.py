@@ -181,13 +181,13 @@ def judge_planted(tables, cfg):
     nf = int((~svm.feasible.astype(bool)).sum())
     checks = [Check("ATT-SVM of the planted optimal tokens feasible on every instance",
                     f"{nf} of {len(svm)} infeasible", nf == 0,
-                    "true by construction when d >= nT (generic tokens)", sanity=True)]
+                    "true by construction when d >= nT (generic tokens)", kind="sanity")]
     if "data" in tables:
         gap = float(tables["data"].score_gap.min())
         checks.append(check_at_least(
             "every sequence has a unique optimal token (planted score gap)",
             "min over trials and sequences of gamma_opt - max_other gamma", gap,
-            0.5 * cfg.get("score_gap", 0.5), sanity=True,
+            0.5 * cfg.get("score_gap", 0.5), kind="sanity",
             note="the planted generator draws the other scores below 1 - score_gap"))
     for name in ("NGD", "Polyak"):
         ratio = med["GD"] / max(med[name], 1) if np.isfinite(med[name]) else np.nan

@@ -141,7 +141,7 @@ def judge(tables: dict, cfg: dict) -> list[Check]:
         "The SVMs of the reached tokens are feasible in every run (the notebook's solver would "
         "stop on an infeasible one; it ran all 100)", "fraction of runs with feasible SVMs",
         feas, 1.0, ", ".join(f"{m}: {int(g.feasible.sum())}/{len(g)}" for m, g in
-                             runs.groupby("model")), sanity=True))
+                             runs.groupby("model")), kind="sanity"))
     return checks
 
 

@@ -256,7 +256,7 @@ def judge(tables: dict, cfg: dict) -> list[Check]:
         "verdict tests nothing)", "fewest kept runs over d",
         float(cnt.kept.min()) if len(cnt) else np.nan, MIN_KEPT,
         "kept per d: " + ", ".join(f"d={c.d}: {c.kept}" for c in cnt.itertuples())
-        + (f"; short: {', '.join(few)}" if few else ""), fmt="g", sanity=True))
+        + (f"; short: {', '.join(few)}" if few else ""), fmt="g", kind="sanity"))
     return checks
 
 

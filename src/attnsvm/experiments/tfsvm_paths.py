@@ -153,7 +153,7 @@ def judge(tables: dict, cfg: dict) -> list[Check]:
         f"{DISTINCT}): at least {MIN_DISTINCT}", "informative datasets", float(len(info)),
         MIN_DISTINCT, f"{len(info)} of {len(svm)} datasets; ranks (fro, nuc) on them: " +
         ", ".join(f"{k}: {v}" for k, v in informative(svm).groupby(["rank_fro", "rank_nuc"])
-                  .size().items()), fmt="g", sanity=True))
+                  .size().items()), fmt="g", kind="sanity"))
     return checks
 
 

@@ -203,7 +203,7 @@ def judge(tables: dict, cfg: dict) -> list[Check]:
     return [
         check_at_most("rank(W_fro) <= min(n, d) on every instance (KKT, docs/theory.md §5)",
                       "max rank(W_fro) - min(n, d)", float(excess), 0.0, note, fmt="g",
-                      sanity=True),
+                      kind="sanity"),
         check_at_least("The nuclear-norm solution has lower rank than the Frobenius one: mean "
                        "certified rank(W_nuc) < mean rank(W_fro) in every cell with min(n, d) >= 2 "
                        "where most draws are feasible",
@@ -221,7 +221,7 @@ def judge(tables: dict, cfg: dict) -> list[Check]:
                        float(same.mean()) if len(r) else np.nan, 1.0,
                        f"{len(r)} certified instances (largest gap {r.nuc_gap.max():.1e}); the "
                        f"count is the same at rtol {NUC_ALT[0]:g} and {NUC_ALT[1]:g} on "
-                       f"{alt.mean():.1%}. {unc_txt}", sanity=True),
+                       f"{alt.mean():.1%}. {unc_txt}", kind="sanity"),
         check_at_least(f"The paper's count (sigma_k > {ABS:g} absolute, cvxpy's default solver, "
                        f"the notebook's problem) gives the certified rank on >= {AGREE:.0%} of "
                        f"the instances", "fraction of instances (sub-sample)",
