@@ -12,7 +12,7 @@ Rules:
   * masks are boolean (or 0/1 numbers, read as booleans);
   * labels are +-1; ``support`` indices are integers in range (or a bool mask);
   * ``alpha="opt"`` (or None) needs valid labels y and a head v;
-  * ``tol`` is a finite number >= 0;
+  * ``tol`` is a finite number > 0;
   * torch tensors are read detached (one that requires grad too), as ``TokenData`` reads them.
 """
 
@@ -201,5 +201,6 @@ def as_norm(norm):
 
 def as_tol(tol, name: str = "tol") -> float:
     """The tolerance for reporting active constraints (support: margin <= 1 + tol), a
-    finite number >= 0 (a negative or NaN tol would report no support at an optimum)."""
-    return check_param(name, tol, [Interval(float, 0.0, None)])
+    finite number > 0: a negative, zero or NaN tol would report no support vectors at an
+    optimum whose active margins came out a rounding error above 1."""
+    return check_param(name, tol, [Interval(float, 0.0, None, closed="neither")])
