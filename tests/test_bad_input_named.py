@@ -243,10 +243,29 @@ def test_cli_alpha_beyond_int64_is_bad_input_not_infeasible(npz, capsys):
     assert out == ""
 
 
-def test_cli_huge_train_model_is_a_user_error_not_a_bug(tmp_path, capsys):
+def test_cli_huge_problems_are_user_errors_not_bugs(tmp_path, capsys, monkeypatch):
+    """d = 110000: train and solve refuse by size at once (exit 2, not 'internal error',
+    and for solve not exit 1, which means 'infeasible'); any MemoryError is one line."""
+    import attnsvm._validation as V
+
+    avail = V.available_memory()
+    if avail is None or avail > 16.0 * 110000 ** 2 * 8:
+        pytest.skip("this machine could hold a 110000 x 110000 float64 matrix")
     big = D.random_sphere(n=2, T=2, d=110000, seed=0).save(tmp_path / "big.npz")
     rc, out, err = run_cli(capsys, "train", "--data", big, "--trials", "1", "--steps", "1")
     assert_one_line_error(rc, err, "train(WModel(d=110000), B=1)", "GiB available")
+    rc, out, err = run_cli(capsys, "solve", big)
+    assert_one_line_error(rc, err, "the solution W_mm (110000 x 110000, float64)",
+                          "GiB available")
+    import attnsvm.cli.list_ as list_cmd
+
+    def too_big(args):
+        raise MemoryError("Unable to allocate 90.2 GiB for an array")
+
+    monkeypatch.setattr(list_cmd, "run", too_big)
+    rc, out, err = run_cli(capsys, "list")
+    assert_one_line_error(rc, err, "attnsvm list: error: out of memory (Unable to allocate "
+                                   "90.2 GiB for an array); use smaller inputs")
 
 
 @contextlib.contextmanager

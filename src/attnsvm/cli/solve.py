@@ -285,6 +285,7 @@ def solution_arrays(sol, query: str) -> dict:
 def run(args: argparse.Namespace) -> int:
     import numpy as np
 
+    from attnsvm._validation import check_memory
     from attnsvm.svm import att_svm, prompt_svm, seq2seq_svm
     from attnsvm.svm.solution import _norm_name
 
@@ -318,6 +319,10 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"--rank applies to one query per sequence (--query cross|first|last); "
                          f"the seq-to-seq SVM of --query {kind} has no rank option")
 
+    d = X.shape[2]
+    e = 1 if kind == "prompt" else (data["z"].shape[1] if kind == "cross" else d)
+    check_memory(8.0 * d * e * 2, f"the solution W_mm ({d} x {e}, float64) and its "
+                 f"certificate", "solve a smaller problem (fewer features d)")
     if kind == "prompt":
         sol = prompt_svm(X, None, alpha, y=y, v=v, mask=mask, solver=solver)
     elif seq:
