@@ -540,7 +540,11 @@ def train(model: AttentionModel, data, loss="logistic", optimizer: Optimizer | N
     mini-batch of sequences per trial and step (SGD/SNGD); trial b's batches depend only
     on its seed ``seed + b`` and the step. autograd: torch.autograd of the stable objective
     instead of the closed-form gradient (linear heads; other heads always use autograd).
-    device: "cpu", "cuda", ... (must exist).
+    device: "cpu", "cuda", ... (must exist). dtype: torch.float64 (default), float32 or
+    float16.
+    Every argument is checked before any work (the table ``TRAIN_CONSTRAINTS``, then
+    against the data and the memory available): a bad one is a ValueError naming it and
+    what was expected.
     engine: "auto" | "torch" | "fused" (module docstring; "fused" raises a ValueError
     naming what it does not support). chunk: train at most ``chunk`` trials at a time
     (same result; the step's memory is that of one chunk; :func:`_train_chunked`).
