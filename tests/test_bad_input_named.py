@@ -194,6 +194,11 @@ def test_tensors_requiring_grad_are_read_the_same_everywhere():
     c = train(M.WModel(2), d_n, steps=3, B=2, engine="torch")
     assert torch.equal(a.params["W"], c.params["W"])
     assert not Xt.grad  # nothing was differentiated through the caller's tensor
+    meta = torch.zeros(3, 4, 2, device="meta")  # no values to read: refused by name
+    for make in (lambda: TokenData(X=meta, y=y), lambda: att_svm(meta, z, [0, 1, 2])):
+        with pytest.raises(ValueError, match="X is a tensor on the meta device, which holds "
+                                             "no values"):
+            make()
 
 
 # --------------------------------------------------------------- the SVM solvers

@@ -119,7 +119,8 @@ class Options:
 
     def accepts(self, v) -> bool:
         try:
-            return any(type(v) is type(o) and v == o for o in self.values)
+            return any((type(v) is type(o) or isinstance(o, str) and isinstance(v, str))
+                       and v == o for o in self.values)
         except Exception:  # noqa: BLE001 - an array's == and the like: not one of them
             return False
 
@@ -211,16 +212,19 @@ def validate_params(constraints: Mapping[str, Sequence[Constraint]], values: Map
 
 
 # ----------------------------------------------------------------- arrays and tensors
-def as_numpy(a):
+def as_numpy(a, name: str = "the array"):
     """``a`` as numpy when it is a torch tensor (detached from autograd, copied from the GPU;
     bfloat16, which numpy lacks, widened to float32 exactly); anything else unchanged.
 
     Arrays are data here: a tensor that requires grad is read, not refused, by every entry
-    point (``TokenData``, the SVM solvers, ``train``)."""
+    point (``TokenData``, the SVM solvers, ``train``). A tensor on the meta device holds no
+    values: a ValueError naming ``name``."""
     if type(a).__module__.startswith("torch") and hasattr(a, "detach"):
         import torch
 
         t = a.detach()
+        if t.device.type == "meta":
+            raise ValueError(f"{name} is a tensor on the meta device, which holds no values")
         if t.is_sparse:
             t = t.to_dense()
         if t.dtype == torch.bfloat16:

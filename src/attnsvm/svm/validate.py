@@ -41,8 +41,9 @@ def as_array(x, name: str, ndim: tuple[int, ...], shape_doc: str) -> np.ndarray:
     """``x`` as a finite float64 array with ndim in ``ndim``; ValueError naming ``name``."""
     if x is None:
         raise ValueError(f"{name} is required: an array of shape {shape_doc}")
+    x = as_numpy(x, name)  # torch tensors: detached (requires_grad), from the GPU
     try:
-        a = np.asarray(as_numpy(x))  # torch tensors: detached (requires_grad), from the GPU
+        a = np.asarray(x)
     except Exception:  # ragged lists and the like
         raise ValueError(f"{name} must be a numeric array of shape {shape_doc}") from None
     if a.dtype == object or a.dtype.kind in "USVMm" or np.iscomplexobj(a):
@@ -64,7 +65,7 @@ def as_mask(mask, shape: tuple[int, ...], name: str = "mask") -> np.ndarray:
     is refused.  A mask may be given without its leading batch dim (broadcast)."""
     if mask is None:
         return np.ones(shape, bool)
-    m = np.asarray(as_numpy(mask))
+    m = np.asarray(as_numpy(mask, name))
     if m.dtype != np.bool_:
         if m.dtype == object or m.dtype.kind not in "iuf":
             raise ValueError(f"{name} must be a boolean array (True = valid token); "
@@ -85,8 +86,9 @@ def _int_array(a, name: str, what: str = "token", hi: int | None = None) -> np.n
     """Integer array (floats / bools / strings refused, never truncated; integers beyond
     int64 refused as out of range [0, hi], never wrapped)."""
     span = f"[0, {hi}]" if hi is not None else "[0, 2**63 - 1]"
+    a = as_numpy(a, name)
     try:
-        arr = np.asarray(as_numpy(a))
+        arr = np.asarray(a)
     except Exception:
         raise ValueError(f"{name} must be an integer array of {what} indices") from None
     if arr.dtype == np.bool_:
@@ -145,7 +147,7 @@ def as_labels(y, n: int, name: str = "y") -> np.ndarray:
 
 def as_support(support, n: int, name: str = "support") -> np.ndarray:
     """Support sequences as a bool mask (n,), from a bool mask or integer indices."""
-    s = np.asarray(as_numpy(support))
+    s = np.asarray(as_numpy(support, name))
     if s.dtype == np.bool_:
         if s.shape != (n,):
             raise ValueError(f"{name} must be a bool mask of shape ({n},) or integer "
