@@ -66,7 +66,8 @@ def test_constraints_accept_normalise_and_name_what_they_expect():
     cases = [
         ("k", 0, [Interval(int, 1, None)], "k must be an integer >= 1; got 0"),
         ("k", True, [Interval(int, 0, 5)], "k must be an integer in [0, 5]; got True"),
-        ("k", 2.0, [Interval(int, 0, None)], "got 2.0 (floats are refused, not truncated)"),
+        ("k", 2.0, [Interval(int, 0, None)], "got the float 2.0 (floats are refused, not "
+                                             "truncated)"),
         ("k", 2 ** 64, [Interval(int, 0, 2 ** 63 - 1)], "in [0, 2**63 - 1]; got 18446744073709551616"),
         ("x", float("nan"), [Interval(float, 0, None)], "x must be a finite number >= 0; got nan"),
         ("x", 0.0, [Interval(float, 0, 1, closed="neither")], "x must be a finite number in (0, 1)"),
@@ -107,7 +108,7 @@ TRAIN_CASES = [
     (dict(dtype="float64"), "dtype must be a real floating dtype"),
     (dict(device="meta"), "device 'meta': attnsvm trains on 'cpu', 'cuda' or 'mps'"),
     (dict(device="nowhere"), "device 'nowhere' is not a torch device"),
-    (dict(steps=2.0), "steps must be an integer >= 0; got 2.0"),
+    (dict(steps=2.0), "steps must be an integer >= 0; got the float 2.0"),
     (dict(scale=float("inf")), "scale must be a finite number > 0; got inf"),
     (dict(B=0), "B must be an integer >= 1 or None; got 0"),
     (dict(progress="yes"), "progress must be True or False; got 'yes'"),

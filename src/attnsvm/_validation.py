@@ -190,12 +190,12 @@ def check_param(name: str, value, constraints: Sequence[Constraint]):
     expected = [c.describe() for c in constraints if c is not None]
     expected += ["None"] * any(c is None for c in constraints)
     text = expected[0] if len(expected) == 1 else ", ".join(expected[:-1]) + " or " + expected[-1]
-    extra = ""
+    shown = _show(value)
     if isinstance(value, (float, np.floating)) and any(
             isinstance(c, Interval) and c.kind is int for c in constraints) \
             and math.isfinite(value) and float(value).is_integer():
-        extra = " (floats are refused, not truncated)"
-    raise ValueError(f"{name} must be {text}; got {_show(value)}{extra}")
+        shown = f"the float {shown} (floats are refused, not truncated)"
+    raise ValueError(f"{name} must be {text}; got {shown}")
 
 
 def validate_params(constraints: Mapping[str, Sequence[Constraint]], values: Mapping[str, Any],
