@@ -614,8 +614,9 @@ def test_cli_says_what_a_terminated_sweep_keeps_and_resumes(tmp_path, monkeypatc
             "--no-progress", "--grid", "k=1,2,3"]
     real = W.sweep
 
-    def terminated_after_one(exp, cells, **kw):
-        real(exp, cells[:1], **kw)
+    def terminated_after_one(exp, cells, **kw):  # as a Dask sweep SIGTERMed after one cell
+        assert kw["executor"] == "dask"
+        real(exp, cells[:1], **dict(kw, executor="local"))
         raise SweepTerminated("terminated by signal 15")
 
     monkeypatch.setattr(W, "sweep", terminated_after_one)
