@@ -114,7 +114,7 @@ def test_data_at_1e300_is_a_clear_error():
         (dict(steps=10.0), "steps must be an integer >= 0; got the float 10.0"),
         (dict(steps=True), "steps must be an integer"),
         (dict(B=0), "B must be an integer >= 1"),
-        (dict(seed=-1), "seed must be an integer >= 0"),
+        (dict(seed=-1), r"seed must be an integer in \[0, 2\*\*63 - 1\]; got -1"),
         (dict(scale=float("nan")), "scale must be a finite number > 0"),
         (dict(init={"W": np.full((3, 3), np.nan)}), r"init\['W'\] contains NaN or inf"),
         (dict(init={"W": "zeros"}), r"init\['W'\] must be a numeric array"),

@@ -456,3 +456,174 @@ def test_cli_grid_takes_list_values(tmp_path, monkeypatch, capsys):
             assert err.count("\n") == 1 and msg in err, (extra, err)
     assert main(base + ["--grid", "sed=1", "--no-strict", "--dry-run"]) == 0  # let through
     capsys.readouterr()
+
+
+def test_cli_grid_refuses_a_value_that_is_not_a_number(tmp_path, monkeypatch, capsys):
+    """issue 25: ``--grid seed=0:a`` ran and stored failed cells; a number key takes numbers."""
+    from attnsvm.cli import main
+
+    (tmp_path / "sweep_list_demo.py").write_text(LIST_DEMO)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    store = tmp_path / "s"
+    base = ["sweep", "sweep_list_demo:EXP", "--scale", "tiny", "--store", str(store),
+            "--no-progress"]
+    for grid_arg, msg in [("k=0:a", "--grid k=0:a: k is a number in demo-lists's config (1); "
+                                    "expected numbers, got '0:a' (a range is a:b[:step] with "
+                                    "integers)"),
+                          ("k=1,x", "expected numbers, got 'x'"),
+                          ("k=true", "expected numbers, got True"),
+                          ("k=none", "expected numbers, got None")]:
+        for dry in ([], ["--dry-run"]):
+            assert main(base + ["--grid", grid_arg] + dry) == 2
+            err = capsys.readouterr().err
+            assert err.count("\n") == 1 and msg in err, (grid_arg, err)
+    assert not store.exists()  # refused before the store was made
+    assert main(base + ["--grid", "norm=fro,2", "--dry-run"]) == 0  # a string key takes any
+
+
+def _corrupt(path: Path) -> None:
+    """Overwrite a Parquet file's middle: its footer still reads, its data do not."""
+    raw = bytearray(path.read_bytes())
+    raw[4:len(raw) - 12] = b"\x00" * (len(raw) - 16)
+    path.write_bytes(bytes(raw))
+
+
+def test_corrupt_cell_is_skipped_by_load_and_quarantined_and_rerun_by_sweep(tmp_path):
+    import warnings
+
+    from attnsvm.sweep import StoreWarning
+
+    exp = make_experiment(tmp_path)
+    cells = grid(seed=[1, 2, 3])
+    store = tmp_path / "s"
+    first = sweep(exp, cells, scale="tiny", store=store, progress=False)
+    n_calls = len(calls(tmp_path))
+    bad = store / "curve" / f"cell={cell_key({'seed': 2}, 'tiny')}.parquet"
+    _corrupt(bad)
+    damaged = bad.read_bytes()
+    with pytest.raises(Exception):  # noqa: B017 - what pyarrow raises: the file is damaged
+        pd.read_parquet(bad)
+
+    # load: the cell is left out (both its tables: a cell is whole or absent), named in a
+    # warning; the store is not changed
+    with pytest.warns(StoreWarning, match=rf"{bad} cannot be read .*; its rows are left out"):
+        tables = load(store)
+    assert sorted(tables["curve"].seed.unique()) == [1, 3]
+    assert sorted(tables["summary"].seed) == [1, 3]
+    assert bad.read_bytes() == damaged and not (store / "_quarantine").exists()
+
+    # sweep: moved aside, named in a warning, the cell computed again (only that one)
+    with pytest.warns(StoreWarning) as caught:
+        res = sweep(exp, cells, scale="tiny", store=store, progress=False)
+    msg = str(caught[0].message)
+    moved = list((store / "_quarantine" / "curve").iterdir())
+    assert len(moved) == 1 and moved[0].read_bytes() == damaged
+    assert str(bad) in msg and f"moved to {moved[0]}" in msg and "runs again" in msg
+    assert len(calls(tmp_path)) == n_calls + 1 and calls(tmp_path)[-1]["seed"] == 2
+    assert list(res.cells.resumed) == [True, False, True]
+    for table in ("curve", "summary"):
+        pd.testing.assert_frame_equal(res[table], first[table])
+        pd.testing.assert_frame_equal(res[table], expected(exp, cells, table))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", StoreWarning)  # the store is whole again
+        pd.testing.assert_frame_equal(load(store)["curve"], first["curve"])
+
+
+def test_cli_resume_over_a_corrupt_cell_warns_in_one_line_and_succeeds(tmp_path, monkeypatch,
+                                                                     capsys):
+    from attnsvm.cli import main
+
+    (tmp_path / "sweep_list_demo.py").write_text(LIST_DEMO)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    store = tmp_path / "s"
+    argv = ["sweep", "sweep_list_demo:EXP", "--scale", "tiny", "--store", str(store),
+            "--no-progress", "--grid", "k=1,2"]
+    assert main(argv) == 0
+    capsys.readouterr()
+    bad = store / "t" / f"cell={cell_key({'k': 2}, 'tiny')}.parquet"
+    _corrupt(bad)
+    assert main(argv) == 0  # was: exit 2 with pyarrow's ArrowInvalid, the cell never re-run
+    out, err = capsys.readouterr()
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("attnsvm sweep: warning: sweep store")
+    assert str(bad) in lines[0] and "runs again" in lines[0]
+    assert "2 done (1 read back from the store)" in out
+    assert sorted(load(store)["t"].k) == [1, 2]
+
+
+class _Stop:
+    """Cells of the SIGTERM test: seed 1 sends SIGTERM to this process, then waits (as a
+    long cell would) until the test releases it."""
+
+    release = None
+
+
+def _terminating_compute(cfg: dict) -> dict[str, pd.DataFrame]:
+    import signal as sg
+
+    if cfg["seed"] == 1:
+        os.kill(os.getpid(), sg.SIGTERM)
+        _Stop.release.wait(30)
+    return {"t": pd.DataFrame({"x": [cfg["seed"]]})}
+
+
+def test_sigterm_of_a_dask_sweep_stops_it_and_resumes(tmp_path):
+    """issue 25: SIGTERM of a Dask sweep exited -15 with no message. Now it raises
+    SweepTerminated in the sweep (as the process pool does): the finished cells are
+    recorded, the manifest written, a client we were given is left open, and the same
+    sweep resumes the rest."""
+    import threading
+
+    distributed = pytest.importorskip("dask.distributed")
+    from attnsvm.sweep import SweepTerminated
+
+    exp = Experiment("demo-sigterm", "-", "-", {"tiny": {"seed": 0}}, _terminating_compute,
+                     lambda t, c: [], lambda t, c, o: [], in_default=False)
+    store = tmp_path / "s"
+    _Stop.release = threading.Event()
+    before = signal.getsignal(signal.SIGTERM)
+    with distributed.LocalCluster(processes=False, n_workers=1, threads_per_worker=1,
+                                  dashboard_address=None) as cluster, \
+            distributed.Client(cluster) as client:
+        # seed 0 is done in an earlier run; seeds 1 and 2 run now, and 1 is terminated
+        sweep(exp, [{"seed": 0}], scale="tiny", store=store, executor=client, progress=False)
+        try:
+            with pytest.raises(SweepTerminated, match="terminated by signal 15"):
+                sweep(exp, grid(seed=[0, 1, 2]), scale="tiny", store=store, executor=client,
+                      progress=False)
+        finally:
+            _Stop.release.set()
+        assert client.status == "running"
+    assert signal.getsignal(signal.SIGTERM) == before  # the handler is given back
+    manifest = json.loads((store / "manifest.json").read_text())
+    done = {c["params"]["seed"] for c in manifest["cells"].values() if c["status"] == "done"}
+    assert 0 in done and 1 not in done
+    res = sweep(exp, grid(seed=[0, 2]), scale="tiny", store=store, progress=False)
+    assert res.ok and sorted(res["t"].x) == [0, 2] and bool(res.cells.resumed.iloc[0])
+
+
+def test_cli_says_what_a_terminated_sweep_keeps_and_resumes(tmp_path, monkeypatch, capsys):
+    import attnsvm.sweep as W
+    from attnsvm.cli import main
+    from attnsvm.sweep import SweepTerminated
+
+    (tmp_path / "sweep_list_demo.py").write_text(LIST_DEMO)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    store = tmp_path / "s"
+    argv = ["sweep", "sweep_list_demo:EXP", "--scale", "tiny", "--store", str(store),
+            "--no-progress", "--grid", "k=1,2,3"]
+    real = W.sweep
+
+    def terminated_after_one(exp, cells, **kw):  # as a Dask sweep SIGTERMed after one cell
+        assert kw["executor"] == "dask"
+        real(exp, cells[:1], **dict(kw, executor="local"))
+        raise SweepTerminated("terminated by signal 15")
+
+    monkeypatch.setattr(W, "sweep", terminated_after_one)
+    assert main(argv + ["--executor", "dask"]) == 143
+    err = capsys.readouterr().err.strip()
+    assert err == (f"attnsvm sweep: terminated (SIGTERM); 1 of 3 cells are finished and "
+                   f"stored in {store}/; running the same command again resumes the other 2")
+    monkeypatch.setattr(W, "sweep", real)
+    assert main(argv) == 0
+    assert "3 done (1 read back from the store)" in capsys.readouterr().out

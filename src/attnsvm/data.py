@@ -18,6 +18,8 @@ from pathlib import Path
 
 import numpy as np
 
+from ._validation import as_numpy
+
 __all__ = [
     "TokenData",
     "load_arrays",
@@ -40,6 +42,7 @@ def _as_float(name: str, a) -> np.ndarray:
     if a is None:
         what = {"X": "tokens X of shape (n, T, d)", "y": "labels y of shape (n,)"}.get(name, name)
         raise ValueError(f"{name} is None; TokenData needs {what}")
+    a = as_numpy(a, name)  # a torch tensor is read detached (requires_grad, GPU)
     try:
         raw = np.asarray(a)
     except (TypeError, ValueError):  # ragged nested lists
@@ -128,7 +131,7 @@ class TokenData:
         if self.v is not None:
             object.__setattr__(self, "v", _check_shape("v", _as_float("v", self.v), (d,), B, "(d,)"))
         if self.mask is not None:
-            m = np.asarray(self.mask)
+            m = np.asarray(as_numpy(self.mask, "mask"))
             if m.dtype != np.bool_:
                 if m.dtype.kind not in "iuf" or not np.all((m == 0) | (m == 1)):
                     raise ValueError(f"mask must be boolean (True = valid token); got dtype "

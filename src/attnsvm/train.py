@@ -38,6 +38,16 @@ import pandas as pd
 import torch
 
 from . import fused
+from ._validation import (
+    INT64_MAX,
+    InstanceOf,
+    Interval,
+    Options,
+    Satisfies,
+    check_memory,
+    check_param,
+    validate_params,
+)
 from .fused import ENGINES
 from .metrics import correlation
 from .models import AttentionModel, prepare
@@ -106,22 +116,12 @@ class Trajectory:
 
 
 # ------------------------------------------------------------------ validation
-def _check_int(x, name: str, lo: int) -> int:
-    if isinstance(x, bool) or not isinstance(x, (int, np.integer)):
-        if isinstance(x, (float, np.floating)) and float(x).is_integer():
-            raise ValueError(f"{name} must be an integer >= {lo}; got the float {x!r}")
-        raise ValueError(f"{name} must be an integer >= {lo}; got {x!r}")
-    if x < lo:
-        raise ValueError(f"{name} must be an integer >= {lo}; got {x}")
-    return int(x)
-
-
 def _check_device(device):
-    if device is None:
-        return None
+    """``device`` as a torch.device that exists here and that attnsvm trains on (cpu, cuda,
+    mps); a ValueError naming it otherwise."""
     try:
         dev = torch.device(device)
-    except (RuntimeError, TypeError):
+    except (RuntimeError, TypeError, ValueError):
         raise ValueError(f"device {device!r} is not a torch device (e.g. 'cpu', 'cuda', 'cuda:1')") from None
     if dev.type == "cuda":
         if not torch.cuda.is_available():
@@ -130,9 +130,98 @@ def _check_device(device):
         if dev.index is not None and dev.index >= torch.cuda.device_count():
             raise ValueError(f"device {device!r} does not exist: {torch.cuda.device_count()} CUDA "
                              "device(s) visible")
-    elif dev.type == "mps" and not (hasattr(torch.backends, "mps") and torch.backends.mps.is_available()):
-        raise ValueError(f"device {device!r} is not available (use device='cpu')")
+    elif dev.type == "mps":
+        if not (hasattr(torch.backends, "mps") and torch.backends.mps.is_available()):
+            raise ValueError(f"device {device!r} is not available (use device='cpu')")
+    elif dev.type != "cpu":
+        raise ValueError(f"device {device!r}: attnsvm trains on 'cpu', 'cuda' or 'mps'; a "
+                         f"{dev.type!r} device holds no values to train")
     return dev
+
+
+def _check_loss(loss):
+    from .losses import get_loss
+
+    return get_loss(loss)
+
+
+def _check_optimizer(optimizer):
+    from .optim import get as get_optimizer
+
+    return ngd(0.1) if optimizer is None else get_optimizer(optimizer)
+
+
+_BOOL = [InstanceOf((bool, np.bool_), "True or False")]
+
+#: train()'s arguments: what each may be (attnsvm._validation; the first constraint a value
+#: meets normalises it). Checks against the data and between arguments: _check_against_data.
+TRAIN_CONSTRAINTS = {
+    "model": [InstanceOf(AttentionModel, "an attnsvm AttentionModel (WModel, KQModel, ...)")],
+    "loss": [Satisfies(_check_loss, "a loss name, a Loss or a callable")],
+    "optimizer": [Satisfies(_check_optimizer, "an Optimizer or a registered rule name")],
+    "steps": [Interval(int, 0, None)],
+    "B": [None, Interval(int, 1, None)],
+    "seed": [Interval(int, 0, INT64_MAX)],
+    "init": [InstanceOf(str, "an init kind (a str)"), InstanceOf(dict, "a dict of arrays")],
+    "scale": [Interval(float, 0, None, closed="neither")],
+    "record_every": [None, Interval(int, 1, None)],
+    "references": [None, InstanceOf(dict)],
+    "record_params": _BOOL,
+    "progress": _BOOL,
+    "device": [None, Satisfies(_check_device, "a torch device")],
+    "dtype": [Options(torch.float16, torch.float32, torch.float64,
+                      what="a real floating dtype: torch.float16, torch.float32 or torch.float64")],
+    "batch_size": [None, Interval(int, 1, None)],
+    "autograd": _BOOL,
+    "engine": [Options(*ENGINES)],
+    "chunk": [None, Interval(int, 1, None)],
+}
+
+# copies of the parameters a torch step holds at once: the current ones, the previous ones
+# (kept to undo an overflowing step) and the gradient (optimiser state comes on top)
+_PARAM_COPIES = 3
+
+
+def _check_against_data(model, tdata, B, init, batch_size, optimizer, seed):
+    """The checks that relate arguments to each other and to the data: d, the number of
+    trials B (returned, resolved), the mini-batch size (returned) and the trials' seeds."""
+    if tdata["X"].shape[-1] != model.d:
+        raise ValueError(f"the model has d = {model.d} but the data has d = {tdata['X'].shape[-1]}")
+    Bx = tdata["X"].shape[0]
+    if B is None:
+        B = Bx if not isinstance(init, dict) else _dict_batch(init, model, Bx)
+        B = check_param("B", B, TRAIN_CONSTRAINTS["B"][1:])
+    if Bx != 1 and B != Bx:
+        raise ValueError(f"data holds B = {Bx} datasets but B = {B} trials were requested")
+    if seed + B - 1 > INT64_MAX:
+        raise ValueError(f"seed must be an integer in [0, 2**63 - B] for B = {B} trials (trial "
+                         f"b draws its mini-batches with seed + b, an int64); got {seed}")
+    n = tdata["X"].shape[1]
+    bs = batch_size if batch_size is not None else optimizer.batch_size
+    if bs is not None:
+        bs = check_param("batch_size", bs, TRAIN_CONSTRAINTS["batch_size"][1:])
+        if bs > n:
+            raise ValueError(f"batch_size must be in [1, n = {n}]; got {bs}")
+    return B, bs
+
+
+def _check_train_memory(model, tdata, B, chunk, dtype, device):
+    """Refuse, before the first allocation, a run whose parameters cannot fit: the float64
+    initial draw of all B trials (twice: the draw and its rescaled copy; it stays for the
+    whole run when ``chunk`` trains fewer trials at a time), and per trial running at once,
+    the parameter copies of a step and the attention logits (B, n, Q, T) with their softmax
+    and its gradient (a lower estimate: optimiser state and temporaries come on top)."""
+    P = sum(math.prod(s) for s in model.param_shapes().values())
+    _, n, T, _ = tdata["X"].shape
+    Q = 1 if model._single(tdata) else T
+    run = min(B, chunk or B)
+    item = torch.empty((), dtype=dtype).element_size()
+    step = item * run * (_PARAM_COPIES * P + 3 * n * Q * T)
+    need = max(16.0 * B * P, step + (8.0 * B * P if run < B else 0.0))
+    check_memory(need, f"train({type(model).__name__}(d={model.d}), B={B}"
+                       + (f", chunk={chunk}" if chunk else "") + f") with {P:,} parameters "
+                       "per trial", "use a smaller model, fewer trials, or chunk= to train "
+                       "fewer at a time", device)
 
 
 def _init_params(model, init, B, seed, scale, device, dtype):
@@ -220,6 +309,19 @@ def _check_refs(model, refs, B, dtype, device):
             raise ValueError(f"references[{name!r}] contains NaN or inf")
         out[name] = torch.as_tensor(r, device=device, dtype=dtype)
     return out
+
+
+def _check_start(a0, first, tdata) -> None:
+    """The objective at the initial parameters is finite: logits (-inf allowed: masked
+    keys), losses and gradients; else a ValueError saying the data overflow float64."""
+    if (not bool((torch.isnan(a0) | torch.isposinf(a0)).any())
+            and bool(torch.isfinite(first.loss).all())
+            and all(_all_finite(t) for t in first.grads.tensors.values())):
+        return
+    big = float(tdata["X"].abs().max())
+    raise ValueError(f"the objective is not finite at the start (max |X| = {big:.3g}): the "
+                     "data overflow float64 in the logits or the gradient; rescale X (and z): "
+                     "the max-margin direction does not depend on the scale of the tokens")
 
 
 # ------------------------------------------------------------------ mini-batches
@@ -438,71 +540,37 @@ def train(model: AttentionModel, data, loss="logistic", optimizer: Optimizer | N
     mini-batch of sequences per trial and step (SGD/SNGD); trial b's batches depend only
     on its seed ``seed + b`` and the step. autograd: torch.autograd of the stable objective
     instead of the closed-form gradient (linear heads; other heads always use autograd).
-    device: "cpu", "cuda", ... (must exist).
+    device: "cpu", "cuda", ... (must exist). dtype: torch.float64 (default), float32 or
+    float16.
+    Every argument is checked before any work (the table ``TRAIN_CONSTRAINTS``, then
+    against the data and the memory available): a bad one is a ValueError naming it and
+    what was expected.
     engine: "auto" | "torch" | "fused" (module docstring; "fused" raises a ValueError
     naming what it does not support). chunk: train at most ``chunk`` trials at a time
     (same result; the step's memory is that of one chunk; :func:`_train_chunked`).
     """
-    from .losses import get_loss
-    from .optim import get as get_optimizer
-
-    lossf = get_loss(loss)
-    optimizer = ngd(0.1) if optimizer is None else get_optimizer(optimizer)
-    if not isinstance(model, AttentionModel):
-        raise ValueError(f"model must be an attnsvm AttentionModel; got {type(model).__name__}")
-    steps = _check_int(steps, "steps", 0)
-    seed = _check_int(seed, "seed", 0)
-    device = _check_device(device)
+    args = validate_params(TRAIN_CONSTRAINTS, locals(), "train")  # before any work
+    lossf, optimizer, steps, seed, device, chunk, scale = (args[a] for a in (
+        "loss", "optimizer", "steps", "seed", "device", "chunk", "scale"))
+    k = max(1, steps // 100) if record_every is None else args["record_every"]
     tdata = prepare(data, device=device, dtype=dtype)
-    if tdata["X"].shape[-1] != model.d:
-        raise ValueError(f"the model has d = {model.d} but the data has d = {tdata['X'].shape[-1]}")
-    Bx = tdata["X"].shape[0]
-    if B is None:
-        B = Bx if not isinstance(init, dict) else _dict_batch(init, model, Bx)
-    B = _check_int(B, "B", 1)
-    if Bx != 1 and B != Bx:
-        raise ValueError(f"data holds B = {Bx} datasets but B = {B} trials were requested")
-    if isinstance(scale, bool) or not (isinstance(scale, (int, float)) and math.isfinite(scale)
-                                       and scale > 0):
-        raise ValueError(f"scale must be a finite number > 0; got {scale!r}")
+    B, bs = _check_against_data(model, tdata, args["B"], init, batch_size, optimizer, seed)
+    Q = 1 if model._single(tdata) else tdata["X"].shape[2]
+    alpha_t = _alpha_tensor(model, tdata, alpha, Q, B)
+    refs = _check_refs(model, references, B, dtype, tdata["X"].device)
+    _check_train_memory(model, tdata, B, chunk, dtype, device)
     params = _init_params(model, init, B, seed, scale, device, dtype)
     if not bool(model.finite(params).all()):
         raise ValueError("the initial parameters overflow float64 in W (e.g. K Q^T): start smaller")
-    k = max(1, steps // 100) if record_every is None else _check_int(record_every, "record_every", 1)
-    if engine not in ENGINES:
-        raise ValueError(f"engine must be one of {ENGINES}; got {engine!r}")
-    if chunk is not None:
-        chunk = _check_int(chunk, "chunk", 1)
-    if chunk is not None and chunk < B:  # before anything allocates for all B trials at once
-        Q = 1 if model._single(tdata) else tdata["X"].shape[2]
-        n = tdata["X"].shape[1]
-        bs = batch_size if batch_size is not None else optimizer.batch_size
-        if bs is not None and _check_int(bs, "batch_size", 1) > n:
-            raise ValueError(f"batch_size must be in [1, n = {n}]; got {bs}")
+    if chunk is not None and chunk < B:
         return _train_chunked(
-            model, tdata, params, chunk, k, _alpha_tensor(model, tdata, alpha, Q, B),
-            _check_refs(model, references, B, dtype, tdata["X"].device), seed,
+            model, tdata, params, chunk, k, alpha_t, refs, seed,
             dict(loss=lossf, optimizer=optimizer, steps=steps, scale=scale,
                  record_params=record_params, progress=progress, device=device, dtype=dtype,
                  batch_size=batch_size, autograd=autograd, engine=engine))
     a0 = model._logits(params, tdata)
     first = model.evaluate(params, tdata, lossf, grad=True, autograd=autograd, logits=a0)
-    Q = a0.shape[2]
-    if not (not bool((torch.isnan(a0) | torch.isposinf(a0)).any())
-            and bool(torch.isfinite(first.loss).all())
-            and all(_all_finite(t) for t in first.grads.tensors.values())):
-        big = float(tdata["X"].abs().max())
-        raise ValueError(f"the objective is not finite at the start (max |X| = {big:.3g}): the "
-                         "data overflow float64 in the logits or the gradient; rescale X (and z): "
-                         "the max-margin direction does not depend on the scale of the tokens")
-    alpha_t = _alpha_tensor(model, tdata, alpha, Q, B)
-    refs = _check_refs(model, references, B, dtype, tdata["X"].device)
-    bs = batch_size if batch_size is not None else optimizer.batch_size
-    n = tdata["X"].shape[1]
-    if bs is not None:
-        bs = _check_int(bs, "batch_size", 1)
-        if bs > n:
-            raise ValueError(f"batch_size must be in [1, n = {n}]; got {bs}")
+    _check_start(a0, first, tdata)
     seeds = torch.arange(B, dtype=torch.int64) + seed
     plan = None
     if engine != "torch":

@@ -12,8 +12,9 @@ Command modules import heavy libraries (torch, cvxpy, transformers) inside
 Errors: :func:`main` is the one place that turns an exception into what the user sees.
 A user error (a ValueError or OSError: a bad file, a bad argument value, an argument a
 command would ignore) is one line on stderr, ``attnsvm CMD: error: ...``, and exit
-status 2; a usage error found by argparse is one line too (exit 2). Any other exception
-is a bug: one line that says so, exit 1. ``--debug`` (or ``ATTNSVM_DEBUG=1``) re-raises
+status 2; a usage error found by argparse is one line too (exit 2). Running out of memory
+(a MemoryError: input too large for this machine) is one line, exit 2, too. Any other
+exception is a bug: one line that says so, exit 1. ``--debug`` (or ``ATTNSVM_DEBUG=1``) re-raises
 instead, with the full traceback. Ctrl-C is exit 130.
 
 Figures: :func:`main` selects matplotlib's non-interactive Agg backend before it runs a
@@ -147,6 +148,12 @@ def main(argv: list[str] | None = None) -> int:
         if debug:
             raise
         print(f"{prog}: error: {describe(exc)}", file=sys.stderr)
+        return 2
+    except MemoryError as exc:  # too large for this machine: the input's size, not a bug
+        if debug:
+            raise
+        print(f"{prog}: error: out of memory ({describe(exc)}); use smaller inputs",
+              file=sys.stderr)
         return 2
     except Exception as exc:  # noqa: BLE001 - a bug: one line, the traceback on request
         if debug:

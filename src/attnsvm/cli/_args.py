@@ -49,6 +49,18 @@ def nonnegative_int(text: str) -> int:
     return value
 
 
+SEED_MAX = 2 ** 63 - 1  # seeds are int64 in torch (train: trial b uses seed + b)
+
+
+def seed_int(text: str) -> int:
+    """A seed: an integer in [0, 2**63 - 1] (torch keeps seeds as int64)."""
+    value = _number(text, int, "an integer in [0, 2**63 - 1]")
+    if not 0 <= value <= SEED_MAX:
+        raise argparse.ArgumentTypeError(f"expected an integer in [0, 2**63 - 1] (an int64 "
+                                         f"seed); got {text!r}")
+    return value
+
+
 def torch_device(text: str | None):
     """``text`` as a torch device that exists on this machine (None: leave the default).
 
@@ -132,6 +144,48 @@ def check_out_file(path: str | None, force: bool, suffixes: tuple[str, ...], wha
     if out.exists() and not force:
         raise ValueError(f"--out {path}: the file exists; pass --force to overwrite it, or "
                          f"give another name")
+    why = unwritable(out.parent)
+    if why:
+        raise ValueError(f"--out {path}: cannot write into the folder {out.parent} ({why}); "
+                         f"give a writable place")
+    return out
+
+
+def unwritable(folder) -> str | None:
+    """Why no file can be created in ``folder`` (None: one can). Tried for real: a
+    temporary file is created and removed, so read-only mounts, permissions and ACLs all
+    count, as they will when the command writes."""
+    import os
+    import tempfile
+
+    try:
+        fd, name = tempfile.mkstemp(prefix=".attnsvm-write-check-", dir=folder)
+    except OSError as exc:
+        return exc.strerror or type(exc).__name__
+    os.close(fd)
+    os.unlink(name)
+    return None
+
+
+def check_out_dir(path, option: str = "--out"):
+    """An output folder, checked before any work: not an existing file, and writable (if
+    it does not exist yet: its nearest existing parent folder is, so it can be made).
+    Returns it as a Path; each problem is a ValueError naming ``option PATH``."""
+    from pathlib import Path
+
+    out = Path(path)
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"{option} {path}: exists and is not a folder")
+    base = out
+    while not base.exists() and base != base.parent:
+        base = base.parent
+    if not base.is_dir():
+        raise ValueError(f"{option} {path}: {base} is not a folder, so {out} cannot be made")
+    why = unwritable(base)
+    if why:
+        where = "the folder" if base == out else f"{base}, where it would be made,"
+        raise ValueError(f"{option} {path}: cannot write into {where} ({why}); give a "
+                         f"writable place")
     return out
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import argparse
 
-from attnsvm.cli._args import nonnegative_int, positive_int
+from attnsvm.cli._args import check_out_dir, nonnegative_int, positive_int
 
 HELP = ("probe a local pretrained transformer: head sparsity and corr with the max-margin SVM, "
         "against a random-initialisation control")
@@ -46,6 +46,7 @@ def run(args: argparse.Namespace) -> int:
 
     from attnsvm.realdata.probe import ModelNotFoundError, ProbeConfig, run_probe, with_overrides
 
+    check_out_dir(args.out)  # before the model loads
     if args.corpus is not None and not Path(args.corpus).is_file():  # before the model loads
         what = "is a directory" if Path(args.corpus).is_dir() else "does not exist"
         raise ValueError(f"--corpus {args.corpus}: {what}; give a text file, one sentence "

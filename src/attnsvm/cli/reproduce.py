@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from attnsvm.cli._args import default_out, positive_int
+from attnsvm.cli._args import check_out_dir, default_out, positive_int
 
 HELP = "run the papers' experiments (all, or NAMES) and write a report with figures and verdicts"
 
@@ -61,7 +61,6 @@ def select(names: list[str], registry: dict) -> list:
 
 def run(args: argparse.Namespace) -> int:
     import time
-    from pathlib import Path
 
     from attnsvm import plotting
     from attnsvm.experiments import registry, run_experiment
@@ -73,9 +72,7 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"--formats {args.formats}: use png, pdf or svg (comma-separated)")
     plotting.FORMATS = formats
     exps = select(args.names, registry())
-    out = Path(args.out)
-    if out.exists() and not out.is_dir():
-        raise ValueError(f"--out {out}: exists and is not a folder")
+    out = check_out_dir(args.out)
     for exp in exps:
         exp.config(args.scale)  # an experiment without this scale: refused before any run
     out.mkdir(parents=True, exist_ok=True)

@@ -96,26 +96,34 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 # ------------------------------------------------------------------------- parsing
-def _indices(text: str, what: str) -> list[int]:
+def _indices(text: str, what: str, tokens: int | None = None) -> list[int]:
     items = [t.strip() for t in text.split(",")]
     if not all(re.fullmatch(r"[+-]?\d+", t) for t in items):
         raise ValueError(f"--alpha expects 'opt' or comma-separated integer token indices, {what} "
                          f"(e.g. 0,2,1); got {text!r}")
-    return [int(t) for t in items]
+    out = [int(t) for t in items]
+    big = [i for i in out if not -2 ** 63 <= i < 2 ** 63]  # beyond any array's integers
+    if big:
+        span = f"[0, {tokens - 1}]" if tokens else "[0, T - 1]"
+        raise ValueError(f"--alpha: alpha out of range: token indices must lie in {span}; "
+                         f"got {big[:5]}")
+    return out
 
 
-def parse_alpha(text: str, n: int, T: int | None = None):
+def parse_alpha(text: str, n: int, T: int | None = None, tokens: int | None = None):
     """``"opt"`` -> None; ``"0,2,1"`` -> array([0, 2, 1]) (one index per sequence);
-    with ``T`` (seq2seq): ``"0,0,1;0,1,1"`` -> an (n, T) array, one row per sequence."""
+    with ``T`` (seq2seq): ``"0,0,1;0,1,1"`` -> an (n, T) array, one row per sequence.
+    ``tokens``: T, for the message of an index too large for any array."""
     import numpy as np
 
     if text.strip().lower() == "opt":
         return None
+    tokens = T if tokens is None else tokens
     if T is None:
         if ";" in text:
             raise ValueError(f"--alpha {text!r}: rows separated by ';' are for --query seq2seq "
                              f"or causal; give one token index per sequence (e.g. 0,2,1)")
-        alpha = np.array(_indices(text, "one per sequence"))
+        alpha = np.array(_indices(text, "one per sequence", tokens))
         if len(alpha) != n:
             raise ValueError(f"--alpha gives {len(alpha)} token indices, but the data has n = "
                              f"{n} sequences (one index each)")
@@ -126,7 +134,7 @@ def parse_alpha(text: str, n: int, T: int | None = None):
                          f"(one row of T = {T} indices each, rows separated by ';')")
     out = []
     for i, row in enumerate(rows):
-        idx = _indices(row, "one row of T per sequence, rows separated by ';'")
+        idx = _indices(row, "one row of T per sequence, rows separated by ';'", tokens)
         if len(idx) != T:
             raise ValueError(f"--alpha row {i} gives {len(idx)} token indices; each row needs "
                              f"T = {T}, one selected key per query token")
@@ -277,6 +285,7 @@ def solution_arrays(sol, query: str) -> dict:
 def run(args: argparse.Namespace) -> int:
     import numpy as np
 
+    from attnsvm._validation import check_memory
     from attnsvm.svm import att_svm, prompt_svm, seq2seq_svm
     from attnsvm.svm.solution import _norm_name
 
@@ -291,7 +300,7 @@ def run(args: argparse.Namespace) -> int:
     n, T, _ = X.shape
     kind = choose(args, data, args.data)
     seq = kind in SEQ2SEQ
-    alpha = parse_alpha(args.alpha, n, T if seq else None)
+    alpha = parse_alpha(args.alpha, n, T if seq else None, tokens=T)
     if alpha is None and (y is None or v is None):
         missing = [k for k in ("y", "v") if data[k] is None]
         example = "i1,i2,..." if not seq else "rows of T indices separated by ';'"
@@ -310,6 +319,10 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"--rank applies to one query per sequence (--query cross|first|last); "
                          f"the seq-to-seq SVM of --query {kind} has no rank option")
 
+    d = X.shape[2]
+    e = 1 if kind == "prompt" else (data["z"].shape[1] if kind == "cross" else d)
+    check_memory(8.0 * d * e * 2, f"the solution W_mm ({d} x {e}, float64) and its "
+                 f"certificate", "solve a smaller problem (fewer features d)")
     if kind == "prompt":
         sol = prompt_svm(X, None, alpha, y=y, v=v, mask=mask, solver=solver)
     elif seq:

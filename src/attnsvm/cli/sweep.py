@@ -16,8 +16,9 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import warnings
 
-from attnsvm.cli._args import default_out, positive_int
+from attnsvm.cli._args import check_out_dir, default_out, positive_int
 
 HELP = "run an experiment over a grid of config overrides (local, processes or Dask), " \
        "stored as Parquet with resume"
@@ -184,7 +185,8 @@ def parse_axis(spec: str) -> tuple[str, list]:
 def check_axes(exp, scale: str, axes: dict, strict: bool = True) -> None:
     """Refuse, with one line naming the problem, a grid that cannot mean what it says: a
     scale the experiment lacks, a key its config does not have (``strict``), a single value
-    where the config holds a list or a list where it holds a number."""
+    where the config holds a list, a list where it holds a number, or a value that is not a
+    number (a string, true/false, none) where it holds a number."""
     from attnsvm.cli.list_ import fmt
 
     if scale not in exp.configs:
@@ -205,12 +207,31 @@ def check_axes(exp, scale: str, axes: dict, strict: bool = True) -> None:
                     f"--grid {key}={fmt(v)}: {key} is a list in {exp.name}'s config "
                     f"({fmt(base)}); a list value goes in brackets: --grid '{key}=[{fmt(v)}]' "
                     f"is one cell, '{key}=[2,4],[8]' two")
-            if (isinstance(base, (int, float)) and not isinstance(base, bool)
-                    and isinstance(v, (list, tuple))):
+            number = isinstance(base, (int, float)) and not isinstance(base, bool)
+            if number and (v is None or isinstance(v, (str, bool))):
+                hint = (" (a range is a:b[:step] with integers)" if isinstance(v, str)
+                        and ":" in v else "")
+                raise ValueError(
+                    f"--grid {key}={fmt(v)}: {key} is a number in {exp.name}'s config "
+                    f"({fmt(base)}); expected numbers, got {v!r}{hint}")
+            if number and isinstance(v, (list, tuple)):
                 raise ValueError(
                     f"--grid {key}={fmt(v)}: {key} is a single number in {exp.name}'s config "
                     f"({fmt(base)}); for one cell per value write {key}="
                     f"{','.join(fmt(x) for x in v)}")
+
+
+def _count_done(store, keys: list[str]) -> int:
+    """How many of the cells ``keys`` the store holds as done (0 if it cannot be read)."""
+    from pathlib import Path
+
+    from attnsvm.sweep import _Store
+
+    try:
+        st = _Store(Path(store), None, create=False)
+    except (OSError, ValueError):
+        return 0
+    return sum(st.is_done(k) for k in keys)
 
 
 def _is_int(text: str) -> bool:
@@ -222,7 +243,15 @@ def _is_int(text: str) -> bool:
 
 
 def run(args: argparse.Namespace) -> int:
-    from attnsvm.sweep import SweepTerminated, _Store, cell_key, grid, resolve_experiment, sweep
+    from attnsvm.sweep import (
+        StoreWarning,
+        SweepTerminated,
+        _Store,
+        cell_key,
+        grid,
+        resolve_experiment,
+        sweep,
+    )
 
     axes = {}
     for spec in args.grid:  # a ValueError is one line (cli.main)
@@ -251,17 +280,32 @@ def run(args: argparse.Namespace) -> int:
         print(f"{len(cells)} cells of {exp.name} at scale {args.scale!r}; store {store}")
         return 0
 
+    check_out_dir(store, "--store")  # writable, before any cell runs
     print(f"attnsvm sweep: {exp.name} over {len(cells)} cells "
           f"({' x '.join(f'{k}:{len(v)}' for k, v in axes.items()) or 'defaults'}) "
           f"at scale {args.scale!r}, executor {executor} -> {store}/", flush=True)
     try:
-        res = sweep(exp, cells, scale=args.scale, store=store, executor=executor,
-                    address=args.address, workers=args.workers, progress=args.progress,
-                    retry_failed=args.retry_failed, strict=args.strict)
+        with warnings.catch_warnings():
+            warnings.simplefilter("always", StoreWarning)
+            shown = warnings.showwarning
+
+            def one_line(message, category, *rest, **kw):  # a damaged cell: one line each
+                if issubclass(category, StoreWarning):
+                    print(f"attnsvm sweep: warning: {message}", file=sys.stderr, flush=True)
+                else:
+                    shown(message, category, *rest, **kw)
+
+            warnings.showwarning = one_line
+            res = sweep(exp, cells, scale=args.scale, store=store, executor=executor,
+                        address=args.address, workers=args.workers, progress=args.progress,
+                        retry_failed=args.retry_failed, strict=args.strict)
     except KeyboardInterrupt as exc:
-        how = "terminated" if isinstance(exc, SweepTerminated) else "interrupted"
-        print(f"\nattnsvm sweep: {how}; finished cells are in {store}/, "
-              f"the same command resumes", file=sys.stderr)
+        how = ("terminated (SIGTERM)" if isinstance(exc, SweepTerminated)
+               else "interrupted")
+        done = _count_done(store, [cell_key(c, args.scale) for c in cells])
+        print(f"\nattnsvm sweep: {how}; {done} of {len(cells)} cells are finished and "
+              f"stored in {store}/; running the same command again resumes the other "
+              f"{len(cells) - done}", file=sys.stderr)
         return 143 if isinstance(exc, SweepTerminated) else 130
     print(res.summary())
     return 0 if res.ok else 1

@@ -11,6 +11,7 @@ from attnsvm.cli._args import (
     nonnegative_int,
     positive_float,
     positive_int,
+    seed_int,
     torch_device,
     write_atomic,
 )
@@ -62,7 +63,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
                              f"--data file sets B)")
     parser.add_argument("--steps", type=nonnegative_int, default=500,
                         help="optimiser steps per trial")
-    parser.add_argument("--seed", type=nonnegative_int, default=0,
+    parser.add_argument("--seed", type=seed_int, default=0,
                         help="seed of the demo data, the initialisation and SGD's mini-batches")
     parser.add_argument("--init", default="random",
                         choices=["random", "zero", "balanced", "unbalanced"],

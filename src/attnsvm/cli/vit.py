@@ -7,7 +7,7 @@ import argparse
 import math
 import re
 
-from attnsvm.cli._args import default_out, nonnegative_int, positive_int
+from attnsvm.cli._args import check_out_dir, default_out, nonnegative_int, positive_int
 
 HELP = "train a small ViT on the bundled digits with SGD/SNGD/mirror descent; sparsity vs norm"
 
@@ -40,6 +40,7 @@ def configure(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from attnsvm.realdata.vit import DEFAULT_LR, config_from, run_vit
 
+    check_out_dir(args.out)  # before the data and the model are loaded
     lr = dict(DEFAULT_LR)
     for item in args.lr or []:
         name, _, value = item.partition("=")

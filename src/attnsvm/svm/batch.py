@@ -25,7 +25,7 @@ from ..norms import FRO
 from . import engine, lean
 from .problems import _keys
 from .solution import BatchSolution
-from .validate import as_alpha, as_array, as_mask, as_norm
+from .validate import as_alpha, as_array, as_mask, as_norm, as_tol
 
 __all__ = ["BatchSolution", "att_svm_batch", "prompt_svm_batch"]
 
@@ -68,6 +68,7 @@ def att_svm_batch(X, z, alpha, *, norm="fro", mask=None, solver=None, tol=1e-6,
     default conflict_ holds the sequences in the support of the verified Farkas
     certificate (sum mu_k A_k = 0), not necessarily minimal.
     """
+    tol = as_tol(tol)  # before any work
     X, a, valid = _batch_inputs(X, alpha, mask)
     B, n, T, d = X.shape
     z = as_array(z, "z", (2, 3), "(B, n, e) or (n, e)")
@@ -90,6 +91,7 @@ def prompt_svm_batch(X, W, alpha, *, norm="fro", mask=None, solver=None, tol=1e-
     k = W^T x.  X (B, n, T, d) or (n, T, d); W (d, d') or (B, d, d') or None (identity);
     alpha (B, n).  ``W_`` of the result is p with shape (B, d').
     """
+    tol = as_tol(tol)  # before any work
     X, a, valid = _batch_inputs(X, alpha, mask)
     B, n, T, d = X.shape
     K, eK = _keys(X, W, valid)

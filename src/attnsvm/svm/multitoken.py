@@ -28,7 +28,7 @@ import numpy as np
 from ..metrics import correlation
 from . import engine
 from .solution import Solution
-from .validate import as_array, as_mask, as_norm
+from .validate import as_array, as_mask, as_norm, as_tol
 
 __all__ = ["MultiTokenSolution", "multitoken_svm", "selected_sets"]
 
@@ -96,6 +96,7 @@ def multitoken_svm(X, z, s, threshold: float = 1e-3, W_trained=None, mask=None, 
     sets), mask (n, T) bool, W_trained (d, e) optional.  Both problems are certified by
     the engine; ``feasible_`` / ``status_`` are those of W_dir.
     """
+    tol = as_tol(tol)  # before any work
     X = as_array(X, "X", (3,), "(n, T, d)")
     n, T, d = X.shape
     z = as_array(z, "z", (2,), "(n, e)")

@@ -17,7 +17,16 @@ from ..scores import opt_tokens, scores  # re-exported: the one home is attnsvm.
 from . import engine, lean
 from .engine import build_constraints, farkas_conflict, normalise, normalise_constraints
 from .solution import ConstraintSet, Solution
-from .validate import as_alpha, as_array, as_labels, as_mask, as_norm, as_support, resolve_alpha
+from .validate import (
+    as_alpha,
+    as_array,
+    as_labels,
+    as_mask,
+    as_norm,
+    as_support,
+    as_tol,
+    resolve_alpha,
+)
 
 __all__ = [
     "att_svm",
@@ -121,6 +130,7 @@ def att_svm(X, z, alpha=None, *, y=None, v=None, norm="fro", rank=None, mask=Non
     Raises :class:`~attnsvm.svm.solution.NotRepresentableError` when W_mm over- or
     underflows float64 at the input's scale.
     """
+    tol = as_tol(tol)  # before any work
     X = _tokens(X)
     n, T, d = X.shape
     z = _queries(z, n)
@@ -163,6 +173,7 @@ def prompt_svm(X, W=None, alpha=None, *, y=None, v=None, mask=None, norm="fro", 
     tokens K = X W and queries z_i = 1 (e = 1).  ``norm``: a vector norm (default l_2;
     "nuc" / "spectral" are l_2 on vectors).  A zero W (all keys equal) is infeasible.
     """
+    tol = as_tol(tol)  # before any work
     X = _tokens(X)
     n, T, d = X.shape
     valid = as_mask(mask, (n, T))
@@ -205,6 +216,7 @@ def seq2seq_svm(X, alpha, causal: bool = False, mask=None, *, norm="fro", solver
     alpha_ik <= k).  The result's ``dual_``, ``support_``, ``margins_`` have shape
     (n, T, T) indexed [i, query k, key t]; ``conflict_`` lists sequences i.
     """
+    tol = as_tol(tol)  # before any work
     X = _tokens(X)
     n, T, d = X.shape
     valid = as_mask(mask, (n, T))
@@ -239,6 +251,7 @@ def head_svm(R, y, p=2, *, alpha=None, solver=None, tol=1e-6) -> Solution:
     ``W_`` is v (d,); ``support_`` (n, 1) marks the support vectors
     (``support_indices`` in ``extra``).
     """
+    tol = as_tol(tol)  # before any work
     R = as_array(R, "R", (2, 3), "(n, d) or (n, T, d) with alpha")
     if R.ndim == 3:
         if alpha is None:
@@ -268,6 +281,7 @@ def relaxed_svm(X, alpha, y=None, *, W=None, z=None, support=None, mask=None, no
     Prompt form with keys k = W^T x (W default identity); with ``z`` (n, e) the W form
     (x_{i,alpha_i} - x_it)^T W z_i instead.  Returns a Solution (``extra['S']`` = S).
     """
+    tol = as_tol(tol)  # before any work
     X = _tokens(X)
     n, T, d = X.shape
     valid = as_mask(mask, (n, T))

@@ -11,7 +11,9 @@ Rules:
     refused), in range, of the right length, and never select a masked token;
   * masks are boolean (or 0/1 numbers, read as booleans);
   * labels are +-1; ``support`` indices are integers in range (or a bool mask);
-  * ``alpha="opt"`` (or None) needs valid labels y and a head v.
+  * ``alpha="opt"`` (or None) needs valid labels y and a head v;
+  * ``tol`` is a finite number > 0;
+  * torch tensors are read detached (one that requires grad too), as ``TokenData`` reads them.
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ from __future__ import annotations
 import numbers
 
 import numpy as np
+
+from .._validation import Interval, as_numpy, check_param
 
 __all__ = [
     "as_array",
@@ -29,6 +33,7 @@ __all__ = [
     "resolve_alpha",
     "as_norm",
     "opt_alpha",
+    "as_tol",
 ]
 
 
@@ -36,6 +41,7 @@ def as_array(x, name: str, ndim: tuple[int, ...], shape_doc: str) -> np.ndarray:
     """``x`` as a finite float64 array with ndim in ``ndim``; ValueError naming ``name``."""
     if x is None:
         raise ValueError(f"{name} is required: an array of shape {shape_doc}")
+    x = as_numpy(x, name)  # torch tensors: detached (requires_grad), from the GPU
     try:
         a = np.asarray(x)
     except Exception:  # ragged lists and the like
@@ -59,7 +65,7 @@ def as_mask(mask, shape: tuple[int, ...], name: str = "mask") -> np.ndarray:
     is refused.  A mask may be given without its leading batch dim (broadcast)."""
     if mask is None:
         return np.ones(shape, bool)
-    m = np.asarray(mask)
+    m = np.asarray(as_numpy(mask, name))
     if m.dtype != np.bool_:
         if m.dtype == object or m.dtype.kind not in "iuf":
             raise ValueError(f"{name} must be a boolean array (True = valid token); "
@@ -76,8 +82,11 @@ def as_mask(mask, shape: tuple[int, ...], name: str = "mask") -> np.ndarray:
     return np.array(m, dtype=bool)
 
 
-def _int_array(a, name: str, what: str = "token") -> np.ndarray:
-    """Integer array (floats / bools / strings refused, never truncated)."""
+def _int_array(a, name: str, what: str = "token", hi: int | None = None) -> np.ndarray:
+    """Integer array (floats / bools / strings refused, never truncated; integers beyond
+    int64 refused as out of range [0, hi], never wrapped)."""
+    span = f"[0, {hi}]" if hi is not None else "[0, 2**63 - 1]"
+    a = as_numpy(a, name)
     try:
         arr = np.asarray(a)
     except Exception:
@@ -86,7 +95,14 @@ def _int_array(a, name: str, what: str = "token") -> np.ndarray:
         raise ValueError(f"{name} must hold integer {what} indices; got booleans")
     if arr.dtype == object and arr.size and all(isinstance(v, numbers.Integral)
                                                  and not isinstance(v, bool) for v in arr.flat):
+        big = [int(v) for v in arr.flat if not -2 ** 63 <= v < 2 ** 63]
+        if big:  # Python ints beyond int64 (numpy would raise OverflowError)
+            raise ValueError(f"{name} out of range: {what} indices must lie in {span}; "
+                             f"got {big[:5]}")
         arr = arr.astype(np.int64)
+    if arr.dtype == np.uint64 and arr.size and int(arr.max()) >= 2 ** 63:
+        raise ValueError(f"{name} out of range: {what} indices must lie in {span}; "
+                         f"got {[int(v) for v in arr[arr >= 2 ** 63][:5]]}")
     if not np.issubdtype(arr.dtype, np.integer):
         if arr.size == 0 and arr.dtype == np.float64:  # np.asarray([]) is float
             return arr.astype(np.int64)
@@ -99,7 +115,7 @@ def as_alpha(alpha, shape: tuple[int, ...], T: int, valid: np.ndarray | None = N
              name: str = "alpha", what: str = "sequences") -> np.ndarray:
     """Selected-token indices of ``shape`` (e.g. (n,) or (B, n)), integer, in [0, T), not
     selecting a masked token (``valid`` of shape ``shape + (T,)``)."""
-    a = _int_array(alpha, name)
+    a = _int_array(alpha, name, hi=T - 1)
     if a.shape != tuple(shape):
         raise ValueError(f"{name} must have shape {tuple(shape)} (one token index per "
                          f"sequence); got {a.shape}")
@@ -131,13 +147,13 @@ def as_labels(y, n: int, name: str = "y") -> np.ndarray:
 
 def as_support(support, n: int, name: str = "support") -> np.ndarray:
     """Support sequences as a bool mask (n,), from a bool mask or integer indices."""
-    s = np.asarray(support)
+    s = np.asarray(as_numpy(support, name))
     if s.dtype == np.bool_:
         if s.shape != (n,):
             raise ValueError(f"{name} must be a bool mask of shape ({n},) or integer "
                              f"indices; got a bool array of shape {s.shape}")
         return s.copy()
-    idx = _int_array(support, name, "sequence")
+    idx = _int_array(support, name, "sequence", hi=n - 1)
     if idx.ndim != 1:
         raise ValueError(f"{name} indices must be a 1-d list; got shape {idx.shape}")
     if idx.size and (idx.min() < 0 or idx.max() >= n):
@@ -183,3 +199,10 @@ def as_norm(norm):
     from ..norms import get_norm
 
     return get_norm(norm)
+
+
+def as_tol(tol, name: str = "tol") -> float:
+    """The tolerance for reporting active constraints (support: margin <= 1 + tol), a
+    finite number > 0: a negative, zero or NaN tol would report no support vectors at an
+    optimum whose active margins came out a rounding error above 1."""
+    return check_param(name, tol, [Interval(float, 0.0, None, closed="neither")])

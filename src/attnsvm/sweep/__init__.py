@@ -30,6 +30,11 @@ Executors
                  ``LocalCluster`` with ``workers`` single-threaded worker processes.
 a ``Client``     an existing ``dask.distributed.Client``; it is used, not closed.
 
+SIGTERM of a sweep running ``"processes"`` or ``"dask"`` (in the main thread) raises
+:class:`SweepTerminated`: pending cells are cancelled, workers (and a LocalCluster the sweep
+started) are stopped, the manifest is written; the CLI says how many cells finished and
+that the same command resumes the rest (exit status 143).
+
 Tasks go to the workers at once (``client.map``) and their results come back in the
 order they finish (``as_completed``); only this process writes the store, so the
 workers of a remote cluster need no shared file system (they need ``attnsvm`` and
@@ -50,7 +55,10 @@ Store layout
 (so ``grid(d=[2])`` and ``[{"d": 2}]`` are the same cell, and the ``quick`` and
 ``full`` runs of one cell are two cells). Files are written to a temporary name and
 renamed, so a killed sweep never leaves half a file behind. One sweep at a time per
-store: two concurrent sweeps on the same store may compute a cell twice.
+store: two concurrent sweeps on the same store may compute a cell twice. A cell file
+damaged afterwards (a disk error, a bad copy) is moved to ``store/_quarantine/<table>/``
+by the next sweep, named in a :class:`StoreWarning`, and its cell runs again;
+:func:`load` leaves such a cell out, with the same warning, and changes nothing.
 
 A store belongs to one experiment, named in its manifest (written when the store is
 created) and in every cell record. A store of another experiment, a manifest that is
@@ -80,13 +88,13 @@ from .executors import (
     _run_processes,
     resolve_experiment,
 )
-from .store import CELL_COLUMN, MANIFEST, _cells_frame, _now, _Store, load
+from .store import CELL_COLUMN, MANIFEST, StoreWarning, _cells_frame, _now, _Store, load
 
 #: where a sweep is stored when no ``store`` is given: DEFAULT_ROOT / <experiment name>
 DEFAULT_ROOT = Path("attnsvm-out") / "sweep"
 
 __all__ = ["grid", "sweep", "load", "cell_key", "resolve_experiment", "SweepResult",
-           "SweepTerminated", "EXECUTORS"]
+           "SweepTerminated", "StoreWarning", "EXECUTORS"]
 
 
 @dataclass
@@ -195,7 +203,11 @@ def sweep(experiment: Experiment | str, cells: Iterable[Mapping[str, Any]], *,
         if key not in order:
             order[key] = (cell, exp.config(scale, **cell))
     st = _Store(Path(store) if store is not None else DEFAULT_ROOT / exp.name, exp.name)
-    resumed = {k for k in order if st.is_done(k)}
+    # cells done earlier are read back now: one whose file is damaged is quarantined (moved
+    # to STORE/_quarantine/, named in a StoreWarning) and runs again
+    cached = {k: t for k in order if st.is_done(k)
+              and (t := st.read_cell(k, quarantine=True)) is not None}
+    resumed = set(cached)
     jobs = [(k, cfg) for k, (_, cfg) in order.items() if k not in resumed
             and (retry_failed or st.status(k) != "failed")]
     index = {k: i for i, k in enumerate(order)}
@@ -245,4 +257,4 @@ def sweep(experiment: Experiment | str, cells: Iterable[Mapping[str, Any]], *,
     cells_df = _cells_frame(items, resumed=resumed)
     failed = _cells_frame([(k, r) for k, r in items if r.get("status") == "failed"],
                           with_error=True)
-    return SweepResult(exp.name, scale, st.root, st.read(done), cells_df, failed)
+    return SweepResult(exp.name, scale, st.root, st.read(done, cached), cells_df, failed)

@@ -102,6 +102,26 @@ def _raise_terminated(signum, frame):  # noqa: ARG001 - the signal handler's sig
     raise SweepTerminated(f"terminated by signal {signum}")
 
 
+def _catch_sigterm():
+    """Make SIGTERM raise :class:`SweepTerminated` in the sweep's thread (when it is the main
+    thread: only it receives signals), so the executor stops its workers and the sweep
+    writes its manifest and says what resumes. Returns the previous handler, to restore
+    with :func:`_restore_sigterm` (None: nothing was installed)."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    return signal.signal(signal.SIGTERM, _raise_terminated)
+
+
+def _restore_sigterm(previous) -> None:
+    import signal
+
+    if previous is not None:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def _die_with_parent(parent: int, poll_s: float = 0.5) -> None:
     """End this worker process as soon as the sweep's process ``parent`` is gone.
 
@@ -150,14 +170,10 @@ def _run_processes(exp: Experiment, jobs: list[tuple[str, dict]], workers: int |
     exception terminate them; SIGKILL of this process ends them through
     :func:`_die_with_parent`."""
     import multiprocessing
-    import signal
-    import threading
     from concurrent.futures import ProcessPoolExecutor, as_completed
 
     payload = _pack(exp)
-    previous = None
-    if threading.current_thread() is threading.main_thread():
-        previous = signal.signal(signal.SIGTERM, _raise_terminated)
+    previous = _catch_sigterm()
     pool = ProcessPoolExecutor(max_workers=workers or os.cpu_count() or 1,
                                mp_context=multiprocessing.get_context("spawn"),
                                initializer=_worker_init, initargs=(os.getpid(),))
@@ -172,8 +188,7 @@ def _run_processes(exp: Experiment, jobs: list[tuple[str, dict]], workers: int |
             for proc in list((getattr(pool, "_processes", None) or {}).values()):
                 proc.terminate()
         pool.shutdown(wait=clean, cancel_futures=True)
-        if previous is not None:
-            signal.signal(signal.SIGTERM, previous)
+        _restore_sigterm(previous)
 
 
 def _future_outcome(fut: Any) -> tuple:
@@ -185,21 +200,27 @@ def _future_outcome(fut: Any) -> tuple:
 
 def _run_dask(exp: Experiment, jobs: list[tuple[str, dict]], executor: Any,
               address: str | None, workers: int | None) -> Iterator[tuple[str, tuple]]:
+    """Cells on a Dask cluster. SIGTERM (in the main thread) raises
+    :class:`SweepTerminated` as for the process pool: the pending tasks are cancelled, a
+    LocalCluster this call started is closed, and the sweep records what finished."""
     from dask.distributed import Client, LocalCluster, as_completed
 
-    cluster = None
-    if isinstance(executor, Client):
-        client, own = executor, False
-    elif address:
-        client, own = Client(address), True
-    else:
-        cluster = LocalCluster(n_workers=workers or os.cpu_count() or 1, threads_per_worker=1,
-                               processes=True, dashboard_address=None)
-        client, own = Client(cluster), True
-    token = uuid.uuid4().hex[:8]  # fresh task keys: never reuse results held by the cluster
-    names = {f"attnsvm-sweep-{exp.name}-{key}-{token}": key for key, _ in jobs}
+    cluster = client = None
+    own = False
     futures = []
+    previous = _catch_sigterm()  # from the start: the cluster's start-up is stopped too
     try:
+        if isinstance(executor, Client):
+            client = executor
+        elif address:
+            client, own = Client(address), True
+        else:
+            cluster = LocalCluster(n_workers=workers or os.cpu_count() or 1,
+                                   threads_per_worker=1, processes=True,
+                                   dashboard_address=None)
+            client, own = Client(cluster), True
+        token = uuid.uuid4().hex[:8]  # fresh task keys: never reuse results held by the cluster
+        names = {f"attnsvm-sweep-{exp.name}-{key}-{token}": key for key, _ in jobs}
         futures = client.map(_execute, [exp] * len(jobs), [cfg for _, cfg in jobs],
                              [_origin()] * len(jobs), key=list(names))
         for fut in as_completed(futures):
@@ -210,7 +231,8 @@ def _run_dask(exp: Experiment, jobs: list[tuple[str, dict]], executor: Any,
         pending = [f for f in futures if not f.done()]
         if pending:
             client.cancel(pending)
-        if own:
+        if own and client is not None:
             client.close()
         if cluster is not None:
             cluster.close()
+        _restore_sigterm(previous)

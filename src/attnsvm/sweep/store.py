@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import time
+import warnings
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -14,12 +15,41 @@ import pandas as pd
 
 from .cells import _canonical
 
-__all__ = ["load"]
+__all__ = ["load", "StoreWarning"]
 
 MANIFEST = "manifest.json"
 RECORDS = "_cells"
+QUARANTINE = "_quarantine"  # unreadable cell files, moved aside (never deleted)
 CELL_COLUMN = "cell"
 _MANIFEST_EVERY_S = 2.0
+
+
+class StoreWarning(UserWarning):
+    """A sweep store holds a file that cannot be read (a corrupt Parquet cell): the warning
+    names it, and what was done about it (skipped; quarantined and re-run by a sweep)."""
+
+
+def _unreadable_errors() -> tuple[type[BaseException], ...]:
+    """What reading a damaged Parquet file raises: OSError, ValueError (pyarrow's
+    ArrowInvalid is one) and pyarrow's other errors."""
+    try:
+        from pyarrow.lib import ArrowException
+    except ImportError:  # pragma: no cover - pyarrow is a dependency
+        return (OSError, ValueError)
+    return (OSError, ValueError, ArrowException)
+
+
+def _read_parquet(path: Path) -> pd.DataFrame | BaseException:
+    """The table at ``path``, or the exception that reading it raised (a damaged file)."""
+    try:
+        return pd.read_parquet(path)
+    except _unreadable_errors() as exc:
+        return exc
+
+
+def _why(exc: BaseException) -> str:
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    return text if len(text) <= 200 else text[:197] + "..."
 
 
 def _check_table(name: Any, df: Any) -> None:
@@ -175,12 +205,53 @@ class _Store:
         _atomic_write_text(self.root / MANIFEST, json.dumps(doc, indent=1))
         self._last_manifest = time.monotonic()
 
-    def read(self, keys: Iterable[str]) -> dict[str, pd.DataFrame]:
-        """Tables of the given (done) cells, concatenated in the order of ``keys``."""
+    def read_cell(self, key: str, quarantine: bool = False) -> dict[str, pd.DataFrame] | None:
+        """The tables of a done cell; None when one of its files cannot be read. Such a file
+        is named in a :class:`StoreWarning`, and with ``quarantine`` moved aside to
+        ``_quarantine/`` (the cell is then no longer done: a sweep runs it again)."""
+        out = {}
+        for table in self.records[key].get("tables", []):
+            path = self.table_path(table, key)
+            df = _read_parquet(path)
+            if isinstance(df, BaseException):
+                params = self.records[key].get("params")
+                if quarantine:
+                    dest = self.quarantine(path, table)
+                    what = f"moved to {dest}; the cell runs again"
+                else:
+                    what = "its rows are left out"
+                warnings.warn(f"sweep store {self.root}: cell {key} {params}: {path} cannot be "
+                              f"read ({_why(df)}); {what}", StoreWarning, stacklevel=3)
+                return None
+            out[table] = df
+        return out
+
+    def quarantine(self, path: Path, table: str) -> Path:
+        """Move an unreadable cell file to ``_quarantine/<table>/`` (a new name each time)."""
+        dest_dir = self.root / QUARANTINE / table
+        dest_dir.mkdir(parents=True, exist_ok=True)
+        stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
+        dest = dest_dir / f"{path.stem}.{stamp}.{os.getpid()}{path.suffix}"
+        os.replace(path, dest)
+        return dest
+
+    def read(self, keys: Iterable[str], cached: Mapping[str, dict] | None = None,
+             skip_unreadable: bool = False) -> dict[str, pd.DataFrame]:
+        """Tables of the given (done) cells, concatenated in the order of ``keys``;
+        ``cached``: tables already read, by cell. A file that cannot be read raises, or
+        with ``skip_unreadable`` is left out with a :class:`StoreWarning`."""
         parts: dict[str, list[pd.DataFrame]] = {}
         for key in keys:
-            for table in self.records[key].get("tables", []):
-                parts.setdefault(table, []).append(pd.read_parquet(self.table_path(table, key)))
+            tables = (cached or {}).get(key)
+            if tables is None and skip_unreadable:
+                tables = self.read_cell(key)
+                if tables is None:  # read_cell warned: the cell is left out
+                    continue
+            elif tables is None:
+                tables = {t: pd.read_parquet(self.table_path(t, key))
+                          for t in self.records[key].get("tables", [])}
+            for table, df in tables.items():
+                parts.setdefault(table, []).append(df)
         return {t: _concat(frames) for t, frames in parts.items()}
 
 
@@ -201,6 +272,9 @@ def load(store: str | Path, *, scale: str | None = None, failed: bool = False
     carrying the cell's parameters and the ``cell`` hash. ``scale`` keeps the cells
     of one scale only. With ``failed=True`` the result has one more table,
     ``"_failed"``: the failed cells' parameters and tracebacks (column ``error``).
+    A cell whose file cannot be read (a damaged Parquet file) is left out, named in a
+    :class:`StoreWarning`; the store is not changed (the next sweep quarantines and
+    re-runs it).
 
     >>> tables = load("attnsvm-out/sweep/mmts-fig4")       # doctest: +SKIP
     >>> tables["metrics"].groupby("d").size()   # doctest: +SKIP
@@ -213,15 +287,22 @@ def load(store: str | Path, *, scale: str | None = None, failed: bool = False
         keys = [k for k, r in sorted(st.records.items(),
                                      key=lambda kv: (kv[1].get("index", 0), kv[0]))
                 if st.is_done(k) and (scale is None or r.get("scale") == scale)]
-        tables = st.read(keys)
+        tables = st.read(keys, skip_unreadable=True)
     else:  # bare Parquet files (e.g. copied without their records)
         if scale is not None:
             raise ValueError(f"store {root} has no cell records; cannot select scale {scale!r}")
         tables = {}
         for sub in sorted(p for p in root.iterdir() if p.is_dir() and p.name[0] not in "._"):
-            files = sorted(sub.glob(f"{CELL_COLUMN}=*.parquet"))
-            if files:
-                tables[sub.name] = _concat([pd.read_parquet(f) for f in files])
+            frames = []
+            for f in sorted(sub.glob(f"{CELL_COLUMN}=*.parquet")):
+                df = _read_parquet(f)
+                if isinstance(df, BaseException):
+                    warnings.warn(f"sweep store {root}: {f} cannot be read ({_why(df)}); its "
+                                  f"rows are left out", StoreWarning, stacklevel=2)
+                    continue
+                frames.append(df)
+            if frames:
+                tables[sub.name] = _concat(frames)
     if failed:
         tables["_failed"] = _cells_frame(
             [(k, r) for k, r in st.records.items()
