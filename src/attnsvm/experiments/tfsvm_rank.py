@@ -294,12 +294,13 @@ EXPERIMENT = Experiment(
           "solution (the implicit bias of (K, Q)-training) has a lower rank.",
     configs={
         "tiny": dict(_GRID, ns=[5], Ts=[5], ds=[2, 5], N=2, chunk=2, scs=1),
-        "quick": dict(_GRID, N=5, scs=1),
+        "quick": dict(_GRID, N=10, scs=1),
         "full": dict(_GRID, N=25, scs=3),
     },
     compute=compute, judge=judge, plot=plot,
     deviations=(
-        "tfsvm-rank: 25 draws per cell at full scale (quick 5) instead of the notebook's 100, "
+        "tfsvm-rank: 25 draws per cell at full scale (quick 10: with 5, cells of rank <= 2 "
+        "such as d = 2 tied by chance on some seeds) instead of the notebook's 100, "
         "to keep the report within its time budget; the nuclear solutions come from attnsvm's "
         "certified solver, the notebook's solver (cvxpy default, SCS eps 1e-5 in cvxpy 1.9) runs "
         "on a sub-sample of 3 (quick 1) feasible draws per cell.",
