@@ -116,6 +116,7 @@ def aligned_population(cfg):
 
 def offdiag_share(W, U, V):
     """||offdiag(U^T W V)||_F / ||W||_F per trial: 0 while the flow stays aligned."""
+    W = W / np.maximum(np.abs(W).max((-2, -1), keepdims=True), 1e-300)  # ||W|| can pass 1e154
     D = np.swapaxes(U, -1, -2) @ W @ V
     off = D - D * np.eye(D.shape[-1])
     return np.linalg.norm(off, axis=(-2, -1)) / np.maximum(np.linalg.norm(W, axis=(-2, -1)), 1e-300)
