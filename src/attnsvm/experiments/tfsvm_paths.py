@@ -370,7 +370,7 @@ EXPERIMENT = Experiment(
           "ATT-SVM solution (a lower-rank direction).",
     configs={
         "tiny": dict(S=4, chunk=2, seed=0, lr=0.1, steps=100, record_every=10, F=2),
-        "quick": dict(S=25, chunk=25, seed=0, lr=0.1, steps=2000, record_every=20, F=10),
+        "quick": dict(S=50, chunk=25, seed=0, lr=0.1, steps=2000, record_every=20, F=10),
         "full": dict(S=100, chunk=25, seed=0, lr=0.1, steps=2000, record_every=10, F=25),
     },
     compute=compute, judge=judge, plot=plot,
@@ -383,7 +383,7 @@ EXPERIMENT = Experiment(
         "tfsvm-paths: the 0.99 correlation threshold is attnsvm's (the paper plots the "
         "paths); the population findings' 90% share is attnsvm's too.",
         "tfsvm-paths: the findings run a population of datasets from the figure's recipe "
-        "(quick 25, full 100; numpy draws; beyond the notebook's one dataset, chosen 'for "
+        "(quick 50, full 100; numpy draws; beyond the notebook's one dataset, chosen 'for "
         "better visualization'); the 2-d panels show the first dataset of the population whose "
         "two SVMs differ.",
     ),
