@@ -462,7 +462,7 @@ EXPERIMENTS = [
         compute=compute_diag, judge=judge_diag, plot=_plot_diag,
         deviations=(
             "Population of datasets instead of one chosen instance (the earlier version used "
-            "dataset seed 6 only): random_sphere(n = 3, T = 3, d = 8) seeds 0..N-1; the paper's "
+            "dataset seed 6 only): random_sphere(n = 3, T = 3, d = 8) seeds 1000 seed + 0..N-1; the paper's "
             "own data and start are not in the seed text (abstract only) nor in the stored "
             "public code; the start k = alpha 1, q = 0 (w = k * q = 0, the 'u^2 - v^2' "
             "reparameterisation that lets w take either sign) is attnsvm's choice, kept from "
@@ -471,7 +471,8 @@ EXPERIMENTS = [
         )),
     Experiment(
         name="kqflow-nuclear",
-        title="(K, Q) gradient flow: K Q^T -> the nuclear-norm SVM, of lower rank than W_fro",
+        title="(K, Q) gradient flow from an aligned start: K Q^T -> the nuclear-norm SVM "
+              "(random starts and the rank contrast with W_fro: findings)",
         claim="Gradient flow on separate key and query matrices whose initial singular spaces "
               "are aligned with the data features, once it reaches the minimal loss, converges "
               "in direction to the nuclear-norm ATT-SVM (findings: from random balanced starts "
@@ -483,8 +484,8 @@ EXPERIMENTS = [
         },
         compute=compute_nuclear, judge=judge_nuclear, plot=_plot_nuclear,
         deviations=(
-            "Population of datasets (random_sphere(n = 6, T = 2, d = 6) seeds 0..N-1) instead "
-            "of the one chosen instance (seed 7) of the earlier version.",
+            "Population of datasets (random_sphere(n = 6, T = 2, d = 6) seeds 1000 seed + "
+            "0..N-1) instead of the one chosen instance (seed 7) of the earlier version.",
             "No ridge: the paper's flow is unregularised. The earlier version added the "
             "float64-eps ridge of the TF-as-SVM literature, which stops the flow at the "
             "minimiser of L + eps ||(K, Q)||^2 (a point of the regularisation path, ||W|| ~ 1e2) "
