@@ -457,5 +457,9 @@ EXPERIMENTS = [
             "rates-planted): planted data without the head, (W, v) from a random start of norm "
             "0.1 per tensor, NGD lr 0.1 with each tensor normalised by its own norm; the 0.99 "
             "thresholds on the median trial are attnsvm's.",
+            "The seed text is the abstract only: its sentence on training 'a self-attention "
+            "layer with a linear decoder' is quoted; the joint-training statement itself (v -> "
+            "the head SVM, W -> the ATT-SVM of the selected tokens) is docs/theory.md §9's "
+            "restatement, not a sentence of the seed text.",
         )),
 ]
