@@ -258,7 +258,7 @@ def judge_planted(tables, cfg):
         else "", quote=QUOTE["rates"], where=WHERE))
     checks.append(check_at_most(
         "GD: ||W_t|| grows logarithmically: equal increments per doubling of t (ratio <= 1.3, linear would be 2)",
-        "increment ratio GD", r_gd, 1.3, quote=QUOTE["fast"], where=WHERE))
+        "increment ratio GD", r_gd, 1.3, quote=QUOTE["gd"], where=WHERE))
     sl = rate_slopes(m, svm)
     rel = float(np.median(np.abs(sl.slope / sl.predicted - 1))) if len(sl) else np.nan
     checks.append(check_at_most(

@@ -208,7 +208,7 @@ WHERE = ("Theorem 2 and Figure 1 (the visualization notebook's dataset); each ru
          "(W_svm_solver(X, ids)); seed text 001")
 QUOTE_FIG = ("To their knowledge, this is the first study that formally compares the optimization "
              "dynamics of (K, Q) parameterizations to those of (W) parameterizations, "
-             "highlighting the latter's low-rank bias.")
+             "highlighting the latter\u2019s low-rank bias.")
 
 
 def judge(tables: dict, cfg: dict) -> list[Check]:

@@ -175,7 +175,7 @@ def cell_means(r: pd.DataFrame, cl: pd.DataFrame) -> pd.DataFrame:
 
 QUOTE = ("To their knowledge, this is the first study that formally compares the optimization "
          "dynamics of (K, Q) parameterizations to those of (W) parameterizations, highlighting "
-         "the latter's low-rank bias.")
+         "the latter\u2019s low-rank bias.")
 WHERE = ("Theorem 2 and the rank figure (svm_rank notebook: mean rank of the Frobenius vs the "
          "nuclear-norm ATT-SVM per (n, T, d)); seed text 001 ('the latter' is the (K, Q) "
          "parameterisation, whose limit is the nuclear-norm SVM)")
