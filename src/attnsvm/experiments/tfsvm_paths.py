@@ -93,8 +93,6 @@ def figure_runs(cfg: dict) -> pd.DataFrame:
     final matrix against the SVM of the tokens it selects (its final attention's argmax) and
     against the optimal tokens' SVMs (the figure's sol_fro, sol_nuc)."""
     one, F = figure_dataset(), cfg["F"]
-    data = TokenData(X=np.repeat(one.X[None], F, 0), y=np.ones((F, 2)),
-                     z=np.repeat(one.z[None], F, 0), v=np.repeat(one.v[None], F, 0))
     K0 = 0.1 * np.random.default_rng([cfg["seed"], 1000]).standard_normal((F, 2, 2))
     opt = {nm: att_svm(one.X, one.z, one.opt, norm=nm) for nm in ("fro", "nuc")}
     W_opt = {nm: np.repeat((s.W_ if s.feasible_ else np.full((2, 2), np.nan))[None], F, 0)
@@ -102,9 +100,8 @@ def figure_runs(cfg: dict) -> pd.DataFrame:
     rows = []
     for name, model, init, B in (("W", WModel(2), "zero", 1),
                                  ("KQ", KQModel(2), {"K": K0, "Q": np.zeros_like(K0)}, F)):
-        sub = TokenData(X=data.X[:B], y=data.y[:B], z=data.z[:B], v=data.v[:B])
-        if name == "KQ":
-            init = {k: v[:B] for k, v in init.items()}
+        sub = TokenData(X=np.repeat(one.X[None], B, 0), y=np.ones((B, 2)),
+                        z=np.repeat(one.z[None], B, 0), v=np.repeat(one.v[None], B, 0))
         tr = train(model, sub, optimizer=ngd(cfg["lr"]), steps=cfg["steps"], init=init)
         Wt = tr.params["W"] if name == "W" else tr.params["K"] @ tr.params["Q"].transpose(-1, -2)
         Wt = np.asarray(Wt)
