@@ -469,8 +469,7 @@ EXPERIMENTS = [
             "the earlier version; the runs with alpha = 1 are shown, not judged. Smaller "
             "starts do not close the gap (full population, measured 2026-11-25): alpha = 1e-4 "
             "reaches the l_1 SVM in 17 of 24 loss-minimising runs (3000 steps) and 20 of 25 "
-            "(6000 steps), alpha = 1e-6 in 18 of 24 (6000 steps); the misses sit at the l_1 "
-            "SVM restricted to the coordinates they kept.",
+            "(6000 steps), alpha = 1e-6 in 18 of 24 (6000 steps).",
             _GF,
         )),
     Experiment(
