@@ -33,6 +33,36 @@ def test_judge_passes_when_the_own_geometry_svm_is_nearest_and_aligned():
     assert "100% of 10 saturated runs" in claims[0].measured
 
 
+def test_atlas_checks_are_findings_or_set_up_checks_never_claims():
+    checks = A.judge(_tables("fro", 0.9995), {})
+    assert [c.kind for c in checks] == ["sanity", "sanity", "finding", "finding"]
+
+
+def _violate(case):
+    t = _tables("fro", 0.9995)
+    if case == "unsaturated":
+        return _tables("fro", 0.9995, saturated=False)
+    if case == "coinciding":
+        t["runs"]["pred_vs_others"] = 0.995
+    if case == "nearer":
+        return _tables("l3", 0.9995)
+    if case == "unaligned":
+        c = t["cells"]
+        c.loc[c.column == "fro", "corr"] = 0.95
+        t["atlas"] = A.atlas_table(t["runs"], c)
+    return t
+
+
+@pytest.mark.parametrize("case, failing", [
+    ("coinciding", [1]),            # the predicted SVM equals another column's
+    ("nearer", [2]),                # another SVM is nearer in every run
+    ("unaligned", [3]),             # nearest but median corr 0.95 < 0.99
+])
+def test_judge_each_check_fails(case, failing):
+    checks = A.judge(_violate(case), {})
+    assert [i for i, c in enumerate(checks) if not c.passed] == failing
+
+
 def test_judge_fails_when_another_svm_is_nearer():
     checks = A.judge(_tables("l3", 0.95), {})
     near, conv = [c for c in checks if not c.sanity]

@@ -38,7 +38,8 @@ def _diag_tables(corr_l1=(0.9999, 0.9995, 0.999), corr_l2=(0.6, 0.7, 0.75), psel
 def test_diag_judge_pass_and_fail():
     checks = judge_diag(_diag_tables(), CFG)
     assert all(c.passed for c in checks), [c for c in checks if not c.passed]
-    assert [c.sanity for c in checks] == [True, False, False]
+    assert [c.kind for c in checks] == ["sanity", "claim", "claim"]
+    assert all(c.quote and c.where for c in checks if c.kind == "claim")
     bad = judge_diag(_diag_tables(corr_l1=(0.9999, 0.6, 0.5), corr_l2=(0.6, 0.7, 0.9)), CFG)
     assert [c.passed for c in bad] == [True, False, False]
     assert "seed 1" in bad[1].note and "seed 2" in bad[2].note
@@ -55,24 +56,88 @@ def test_diag_judge_conditions_on_the_minimal_loss_and_diagnoses_restricted_supp
     assert "1 of them converge to the l_1 SVM restricted to the support" in checks[1].note
 
 
+@pytest.mark.parametrize("kw, failing", [
+    (dict(feasible=False), [0]),                             # an SVM infeasible
+    (dict(corr_l1=(0.9999, 0.98, 0.999)), [1]),              # one run short of the l_1 SVM
+    (dict(corr_l1=(0.9999, 0.995, 0.999), corr_l2=(0.6, 0.998, 0.75)), [2]),  # nearer l_2
+])
+def test_diag_each_check_fails(kw, failing):
+    feasible = kw.pop("feasible", True)
+    t = _diag_tables(**kw)
+    t["svm"]["feasible"] = [feasible, True, True]
+    checks = judge_diag(t, CFG)
+    assert [i for i, c in enumerate(checks) if not c.passed] == failing
+
+
 def _nuc_tables(corr_nuc=(0.9995, 0.999), corr_fro=(0.7, 0.75), rank=(2, 1), r_nuc=(2, 1),
-                r_fro=(5, 6), psel=(1.0, 1.0)):
+                r_fro=(5, 6), psel=(1.0, 1.0), feasible=True, a_corr=(0.9999, 0.9995),
+                a_offdiag=1e-14, a_feasible=True, a_psel=(1.0, 1.0)):
+    """Hand-built kqflow-nuclear tables: ``aligned`` (the theorem's setting) and ``final``
+    (random starts)."""
     final = pd.DataFrame([dict(seed=s, step=100, norm=1e90, norm_nuc=1e90, log10_gap=-1e80,
                                corr_nuc=corr_nuc[s], corr_fro=corr_fro[s], p_sel_min=psel[s],
                                rank=rank[s], rank_nuc=r_nuc[s], rank_fro=r_fro[s],
-                               corr_nuc_fro=0.7, corr_rank_restricted=np.nan, feasible=True,
-                               stop_reason="") for s in range(2)])
-    return {"final": final}
+                               corr_nuc_fro=0.7, corr_rank_restricted=np.nan,
+                               feasible=feasible or s > 0, stop_reason="") for s in range(2)])
+    aligned = pd.DataFrame([dict(seed=s, step=100, norm=1e90, log10_gap=-1e80,
+                                 corr_nuc=a_corr[s], corr_fro=a_corr[s], p_sel_min=a_psel[s],
+                                 offdiag=a_offdiag, rank=3, rank_nuc=3, corr_nuc_fro=1.0,
+                                 feasible=a_feasible or s > 0, stop_reason="")
+                            for s in range(2)])
+    return {"final": final, "aligned": aligned}
+
+
+@pytest.mark.parametrize("kw, failing", [
+    (dict(a_feasible=False), [0]),                       # aligned: an SVM infeasible
+    (dict(a_offdiag=1e-3), [1]),                         # aligned: the flow left alignment
+    (dict(a_corr=(0.9999, 0.95)), [2]),                  # aligned: a run short of W_nuc
+    (dict(feasible=False), [3]),                         # random data: an SVM infeasible
+    (dict(corr_nuc=(0.98, 0.999)), [4]),                 # random start short of W_nuc
+    (dict(corr_nuc=(0.995, 0.999), corr_fro=(0.998, 0.75)), [5]),  # nearer W_fro
+    (dict(rank=(3, 1)), [6]),                            # rank differs from rank(W_nuc)
+    (dict(rank=(5, 6), r_nuc=(5, 6)), [7]),              # not of lower rank than W_fro
+])
+def test_nuclear_each_check_fails(kw, failing):
+    checks = judge_nuclear(_nuc_tables(**kw), {})
+    assert [i for i, c in enumerate(checks) if not c.passed] == failing
+    assert [c.kind for c in checks] == ["sanity", "sanity", "claim", "sanity"] + ["finding"] * 4
+    assert checks[2].quote and checks[2].where
+
+
+def test_aligned_population_keeps_the_flow_aligned():
+    """The aligned data: every token difference and query lies along one column pair of U, V,
+    so the loss gradient in W is U diag(g) V^T at W = U diag(w) V^T (autograd check), and the
+    nuclear and Frobenius SVMs coincide."""
+    from attnsvm.experiments.kqflow import aligned_population, offdiag_share
+    from attnsvm.models import KQModel
+    from attnsvm.svm import att_svm
+
+    cfg = dict(n=6, T=2, d=6, datasets=2, groups=3, init_scale=0.01, seed=0)
+    datas, U, V, init = aligned_population(cfg)
+    x = datas[0]
+    w = torch.tensor([0.5, -1.0, 2.0, 0.3, 0.0, 1.0], dtype=torch.float64)
+    W = (torch.as_tensor(U[0]) @ torch.diag(w) @ torch.as_tensor(V[0]).T).requires_grad_()
+    X, z, v = (torch.as_tensor(a) for a in (x.X, x.z, x.v))
+    s = torch.softmax(torch.einsum("itd,de,ie->it", X, W, z), -1)
+    loss = torch.exp(-(s * (X @ v)).sum(-1)).mean()
+    (G,) = torch.autograd.grad(loss, W)
+    assert offdiag_share(G.numpy()[None], U[:1], V[:1])[0] < 1e-12
+    assert np.allclose(init["K"].numpy(), 0.01 * U) and np.allclose(init["Q"].numpy(), 0.01 * V)
+    Wn, Wf = att_svm(x.X, x.z, x.opt, norm="nuc").W_, att_svm(x.X, x.z, x.opt, norm="fro").W_
+    assert np.allclose(Wn / np.linalg.norm(Wn), Wf / np.linalg.norm(Wf), atol=1e-5)
+    assert KQModel(6, m=6).W({k: t[:1] for k, t in init.items()}).shape == (1, 6, 6)
 
 
 def test_nuclear_judge_pass_and_fail():
     assert all(c.passed for c in judge_nuclear(_nuc_tables(), {}))
     bad = judge_nuclear(_nuc_tables(corr_nuc=(0.7, 0.999), corr_fro=(0.9, 0.75), rank=(1, 6)), {})
-    assert [c.passed for c in bad] == [True, False, False, False, False]
-    assert "of lower rank than W_nuc" in bad[1].note
+    assert [c.passed for c in bad] == [True] * 4 + [False] * 4
+    assert "of lower rank than W_nuc" in bad[4].note
     # a run that selects other tokens is outside the theorem's condition: not counted
-    out = judge_nuclear(_nuc_tables(corr_nuc=(0.2, 0.999), psel=(0.0, 1.0)), {})
-    assert all(c.passed for c in out) and "1 of 2 runs reach the minimal loss" in out[1].note
+    out = judge_nuclear(_nuc_tables(corr_nuc=(0.2, 0.999), psel=(0.0, 1.0), a_corr=(0.2, 0.999),
+                                    a_psel=(0.0, 1.0)), {})
+    assert all(c.passed for c in out) and "1 of 2 runs reach the minimal loss" in out[4].note
+    assert "1 of 2 runs reach the minimal loss" in out[2].note
 
 
 def test_diag_svms_match_independent_solvers():

@@ -48,7 +48,8 @@ def _bregman_tables(diag_wins=True, decay=True, sat=1.0, mismatch=False):
 def test_bregman_judge_passes_on_a_diagonal_table():
     checks = judge_bregman(_bregman_tables(), {})
     assert checks and all(c.passed for c in checks), [c for c in checks if not c.passed]
-    assert [c.sanity for c in checks].count(True) == 1  # saturation: a check of the set-up
+    assert [c.kind for c in checks] == ["claim"] * 3 + ["finding"] * 4 + ["claim"] * 3 + ["sanity"]
+    assert all(c.quote and c.where for c in checks if c.kind == "claim")
 
 
 def test_bregman_judge_fails_when_off_diagonal_wins():
@@ -79,6 +80,33 @@ def test_token_mismatch_shows_in_the_paper_table_only_and_in_the_notes():
     assert all("same tokens in 50% of trials" in c.note for c in paper)
 
 
+def _tables_with(col=None, p=None, q=None, value=0.0, **kw):
+    """The diagonal table with one mean divergence (p, q) of ``col`` (``"bregman_paper"``,
+    ``"bregman_same"``, ``"bregman_col"``) set to ``value``: the l_q SVM wins p's row."""
+    t = _bregman_tables(**kw)
+    if col is not None:
+        f = t["final"]
+        f.loc[(f.p == p) & (f.q == q), col] = value
+        t["table"] = bregman_table(f)
+    return t
+
+
+@pytest.mark.parametrize("kw, failing", [
+    (dict(col="bregman_paper", p=1.75, q=2.0), [0]),   # the paper's row p = 1.75: l_2 nearer
+    (dict(col="bregman_paper", p=2.0, q=3.0), [1]),    # the paper's row p = 2: l_3 nearer
+    (dict(col="bregman_paper", p=3.0, q=1.75), [2]),   # the paper's row p = 3: l_1.75 nearer
+    (dict(col="bregman_same", p=1.75, q=3.0), [3]),    # same tokens, row p = 1.75
+    (dict(col="bregman_same", p=2.0, q=1.75), [4]),    # same tokens, row p = 2
+    (dict(col="bregman_same", p=3.0, q=2.0), [5]),     # same tokens, row p = 3
+    (dict(col="bregman_col", p=3.0, q=2.0), [6]),      # column l_2: p = 3 has its minimum
+    (dict(decay=False), [7, 8, 9]),                    # no decay: every p fails its curve
+    (dict(sat=0.5), [10]),                             # half the runs unsaturated
+])
+def test_bregman_each_check_fails(kw, failing):
+    checks = judge_bregman(_tables_with(**kw), {})
+    assert [i for i, c in enumerate(checks) if not c.passed] == failing
+
+
 def test_own_min_share_counts_trials():
     """The population view: the share of trials whose smallest divergence is their own q = p."""
     t = _bregman_tables()
@@ -94,6 +122,18 @@ def _joint_summary(corr_W=0.999, corr_v=0.999, alphas=("[1, 0]", "[0, 0]"), pmax
                                           corr_W=corr_W, corr_v=corr_v, bregman_W=1e-3,
                                           bregman_v=1e-3)
                                      for p, a in zip((1.75, 3.0), alphas)])}
+
+
+@pytest.mark.parametrize("kw, failing", [
+    (dict(pmax=0.6), [0]),                              # not saturated
+    (dict(alphas=("[1, 0]", "[1, 0]")), [1]),          # every p selects the same tokens
+    (dict(corr_W=0.9), [2]),                            # W not at the l_p ATT-SVM
+    (dict(corr_v=0.5), [3]),                            # v not at the l_p head SVM
+])
+def test_joint_each_check_fails(kw, failing):
+    checks = judge_joint(_joint_summary(**kw), {})
+    assert [i for i, c in enumerate(checks) if not c.passed] == failing
+    assert [c.kind for c in checks] == ["sanity", "finding", "claim", "claim"]
 
 
 def test_joint_judge_pass_and_fail():

@@ -26,7 +26,8 @@ def _runs(n=20, w=(0.999, 0.9), kq=(0.9, 0.999), pmax=1.0, feas=1.0, bad_w=0):
 def test_judge_passes_on_the_predicted_behaviour():
     checks = tl.judge(_runs(), CFG)
     assert all(c.passed for c in checks)
-    assert [c.sanity for c in checks] == [False] * 6 + [True]
+    assert [c.kind for c in checks] == ["claim", "claim", "finding"] * 2 + ["sanity"]
+    assert all(c.quote and c.where for c in checks if c.kind == "claim")
 
 
 @pytest.mark.parametrize("kw, failing", [

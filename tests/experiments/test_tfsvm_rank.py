@@ -33,7 +33,8 @@ CFGJ = dict(CFG, N=4)
 def test_judge_passes_on_the_predicted_ranks():
     checks = tr.judge(_tables(), CFGJ)
     assert all(c.passed for c in checks)
-    assert [c.sanity for c in checks] == [True, False, True, False]
+    assert [c.kind for c in checks] == ["sanity", "claim", "finding", "finding"]
+    assert checks[1].quote and checks[1].where
 
 
 @pytest.mark.parametrize("kw, failing", [

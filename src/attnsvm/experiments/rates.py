@@ -172,12 +172,49 @@ def _frozen_note(fr: pd.DataFrame | None, name: str) -> str:
     return "; ".join(parts)
 
 
+def censored_median(steps: pd.Series, budget: float) -> tuple[float, bool]:
+    """Median time to an event observed up to ``budget`` (NaN = not reached by then: a time
+    censored at the budget, known only to exceed it). With one censoring time for all trials
+    the Kaplan-Meier median is the median of min(time, budget); it is itself censored (only a
+    lower bound, ``> budget``) when half or more of the trials are censored. Returns (median,
+    censored)."""
+    t = np.minimum(steps.fillna(np.inf).to_numpy(float), budget)
+    if not len(t):
+        return float("nan"), False
+    med = float(np.median(t))
+    return med, bool(np.isnan(steps).mean() >= 0.5)
+
+
+QUOTE = {
+    "fast": "These findings not only show that these strategies can accelerate parameter "
+            "convergence over standard GD in a non-convex setting but also deepen the "
+            "understanding of the implicit bias in self-attention, linking it more closely to "
+            "the phenomena observed in linear logistic regression despite its intricate "
+            "non-convex nature.",
+    "rates": "We then analyze two adaptive step-size strategies: normalized GD and Polyak "
+             "step-size, demonstrating \\emph{finite-time} convergence rates for $W_t$ to "
+             "$W_{mm}$, and quantifying the sparsification rate of the attention map.",
+    "gd": "recent findings demonstrate that the key-query matrix $W_t$ from gradient-descent "
+          "(GD) converges in direction towards $W_{mm}$, which maximizes the margin between "
+          "optimal and non-optimal tokens across sequences. However, this convergence is "
+          "local, dependent on initial conditions, only holds asymptotically as the number of "
+          "iterations increases",
+    "joint": "We study the fundamental optimization principles of self-attention, the defining "
+             "mechanism of transformers, by analyzing the implicit bias of gradient-based "
+             "optimizers in training a self-attention layer with a linear decoder in binary "
+             "classification.",
+}
+WHERE = "abstract (seed text 000: the abstract only; the rates are restated in docs/theory.md §9)"
+
+
 def judge_planted(tables, cfg):
     m, svm = tables["metrics"], tables["svm"]
     fr = tables.get("frozen")
     T = int(m.step.max())
     hits = first_hit(m, "corr_mm", CORR)
-    med = hits.fillna(np.inf).groupby("optimizer")["step"].median()
+    med, cens = {}, {}
+    for name, g in hits.groupby("optimizer"):
+        med[name], cens[name] = censored_median(g.step, T)
     nf = int((~svm.feasible.astype(bool)).sum())
     checks = [Check("ATT-SVM of the planted optimal tokens feasible on every instance",
                     f"{nf} of {len(svm)} infeasible", nf == 0,
@@ -189,33 +226,46 @@ def judge_planted(tables, cfg):
             "min over trials and sequences of gamma_opt - max_other gamma", gap,
             0.5 * cfg.get("score_gap", 0.5), kind="sanity",
             note="the planted generator draws the other scores below 1 - score_gap"))
+    def reached(name):
+        g = hits[hits.optimizer == name]
+        return f"{name} reached it in {int(g.step.notna().sum())} of {len(g)} trials"
+
     for name in ("NGD", "Polyak"):
-        ratio = med["GD"] / max(med[name], 1) if np.isfinite(med[name]) else np.nan
-        note = "" if np.isfinite(med["GD"]) else f"GD never reached corr {CORR} in {T} steps (counted as inf)"
-        if not np.isfinite(med[name]):
-            note = f"{name} never reached corr {CORR} in {T} steps"
+        ratio = med["GD"] / max(med[name], 1) if not cens[name] else np.nan
+        lt = ">= " if cens["GD"] else ""
+        note = (f"time to corr {CORR} censored at the budget T = {T} for a trial that has not "
+                f"reached it (Kaplan-Meier median = median of min(time, T)); {reached('GD')}, "
+                f"{reached(name)}")
+        if cens["GD"]:
+            note += (f"; GD's median is censored (> {T} steps), so the ratio is a lower bound: "
+                     f"the claim holds if even that bound reaches {SPEEDUP:g}x")
+        if cens[name]:
+            note += f"; {name}'s median is censored: the ratio is not determined"
         fz = _frozen_note(fr, name)
         if fz:
             note = "; ".join(filter(None, [note, fz + " (after the first hit: it decides "
                                                  "nothing here)"]))
         checks.append(check_at_least(
-            f"{name} reaches corr(W_t, W_mm) >= {CORR} in at least {SPEEDUP:g}x fewer iterations than GD",
-            f"median steps GD / {name} ({med['GD']:.0f} / {med[name]:.0f})", ratio, SPEEDUP, note))
+            f"{name} reaches corr(W_t, W_mm) >= {CORR} in at least {SPEEDUP:g}x fewer iterations "
+            f"than GD (median time to it, censored at the budget)",
+            f"median steps GD / {name} ({lt}{med['GD']:.0f} / {med[name]:.0f})", ratio, SPEEDUP,
+            note, quote=QUOTE["fast"], where=WHERE))
     r_ngd, r_gd = growth_ratio(m, "NGD", T), growth_ratio(m, "GD", T)
     checks.append(check_at_least(
         "NGD: ||W_t|| grows linearly (~ eta t): norm increment over [T/2, T] is ~2x that over [T/4, T/2] (>= 1.8)",
         "increment ratio NGD", r_ngd, 1.8,
         note=(_frozen_note(fr, "NGD") + "; T cut before the first") if _frozen_note(fr, "NGD")
-        else ""))
+        else "", quote=QUOTE["rates"], where=WHERE))
     checks.append(check_at_most(
         "GD: ||W_t|| grows logarithmically: equal increments per doubling of t (ratio <= 1.3, linear would be 2)",
-        "increment ratio GD", r_gd, 1.3))
+        "increment ratio GD", r_gd, 1.3, quote=QUOTE["gd"], where=WHERE))
     sl = rate_slopes(m, svm)
     rel = float(np.median(np.abs(sl.slope / sl.predicted - 1))) if len(sl) else np.nan
     checks.append(check_at_most(
         f"NGD, once aligned: log(L - L*) falls with slope -1/||W_mm|| in ||W_t|| (median relative error <= {SLOPE_TOL:g})",
         f"median |slope / (-1/||W_mm||) - 1| over {len(sl)} trials", rel, SLOPE_TOL,
-        "" if len(sl) else "no trial aligned with 0 < L - L* < 1e-3"))
+        "" if len(sl) else "no trial aligned with 0 < L - L* < 1e-3", quote=QUOTE["rates"],
+        where=WHERE))
     return checks
 
 
@@ -317,6 +367,11 @@ def compute_joint(cfg):
     return {"metrics": m, "svm": info}
 
 
+WHERE_JOINT = ("abstract (seed text 000) and the paper's section on training the decoder jointly "
+               "(its statement is not in the seed text; docs/theory.md §9: v -> the head SVM, "
+               "W -> the ATT-SVM of the selected tokens)")
+
+
 def judge_joint(tables, cfg):
     m, info = tables["metrics"], tables["svm"]
     feas = info.att_feasible.astype(bool)
@@ -339,10 +394,11 @@ def judge_joint(tables, cfg):
     return [
         check_at_least(f"v_t -> head-SVM direction: median final corr(v_t, v_mm) >= {CORR}",
                        "median corr(v_T, v_mm)", float(last.corr_v.median()), CORR,
-                       share("corr_v")),
+                       share("corr_v"), quote=QUOTE["joint"], where=WHERE_JOINT),
         check_at_least(f"W_t -> ATT-SVM of the selected tokens: median final corr(W_t, W_mm) >= {CORR}",
                        "median corr(W_T, W_mm)", float(last.corr_W.median()), CORR,
-                       "; ".join(filter(None, [note, share("corr_W")])) + sel),
+                       "; ".join(filter(None, [note, share("corr_W")])) + sel,
+                       quote=QUOTE["joint"], where=WHERE_JOINT),
     ]
 
 
@@ -382,6 +438,11 @@ EXPERIMENTS = [
             "the `data` table), W_0 = 0, GD lr 1, NGD lr 0.1, Polyak c = 1, over B datasets.",
             "Thresholds (corr 0.99, 5x fewer iterations, growth ratio 1.8 / 1.3, slope error "
             "0.2) are attnsvm's: the paper states rates, not numbers.",
+            "The time to corr 0.99 of a trial that has not reached it within the budget is "
+            "censored at the budget (known only to exceed it), not counted as a failure: the "
+            "median is the Kaplan-Meier median (= median of min(time, budget)), a lower bound "
+            "when half or more trials are censored; the speed-up claim holds when even that "
+            "bound reaches 5x.",
         )),
     Experiment(
         name="rates-joint", title="Joint training of the decoder v and W (NGD)",
@@ -396,5 +457,9 @@ EXPERIMENTS = [
             "rates-planted): planted data without the head, (W, v) from a random start of norm "
             "0.1 per tensor, NGD lr 0.1 with each tensor normalised by its own norm; the 0.99 "
             "thresholds on the median trial are attnsvm's.",
+            "The seed text is the abstract only: its sentence on training 'a self-attention "
+            "layer with a linear decoder' is quoted; the joint-training statement itself (v -> "
+            "the head SVM, W -> the ATT-SVM of the selected tokens) is docs/theory.md §9's "
+            "restatement, not a sentence of the seed text.",
         )),
 ]

@@ -13,23 +13,28 @@ loss, 2000 steps), as in the notebook: W from W_0 = 0, (K, Q) (m = d) from K_0 w
 N(0, 0.1^2) entries and Q_0 = 0, with eps (||K||^2 + ||Q||^2), eps = float64 machine epsilon.
 Both SVMs use the notebook's tokens alpha = opt (y_i v^T x_it largest).
 
-Claim (Theorem 2 / Sec. 3, the figure): W_t / ||W_t|| -> W_fro / ||W_fro|| (Frobenius-norm
-ATT-SVM), K_t Q_t^T / ||.|| -> W_nuc / ||W_nuc|| (nuclear-norm ATT-SVM). Verdicts over the
-population: the mean correlation with the predicted SVM (the paper's population statistic in
-its other figures) >= 0.99, and, on the datasets where the two SVMs differ
-(corr(W_fro, W_nuc) <= 0.95), the trained matrix is closer to its predicted SVM in >= 90%
-of them (attnsvm's threshold: the paper shows one dataset and states no share). The 2-d
-panels draw the first dataset of the population whose SVMs differ: the key direction each
-query induces, W z_i / ||W||_F (the logits are x^T (W z_i)).
+Claims, at the paper's setting (Figure 1's own dataset, re-drawn exactly with the notebook's
+torch generator, ``figure_dataset``; W from 0, (K, Q) from ``F`` starts of the notebook's
+K_0 distribution): W_T / ||W_T|| -> W_fro, K_T Q_T^T / ||.|| -> W_nuc of the tokens each run
+selects (the metric of the paper's population notebook ``local_converge``: the SVM of the
+run's own ``ids``), corr >= 0.99 (attnsvm's reading of "converges in direction"); and each
+ends closer to its predicted SVM than to the other (the figure's point; the figure draws
+the optimal tokens' SVMs). Findings, beyond the paper: the same on a population of ``S``
+datasets from the figure's recipe, against the selected tokens' SVMs and against the
+globally optimal tokens' SVMs, and the share of the datasets whose SVMs differ (corr(W_fro,
+W_nuc) <= 0.95) where each trained matrix is closer to its prediction (>= 90%, attnsvm's
+threshold). The 2-d panels draw the first dataset of the population whose SVMs differ: the
+key direction each query induces, W z_i / ||W||_F (the logits are x^T (W z_i)).
 """
 
 from __future__ import annotations
 
 import numpy as np
 import pandas as pd
+import torch
 
 from attnsvm.data import TokenData
-from attnsvm.experiments.base import Check, Experiment, check_at_least
+from attnsvm.experiments.base import Check, Experiment, check_at_least, check_at_most
 from attnsvm.metrics import correlation, numerical_rank
 from attnsvm.models import KQModel, WModel
 from attnsvm.optim import ngd
@@ -66,6 +71,54 @@ def paths_population(S: int, seed: int = 0, chunk: int = 25):
     return TokenData(X=X, y=np.ones((S, 2)), z=z, v=v), K0
 
 
+def figure_dataset() -> TokenData:
+    """The dataset of the paper's Figure 1, drawn exactly as its ``visualization`` notebook
+    does (torch.Generator seeded 1: v, then X = 0.3 randn(2, 3, 2) + (-1, 0) / (+1, 0), then
+    z; v and z normalised; y = (+1, +1)). Unbatched TokenData (n = 2, T = 3, d = 2)."""
+    gen = torch.Generator().manual_seed(1)
+    v = torch.randn(2, generator=gen)
+    X = 0.3 * torch.randn((2, 3, 2), generator=gen)
+    X[0] += torch.tensor([-1.0, 0.0])
+    X[1] += torch.tensor([1.0, 0.0])
+    z = torch.randn((2, 2), generator=gen)
+    z = z / torch.norm(z, dim=-1, keepdim=True)
+    return TokenData(X=X.double().numpy(), y=np.ones(2), z=z.double().numpy(),
+                     v=(v / torch.norm(v)).double().numpy())
+
+
+def figure_runs(cfg: dict) -> pd.DataFrame:
+    """The paper's setting: Figure 1's own dataset, W from 0 (one deterministic run) and
+    (K, Q) from ``F`` starts K_0 = 0.1 N(0, 1), Q_0 = 0 (the notebook draws K_0 from torch's
+    unseeded global generator: a population of its starts, rng([seed, 1000])). Each run's
+    final matrix against the SVM of the tokens it selects (its final attention's argmax) and
+    against the optimal tokens' SVMs (the figure's sol_fro, sol_nuc)."""
+    one, F = figure_dataset(), cfg["F"]
+    K0 = 0.1 * np.random.default_rng([cfg["seed"], 1000]).standard_normal((F, 2, 2))
+    opt = {nm: att_svm(one.X, one.z, one.opt, norm=nm) for nm in ("fro", "nuc")}
+    W_opt = {nm: np.repeat((s.W_ if s.feasible_ else np.full((2, 2), np.nan))[None], F, 0)
+             for nm, s in opt.items()}
+    rows = []
+    for name, model, init, B in (("W", WModel(2), "zero", 1),
+                                 ("KQ", KQModel(2), {"K": K0, "Q": np.zeros_like(K0)}, F)):
+        sub = TokenData(X=np.repeat(one.X[None], B, 0), y=np.ones((B, 2)),
+                        z=np.repeat(one.z[None], B, 0), v=np.repeat(one.v[None], B, 0))
+        tr = train(model, sub, optimizer=ngd(cfg["lr"]), steps=cfg["steps"], init=init)
+        Wt = tr.params["W"] if name == "W" else tr.params["K"] @ tr.params["Q"].transpose(-1, -2)
+        Wt = np.asarray(Wt)
+        s = model.attention(tr.params, sub).numpy()
+        alpha = s.argmax(-1)
+        cache = {(b, tuple(one.opt)): W_opt[PRED[name]][0] for b in range(B)}
+        W_sel = selected_svm(sub, alpha, PRED[name], cache)
+        rows.append(pd.DataFrame({
+            "model": name, "start": np.arange(B), "corr_sel": correlation(Wt, W_sel),
+            "sel_feasible": ~np.isnan(W_sel).any((1, 2)),
+            "corr_fro": correlation(Wt, W_opt["fro"][:B]), "corr_nuc": correlation(Wt, W_opt["nuc"][:B]),
+            "reached_opt": (alpha == one.opt).all(-1),
+            "p_sel_min": np.take_along_axis(s, alpha[..., None], -1)[..., 0].min(-1),
+            "corr_fro_nuc": float(correlation(W_opt["fro"][0], W_opt["nuc"][0]))}))
+    return pd.concat(rows, ignore_index=True)
+
+
 def compute(cfg: dict) -> dict[str, pd.DataFrame]:
     S = cfg["S"]
     data, K0 = paths_population(S, cfg["seed"], cfg["chunk"])
@@ -74,6 +127,11 @@ def compute(cfg: dict) -> dict[str, pd.DataFrame]:
     feas = fro.feasible_ & np.array([s.feasible_ for s in nuc])
     refs = {"fro": np.where(feas[:, None, None], np.nan_to_num(fro.W_), np.nan),
             "nuc": np.stack([s.W_ if s.feasible_ else np.full((2, 2), np.nan) for s in nuc])}
+    nan = np.full((2, 2), np.nan)
+    cache = {"fro": {(b, tuple(data.opt[b])): fro.W_[b] if fro.feasible_[b] else nan
+                     for b in range(S)},
+             "nuc": {(b, tuple(data.opt[b])): nuc[b].W_ if nuc[b].feasible_ else nan
+                     for b in range(S)}}
     runs = {"W": (WModel(2), "zero"),
             "KQ": (KQModel(2), {"K": K0, "Q": np.zeros_like(K0)})}
     curves, finals = [], []
@@ -91,10 +149,14 @@ def compute(cfg: dict) -> dict[str, pd.DataFrame]:
         df[ENTRIES] = Wt.reshape(-1, 4)
         curves.append(df)
         s = model.attention(tr.params, data).numpy()  # (S, n, T)
+        alpha = s.argmax(-1)  # the tokens this run selects (the notebook's ``ids``)
+        W_sel = selected_svm(data, alpha, PRED[name], cache[PRED[name]])
         finals.append(pd.DataFrame({
             "model": name, "dataset": np.arange(S), "corr_fro": cf[-1], "corr_nuc": cn[-1],
-            "reached_opt": (s.argmax(-1) == data.opt).all(-1),
-            "p_sel_min": np.take_along_axis(s, data.opt[..., None], -1)[..., 0].min(-1)}))
+            "corr_sel": correlation(Wt[-1], W_sel), "sel_feasible": ~np.isnan(W_sel).any((1, 2)),
+            "reached_opt": (alpha == data.opt).all(-1),
+            "p_sel_min": np.take_along_axis(s, alpha[..., None], -1)[..., 0].min(-1),
+            "p_opt_min": np.take_along_axis(s, data.opt[..., None], -1)[..., 0].min(-1)}))
     svm = pd.DataFrame({"dataset": np.arange(S), "feasible": feas,
                         "corr_fro_nuc": correlation(refs["fro"], refs["nuc"]),
                         "rank_fro": np.where(feas, numerical_rank(np.nan_to_num(refs["fro"]), 1e-6), -1),
@@ -107,7 +169,22 @@ def compute(cfg: dict) -> dict[str, pd.DataFrame]:
                          "z2": np.repeat(data.z[..., 1].ravel(), 3),
                          "opt": (np.arange(3) == data.opt[..., None]).ravel()})
     return {"final": pd.concat(finals, ignore_index=True), "path": pd.concat(curves, ignore_index=True),
-            "svm": svm, "tokens": toks}
+            "svm": svm, "tokens": toks, "figure": figure_runs(cfg)}
+
+
+def selected_svm(data: TokenData, alpha: np.ndarray, norm: str, cache: dict) -> np.ndarray:
+    """The ``norm`` ATT-SVM of the tokens each run selects, W_mm(alpha_b) (S, 2, 2), NaN where
+    infeasible: the reference of the paper's ``local_converge`` notebook (``W_svm_solver(X,
+    ids)``). ``cache`` maps (dataset, tuple(alpha)) to a solution already computed (the
+    optimal tokens' SVMs); new ones are solved and added."""
+    out = np.full((len(alpha), 2, 2), np.nan)
+    for b, a in enumerate(alpha):
+        key = (b, tuple(int(t) for t in a))
+        if key not in cache:
+            sol = att_svm(data.X[b], data.z[b], a, norm=norm)
+            cache[key] = sol.W_ if sol.feasible_ else np.full((2, 2), np.nan)
+        out[b] = cache[key]
+    return out
 
 
 def informative(svm: pd.DataFrame) -> pd.DataFrame:
@@ -115,39 +192,100 @@ def informative(svm: pd.DataFrame) -> pd.DataFrame:
     return svm[svm.feasible & (svm.corr_fro_nuc <= DISTINCT)]
 
 
+QUOTE = {
+    "W": "The regularisation path (RP) directionally converges to the (Att-SVM) solution with "
+         "the Frobenius norm objective when cross-attention is explicitly parameterized by the "
+         "combination parameter W.",
+    "KQ": "With the nuclear norm goal of the combination parameter W:= KQ (Thm 2), optimizing "
+          "the attention parameters (K, Q) with diminishing regularisation converges in the "
+          "direction of a max-margin solution of (Att-SVM).",
+}
+WHERE = ("Theorem 2 and Figure 1 (the visualization notebook's dataset); each run against the "
+         "SVM of the tokens it selects, as the paper's local_converge notebook judges "
+         "(W_svm_solver(X, ids)); seed text 001")
+QUOTE_FIG = ("To their knowledge, this is the first study that formally compares the optimization "
+             "dynamics of (K, Q) parameterizations to those of (W) parameterizations, "
+             "highlighting the latter\u2019s low-rank bias.")
+
+
 def judge(tables: dict, cfg: dict) -> list[Check]:
-    fin, svm = tables["final"], tables["svm"]
+    """Claims, at the paper's setting (Figure 1's own dataset, the notebook's starts): W_T and
+    K_T Q_T^T converge to the SVM of the tokens they select (corr >= CORR; (K, Q): mean over
+    the starts), and each ends closer to its predicted SVM than to the other (the figure's
+    point). Findings (attnsvm's population of datasets from the figure's recipe): the same
+    metric, the optimal tokens' SVMs, and the share of informative datasets where each is
+    closer to its predicted SVM. Sanity: the figure's two SVMs differ; enough informative
+    datasets in the population."""
+    fig, fin, svm = tables["figure"], tables["final"], tables["svm"]
     feas = svm.dataset[svm.feasible]
     info = informative(svm).dataset
-    checks = []
+    cfn = float(fig.corr_fro_nuc.iloc[0]) if len(fig) else np.nan
+    checks = [check_at_most(
+        f"Figure 1's dataset tells the two predictions apart: corr(W_fro, W_nuc) <= {DISTINCT}",
+        "corr(W_fro, W_nuc)", cfn, DISTINCT, "else the closeness claims below test nothing",
+        kind="sanity")]
     for model, pred in PRED.items():
         other = "nuc" if pred == "fro" else "fro"
         who = "W_T" if model == "W" else "K_T Q_T^T"
-        f = fin[(fin.model == model) & fin.dataset.isin(feas)]
-        g = fin[(fin.model == model) & fin.dataset.isin(info)]
-        mean = float(f[f"corr_{pred}"].mean()) if len(f) else np.nan
-        win = float((g[f"corr_{pred}"] > g[f"corr_{other}"]).mean()) if len(g) else np.nan
+        fm = fig[fig.model == model]
+        ok = fm[fm.sel_feasible.astype(bool)]
+        runs = "the run" if model == "W" else f"the {len(fm)} starts"
+        checks.append(check_at_least(
+            f"Figure 1's dataset: {model}-training converges to the {pred} SVM of the tokens it "
+            f"selects: corr({who}, W_{pred}(alpha)) >= {CORR} (mean over {runs}), alpha = "
+            "argmax_t of the final attention", f"mean corr({who}, W_{pred}(alpha))",
+            float(ok.corr_sel.mean()) if len(ok) else np.nan, CORR,
+            f"{len(ok)} of {len(fm)} runs with a feasible SVM of their tokens; min "
+            f"{ok.corr_sel.min():.4f}; the selected tokens are the optimal ones in "
+            f"{int(fm.reached_opt.sum())} of {len(fm)} runs; min selected-token probability "
+            f"{fm.p_sel_min.min():.6f}; {CORR} is attnsvm's threshold for 'converges in "
+            "direction' (the paper plots the paths)", quote=QUOTE[model], where=WHERE))
+        closer = (fm[f"corr_{pred}"] > fm[f"corr_{other}"])
+        checks.append(check_at_least(
+            f"Figure 1's dataset: {who} ends closer to W_{pred} than to W_{other} (the SVMs of "
+            f"the optimal tokens, as the figure draws them) in every run",
+            f"fraction of runs with corr_{pred} > corr_{other}",
+            float(closer.mean()) if len(fm) else np.nan, 1.0,
+            f"mean corr with W_{pred} {fm[f'corr_{pred}'].mean():.4f}, with W_{other} "
+            f"{fm[f'corr_{other}'].mean():.4f} over {len(fm)} runs", quote=QUOTE_FIG,
+            where="Figure 1 (W-path to the Frobenius SVM, (K, Q)-path to the nuclear one)"))
+    for model, pred in PRED.items():
+        other = "nuc" if pred == "fro" else "fro"
+        who = "W_T" if model == "W" else "K_T Q_T^T"
+        a = fin[fin.model == model]
+        sel = a[a.sel_feasible.astype(bool)]
+        f = a[a.dataset.isin(feas)]
+        g = a[a.dataset.isin(info)]
         r = f[f.reached_opt]
-        base = (f"{len(f)} of {len(svm)} datasets with feasible SVMs; the run's final attention "
-                f"selects the optimal tokens in {len(r)} of them (mean corr with W_{pred} there "
-                f"{r[f'corr_{pred}'].mean():.4f}, elsewhere {f[~f.reached_opt][f'corr_{pred}'].mean():.4f}); "
-                f"min optimal-token probability (median over datasets) {f.p_sel_min.median():.6f}")
-        checks += [
-            check_at_least(f"{model}-training converges to the {pred} SVM: mean over the "
-                           f"datasets of corr({who}, W_{pred}) >= {CORR}",
-                           f"mean corr({who}, W_{pred})", mean, CORR,
-                           base + f"; fraction with corr >= {CORR}: "
-                           f"{(f[f'corr_{pred}'] >= CORR).mean():.0%}; min "
-                           f"{f[f'corr_{pred}'].min():.4f}; mean corr with W_{other} "
-                           f"{f[f'corr_{other}'].mean():.4f}"),
-            check_at_least(f"{who} is closer to W_{pred} than to W_{other} on >= {WIN:.0%} of the "
-                           f"datasets whose two SVMs differ (corr(W_fro, W_nuc) <= {DISTINCT})",
-                           f"fraction corr_{pred} > corr_{other}", win, WIN,
-                           f"{len(g)} informative datasets; mean corr with W_{pred} "
-                           f"{g[f'corr_{pred}'].mean():.4f}, with W_{other} "
-                           f"{g[f'corr_{other}'].mean():.4f}; the paper shows one dataset and "
-                           f"states no share: {WIN:.0%} is attnsvm's threshold"),
-        ]
+        low = sel[sel.corr_sel < CORR]
+        checks.append(check_at_least(
+            f"Population of {len(a)} datasets from Figure 1's recipe (attnsvm's extension): "
+            f"mean corr({who}, W_{pred}(alpha)) >= {CORR}, alpha the tokens each run selects",
+            f"mean corr({who}, W_{pred}(alpha))", float(sel.corr_sel.mean()) if len(sel)
+            else np.nan, CORR,
+            f"{len(sel)} of {len(a)} runs have a feasible SVM for the tokens they select; "
+            f"fraction >= {CORR}: {(sel.corr_sel >= CORR).mean():.0%}; below it: " + (", ".join(
+                f"dataset {int(x.dataset)} corr {x.corr_sel:.3f} (min selected prob "
+                f"{x.p_sel_min:.3g}, optimal tokens {'yes' if x.reached_opt else 'no'})"
+                for x in low.head(6).itertuples()) or "none"), kind="finding"))
+        checks.append(check_at_least(
+            f"Population: mean corr({who}, W_{pred}(opt)) >= {CORR} against the SVM of the "
+            "globally optimal tokens (attnsvm's metric; the paper's population notebook uses "
+            "the selected tokens)", f"mean corr({who}, W_{pred}(opt))",
+            float(f[f"corr_{pred}"].mean()) if len(f) else np.nan, CORR,
+            f"{len(f)} of {len(svm)} datasets with feasible SVMs; the run selects the optimal "
+            f"tokens in {len(r)} of them (mean corr with W_{pred}(opt) there "
+            f"{r[f'corr_{pred}'].mean():.4f}, elsewhere "
+            f"{f[~f.reached_opt][f'corr_{pred}'].mean():.4f}); mean corr with W_{other}(opt) "
+            f"{f[f'corr_{other}'].mean():.4f}", kind="finding"))
+        checks.append(check_at_least(
+            f"Population: {who} is closer to W_{pred}(opt) than to W_{other}(opt) on >= "
+            f"{WIN:.0%} of the datasets whose two SVMs differ (corr(W_fro, W_nuc) <= {DISTINCT})",
+            f"fraction corr_{pred} > corr_{other}",
+            float((g[f"corr_{pred}"] > g[f"corr_{other}"]).mean()) if len(g) else np.nan, WIN,
+            f"{len(g)} informative datasets; mean corr with W_{pred} "
+            f"{g[f'corr_{pred}'].mean():.4f}, with W_{other} {g[f'corr_{other}'].mean():.4f}; "
+            f"{WIN:.0%} is attnsvm's threshold", kind="finding"))
     checks.append(check_at_least(
         f"The population contains datasets whose two SVMs differ (corr(W_fro, W_nuc) <= "
         f"{DISTINCT}): at least {MIN_DISTINCT}", "informative datasets", float(len(info)),
@@ -228,15 +366,22 @@ EXPERIMENT = Experiment(
           "ATT-SVM solution, while gradient descent on (K, Q) converges to the nuclear-norm "
           "ATT-SVM solution (a lower-rank direction).",
     configs={
-        "tiny": dict(S=4, chunk=2, seed=0, lr=0.1, steps=100, record_every=10),
-        "quick": dict(S=25, chunk=25, seed=0, lr=0.1, steps=2000, record_every=20),
-        "full": dict(S=100, chunk=25, seed=0, lr=0.1, steps=2000, record_every=10),
+        "tiny": dict(S=4, chunk=2, seed=0, lr=0.1, steps=100, record_every=10, F=2),
+        "quick": dict(S=50, chunk=25, seed=0, lr=0.1, steps=2000, record_every=20, F=10),
+        "full": dict(S=100, chunk=25, seed=0, lr=0.1, steps=2000, record_every=10, F=25),
     },
     compute=compute, judge=judge, plot=plot,
     deviations=(
-        "tfsvm-paths: a population of datasets from the figure's recipe (quick 25, full 100; "
-        "numpy draws) instead of the notebook's one dataset (torch seed 1, chosen 'for better "
-        "visualization'); the 2-d panels show the first dataset of the population whose two "
-        "SVMs differ.",
+        "tfsvm-paths: the paper's claims are judged on Figure 1's own dataset (the notebook's "
+        "torch draw, seed 1) with F starts of (K, Q) (quick 10, full 25; the notebook draws "
+        "one K_0 from torch's unseeded generator); each run is compared with the SVM of the "
+        "tokens it selects, the metric of the paper's local_converge notebook (the figure "
+        "draws the optimal tokens' SVMs; on this dataset every run selects them).",
+        "tfsvm-paths: the 0.99 correlation threshold is attnsvm's (the paper plots the "
+        "paths); the population findings' 90% share is attnsvm's too.",
+        "tfsvm-paths: the findings run a population of datasets from the figure's recipe "
+        "(quick 50, full 100; numpy draws; beyond the notebook's one dataset, chosen 'for "
+        "better visualization'); the 2-d panels show the first dataset of the population whose "
+        "two SVMs differ.",
     ),
 )

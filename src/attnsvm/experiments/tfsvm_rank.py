@@ -173,6 +173,14 @@ def cell_means(r: pd.DataFrame, cl: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
+QUOTE = ("To their knowledge, this is the first study that formally compares the optimization "
+         "dynamics of (K, Q) parameterizations to those of (W) parameterizations, highlighting "
+         "the latter\u2019s low-rank bias.")
+WHERE = ("Theorem 2 and the rank figure (svm_rank notebook: mean rank of the Frobenius vs the "
+         "nuclear-norm ATT-SVM per (n, T, d)); seed text 001 ('the latter' is the (K, Q) "
+         "parameterisation, whose limit is the nuclear-norm SVM)")
+
+
 def judge(tables: dict, cfg: dict) -> list[Check]:
     raw, cl = tables["ranks"], tables["cells"]
     feas = raw[raw.feasible_nuc] if len(raw) else raw
@@ -214,14 +222,15 @@ def judge(tables: dict, cfg: dict) -> list[Check]:
                            f"(n={n},T={T},d={d}): fro {x.rank_fro:.2f}, nuc {x.rank_nuc_cert:.2f} "
                            f"({x.feasible} feasible, {x.certified} certified, of {x.drawn} draws)"
                            for (n, T, d), x in
-                           zip(rest.index, rest.itertuples())) or "none") + f". {unc_txt}"),
+                           zip(rest.index, rest.itertuples())) or "none") + f". {unc_txt}",
+                       quote=QUOTE, where=WHERE),
         check_at_least(f"attnsvm's count (sigma_k > {RTOL['nuc']:g} sigma_1) equals the rank "
                        f"certified by the dual (multiplicity of the top singular value of S, "
                        f"within {DELTA:g}) on every certified instance", "fraction of instances",
                        float(same.mean()) if len(r) else np.nan, 1.0,
                        f"{len(r)} certified instances (largest gap {r.nuc_gap.max():.1e}); the "
                        f"count is the same at rtol {NUC_ALT[0]:g} and {NUC_ALT[1]:g} on "
-                       f"{alt.mean():.1%}. {unc_txt}", kind="sanity"),
+                       f"{alt.mean():.1%}. {unc_txt}", kind="finding"),
         check_at_least(f"The paper's count (sigma_k > {ABS:g} absolute, cvxpy's default solver, "
                        f"the notebook's problem) gives the certified rank on >= {AGREE:.0%} of "
                        f"the instances", "fraction of instances (sub-sample)",
@@ -238,7 +247,7 @@ def judge(tables: dict, cfg: dict) -> list[Check]:
                        f"certified rank on {(sub.rank_scs_rel == sub.rank_nuc_cert).mean():.0%}. "
                        f"The absolute count on attnsvm's own solutions (gap ~1e-7) gives it on "
                        f"{(r.rank_nuc_abs == r.rank_nuc_cert).mean():.0%} of all certified "
-                       f"instances: an absolute 1e-7 counts solver noise"),
+                       f"instances: an absolute 1e-7 counts solver noise", kind="finding"),
     ]
 
 
@@ -285,19 +294,23 @@ EXPERIMENT = Experiment(
           "solution (the implicit bias of (K, Q)-training) has a lower rank.",
     configs={
         "tiny": dict(_GRID, ns=[5], Ts=[5], ds=[2, 5], N=2, chunk=2, scs=1),
-        "quick": dict(_GRID, N=5, scs=1),
+        "quick": dict(_GRID, N=10, scs=1),
         "full": dict(_GRID, N=25, scs=3),
     },
     compute=compute, judge=judge, plot=plot,
     deviations=(
-        "tfsvm-rank: 25 draws per cell at full scale (quick 5) instead of the notebook's 100, "
+        "tfsvm-rank: 25 draws per cell at full scale (quick 10: with 5, cells of rank <= 2 "
+        "such as d = 2 tied by chance on some seeds) instead of the notebook's 100, "
         "to keep the report within its time budget; the nuclear solutions come from attnsvm's "
         "certified solver, the notebook's solver (cvxpy default, SCS eps 1e-5 in cvxpy 1.9) runs "
         "on a sub-sample of 3 (quick 1) feasible draws per cell.",
         "tfsvm-rank: infeasible draws are left out and counted (the notebook counts them as "
         "rank 1: numpy's matrix_rank of cvxpy's None); the figure's 'paper's count' curve "
         "reproduces that rule.",
-        "tfsvm-rank: ranks are counted relative to sigma_1 (attnsvm's count, checked against the "
-        "certified rank), not above an absolute 1e-7 (the notebook's count, shown beside it).",
+        "tfsvm-rank: the claim compares the rank certified by the nuclear SVM's dual (the "
+        "rank of every optimal solution), not the notebook's count (singular values above an "
+        "absolute 1e-7 of cvxpy's SCS solution): how often that count gives the certified "
+        "rank, and how often attnsvm's relative count (sigma_k > 1e-4 sigma_1) does, are "
+        "attnsvm's findings, never the paper failing.",
     ),
 )
