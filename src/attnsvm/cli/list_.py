@@ -122,6 +122,10 @@ def run(args: argparse.Namespace) -> int:
             paper = e.paper
             print(f"\n{paper}")
         extra = "" if e.in_default else "  [not in the default run]"
+        if e.verdicts:
+            n = {k: sum(v.kind == k for v in e.verdicts) for k in KIND_LABEL}
+            extra += "  [" + ", ".join(f"{n[k]} {KIND_LABEL[k]}{'s' if n[k] != 1 else ''}"
+                                       for k in KIND_LABEL) + "]"
         print(f"  {name:<22s} {e.title}{extra}")
         if args.claims:
             print(f"  {'':<22s} {e.claim}")

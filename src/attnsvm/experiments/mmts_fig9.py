@@ -179,14 +179,14 @@ CLAIMS = {
         quote="GMM is a strict subset of LMM however as [d] increases, we observe that the "
               "probability of GMM convergence increases as well.", where=_W9),
     "lmm": Claim(
-        f"saturated runs whose selected tokens have a non-negative minimal score gap converge to "
+        f"at each d, saturated runs whose selected tokens have a non-negative minimal score gap converge to "
         f"an LMM (GMM included, corr > {CORR}) 'almost always': share >= {CONV_MIN} (runs with a "
         "negative gap are not LMMs by definition and are judged by the < 1% claim only)",
         quote="[for larger d,] we observe that softmax saturates [...] and we observe that the "
               "selected tokens almost always converges to an LMM direction (blue bar) - this is "
               "in line with Theorems 3 & 4.", where=_W9),
     "neg": Claim(
-        f"saturated runs with a negative minimal score gap (that converge to no LMM) are < 1% of "
+        f"at each d, saturated runs with a negative minimal score gap (that converge to no LMM) are < 1% of "
         f"the problems (share of all trials <= {NEG_MAX})",
         quote="Furthermore, we found that there exist problem instances, with saturated softmax "
               "and [a negative minimal score gap], that do not converge to either LMM or GMM. [...] "
@@ -207,7 +207,7 @@ PER_D = ("lmm", "neg")
 
 def per_d_claim(key: str, d: int) -> str:
     """The statement of the per-d check ``key`` at dimension d."""
-    return f"d = {d}: {CLAIMS[key].text}"
+    return CLAIMS[key].text.replace("at each d", f"at d = {d}", 1)
 
 
 def _note_negative(sat: pd.DataFrame) -> str:
