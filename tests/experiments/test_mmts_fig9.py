@@ -163,11 +163,11 @@ def _break(t, what, d=8):
     """Violate one verdict in the passing table ``t`` (at dimension d where per d)."""
     df = t["trials"]
     sat = df.index[df.saturated & (df.d == d)]
-    if what == "lmm":  # runs with a non-negative gap that miss every LMM: 2% at d
+    if what == "lmm":  # runs with a non-negative gap that miss every LMM: 3% at d
         fine = df.index[df.saturated & (df.d == d) & (df.min_score_gap >= 0)]
-        df.loc[fine[: int(np.ceil(0.02 * len(fine)))], "outcome"] = "other"
-    elif what == "neg":  # 1.5% of the problems at d: negative gap
-        n = int(np.ceil(0.015 * (df.d == d).sum()))
+        df.loc[fine[: int(np.ceil(0.03 * len(fine)))], "outcome"] = "other"
+    elif what == "neg":  # 2% of the problems at d: negative gap
+        n = int(np.ceil(0.02 * (df.d == d).sum()))
         df.loc[sat[:n], ["min_score_gap", "outcome"]] = [-0.05, "other"]
     elif what == "neg_cdf":  # the same negative gaps (< 1% of each d's problems) among 70% fewer
         # saturated runs: over 1% of the saturated runs, pooled
@@ -219,4 +219,15 @@ def test_negative_gap_claim_counts_all_problems_at_d():
     t = _tables()
     _break(t, "neg")
     neg = next(c for c in F.judge(t, {}) if _key(c) == "neg" and _d(c) == "d = 8")
-    assert not neg.passed and " of 400 problems" in neg.measured and "needs <= 0.0100" in neg.measured
+    assert not neg.passed and " of 400 problems" in neg.measured and "above 0.01" in neg.measured
+
+
+def test_per_d_claims_allow_for_sampling_error_but_not_more():
+    """1.3% of 150 problems (2 runs) is no evidence against '< 1%'; 3% of 1000 is."""
+    for k, n, ok in ((2, 150, True), (30, 1000, False), (9, 1000, True), (18, 1000, False)):
+        rows = [{"d": 8, "trial": t, "saturated": True, "outcome": "other" if t < k else "LMM",
+                 "min_score_gap": -0.1 if t < k else 0.2, "svm_feasible": True, "corr_lmm": 1.0}
+                for t in range(n)]
+        rows += [{**r, "d": 10} for r in rows]  # a second d for the trend tests
+        neg = next(c for c in F.judge({"trials": pd.DataFrame(rows)}, {}) if _key(c) == "neg")
+        assert neg.passed == ok, (k, n, neg.measured)

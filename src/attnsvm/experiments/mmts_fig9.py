@@ -180,14 +180,16 @@ CLAIMS = {
               "probability of GMM convergence increases as well.", where=_W9),
     "lmm": Claim(
         f"at each d, saturated runs whose selected tokens have a non-negative minimal score gap converge to "
-        f"an LMM (GMM included, corr > {CORR}) 'almost always': share >= {CONV_MIN} (runs with a "
+        f"an LMM (GMM included, corr > {CORR}) 'almost always': share >= {CONV_MIN}, unless its "
+        f"95% Wilson interval lies below {CONV_MIN} (runs with a "
         "negative gap are not LMMs by definition and are judged by the < 1% claim only)",
         quote="[for larger d,] we observe that softmax saturates [...] and we observe that the "
               "selected tokens almost always converges to an LMM direction (blue bar) - this is "
               "in line with Theorems 3 & 4.", where=_W9),
     "neg": Claim(
         f"at each d, saturated runs with a negative minimal score gap (that converge to no LMM) are < 1% of "
-        f"the problems (share of all trials <= {NEG_MAX})",
+        f"the problems (share of all trials <= {NEG_MAX}, unless its 95% Wilson interval lies above "
+        f"{NEG_MAX})",
         quote="Furthermore, we found that there exist problem instances, with saturated softmax "
               "and [a negative minimal score gap], that do not converge to either LMM or GMM. [...] "
               "Specifically, we found this happens less than 1% of the problems",
@@ -239,21 +241,27 @@ def judge(tables, cfg):
     for d in tab.d:
         all_d, s_d = df[df.d == d], sat[sat.d == d]
         judged = s_d[~(s_d.min_score_gap < 0)]
-        conv = judged.outcome.isin(["LMM", "GMM"]).mean() if len(judged) else np.nan
+        k_conv = int(judged.outcome.isin(["LMM", "GMM"]).sum())
         other = judged[~judged.outcome.isin(["LMM", "GMM"])]
-        checks.append(CLAIMS["lmm"].at_least(
-            f"share of {len(judged)} saturated runs with gap >= 0", conv, CONV_MIN,
+        lo, hi = wilson(k_conv, len(judged))
+        checks.append(CLAIMS["lmm"].check(
+            f"{k_conv} of {len(judged)} saturated runs with gap >= 0 = "
+            + (f"{k_conv / len(judged):.4f} (95% CI {lo:.4f}-{hi:.4f}; fails when the whole "
+               f"interval is below {CONV_MIN})" if len(judged) else "nan"),
+            bool(len(judged)) and hi >= CONV_MIN,
             (f"{len(other)} miss: {int((~other.svm_feasible.astype(bool)).sum())} with an infeasible SVM, "
              f"median corr with p_mm(alpha) {other.corr_lmm.median():.3f}" if len(other) else "")
             + ("" if len(judged) else "no saturated run with a non-negative gap at this d"),
             claim=per_d_claim("lmm", int(d))))
         k = int((s_d.min_score_gap < 0).sum())
         lo, hi = wilson(k, len(all_d))
-        checks.append(CLAIMS["neg"].at_most(
-            f"{k} of {len(all_d)} problems (95% CI {lo:.2%}-{hi:.2%})",
-            k / len(all_d) if len(all_d) else np.nan, NEG_MAX,
+        checks.append(CLAIMS["neg"].check(
+            f"{k} of {len(all_d)} problems = "
+            + (f"{k / len(all_d):.4f} (95% CI {lo:.4f}-{hi:.4f}; fails when the whole interval "
+               f"is above {NEG_MAX})" if len(all_d) else "nan"),
+            bool(len(all_d)) and lo <= NEG_MAX,
             f"{len(s_d)} of {len(all_d)} saturated; of the saturated {k / max(len(s_d), 1):.2%}",
-            fmt=".4f", claim=per_d_claim("neg", int(d))))
+            claim=per_d_claim("neg", int(d))))
     k_neg = int((sat.min_score_gap < 0).sum())
     lo, hi = wilson(k_neg, len(sat))
     neg_d = ", ".join(f"d={r.d}: {r.negative_gap}/{r.saturated} = {r.share_negative_of_saturated:.2%}"
@@ -329,6 +337,11 @@ EXPERIMENT = Experiment(
         "'Almost always converges to an LMM' is judged on the saturated runs with a non-negative "
         "minimal score gap: a run with a negative gap is not an LMM by definition and is counted "
         "once, by the < 1% claim.",
+        "Per d the samples are small (150 problems at the quick scale, 1000 at full), so a per-d "
+        "share is judged with its 95% Wilson interval: 'below 1%' fails when the whole interval "
+        "is above 1%, 'almost always' (>= 0.99) when the whole interval is below 0.99 (the "
+        "paper's thresholds; the point estimates are reported). Pooled shares (the finding) use "
+        "the point estimate.",
         "The paper states that the saturated and GMM shares grow with d without a test; attnsvm "
         "tests the trend over the whole d grid with a one-sided Cochran-Armitage test at level 0.05.",
     ),
