@@ -99,7 +99,8 @@ def regularization_path(X: np.ndarray, y: np.ndarray, radii, m: int = 8192):
     p_R = argmax_{||p|| = R} gamma(p), gamma(p) = the head-SVM margin of the attention
     features y_i x_i(p), x_i(p) = X_i^T softmax(X_i p) (the limit r -> inf of
     argmin_{||p|| <= R, ||v|| <= r} L(v, p) for the logistic loss), and v_R = its head-SVM
-    direction.  X (B, n, T, 2) with W = I, y (B, n); maximised over m directions.  Returns
+    direction.  X (B, n, T, 2) with W = I, y (B, n); maximised over m directions (an arc of
+    directions tied to rounding is replaced by its circular mean).  Returns
     P, V (len(radii), B, 2), unit vectors.  float64 resolves the margin differences
     ~exp(-R p.u_i) only while they exceed ~1e-15 relative: R up to ~32 on Fig. 3's data.
     """
@@ -111,8 +112,13 @@ def regularization_path(X: np.ndarray, y: np.ndarray, radii, m: int = 8192):
         s /= s.sum(-1, keepdims=True)
         feats = y[:, None, :, None] * np.einsum("bknt,bntd->bknd", s, X)
         g, nu = head_margin(feats)
-        k = g.argmax(1)
-        P.append(U[k])
+        # directions whose margin equals the maximum to rounding form an arc (float64 no longer
+        # resolves exp(-R p.u_i) there): take its circular mean instead of its first point
+        top = g >= g.max(1, keepdims=True) - 8 * np.finfo(float).eps * np.abs(g).max(1, keepdims=True)
+        p = np.einsum("bk,kd->bd", top.astype(float), U)
+        p /= np.linalg.norm(p, axis=1, keepdims=True)
+        k = np.abs(np.einsum("bd,kd->bk", p, U) - 1).argmin(1)
+        P.append(p)
         V.append(nu[np.arange(len(k)), k])
     return np.array(P), np.array(V)
 
@@ -342,7 +348,7 @@ def plot(tables: dict, cfg: dict, out) -> list:
     paths, svm = tables["paths"], tables["svm"]
     paths, svm = paths[paths.dataset == 0], svm[svm.dataset == 0]
     show = cfg["show"]
-    fig, ax = subplots(3, width=4.4, height=4.8)
+    fig, ax = subplots(4, width=4.4, height=4.8)
     X = {v: np.array([(1, 1), (1, -1), (0.5, 1.0 if v == "a" else 1.5)]) for v in "ab"}
     ys = np.array([1, -1, 1])
     for j, v in enumerate("ab"):
@@ -374,6 +380,18 @@ def plot(tables: dict, cfg: dict, out) -> list:
     ax[2].set_xlim(0, cfg["show_prob"])
     label(ax[2], "iterations", "probability (mean over i)", "(c) variant a", legend=False)
     ax[2].legend(fontsize=7, loc="lower right")
+    rp = tables["regpath"]
+    for v, col, tgt, lab in (("a", COLORS[1], "corr_p_att", "(a): p_R vs p_mm"),
+                             ("b", COLORS[3], "corr_p_relaxed", "(b): p_R vs p_relaxed")):
+        for k, (_, g) in enumerate(rp[rp.variant == v].groupby("dataset")):
+            ax[3].plot(g.R, np.maximum(1 - g[tgt], 1e-12), "o-", color=col, lw=1, ms=3, alpha=0.6,
+                       label=lab if k == 0 else None)
+    ax[3].set_xscale("log")
+    ax[3].set_yscale("log")
+    ax[3].axhline(1 - CORR, color="gray", ls=":", lw=1, label=f"corr = {CORR}")
+    label(ax[3], "R (||p|| <= R)", "1 - corr", "(d) regularization path, every dataset",
+          legend=False)
+    ax[3].legend(fontsize=7, loc="lower left")
     return [save(fig, out, "mmts_fig3")]
 
 
