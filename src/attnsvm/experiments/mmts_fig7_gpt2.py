@@ -158,7 +158,8 @@ def compute(cfg):
                 val_batch=windows(val, cfg["val_seqs"], cfg["context"], g).to(dev))
     tracks, losses = [], []
     for spec in cfg["optimizers"]:
-        for seed in range(cfg["seeds"]):
+        first = int(cfg.get("seed", 0))  # initialisation seeds first .. first + seeds - 1
+        for seed in range(first, first + cfg["seeds"]):
             t, loss = train_run(cfg, dict(spec), seed, data)
             tracks.append(t)
             losses.append(loss)
@@ -362,7 +363,7 @@ OPTIMIZERS = (
 )
 _C = dict(optimizers=OPTIMIZERS, n_layer=2, n_head=4, n_embd=64, context=64, batch=32,
           probe_seqs=8, val_seqs=64, max_queries=32, null_draws=1, rot_draws=32, dtype="float32",
-          device="cpu")
+          device="cpu", seed=0)
 EXPERIMENT = Experiment(
     name="mmts-fig7-gpt2",
     title="Figure 7 on text: a GPT-2 trained from scratch on the Python docs (AdamW, SGD), "
