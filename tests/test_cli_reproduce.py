@@ -50,9 +50,12 @@ DEMO = textwrap.dedent('''
 
     def judge_a(t, cfg):
         last = float(t["curve"].y.iloc[-1])
-        return [Check("y grows with x", f"y(4) = {last:g}", last > 0),
+        return [Check("y grows with x", f"y(4) = {last:g}", last > 0, quote="y grows.",
+                      where="Fig. 1"),
                 Check("the curve has 5 rows", f"{len(t['curve'])} rows", len(t["curve"]) == 5,
-                      kind="sanity")]
+                      kind="sanity"),
+                Check("y stays below 1 on a bigger grid", f"y(4) = {last:g}", last < 1,
+                      kind="finding")]
 
 
     def judge_b(t, cfg):
@@ -136,7 +139,12 @@ def test_killed_reproduce_keeps_finished_experiments(demo, tmp_path, capsys, sig
     assert table.y.tolist() == [0.0, 1.0, 2.0, 3.0, 4.0]
     verdicts = pd.read_csv(out / "verdicts.csv")
     assert verdicts[["experiment", "kind", "verdict"]].values.tolist() == [
-        ["demo-a", "claim", "holds"], ["demo-a", "sanity", "holds"]]
+        ["demo-a", "claim", "holds"], ["demo-a", "sanity", "holds"],
+        ["demo-a", "finding", "does not hold"]]
+    # the failing finding is reported apart and never counted as the paper failing
+    assert "**Paper claims at the paper's setting: 1 of 1 hold.**" in report
+    assert "findings beyond the papers: 0 of 1 hold" in report
+    assert "paper claims 1/1 hold, findings 0/1, sanity 1/1" in stdout
     record = json.loads((out / "demo-a" / "result.json").read_text())
     assert record["scale"] == "tiny" and record["tables"]["curve"]["rows"] == 5
     assert not (out / "demo-b" / "result.json").exists()

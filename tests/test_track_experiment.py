@@ -55,6 +55,8 @@ CFG = EXPERIMENT.config("tiny")
 def test_judge_passes_a_table_built_to_pass():
     checks = judge(_tables(True), CFG)
     assert len(checks) == 2 * 10 and sum(c.sanity for c in checks) == 2 * 3
+    # a GPT-2 on text is not the paper's ViT on CIFAR-10: no check counts as a paper claim
+    assert [c.kind for c in checks] == 2 * (["sanity"] * 3 + ["finding"] * 7)
     assert all(c.passed for c in checks), [c.measured for c in checks if not c.passed]
 
 

@@ -33,58 +33,77 @@ def _good(tiny) -> dict:
     return t
 
 
-def _check(checks, text):
-    hits = [c for c in checks if text in c.claim]
-    assert len(hits) == 1, text
+KEYS = {c.text: k for k, c in fig1.CLAIMS.items()}
+
+
+def _check(checks, key):
+    hits = [c for c in checks if KEYS[c.claim] == key]
+    assert len(hits) == 1, key
     return hits[0]
+
+
+def _failing(checks) -> set:
+    return {KEYS[c.claim] for c in checks if not c.passed}
 
 
 def test_judge_passes_on_the_predicted_outcomes(tiny):
     checks = fig1.judge(_good(tiny), CFG)
-    assert all(c.passed for c in checks), [c.claim for c in checks if not c.passed]
+    assert _failing(checks) == set()
+    assert [KEYS[c.claim] for c in checks] == list(fig1.CLAIMS)
     assert [c.sanity for c in checks].count(True) == 3
 
 
-@pytest.mark.parametrize("panel, where, value, text", [
-    ("a", "figure", "other", "figure (a)"),
-    ("c", "figure", "LMM", "figure (c)"),
-    ("a", "population", "other", "population (a), Theorem 2"),
-    ("b", "population", "other", "population (b): every run"),
-    ("c", "population", "not the GMM", "population (c): on every"),
-])
-def test_judge_fails_when_one_run_misses(tiny, panel, where, value, text):
-    t = _good(tiny)
-    tab = t["outcome"] if where == "figure" else t["population"]
-    i = tab.index[(tab.panel == panel) & ((tab.kind == "figure") if "kind" in tab else True)][0]
-    tab.loc[i, "outcome"] = value
-    checks = fig1.judge(t, CFG)
-    assert not _check(checks, text).passed
-    assert sum(not c.passed for c in checks) == 1
+def _set(table, panel, value, col="outcome", kind=None, first=True, **where):
+    def go(t):
+        tab = t[table]
+        m = tab.panel == panel
+        if kind is not None:
+            m &= tab.kind == kind
+        for k, v in where.items():
+            m &= tab[k] == v
+        idx = tab.index[m][:1] if first else tab.index[m]
+        tab.loc[idx, col] = value
+    return go
 
 
-def test_judge_fails_without_an_lmm_in_figure_b(tiny):
-    t = _good(tiny)
-    t["outcome"].loc[t["outcome"].panel == "b", "outcome"] = "GMM"
-    assert not _check(fig1.judge(t, CFG), "figure (b) s = 0: GD started in the cone").passed
-
-
-def test_theorem3_check_fails_when_larger_cones_do_worse(tiny):
-    t = _good(tiny)
-    runs, sets = t["population"], t["datasets"]
-    lo1 = sets[(sets.panel == "b") & sets.token1_locally_optimal.astype(bool)].dataset
-    assert len(lo1), "the tiny population must contain a locally optimal token 1"
+def _widest_cone_misses(t):
+    runs = t["population"]
     big = (runs.panel == "b") & (runs.kind == "cone") & (runs.R == max(CFG["cone_norms"]))
     runs.loc[big, "outcome"] = "GMM"  # the widest start misses, the narrowest reaches: no growth
-    check = _check(fig1.judge(t, CFG), "population (b), Theorem 3")
-    assert not check.passed and "R=5: 0.00" in check.measured
 
 
-def test_sanity_check_fails_on_a_second_lmm(tiny):
+BREAK = {  # one input per declared verdict that violates it, and the verdicts it breaks
+    "fig_a": (_set("outcome", "a", "other"), {"fig_a"}),
+    "loc": (_set("svm", "a", True, col="locally_optimal", alpha=1), {"loc"}),
+    "fig_b_any": (_set("outcome", "b", "other", c=1.0), {"fig_b_any"}),
+    "fig_b_lmm": (_set("outcome", "b", "GMM", first=False), {"fig_b_lmm"}),
+    "fig_c": (_set("outcome", "c", "LMM"), {"fig_c"}),
+    "prem_a": (_set("datasets", "a", 1, col="other_lmms"), {"prem_a"}),
+    "pop_a": (_set("population", "a", "other"), {"pop_a"}),
+    "pop_b": (_set("population", "b", "other", kind="figure"), {"pop_b"}),
+    "cone": (_widest_cone_misses, {"cone"}),
+    "prem_c": (_set("datasets", "c", False, col="assumption_b"), {"prem_c"}),
+    "pop_c": (_set("population", "c", "not the GMM"), {"pop_c"}),
+}
+
+
+@pytest.mark.parametrize("key", list(BREAK))
+def test_every_check_fails_on_an_input_that_violates_it(tiny, key):
     t = _good(tiny)
-    d = t["datasets"]
-    d.loc[d.index[d.panel == "a"][0], "other_lmms"] = 1
-    check = _check(fig1.judge(t, CFG), "population (a): each of")
-    assert check.sanity and not check.passed
+    brk, failing = BREAK[key]
+    brk(t)
+    assert _failing(fig1.judge(t, CFG)) == failing
+    assert set(BREAK) == set(fig1.CLAIMS)  # every declared verdict has a violating input
+
+
+def test_theorem3_cone_check_reports_the_shares(tiny):
+    t = _good(tiny)
+    sets = t["datasets"]
+    lo1 = sets[(sets.panel == "b") & sets.token1_locally_optimal.astype(bool)].dataset
+    assert len(lo1), "the tiny population must contain a locally optimal token 1"
+    _widest_cone_misses(t)
+    check = _check(fig1.judge(t, CFG), "cone")
+    assert not check.passed and "R=5: 0.00" in check.measured
 
 
 def test_svm_directions_match_closed_form(tiny):
@@ -145,7 +164,7 @@ def test_population_runs_at_the_tiny_scale(tiny):
         assert len(r) == K[panel] * (S + extra)
     assert set(runs[runs.kind == "cone"].R) == set(CFG["cone_norms"])
     checks = fig1.judge(tiny, CFG)
-    assert f"({K['a']} datasets x {S} starts)" in _check(checks, "population (a), Theorem 2").measured
+    assert f"({K['a']} datasets x {S} starts)" in _check(checks, "pop_a").measured
 
 
 def test_lmm_census_finds_the_second_lmm_of_figure_8():

@@ -4,12 +4,19 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
+import pytest
 
 from attnsvm.data import mmts_fig1_notebook
 from attnsvm.experiments import mmts_fig4 as F
 
+KEYS = {c.text: k for k, c in F.CLAIMS.items()}
 
-def _tables(ngd_fast: bool = True, gd_levels: bool = True, datasets: int = 3, T: int = 1000) -> dict:
+
+def _tables(ngd_fast: bool = True, gd_levels: bool = True, datasets: int = 3, T: int = 1000,
+            linear_gd_on=None) -> dict:
+    """NGD: ||p|| = 0.1 t, fast saturation; GD: log-growth of ||p||, slow saturation.
+    ``gd_levels=False``: GD's norm grows linearly on every dataset; ``linear_gd_on``: only on
+    that dataset."""
     t = np.arange(0, T + 1)
     rows = []
     for opt in ("NGD", "GD"):
@@ -17,37 +24,61 @@ def _tables(ngd_fast: bool = True, gd_levels: bool = True, datasets: int = 3, T:
             if opt == "NGD" and ngd_fast:
                 norm, prob = 0.1 * t, 1 - 0.8 * np.exp(-t / (10 + k))
             else:
-                norm = np.log1p(t) if gd_levels or opt == "NGD" else 0.01 * t
+                lin = (not gd_levels or linear_gd_on == k) and opt == "GD"
+                norm = 0.01 * t if lin else np.log1p(t)
                 prob = 1 - 0.8 * np.exp(-t / (200 + k))  # reaches 0.99 near t = 880
             rows.append(pd.DataFrame({"optimizer": opt, "dataset": k, "step": t, "norm": norm,
                                       "p_max": prob}))
     return {"metrics": pd.concat(rows, ignore_index=True)}
 
 
+def _failing(checks) -> set:
+    return {KEYS[c.claim] for c in checks if not c.passed}
+
+
 def test_judge_passes_on_predicted_behaviour():
     checks = F.judge(_tables(), {})
-    assert len(checks) == 4 and all(c.passed for c in checks), [c.measured for c in checks]
-    assert "speed-up" in checks[0].measured and checks[3].sanity
+    assert _failing(checks) == set() and [KEYS[c.claim] for c in checks] == list(F.CLAIMS)
+    assert "speed-up" in checks[0].measured
+    assert {c.kind for c in checks if KEYS[c.claim] in ("fig", "level")} == {"claim"}
 
 
-def test_judge_fails_when_ngd_is_not_quicker():
-    checks = F.judge(_tables(ngd_fast=False), {})
-    assert not checks[0].passed and not checks[1].passed  # figure's dataset and population
-    assert not checks[3].passed                            # NGD norm not linear either
+def _ngd_slow_on(k):
+    def go(t):
+        m = t["metrics"]
+        m.loc[(m.optimizer == "NGD") & (m.dataset == k), "p_max"] = 0.5  # never selects
+    return go
 
 
-def test_judge_fails_when_gd_does_not_level_off():
-    checks = F.judge(_tables(gd_levels=False), {})
-    assert [c.passed for c in checks] == [True, True, False, True]
+def _ngd_norm_logarithmic(t):
+    m = t["metrics"]
+    ngd = m.optimizer == "NGD"
+    m.loc[ngd, "norm"] = np.log1p(m.loc[ngd, "step"])
 
 
-def test_population_check_fails_on_one_slow_dataset():
-    m = _tables()["metrics"]
-    slow = (m.optimizer == "NGD") & (m.dataset == 2)
-    m.loc[slow, "p_max"] = 0.5  # NGD never selects a token on dataset 2
-    checks = F.judge({"metrics": m}, {})
-    assert checks[0].passed and not checks[1].passed
-    assert "GD never" not in checks[1].note and "median" in checks[1].note
+CASES = {  # an input violating each declared verdict, and the verdicts it breaks
+    "fig": (_ngd_slow_on(0), {"fig", "pop"}),
+    "level": (lambda t: t.update(_tables(gd_levels=False)), {"level", "pop_level"}),
+    "pop": (_ngd_slow_on(2), {"pop"}),
+    "pop_level": (lambda t: t.update(_tables(linear_gd_on=1)), {"pop_level"}),
+    "ngd_lin": (_ngd_norm_logarithmic, {"ngd_lin"}),
+}
+
+
+@pytest.mark.parametrize("key", list(CASES))
+def test_every_check_fails_on_an_input_that_violates_it(key):
+    t = _tables()
+    brk, failing = CASES[key]
+    brk(t)
+    assert _failing(F.judge(t, {})) == failing
+    assert set(CASES) == set(F.CLAIMS)
+
+
+def test_population_note_names_the_speedups():
+    t = _tables()
+    _ngd_slow_on(2)(t)
+    pop = next(c for c in F.judge(t, {}) if KEYS[c.claim] == "pop")
+    assert "GD never" not in pop.note and "median" in pop.note
 
 
 def test_notebook_dataset_is_the_papers_draw():

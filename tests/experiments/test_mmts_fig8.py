@@ -23,24 +23,38 @@ def _tables(outs=("LMM", "LMM", "GMM", "GMM"), loc=True, nb1=0, pop=None, second
     return {"outcome": oc, "svm": svm, "population": runs, "datasets": sets}
 
 
+KEYS = {c.text: k for k, c in fig8.CLAIMS.items()}
+
+
+def _failing(checks) -> set:
+    return {KEYS[c.claim] for c in checks if not c.passed}
+
+
 def test_judge_passes_on_the_predicted_outcomes():
     checks = fig8.judge(_tables(), CFG)
-    assert all(c.passed for c in checks) and [c.sanity for c in checks] == [True] + [False] * 5
+    assert _failing(checks) == set() and [KEYS[c.claim] for c in checks] == list(fig8.CLAIMS)
+    assert [c.kind for c in checks] == ["sanity", "claim", "claim", "finding", "finding", "finding"]
 
 
-@pytest.mark.parametrize("kw, failing", [
-    (dict(loc=False), [0]),
-    (dict(nb1=1), [0]),
-    (dict(outs=("LMM",) * 4), [1]),                           # GMM never reached
-    (dict(outs=("GMM",) * 4), [2]),                           # LMM never reached: global convergence
-    (dict(outs=("LMM", "other", "GMM", "not saturated")), [3]),
-    (dict(pop={1: ("GMM", "GMM"), 2: ("GMM", "GMM")}), [4]),  # no jittered dataset reaches its LMM
-    (dict(second=False, pop={1: ("GMM", "LMM"), 2: ("GMM", "GMM")}), [4]),  # ... where a 2nd LMM exists
-    (dict(pop={1: ("GMM", "LMM"), 2: ("GMM", "other")}), [5]),  # a population run misses
-])
-def test_judge_fails_when_a_prediction_fails(kw, failing):
-    checks = fig8.judge(_tables(**kw), CFG)
-    assert [i for i, c in enumerate(checks) if not c.passed] == failing
+CASES = [  # (input violating a verdict, the verdicts it breaks)
+    (dict(loc=False), {"lmm_loc"}),
+    (dict(nb1=1), {"lmm_loc"}),
+    (dict(outs=("LMM",) * 4), {"gmm"}),                                   # GMM never reached
+    (dict(outs=("GMM",) * 4), {"lmm"}),                                   # global convergence after all
+    (dict(outs=("LMM", "other", "GMM", "not saturated")), {"every"}),
+    (dict(pop={1: ("GMM", "GMM"), 2: ("GMM", "GMM")}), {"pop_lmm"}),      # no jittered dataset reaches its LMM
+    (dict(second=False, pop={1: ("GMM", "LMM"), 2: ("GMM", "GMM")}), {"pop_lmm"}),  # ... where a 2nd LMM exists
+    (dict(pop={1: ("GMM", "LMM"), 2: ("GMM", "other")}), {"pop_all"}),   # a population run misses
+]
+
+
+@pytest.mark.parametrize("kw, failing", CASES)
+def test_every_check_fails_on_an_input_that_violates_it(kw, failing):
+    assert _failing(fig8.judge(_tables(**kw), CFG)) == failing
+
+
+def test_every_declared_verdict_has_a_violating_input():
+    assert set().union(*(f for _, f in CASES)) == set(fig8.CLAIMS)
 
 
 def test_the_two_directions_match_closed_form():
@@ -61,5 +75,5 @@ def test_population_at_the_tiny_scale():
     runs, sets = t["population"], t["datasets"]
     assert len(sets) == CFG["datasets"] and len(runs) == CFG["datasets"] * len(CFG["starts"])
     assert sets.gmm_locally_optimal[0] and sets.other_lmms[0] == 1  # the figure's dataset
-    checks = fig8.judge(t, CFG)
-    assert f"({CFG['datasets']} datasets x {len(CFG['starts'])} starts)" in checks[5].measured
+    pop_all = next(c for c in fig8.judge(t, CFG) if KEYS[c.claim] == "pop_all")
+    assert f"({CFG['datasets']} datasets x {len(CFG['starts'])} starts)" in pop_all.measured

@@ -1,16 +1,20 @@
 """``attnsvm list [NAME...]``: the registry of reproducible experiments, or one experiment's
-claim, deviations and configuration at each scale."""
+claim, its declared verdicts (kind, the paper's sentence and place), its departures from the
+paper and its configuration at each scale."""
 
 from __future__ import annotations
 
 import argparse
 
-HELP = "list the reproducible experiments, or show one (claim, deviations, config per scale)"
+HELP = ("list the reproducible experiments, or show one (claim, verdicts with the paper's "
+        "sentence, departures, config per scale)")
 
 EPILOG = """\
 Without NAME: every registered experiment, by paper. With NAME (an exact name, a paper
-prefix such as mmts, or module:ATTR): its claim, where it departs from the paper, and
-each config key with its value at the scales tiny (tests), quick (the default of
+prefix such as mmts, or module:ATTR): its claim; each verdict it declares, with its kind
+(paper claim: the paper's sentence and its section or figure, run at the paper's setting;
+sanity check of attnsvm's set-up; attnsvm finding beyond the paper, never counted as the
+paper failing); every departure from the paper's setting; and each config key with its value at the scales tiny (tests), quick (the default of
 `attnsvm reproduce`) and full (the papers' scale). The keys are what `attnsvm sweep NAME
 --grid KEY=VALUES` overrides.
 
@@ -55,6 +59,7 @@ def describe(exp) -> str:
         lines += wrap(exp.paper, "  paper:  ", " " * 10)
     lines += wrap(exp.claim, "  claim:  ", " " * 10)
     lines.append(f"  in the default `attnsvm reproduce` run: {'yes' if exp.in_default else 'no'}")
+    lines += verdict_lines(exp, wrap)
     if exp.deviations:
         lines.append("  departures from the paper:")
         for d in exp.deviations:
@@ -79,6 +84,26 @@ def describe(exp) -> str:
     return "\n".join(lines)
 
 
+KIND_LABEL = {"claim": "paper claim", "sanity": "sanity check", "finding": "attnsvm finding"}
+
+
+def verdict_lines(exp, wrap) -> list[str]:
+    """The declared verdicts of ``exp``, grouped by kind: statement, and for a paper claim
+    its place and the paper's sentence."""
+    if not exp.verdicts:
+        return ["  verdicts: declared in its judge (run it: `attnsvm reproduce NAME --scale tiny`)"]
+    counts = {k: sum(v.kind == k for v in exp.verdicts) for k in KIND_LABEL}
+    lines = ["  verdicts: " + ", ".join(f"{n} {KIND_LABEL[k]}{'s' if n != 1 else ''}"
+                                        for k, n in counts.items() if n)]
+    for kind, lab in KIND_LABEL.items():
+        for v in (v for v in exp.verdicts if v.kind == kind):
+            lines += wrap(v.text, f"    [{lab}] ", " " * 6)
+            if v.where:
+                lines += wrap(f"{v.where}: \"{v.quote}\"" if v.quote else v.where,
+                              " " * 6 + "paper: ", " " * 13)
+    return lines
+
+
 def run(args: argparse.Namespace) -> int:
     from attnsvm.cli.reproduce import select
     from attnsvm.experiments import registry
@@ -97,6 +122,10 @@ def run(args: argparse.Namespace) -> int:
             paper = e.paper
             print(f"\n{paper}")
         extra = "" if e.in_default else "  [not in the default run]"
+        if e.verdicts:
+            n = {k: sum(v.kind == k for v in e.verdicts) for k in KIND_LABEL}
+            extra += "  [" + ", ".join(f"{n[k]} {KIND_LABEL[k]}{'s' if n[k] != 1 else ''}"
+                                       for k in KIND_LABEL) + "]"
         print(f"  {name:<22s} {e.title}{extra}")
         if args.claims:
             print(f"  {'':<22s} {e.claim}")

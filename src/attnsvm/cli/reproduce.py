@@ -59,6 +59,14 @@ def select(names: list[str], registry: dict) -> list:
     return chosen
 
 
+def _kinds(checks) -> str:
+    """'paper claims 3/4 hold, findings 1/2, sanity 2/2': the three kinds kept apart."""
+    def n(kind):
+        k = [c for c in checks if c.kind == kind]
+        return f"{sum(c.passed for c in k)}/{len(k)}"
+    return f"paper claims {n('claim')} hold, findings {n('finding')}, sanity {n('sanity')}"
+
+
 def run(args: argparse.Namespace) -> int:
     import time
 
@@ -96,9 +104,10 @@ def run(args: argparse.Namespace) -> int:
         if res.error:
             print(f"ERROR after {res.seconds:.1f} s: {res.error.strip().splitlines()[-1]}")
         else:
-            ok = sum(c.passed for c in res.checks)
-            print(f"{res.seconds:6.1f} s  {ok}/{len(res.checks)} checks hold", flush=True)
+            print(f"{res.seconds:6.1f} s  {_kinds(res.checks)}", flush=True)
     total = time.perf_counter() - t0
+    if results:
+        print(f"all: {_kinds([c for r in results for c in r.checks])}")
     n_err = sum(r.error is not None for r in results)
     n_fail = sum((r.error is None) and not r.passed for r in results)
     print(f"done in {total:.1f} s: report {path}  ({n_fail} with a failing check, "

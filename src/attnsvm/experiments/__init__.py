@@ -15,8 +15,10 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from attnsvm.experiments.base import (
+    KINDS,
     PAPERS,
     Check,
+    Claim,
     Experiment,
     Result,
     Tables,
@@ -25,7 +27,7 @@ from attnsvm.experiments.base import (
 )
 
 __all__ = [
-    "PAPERS", "Check", "Experiment", "Result", "Tables", "check_at_least", "check_at_most",
+    "KINDS", "PAPERS", "Check", "Claim", "Experiment", "Result", "Tables", "check_at_least", "check_at_most",
     "registry", "get", "resolve", "run_experiment",
 ]
 

@@ -81,6 +81,48 @@ class Check:
         return "holds" if self.passed else "does not hold"
 
 
+@dataclass(frozen=True)
+class Claim:
+    """A verdict an experiment declares before it runs (``Experiment.verdicts``): what is
+    checked (``text``), its ``kind`` (see ``KINDS``) and, for a paper's claim, the paper's
+    sentence (``quote``) and its place (``where``: section, theorem, figure).
+
+    ``attnsvm list NAME`` prints the declarations; ``judge`` turns each into the
+    :class:`Check` of a run with :meth:`check`, :meth:`at_least` or :meth:`at_most`, so a
+    verdict carries the kind, quote and place it was declared with.  ``claim=`` gives the
+    check's statement with numbers of the run (default: ``text``).
+    """
+
+    text: str
+    kind: str = "claim"
+    quote: str = ""
+    where: str = ""
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise ValueError(f"Claim.kind must be one of {KINDS}, got {self.kind!r}")
+        if self.kind == "claim" and not (self.quote and self.where):
+            raise ValueError(f"a paper claim needs the paper's sentence and its place "
+                             f"(quote=, where=): {self.text!r}")
+
+    def check(self, measured: str, passed: bool, note: str = "", claim: str | None = None) -> Check:
+        """The Check of one run: ``passed`` as measured, with this declaration's kind/quote/where."""
+        return Check(claim or self.text, measured, bool(passed), note, self.kind, self.quote,
+                     self.where)
+
+    def at_least(self, name: str, value: float, threshold: float, note: str = "",
+                 fmt: str = ".4g", claim: str | None = None) -> Check:
+        """``value >= threshold`` (NaN fails), see :func:`check_at_least`."""
+        return check_at_least(claim or self.text, name, value, threshold, note, fmt, self.kind,
+                              self.quote, self.where)
+
+    def at_most(self, name: str, value: float, threshold: float, note: str = "",
+                fmt: str = ".4g", claim: str | None = None) -> Check:
+        """``value <= threshold`` (NaN fails), see :func:`check_at_most`."""
+        return check_at_most(claim or self.text, name, value, threshold, note, fmt, self.kind,
+                             self.quote, self.where)
+
+
 def check_at_least(claim: str, name: str, value: float, threshold: float, note: str = "",
                    fmt: str = ".4g", kind: str = "claim", quote: str = "",
                    where: str = "") -> Check:
@@ -121,6 +163,9 @@ class Experiment:
     deviations: where this reproduction departs from the paper's setting (a different
              step size, scale, tolerance, population), one sentence each with the reason;
              the report lists them under "Where this reproduction differs from the papers".
+    verdicts: the declared verdicts (:class:`Claim`: kind, the paper's sentence and place),
+             shown by ``attnsvm list NAME`` before anything runs; ``judge`` builds its
+             checks from them.  Empty for an experiment that declares its checks in judge.
     """
 
     name: str
@@ -132,6 +177,7 @@ class Experiment:
     plot: Callable[[Tables, dict, Path], list[Path]]
     in_default: bool = True
     deviations: tuple[str, ...] = ()
+    verdicts: tuple[Claim, ...] = ()
 
     @property
     def paper(self) -> str:

@@ -33,7 +33,7 @@ import pandas as pd
 import torch
 
 from attnsvm.data import TokenData, mmts_fig3_population
-from attnsvm.experiments.base import Check, Experiment, check_at_least
+from attnsvm.experiments.base import Check, Claim, Experiment
 from attnsvm.metrics import correlation
 from attnsvm.models import PromptModel
 from attnsvm.optim import ngd
@@ -69,12 +69,89 @@ def run(data: TokenData, cfg: dict):
     return tr, P, V, logits, f
 
 
+def _directions(m: int) -> np.ndarray:
+    """m unit vectors of R^2 at equally spaced angles, (m, 2)."""
+    th = np.linspace(0.0, 2.0 * np.pi, m, endpoint=False)
+    return np.stack([np.cos(th), np.sin(th)], -1)
+
+
+def head_margin(a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Hard-margin SVM through the origin of the points a (..., n, 2) (a_i = y_i x_i):
+    margin gamma = max_{||nu|| = 1} min_i nu^T a_i and the maximiser nu, both (...,).
+
+    In the plane the point of conv{a_i} nearest the origin lies on a segment [a_i, a_j]
+    (i <= j); nu is that point normalised, and gamma = min_i nu^T a_i (= its distance when
+    the origin is outside the hull, <= 0 when it is inside: not separable).
+    """
+    i, j = np.triu_indices(a.shape[-2])
+    ai, e = a[..., i, :], a[..., j, :] - a[..., i, :]
+    ee = (e * e).sum(-1)
+    t = np.clip(-(ai * e).sum(-1) / np.where(ee > 0, ee, 1.0), 0.0, 1.0)
+    q = ai + t[..., None] * e
+    k = np.linalg.norm(q, axis=-1).argmin(-1)
+    q = np.take_along_axis(q, k[..., None, None], -2)[..., 0, :]
+    nu = q / np.maximum(np.linalg.norm(q, axis=-1, keepdims=True), 1e-300)
+    return (a * nu[..., None, :]).sum(-1).min(-1), nu
+
+
+def regularization_path(X: np.ndarray, y: np.ndarray, radii, m: int = 8192):
+    """The joint regularization path in p with the head's radius released first:
+    p_R = argmax_{||p|| = R} gamma(p), gamma(p) = the head-SVM margin of the attention
+    features y_i x_i(p), x_i(p) = X_i^T softmax(X_i p) (the limit r -> inf of
+    argmin_{||p|| <= R, ||v|| <= r} L(v, p) for the logistic loss), and v_R = its head-SVM
+    direction.  X (B, n, T, 2) with W = I, y (B, n); maximised over m directions (an arc of
+    directions tied to rounding is replaced by its circular mean).  Returns
+    P, V (len(radii), B, 2), unit vectors.  float64 resolves the margin differences
+    ~exp(-R p.u_i) only while they exceed ~1e-15 relative: R up to ~32 on Fig. 3's data.
+    """
+    U = _directions(m)
+    P, V = [], []
+    for R in radii:
+        lg = np.einsum("bntd,kd->bknt", X, R * U)
+        s = np.exp(lg - lg.max(-1, keepdims=True))
+        s /= s.sum(-1, keepdims=True)
+        feats = y[:, None, :, None] * np.einsum("bknt,bntd->bknd", s, X)
+        g, nu = head_margin(feats)
+        # directions whose margin equals the maximum to rounding form an arc (float64 no longer
+        # resolves exp(-R p.u_i) there): take its circular mean instead of its first point
+        top = g >= g.max(1, keepdims=True) - 8 * np.finfo(float).eps * np.abs(g).max(1, keepdims=True)
+        p = np.einsum("bk,kd->bd", top.astype(float), U)
+        p /= np.linalg.norm(p, axis=1, keepdims=True)
+        k = np.abs(np.einsum("bd,kd->bk", p, U) - 1).argmin(1)
+        P.append(p)
+        V.append(nu[np.arange(len(k)), k])
+    return np.array(P), np.array(V)
+
+
+def p_off(U_sel: np.ndarray, gamma_hat: np.ndarray, r: np.ndarray, m: int = 8192) -> np.ndarray:
+    """p_off(r) = argmax_{||p|| = 1} min_i (r gamma_hat_i + p^T u_i), (B, 2) unit vectors.
+
+    U_sel (B, n, 2): u_i = k_{i,opt} - k_{i,other} (T = 2); gamma_hat (B, n): the selected
+    token's label margin y_i v^T x_{i,opt} / ||v||; r (B,): ||v|| / ||p||.  Joint training's
+    leading excess loss is sum_i exp(-(||v|| gamma_hat_i + ||p|| p_hat^T u_i)) (the leak of
+    attention to the other token), so its direction maximises the smallest exponent per
+    unit ||p||.  r -> 0 gives the ATT-SVM direction; a large r gamma-excess of the
+    non-support sequences drops their constraints, as in the relaxed SVM.
+    """
+    U = _directions(m)
+    val = r[:, None, None] * gamma_hat[:, None, :] + np.einsum("bnd,kd->bkn", U_sel, U)
+    return U[val.min(-1).argmax(1)]
+
+
 def compute(cfg: dict) -> dict[str, pd.DataFrame]:
-    paths, svms, sets = [], [], []
+    paths, svms, sets, rps = [], [], [], []
+    radii = list(cfg["radii"])
     for variant in ("a", "b"):
         data = mmts_fig3_population(variant, cfg["datasets"], sigma=cfg["jitter"], seed=cfg["seed"])
         tr, P, V, logits, f = run(data, cfg)
         y = data.y
+        PR, VR = regularization_path(data.X, y.astype(float), radii, cfg["directions"])
+        pT, vT = P[-1], V[-1]  # (B, 2)
+        U_sel = data.X[:, :, 1] - data.X[:, :, 0]
+        vhat = vT / np.linalg.norm(vT, axis=1, keepdims=True)
+        ghat = y * np.einsum("bnd,bd->bn", data.X[:, :, 1], vhat)
+        r_end = np.linalg.norm(vT, axis=1) / np.linalg.norm(pT, axis=1)
+        POFF = p_off(U_sel, ghat, r_end, cfg["directions"])
         s = np.exp(logits - logits.max(-1, keepdims=True))
         s = s / s.sum(-1, keepdims=True)
         for b in range(data.B):
@@ -84,7 +161,17 @@ def compute(cfg: dict) -> dict[str, pd.DataFrame]:
                              all_support=bool(sup.all()), att_feasible=bool(sol["att"].feasible_),
                              head_feasible=bool(sol["head"].feasible_),
                              relaxed_feasible=bool(sol["relaxed"].feasible_),
-                             corr_att_relaxed=float(correlation(sol["att"].W_, sol["relaxed"].W_, vector=True))))
+                             corr_att_relaxed=float(correlation(sol["att"].W_, sol["relaxed"].W_, vector=True)),
+                             corr_p_off=float(correlation(pT[b], POFF[b], vector=True)),
+                             corr_off_relaxed=float(correlation(POFF[b], sol["relaxed"].W_, vector=True)),
+                             r_end=float(r_end[b]), norm_p_end=float(np.linalg.norm(pT[b])),
+                             p_off1=POFF[b, 0], p_off2=POFF[b, 1]))
+            rps.append(pd.DataFrame({
+                "variant": variant, "dataset": b, "R": radii,
+                "p1": PR[:, b, 0], "p2": PR[:, b, 1],
+                "corr_p_att": correlation(PR[:, b], sol["att"].W_[None], vector=True),
+                "corr_p_relaxed": correlation(PR[:, b], sol["relaxed"].W_[None], vector=True),
+                "corr_v_head": correlation(VR[:, b], sol["head"].W_[None], vector=True)}))
             for name, so in sol.items():
                 svms.append(dict(variant=variant, dataset=b, problem=name, x1=so.W_[0], x2=so.W_[1],
                                  norm=so.norm_, support=str(np.nonzero(so.support_[:, 0] if name == "head"
@@ -100,7 +187,7 @@ def compute(cfg: dict) -> dict[str, pd.DataFrame]:
                 "max_logit_gap": np.abs(logits[:, b, :, 1] - logits[:, b, :, 0]).max(-1),
             }))
     return {"paths": pd.concat(paths, ignore_index=True), "svm": pd.DataFrame(svms),
-            "datasets": pd.DataFrame(sets)}
+            "datasets": pd.DataFrame(sets), "regpath": pd.concat(rps, ignore_index=True)}
 
 
 def final(paths: pd.DataFrame) -> pd.DataFrame:
@@ -116,16 +203,80 @@ def _worst(end: pd.DataFrame, col: str) -> str:
     return f"min {col} {end[col].min():.4f}" if len(end) else "no dataset in the case"
 
 
-def _misses_b(eb: pd.DataFrame, ok: pd.Series, half: pd.DataFrame, n: int = 4) -> str:
-    bad = eb[~ok]
-    if not len(bad):
-        return ""
-    return ("Misses: " + "; ".join(
-        f"dataset {i}: corr(p, p_relaxed) {r.corr_p_relaxed:.4f} (at T/2: "
-        f"{half.corr_p_relaxed.get(i, np.nan):.4f}), corr(p, p_mm) {r.corr_p_att:.4f}"
-        for i, r in bad.head(n).iterrows()) + ("; ..." if len(bad) > n else "")
-        + ". An unchanged corr from T/2 to T means GD has settled on another direction: the theorem "
-          "is about the regularization path, and the paper leaves GD's joint convergence open (Sec. 6). ")
+_PATH = "Sec. 3, Theorems 5 and 6 (joint regularization path)"
+_PATH_Q = ("To this aim, we focus on regularization path analysis, which involves solving (ERM) "
+           "under ridge constraints and examining the solution trajectory as the constraints are "
+           "relaxed.")
+CLAIMS = {
+    "sv": Claim("figure: in (a) every selected token is a support vector of the head SVM "
+                "(Assumption C); in (b) u_2 = (0.5, 1.5) is not", kind="sanity"),
+    "case": Claim("populations: the SVMs exist on every dataset and the theorem's case holds: "
+                  "(a) every u_i is a head-SVM support vector (by construction), (b) some u_i "
+                  "is not", kind="sanity"),
+    "thm5": Claim(
+        f"Theorem 5 on the regularization path, population (a): p_R / R -> p_mm / ||p_mm|| "
+        f"(ATT-SVM) and v_R -> v_mm (head SVM) on every dataset (corr >= {CORR} at the "
+        "largest R)", quote=_PATH_Q + " [Theorem 5, all selected tokens support vectors of "
+        "(SVM):] (1) We will first assume that, at the optimal tokens selected by [p], when "
+        "solving (SVM) with [r_i = x_{i,opt_i}], all of these tokens become support vectors of "
+        "(SVM).", where=_PATH),
+    "thm6": Claim(
+        f"Theorem 6 on the regularization path, population (b): p_R / R -> p_relaxed / "
+        f"||p_relaxed|| (the relaxed SVM (10)) and v_R -> v_mm on every dataset (corr >= "
+        f"{CORR} at the largest R)", quote="Building on this intuition, the following theorem "
+        "captures the generalized behavior of the joint regularization path. [...] Then, "
+        "[p_R/R -> p_relaxed/||p_relaxed||] and [v_r/r -> v_mm/||v_mm||], where [p_relaxed] is "
+        "the solution of (10) with [opt_i] choices.", where="Sec. 3.2, Theorem 6"),
+    "fig_a_p": Claim(
+        f"figure (a), joint NGD on the paper's dataset: p converges to the ATT-SVM direction "
+        f"(corr >= {CORR})", quote="As further discussion, consider Figure 3(a) [...] Because of "
+        "this, [p] will separate optimal tokens from tokens at the [(0, 0)] coordinate via "
+        "(ATT-SVM) and its direction is dictated by yellow and teal colored [u_i]s which are "
+        "the support vectors.", where="Sec. 3.1, Fig. 3(a)"),
+    "fig_a_v": Claim(
+        f"figure (a), joint NGD on the paper's dataset: v converges to the head-SVM direction "
+        f"(corr >= {CORR})", quote="The optimal tokens (denoted by [stars]) are all support "
+        "vectors of the (SVM) since [v_mm = (0, 1)] is the optimal classifier direction "
+        "(depicted by - - -).", where="Sec. 3.1, Fig. 3(a)"),
+    "fig_b_p": Claim(
+        f"figure (b), joint NGD on the paper's dataset: p converges to the relaxed SVM "
+        f"direction (corr >= {CORR}) and is closer to it than to the plain ATT-SVM",
+        quote="Thus, [p] solves the relaxed problem (10) which separates green and teal [u_i]'s "
+        "by enforcing the max-margin constraint on [(SVM)] (which is the red direction). "
+        "Instead, yellow only needs to achieve positive correlation with [p].",
+        where="Sec. 3.2, Fig. 3(b)"),
+    "fig_b_v": Claim(
+        f"figure (b), joint NGD on the paper's dataset: v converges to the head-SVM direction "
+        f"(corr >= {CORR})", quote="In Figures 3(a) and 3(b), [v_mm] (blue dashed) is solved "
+        "using python package sklearn.svm via (SVM) based on the given label information",
+        where="App. E, Fig. 3(a, b)"),
+    "fig_c_s": Claim(
+        f"figure (c), variant a: the softmax probability of the selected tokens -> 1 (>= {PROB} "
+        "at the end)", quote="An achievement of [1] for this probability indicates that the "
+        "attention mechanism successfully selects the optimal tokens.",
+        where="Sec. 3.2, Fig. 3(c)"),
+    "fig_c_l": Claim(
+        f"figure (c), variant a: the logistic probability of the output -> 1 (>= {PROB} at the "
+        "end)", quote="This probability also reaches a value of [1], suggesting that the inputs "
+        "are correctly classified.", where="Sec. 3.2, Fig. 3(c)"),
+    "pop_a": Claim(
+        f"population (a), joint NGD: p -> p_mm (ATT-SVM) and v -> v_mm on every dataset "
+        f"(corr >= {CORR}); the theorem is about the regularization path, GD's joint "
+        "convergence is left open by the paper (Sec. 6)", kind="finding"),
+    "p_off": Claim(
+        f"populations (a) and (b), joint NGD: p converges to p_off(r) = argmax_{{||p|| = 1}} "
+        f"min_i (r gamma_hat_i + p . u_i), r = ||v|| / ||p|| at the end, gamma_hat_i = y_i "
+        f"v^T x_i,opt / ||v|| (the relaxed SVM with the head's margin weighted by the ratio of "
+        f"the two norms), on every dataset (corr >= {CORR})", kind="finding"),
+    "coincide": Claim(
+        f"population (b), joint NGD: GD reaches p_relaxed (corr >= {CORR}) exactly on the "
+        f"datasets where p_off(r) coincides with p_relaxed (corr >= {CORR}): GD's limit is "
+        "p_relaxed only when the label-margin excess of the non-support sequences is large",
+        kind="finding"),
+    "probs": Claim(
+        f"populations, joint NGD: softmax and logistic probabilities -> 1 (>= {PROB}) on every "
+        "dataset", kind="finding"),
+}
 
 
 def judge(tables: dict, cfg: dict) -> list[Check]:
@@ -137,49 +288,59 @@ def judge(tables: dict, cfg: dict) -> list[Check]:
     case_b = ~sb.all_support & sb.relaxed_feasible & sb.head_feasible
     ea, eb = end.loc["a"][case_a.to_numpy()], end.loc["b"][case_b.to_numpy()]
     conv_a = (ea.corr_p_att >= CORR) & (ea.corr_v_head >= CORR)
-    conv_b = (eb.corr_p_relaxed >= CORR) & (eb.corr_v_head >= CORR)
     probs = (end.softmax_prob >= PROB) & (end.logistic_prob >= PROB)
-    p = tables["paths"]
-    mid = p[p.step <= p.step.max() // 2].step.max()
-    half = p[(p.variant == "b") & (p.step == mid)].set_index("dataset")
+    rp = tables["regpath"]
+    top = rp[rp.R == rp.R.max()].set_index(["variant", "dataset"])
+    R_max = float(rp.R.max())
+    mid = rp[rp.R == rp.R[rp.R <= R_max / 4].max()].set_index(["variant", "dataset"])
+    ra, rb = top.loc["a"][case_a.to_numpy()], top.loc["b"][case_b.to_numpy()]
+    path_a = (ra.corr_p_att >= CORR) & (ra.corr_v_head >= CORR)
+    path_b = (rb.corr_p_relaxed >= CORR) & (rb.corr_v_head >= CORR)
+    off = sets.corr_p_off
+    reach_rel = eb.corr_p_relaxed >= CORR
+    off_rel = sb.corr_off_relaxed[case_b] >= CORR
+    agree = reach_rel.to_numpy() == off_rel.to_numpy()
+
+    def path_note(r, col, m):
+        mm = m.loc[r.index]
+        return (f"R = {R_max:g}: min corr(p_R, target) {r[col].min():.5f}, min corr(v_R, v_mm) "
+                f"{r.corr_v_head.min():.5f}; at R = {float(mid.R.iloc[0]):g}: min corr(p_R, target) "
+                f"{mm[col].min():.5f}") if len(r) else "no dataset in the case"
+
+    C = CLAIMS
     return [
-        Check("figure: in (a) every selected token is a support vector of the head SVM (Assumption C); "
-              "in (b) u_2 = (0.5, 1.5) is not", f"head-SVM support: (a) {sa.head_support[0]}, "
-              f"(b) {sb.head_support[0]}", sa.head_support[0] == "[0, 1, 2]" and "2" not in sb.head_support[0],
-              kind="sanity"),
-        check_at_least(f"figure (a): p converges to the ATT-SVM direction (corr >= {CORR})",
-                       "corr(p, p_mm)", a.corr_p_att, CORR),
-        check_at_least(f"figure (a): v converges to the head-SVM direction (corr >= {CORR})",
-                       "corr(v, v_mm)", a.corr_v_head, CORR),
-        check_at_least(f"figure (b): p converges to the relaxed SVM direction (corr >= {CORR})",
-                       "corr(p, p_relaxed)", b.corr_p_relaxed, CORR),
-        Check("figure (b): p is closer to the relaxed SVM than to the plain ATT-SVM",
-              f"corr(p, p_relaxed) = {b.corr_p_relaxed:.5f}, corr(p, p_mm) = {b.corr_p_att:.5f}",
-              bool(b.corr_p_relaxed > b.corr_p_att)),
-        check_at_least(f"figure (b): v converges to the head-SVM direction (corr >= {CORR})",
-                       "corr(v, v_mm)", b.corr_v_head, CORR),
-        check_at_least(f"figure (c), variant a: softmax probability of the selected tokens -> 1 (>= {PROB})",
-                       "mean s_opt at the end", a.softmax_prob, PROB),
-        check_at_least(f"figure (c), variant a: logistic probability of the output -> 1 (>= {PROB})",
-                       "mean sigma(y f) at the end", a.logistic_prob, PROB),
-        Check("populations: the SVMs exist on every dataset and the theorem's case holds: (a) every u_i "
-              "is a head-SVM support vector (by construction), (b) some u_i is not",
-              f"(a) {_share(case_a)}, (b) {_share(case_b)}; ATT-SVM and head SVM feasible: {_share(feas)}",
-              bool(case_a.all() and case_b.all()), kind="sanity"),
-        check_at_least(f"population (a), Theorem 5: p -> p_mm (ATT-SVM) and v -> v_mm on every dataset "
-                       f"(corr >= {CORR})", "datasets", int(conv_a.sum()), len(conv_a),
-                       f"{_worst(ea, 'corr_p_att')}, {_worst(ea, 'corr_v_head')}", fmt="d"),
-        check_at_least(f"population (b), Theorem 6: p -> p_relaxed and v -> v_mm on every dataset "
-                       f"(corr >= {CORR})", "datasets", int(conv_b.sum()), len(conv_b),
-                       f"{_worst(eb, 'corr_p_relaxed')}, {_worst(eb, 'corr_v_head')}. " + _misses_b(eb, conv_b, half)
-                       + "corr(p_mm, p_relaxed) "
-                       f"on these datasets: median {sb.corr_att_relaxed[case_b].median():.3f}, min "
-                       f"{sb.corr_att_relaxed[case_b].min():.3f} (1 would make the two SVMs indistinguishable)",
-                       fmt="d"),
-        check_at_least(f"populations: softmax and logistic probabilities -> 1 (>= {PROB}) on every dataset",
-                       "datasets", int(probs.sum()), len(probs),
-                       f"min softmax {end.softmax_prob.min():.4f}, min logistic {end.logistic_prob.min():.4f}",
-                       fmt="d"),
+        C["sv"].check(f"head-SVM support: (a) {sa.head_support[0]}, (b) {sb.head_support[0]}",
+                      sa.head_support[0] == "[0, 1, 2]" and "2" not in sb.head_support[0]),
+        C["case"].check(f"(a) {_share(case_a)}, (b) {_share(case_b)}; ATT-SVM and head SVM "
+                        f"feasible: {_share(feas)}", bool(case_a.all() and case_b.all())),
+        C["thm5"].at_least("datasets", int(path_a.sum()), len(path_a),
+                           path_note(ra, "corr_p_att", mid.loc["a"]), fmt="d"),
+        C["thm6"].at_least("datasets", int(path_b.sum()), len(path_b),
+                           path_note(rb, "corr_p_relaxed", mid.loc["b"]) + "; corr(p_mm, "
+                           f"p_relaxed) median {sb.corr_att_relaxed[case_b].median():.3f} "
+                           "(1 would make the two SVMs indistinguishable)", fmt="d"),
+        C["fig_a_p"].at_least("corr(p, p_mm)", a.corr_p_att, CORR),
+        C["fig_a_v"].at_least("corr(v, v_mm)", a.corr_v_head, CORR),
+        C["fig_b_p"].check(f"corr(p, p_relaxed) = {b.corr_p_relaxed:.5f} (needs >= {CORR}), "
+                           f"corr(p, p_mm) = {b.corr_p_att:.5f}",
+                           bool(b.corr_p_relaxed >= CORR and b.corr_p_relaxed > b.corr_p_att)),
+        C["fig_b_v"].at_least("corr(v, v_mm)", b.corr_v_head, CORR),
+        C["fig_c_s"].at_least("mean s_opt at the end", a.softmax_prob, PROB),
+        C["fig_c_l"].at_least("mean sigma(y f) at the end", a.logistic_prob, PROB),
+        C["pop_a"].at_least("datasets", int(conv_a.sum()), len(conv_a),
+                            f"{_worst(ea, 'corr_p_att')}, {_worst(ea, 'corr_v_head')}", fmt="d"),
+        C["p_off"].at_least("datasets", int((off >= CORR).sum()), len(off),
+                            f"min corr(p, p_off) {off.min():.5f}; r = ||v|| / ||p|| at the end "
+                            f"{sets.r_end.min():.3f}-{sets.r_end.max():.3f}; ||p_T|| "
+                            f"{sets.norm_p_end.min():.1f}-{sets.norm_p_end.max():.1f}", fmt="d"),
+        C["coincide"].at_least(
+            "datasets where the two agree", int(agree.sum()), len(agree),
+            f"GD reaches p_relaxed on {int(reach_rel.sum())} of {len(reach_rel)} datasets; "
+            f"p_off(r) = p_relaxed on {int(off_rel.sum())}; "
+            f"{_worst(eb, 'corr_p_relaxed')}", fmt="d"),
+        C["probs"].at_least("datasets", int(probs.sum()), len(probs),
+                            f"min softmax {end.softmax_prob.min():.4f}, min logistic "
+                            f"{end.logistic_prob.min():.4f}", fmt="d"),
     ]
 
 
@@ -187,7 +348,7 @@ def plot(tables: dict, cfg: dict, out) -> list:
     paths, svm = tables["paths"], tables["svm"]
     paths, svm = paths[paths.dataset == 0], svm[svm.dataset == 0]
     show = cfg["show"]
-    fig, ax = subplots(3, width=4.4, height=4.8)
+    fig, ax = subplots(4, width=4.4, height=4.8)
     X = {v: np.array([(1, 1), (1, -1), (0.5, 1.0 if v == "a" else 1.5)]) for v in "ab"}
     ys = np.array([1, -1, 1])
     for j, v in enumerate("ab"):
@@ -219,27 +380,52 @@ def plot(tables: dict, cfg: dict, out) -> list:
     ax[2].set_xlim(0, cfg["show_prob"])
     label(ax[2], "iterations", "probability (mean over i)", "(c) variant a", legend=False)
     ax[2].legend(fontsize=7, loc="lower right")
+    rp = tables["regpath"]
+    for v, col, tgt, lab in (("a", COLORS[1], "corr_p_att", "(a): p_R vs p_mm"),
+                             ("b", COLORS[3], "corr_p_relaxed", "(b): p_R vs p_relaxed")):
+        for k, (_, g) in enumerate(rp[rp.variant == v].groupby("dataset")):
+            ax[3].plot(g.R, np.maximum(1 - g[tgt], 1e-12), "o-", color=col, lw=1, ms=3, alpha=0.6,
+                       label=lab if k == 0 else None)
+    ax[3].set_xscale("log")
+    ax[3].set_yscale("log")
+    ax[3].axhline(1 - CORR, color="gray", ls=":", lw=1, label=f"corr = {CORR}")
+    label(ax[3], "R (||p|| <= R)", "1 - corr", "(d) regularization path, every dataset",
+          legend=False)
+    ax[3].legend(fontsize=7, loc="lower left")
     return [save(fig, out, "mmts_fig3")]
 
 
 _BASE = dict(lr=0.1, p0=(0.0, -1.0), v0=(-1.0, 0.0), steps=1000, seed=0, jitter=0.2, show=80,
-             show_prob=200)
+             show_prob=200, radii=(1.0, 2.0, 4.0, 8.0, 16.0, 32.0), directions=8192)
 EXPERIMENT = Experiment(
     name="mmts-fig3",
     title="Figure 3: joint (v, p) training: head SVM, ATT-SVM and the relaxed SVM",
-    claim="Jointly trained, v aligns with the head SVM on the selected tokens and p with the "
-          "ATT-SVM when every selected token is a support vector, else with the relaxed SVM "
-          "that only asks non-support tokens to be selected.",
+    claim="On the joint regularization path, v aligns with the head SVM on the selected tokens "
+          "and p with the ATT-SVM when every selected token is a support vector (Theorem 5), "
+          "else with the relaxed SVM that only asks non-support tokens to be selected "
+          "(Theorem 6); the figure shows joint normalized GD doing the same on its datasets.",
     configs={
-        "tiny": dict(_BASE, steps=60, record_every=2, datasets=3, show=20, show_prob=60),
+        "tiny": dict(_BASE, steps=60, record_every=2, datasets=3, show=20, show_prob=60,
+                     directions=2048),
         "quick": dict(_BASE, record_every=2, datasets=8),
         "full": dict(_BASE, record_every=1, datasets=64),
     },
-    compute=compute, judge=judge, plot=plot,
+    compute=compute, judge=judge, plot=plot, verdicts=tuple(CLAIMS.values()),
     deviations=(
-        "Theorems 5 and 6 are about the regularization path; like the paper's figure, attnsvm "
-        "checks normalized GD (lr 0.1, 1000 iterations, the notebook's start).",
+        "Theorems 5 and 6 are tested on the regularization path itself. The seeds text lost the "
+        "theorems' formulas; attnsvm releases the head's radius first (r -> inf before R): "
+        "p_R = argmax over ||p|| = R of the head-SVM margin of the attention features (the "
+        "limit of the joint ridge-constrained minimiser of the logistic loss), on 8192 "
+        "directions, R = 1..32 (beyond ~32 float64 no longer resolves the margin differences "
+        "exp(-R p.u_i)).",
+        "Joint NGD as the notebook (lr 0.1 on each tensor, 1000 iterations, its start) but "
+        "without its epsilon: the notebook divides by ||grad|| + 1e-19 (p) and + 1e-9 (v) in "
+        "float32, so its steps shrink once the gradients vanish and its ||p|| stops at ~23-75; "
+        "attnsvm's NGD divides by ||grad|| in float64, so ||p|| keeps growing (~0.1 a step; the "
+        "judge reports ||p_T||).",
         "Populations are attnsvm's addition (N(0, 0.2^2) noise on the paper's u_i, along the "
-        "head-SVM margin for (a)); float64 instead of the notebook's float32.",
+        "head-SVM margin for (a)); joint GD on them, and its limit p_off(r), are attnsvm "
+        "findings: the paper proves the regularization path only and leaves GD's joint "
+        "convergence open (Sec. 6).",
     ),
 )
