@@ -14,12 +14,6 @@ from attnsvm.report import markdown_table, write_report
 
 REGISTRY = registry()
 
-# Papers whose experiments issue 24 converts on the branch `verdicts2` (quotes and places of
-# their claims); until that branch is merged their missing quotes are an expected failure.
-# Remove this set after the merge: the check below must then hold for every experiment.
-QUOTES_PENDING = {"tfsvm", "rates", "mirror", "kqflow", "atlas"}
-
-
 @pytest.mark.parametrize("name", list(REGISTRY))
 def test_experiment_runs_tiny(name, tmp_path):
     """Every experiment runs at the tiny scale; every paper claim its judge produces quotes the
@@ -35,8 +29,6 @@ def test_experiment_runs_tiny(name, tmp_path):
         declared = {(v.kind, v.quote, v.where) for v in exp.verdicts}
         assert {(c.kind, c.quote, c.where) for c in res.checks} <= declared
     unquoted = [c.claim for c in res.claims if not (c.quote.strip() and c.where.strip())]
-    if unquoted and exp.name.split("-")[0] in QUOTES_PENDING:
-        pytest.xfail(f"issue 24 (branch verdicts2): {len(unquoted)} claims without a quote")
     assert not unquoted, f"paper claims without the paper's sentence or place: {unquoted}"
 
 
