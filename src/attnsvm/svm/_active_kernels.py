@@ -14,6 +14,11 @@ import math
 import numpy as np
 from numba import njit
 
+# KAPPA is a compile-time constant here: numba's cache keeps the value it was compiled
+# with until this file changes (tests/test_svm_lean.py holds the kernel's answers equal
+# to the engine's, which catches a stale value)
+from .certificate import KAPPA
+
 OPTIMAL, SMALL_RHO, FAILED = 0, 1, 2
 
 
@@ -920,7 +925,8 @@ def _lean_one(X, z, alpha, valid, xexp, tol, small, max_iter, D, Zs, v, W, lam, 
        t != alpha_i (0 elsewhere), Delta 2^-eD, z 2^-eZ (exact: powers of two);
     2. the active-set solve (:func:`mnp_one`, lazy Gram rows); where it finds rho ~ 0,
        lam = mu / rho^2 and W = sum_k lam_k A_k (as :func:`attnsvm.svm.active.mnp_active`);
-    3. W, lam scaled to minimal margin exactly 1 (:func:`attnsvm.svm.engine._to_feasible`);
+    3. W, lam scaled to minimal margin exactly 1, then by certificate.KAPPA
+       (:func:`attnsvm.svm.engine._to_feasible`);
     4. the certificate's sums from that W (:func:`certify_fro`, every constraint; no W:
        those of W = 0, as :func:`attnsvm.svm.solution.certify`).
 
@@ -1052,11 +1058,11 @@ def _lean_one(X, z, alpha, valid, xexp, tol, small, max_iter, D, Zs, v, W, lam, 
                 if v[i, t]:
                     ratio = min(ratio, m[i, t] / 1.0)
         if ratio > 0.0 and math.isfinite(ratio):
-            for c in range(d):
+            for c in range(d):  # then times KAPPA, as engine._to_feasible (same bits)
                 for f in range(e):
-                    W[c, f] /= ratio
+                    W[c, f] = W[c, f] / ratio * KAPPA
             for k in range(N):
-                lf[k] /= ratio
+                lf[k] = lf[k] / ratio * KAPPA
     for k in range(N):  # the certificate's lam: >= 0 on the constraints, 0 elsewhere
         lf[k] = max(lf[k], 0.0) if vf[k] and lam_ok else 0.0
     b = fl[N * e: N * e + N].reshape((1, n, T))

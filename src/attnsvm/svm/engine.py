@@ -48,6 +48,7 @@ import numpy as np
 
 from ..norms import FRO, NUC, SPECTRAL, Norm, get_norm
 from . import active
+from .certificate import KAPPA, two_diff
 from .fast import batched_mnp, nuclear_barrier, nuclear_ipm, polish_fro, primal_ipm
 from .solution import (
     GAP_INACCURATE,
@@ -138,23 +139,51 @@ def normalise(A: np.ndarray, axes: tuple[int, ...], where=None, *, inplace: bool
     return _ldexp(A, -e, out=A if inplace else None), e
 
 
+def _lossy(A: np.ndarray) -> np.ndarray:
+    """(B,) bool: A (B, ...) holds a nonzero subnormal entry (a power-of-two scaling into
+    that range may have dropped bits: the data is then not held exactly)."""
+    with np.errstate(invalid="ignore"):
+        a = np.abs(A.reshape(len(A), -1))
+        return ((a < SMALLEST_NORMAL) & (a > 0)).any(1)
+
+
+def _mark_inexact(Delta_lo, shape, bad: np.ndarray):
+    """Delta_lo with NaN on the problems ``bad`` (their data is not held exactly, so the
+    certificate proves nothing for them: :mod:`attnsvm.svm.certificate`)."""
+    if not bad.any():
+        return Delta_lo
+    if Delta_lo is None:
+        Delta_lo = np.zeros(shape)
+    Delta_lo[bad] = np.nan
+    return Delta_lo
+
+
 def normalise_constraints(Delta, Z, valid, b=None, eq=None, exp=0, *,
-                          zeroed: bool = False) -> ConstraintSet:
+                          zeroed: bool = False, Delta_lo=None, lossy=None) -> ConstraintSet:
     """A normalised :class:`ConstraintSet` from (B, n, T, d) differences and (B, n, e)
     queries (``exp``: the exponent already divided out of Delta; ``zeroed``: Delta is a
     float64 array of the caller's own, already 0 wherever ``valid`` is False: it is
-    scaled in place)."""
+    scaled in place; ``Delta_lo``: the rounding error of the differences, scaled along,
+    :func:`attnsvm.svm.certificate.two_diff`; ``lossy`` (B,) bool: problems whose data
+    was not kept exactly upstream)."""
     valid = np.asarray(valid, bool)
     if not zeroed:
         Delta = np.where(valid[..., None], Delta, 0.0)
     Delta, eD = normalise(Delta, (1, 2, 3), inplace=True)  # our own array either way
     Z, eZ = normalise(np.asarray(Z, float), (1, 2))
+    bad = _lossy(Delta) | _lossy(Z) if len(Delta) else np.zeros(0, bool)
+    if lossy is not None:
+        bad = bad | lossy
+    if Delta_lo is not None:
+        Delta_lo = _ldexp(Delta_lo, -eD, out=Delta_lo)
+        bad = bad | _lossy(Delta_lo)
+    Delta_lo = _mark_inexact(Delta_lo, Delta.shape, bad)
     if b is None:
         bb = valid.astype(float)  # ones on the valid entries, 0 elsewhere
     else:
         bb = np.where(valid, np.broadcast_to(np.asarray(b, float), valid.shape), 0.0)
     eqm = None if eq is None else np.asarray(eq, bool) & valid
-    return ConstraintSet(Delta, Z, valid, bb, eqm, np.asarray(exp) + eD + eZ)
+    return ConstraintSet(Delta, Z, valid, bb, eqm, np.asarray(exp) + eD + eZ, Delta_lo)
 
 
 def build_constraints(X, Z, alpha, valid, b=None, eq=None, *, x_exp=0,
@@ -171,22 +200,29 @@ def build_constraints(X, Z, alpha, valid, b=None, eq=None, *, x_exp=0,
     valid = np.asarray(valid, bool)
     if normalise_data:
         X, eX = normalise(X, (1, 2, 3), valid[..., None])
+        lossy = _lossy(np.where(valid[..., None], X, 0.0)) if B else np.zeros(0, bool)
     else:
         eX = np.zeros(B, np.int64)
+        lossy = np.zeros(B, bool)
     bi, ni = np.arange(B)[:, None], np.arange(n)[None, :]
     sel = X[bi, ni, alpha]
     v = valid.copy()
     v[bi, ni, alpha] = False
-    with np.errstate(over="ignore", invalid="ignore"):  # (X scaled: our own array, reused)
-        Delta = np.subtract(sel[:, :, None, :], X, out=X if normalise_data else None)
+    # the differences and their exact rounding errors (the certificate proves its verdicts
+    # on the exact differences Delta + Delta_lo of the caller's tokens)
+    Delta, lo = two_diff(sel[:, :, None, :], X)
     if not valid.all():  # masked tokens; at alpha, x - x = 0 exactly (finite X)
         np.copyto(Delta, 0.0, where=~v[..., None])
+        np.copyto(lo, 0.0, where=~v[..., None])
+    with np.errstate(invalid="ignore"):
+        lo = lo if (lo != 0).any() else None  # (NaN from inf data: kept, proves nothing)
     if not normalise_data:
         bb = np.ones(v.shape) if b is None else np.broadcast_to(np.asarray(b, float), v.shape)
         return ConstraintSet(Delta, np.asarray(Z, float), v, np.where(v, bb, 0.0),
                              None if eq is None else np.asarray(eq, bool) & v,
-                             np.zeros(B, np.int64))
-    return normalise_constraints(Delta, Z, v, b, eq, np.asarray(x_exp) + eX, zeroed=True)
+                             np.zeros(B, np.int64), lo)
+    return normalise_constraints(Delta, Z, v, b, eq, np.asarray(x_exp) + eX, zeroed=True,
+                                 Delta_lo=lo, lossy=lossy)
 
 
 # --------------------------------------------------------------------- raw solves
@@ -943,7 +979,11 @@ def _to_feasible(cs: ConstraintSet, W: np.ndarray, lam: np.ndarray):
     rhs_eq = np.False_ if cs.eq is None else (cs.eqmask & (cs.b != 0)).any((1, 2))
     fix = (ratio > 0) & np.isfinite(ratio) & ~rhs_eq & fin
     r = np.where(fix, ratio, 1.0)
-    return W / r[:, None, None], lam / r[:, None, None]  # S(lam) in ||W|| d||W||: degree 1
+    # then times KAPPA = 1 + 2^-36 where scaled: margins a rounding-size above 1, which
+    # the certificate's error bound proves (certificate.prove_margins) in one pass
+    k = np.where(fix, KAPPA, 1.0)[:, None, None]
+    # (S(lam) in ||W|| d||W||: degree 1, lam along)
+    return W / r[:, None, None] * k, lam / r[:, None, None] * k
 
 
 def _retry_gap(N: Norm) -> float:

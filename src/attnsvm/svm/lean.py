@@ -24,12 +24,15 @@ import time
 import numpy as np
 
 from . import active
+from .certificate import prove_margins
 from .solution import (
     FARKAS_BOUND,
     FEAS_TOL,
     GAP_OPTIMAL,
     BatchSolution,
+    ConstraintSet,
     Solution,
+    _ldexp,
 )
 
 __all__ = ["att_svm_lean", "batch_lean", "MAX_LEAN_N"]
@@ -70,11 +73,18 @@ def att_svm_lean(X: np.ndarray, z: np.ndarray, alpha: np.ndarray, valid: np.ndar
                  m, S, info, sums)
     if info[0] != K.LEAN_OK or info[2] != active.OPTIMAL or not info[4]:
         return None
+    if _lossy_tokens(X, valid):
+        return None  # (tokens scaled into the subnormal range: the engine decides)
     # the certificate (solution.certify, Frobenius, inequalities with b = 1, lam given)
     margin, viol, nrm, dn, lb_num, wms, comp = (float(x) for x in sums[1:8])
     if not all(math.isfinite(x) for x in (viol, nrm, dn, lb_num, wms, comp)):
         return None
-    if not (viol <= FEAS_TOL and math.isfinite(nrm)):
+    if not math.isfinite(nrm):
+        return None
+    # the proof that every margin is >= 1 (certificate.prove_margins, the rounding-error
+    # bound alone: what it leaves undecided goes to the engine, which decides it exactly)
+    cs1 = ConstraintSet(D[None], Zs[None], v[None], v[None].astype(float))
+    if not prove_margins(cs1, W[None], exact=False)[0]:
         return None
     lower = lb_num / dn if dn > 0 and lb_num > 0 else 0.0
     fix = margin if 0 < margin < 1 else 1.0
@@ -107,6 +117,15 @@ def att_svm_lean(X: np.ndarray, z: np.ndarray, alpha: np.ndarray, valid: np.ndar
         solver_="mnp-active", feasible_=True, conflict_=(), alpha_=alpha, norm="fro",
         problem=problem, n_iter_=int(info[3]), time_=time.perf_counter() - t0,
         tol_active=tol, extra=extra)
+
+
+def _lossy_tokens(X: np.ndarray, valid: np.ndarray) -> bool:
+    """Whether scaling the valid tokens of X (n, T, d) (or a batch) to max |x| in [1/2, 1)
+    could take a nonzero entry into the subnormal range (bits lost: the compiled path's
+    differences are then not those of the caller's tokens)."""
+    a = np.abs(X[valid])
+    nz = a[a > 0]
+    return bool(nz.size) and float(nz.min()) < float(nz.max()) * 2.0 ** -1020
 
 
 def batch_applies(B: int, n: int, T: int, solver) -> bool:
@@ -171,9 +190,21 @@ def batch_lean(X: np.ndarray, z: np.ndarray, alpha: np.ndarray, valid: np.ndarra
     else:
         K.fro_settle_batch(*args, 0, B)
     verdict = sc[:, 7]
-    opt = verdict == K.SETTLED_OPT
-    inf = verdict == K.SETTLED_INF
     ex = info[:, 1]
+    # the kernel's verdicts are a conservative screen; the proofs are the plain ones
+    # (certificate.py): every "optimal" has its margins proven here (the rounding-error
+    # bound on the exact data, undecided constraints in exact arithmetic), and every
+    # "infeasible" goes to the engine, whose Farkas check is exact
+    verdict[verdict == K.SETTLED_INF] = K.TO_ENGINE
+    opt = verdict == K.SETTLED_OPT
+    if opt.any():
+        io = np.nonzero(opt)[0]
+        cs = engine.build_constraints(X[io], z[io], alpha[io], valid[io], x_exp=xexp[io])
+        Wn = _ldexp(Wo[io], cs.exp)  # normalised units (exact: the kernel checked it)
+        bad = io[~prove_margins(cs, Wn)]
+        verdict[bad] = K.TO_ENGINE
+        opt[bad] = False
+    inf = verdict == K.SETTLED_INF
     out = dict(
         W_=Wo, norm_=sc[:, 0], margin_=sc[:, 1], violation_=sc[:, 2], kkt_residual_=sc[:, 3],
         gap_=sc[:, 4], dual_=dual, support_=sup, margins_=margins, feasible_=opt,

@@ -1,0 +1,355 @@
+"""Certificates that are proofs: the feasibility and infeasibility verdicts of the max-margin
+problems, proven from the returned numbers (plain numpy and Python integers; this module
+imports no compiled kernel and nothing else of :mod:`attnsvm.svm`).
+
+The constraints of a (batched, normalised) :class:`~attnsvm.svm.solution.ConstraintSet`
+``cs`` are  m_k(W) = Delta_k^T W z_k >= b_k  (inequalities) with the EXACT difference
+
+    Delta_k = cs.Delta_k + cs.Delta_lo_k          (Delta_lo None: cs.Delta is exact)
+
+(:func:`two_diff`: the rounding error of x_{i,alpha_i} - x_it, itself a float, so the
+constraints proven here are those of the caller's tokens, not of their rounded
+differences; an entry NaN marks a problem whose data could not be kept exactly, e.g.
+scaled into the subnormal range: nothing is proven for it).
+
+Feasibility (:func:`prove_margins`).  With u = 2^-53, gamma_n = n u / (1 - n u) and
+eta = 2^-1074 (Higham, *Accuracy and Stability of Numerical Algorithms*, 2nd ed., §2.2
+and Lemma 3.1/(3.4): a sum of products evaluated in floating point in ANY order, with or
+without fused multiply-adds, each term passing through at most n roundings, has
+|error| <= gamma_n sum |terms|; gradual underflow adds at most eta/2 per multiplication,
+(2.8)), the computed margin m^ of m_k = sum_{c,f} Delta_c W_cf z_f (every term passes
+through at most d + e roundings: two products, d - 1 and e - 1 additions; one more for
+the rounded difference, Delta = cs.Delta (1 + delta), |delta| <= u) satisfies
+
+    |m_k - m^_k| <= err_k := 1.01 gamma_n E^_k + eta n (d e + 1)(1 + sum_cf |W_cf| |z_f|),
+    n = d + e + 2,  E^_k = the computed sum_cf |cs.Delta_c| |W_cf| |z_f|
+
+(the exact E_k <= E^_k / (1 - gamma_n); 1.01 > (1 + 2 gamma_n)(1 + u)^2 covers that and
+the roundings of err itself while gamma_n <= 1e-3).  A margin is PROVEN when the computed
+fl(m^_k - b_k) >= fl(err_k c), c = 1 + 2^-40: then m^_k - b_k >= err_k c (1 - u) / (1 + u)
+>= err_k, so m_k >= b_k exactly.  Constraints the
+bound leaves undecided (slack within 2 err_k, e.g. b_k = 0 met with equality) are decided
+in exact rational arithmetic (:func:`exact_margins`, Python integers on the dyadic
+floats).  An answer whose margins are not all proven is first scaled up by the smallest
+factor 1 + s (s <= 1e-9, a rounding-size correction) that proves them
+(:func:`prove_feasible`); otherwise it is not feasible.  Equality constraints cannot in
+general be met exactly in floating point: they are met to ``FEAS_TOL`` (relative), a
+stated tolerance, not a proof.
+
+Infeasibility (:func:`farkas_exact`).  The constraints have no slack: for every W,
+sum_k lam_k m_k(W) = <sum_k lam_k A_k, W>.  If lam >= 0 (any sign on equalities),
+sum lam_k b_k > 0 and S = sum_k lam_k A_k = 0 EXACTLY, a feasible W would give
+0 = <S, W> = sum lam_k m_k >= sum lam_k b_k > 0: a contradiction (Farkas' lemma, the
+alternative of {M w >= b}).  A residual S != 0, however small, proves nothing: every
+W with <S, W> >= sum lam b is then a candidate, and the problem of issue 25
+(z_2 = (1, eps)) is feasible with ||W|| ~ 2 / eps for a residual of norm eps.  Nor can a
+bound ||S|| <= delta rescue it: it only shows ||W|| >= sum lam b / ||S||_* for every
+feasible W, a lower bound on the norm, never emptiness.  So the candidate multipliers
+(floats from a solver) are made exact: S is evaluated exactly with the candidate as
+given; if it is not 0, the exact rational null space of the matrices A_k on the
+candidate's support is computed (fraction-free elimination on integers) and the
+candidate replaced by the exact null vector nearest to it (unique up to scale when the
+support is that of an LP vertex, Gleeson & Ryan 1990); the verdict needs that exact
+vector to satisfy the sign and b conditions.
+
+Optimality.  The relative duality gap of :func:`attnsvm.svm.solution.certify`
+(||W|| / lb - 1 with the weak-duality bound lb = sum lam_k b_k / ||S||_*) is evaluated in
+floating point; with W proven feasible it bounds the suboptimality up to the rounding of
+lb, a relative error of about (N + d e) u (sum_k lam_k ||A_k|| / ||S||_*), reported
+as it is (not machine-proven) and far below GAP_OPTIMAL = 1e-6 unless the multipliers
+cancel by more than 1e8.
+"""
+
+from __future__ import annotations
+
+from fractions import Fraction
+
+import numpy as np
+
+__all__ = [
+    "U",
+    "ETA",
+    "KAPPA",
+    "gamma",
+    "two_diff",
+    "margin_enclosure",
+    "exact_margins",
+    "prove_margins",
+    "prove_feasible",
+    "farkas_exact",
+]
+
+U = 2.0 ** -53  # unit roundoff of float64 (round to nearest)
+ETA = 2.0 ** -1074  # the smallest subnormal: gradual underflow adds <= ETA / 2 per operation
+# every answer scaled to minimal margin 1 is multiplied by KAPPA (solvers and compiled
+# kernels alike, engine._to_feasible): margins 1 + 9.1e-13 are proven by the bound above
+# for condition numbers E_k / m_k up to ~360 (d + e = 20) without a second pass
+# (prove_feasible scales further where needed)
+KAPPA = 1.0 + 2.0 ** -40
+SLACK = 1.0 + 2.0 ** -40  # the factor c of the comparison (module docstring)
+MAX_BUMP = 1e-9  # largest relative scale-up prove_feasible applies (a rounding correction)
+MAX_EXACT = 20_000  # undecided constraints decided exactly per call (beyond: not proven)
+MAX_SUPPORT = 96  # largest Farkas support whose exact null space is computed
+
+
+def gamma(n: int) -> float:
+    """gamma_n = n u / (1 - n u) (Higham, Lemma 3.1)."""
+    return n * U / (1.0 - n * U)
+
+
+def two_diff(a: np.ndarray, b: np.ndarray, out: np.ndarray | None = None):
+    """(s, lo) with s = fl(a - b) and a - b = s + lo exactly (Knuth's TwoSum on a + (-b),
+    no overflow assumed; elementwise).  ``out``: where to write s."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        s = np.subtract(a, b, out=out)
+        bb = s - a
+        lo = (a - (s - bb)) - (b + bb)
+    return s, lo
+
+
+def _exact_data(cs) -> np.ndarray:
+    """(B,) bool: the problem's constraint data is held exactly (Delta_lo finite)."""
+    B = cs.batch_shape
+    if getattr(cs, "Delta_lo", None) is None:
+        return np.ones(B, bool)
+    return np.isfinite(cs.Delta_lo).all((-3, -2, -1))
+
+
+def margin_enclosure(cs, W: np.ndarray):
+    """(m^, err): computed margins m^ (B, n, T) of answers W (B, d, e) (finite) and the
+    rigorous bound err with |m_k(W) - m^_k| <= err_k for the exact constraint data
+    (module docstring); 0 / inf where invalid."""
+    d, e = cs.d, cs.e
+    with np.errstate(over="ignore", invalid="ignore", under="ignore"):
+        m = cs.margins(W)
+        aW = np.abs(W)
+        aZ = np.abs(cs.Z)
+        E = ((np.abs(cs.Delta) @ aW[..., None, :, :]) * aZ[..., :, None, :]).sum(-1)
+        wz = (aW @ np.swapaxes(aZ, -1, -2)).sum(-2)  # (B, n): sum_cf |W_cf| |z_f|
+        n = d + e + 2
+        err = 1.01 * gamma(n) * E + ETA * n * (d * e + 1) * (1.0 + wz[..., :, None])
+    return m, np.where(cs.valid, err, np.inf)
+
+
+def _dyadic(a) -> tuple[list, int]:
+    """Exact integers of float array ``a`` (finite): a = ints * 2^exp, ints a flat list of
+    Python ints in C order, exp one common exponent."""
+    a = np.asarray(a, float).ravel()
+    mant, ex = np.frexp(a)
+    mi = (mant * 2.0 ** 53).astype(np.int64)  # exact (53-bit mantissas, subnormals too)
+    ee = ex.astype(np.int64) - 53
+    nz = mi != 0
+    e0 = int(ee[nz].min()) if nz.any() else 0
+    sh = np.where(nz, ee - e0, 0).tolist()
+    return [x << s if x else 0 for x, s in zip(mi.tolist(), sh)], e0
+
+
+def _exact_delta(cs, b, idx):
+    """The exact differences of constraints idx (list of (i, t)) of problem b as (rows of
+    ints (K, d), exponent)."""
+    D = cs.Delta[b][tuple(np.array(idx).T)] if idx else np.zeros((0, cs.d))
+    lo = (np.zeros_like(D) if getattr(cs, "Delta_lo", None) is None
+          else cs.Delta_lo[b][tuple(np.array(idx).T)])
+    ints, e0 = _dyadic(np.concatenate([D.ravel(), lo.ravel()]))
+    h = len(ints) // 2
+    rows = np.array([x + y for x, y in zip(ints[:h], ints[h:])], dtype=object)
+    return rows.reshape(len(idx), cs.d), e0
+
+
+def _ge(x: int, ex: int, y: int, ey: int) -> bool:
+    """x 2^ex >= y 2^ey exactly."""
+    if ex >= ey:
+        return (x << (ex - ey)) >= y
+    return x >= (y << (ey - ex))
+
+
+def exact_margins(cs, b: int, W: np.ndarray, idx) -> list[Fraction]:
+    """m_k(W) of constraints idx ((i, t) pairs) of problem b, exactly, as Fractions (the
+    exact differences Delta + Delta_lo, the float W and z taken as the rationals they are)."""
+    Dr, eD = _exact_delta(cs, b, idx)
+    wi, eW = _dyadic(W)
+    Wm = np.array(wi, dtype=object).reshape(cs.d, cs.e)
+    zi, eZ = _dyadic(cs.Z[b])
+    Zm = np.array(zi, dtype=object).reshape(-1, cs.e)
+    rows = Zm[[i for i, _ in idx]] if idx else np.zeros((0, cs.e), object)
+    m = ((Dr @ Wm) * rows).sum(-1) if idx else []
+    scale = Fraction(2) ** (eD + eW + eZ)
+    return [Fraction(int(x)) * scale for x in m]
+
+
+def prove_margins(cs, W: np.ndarray, has: np.ndarray | None = None, *,
+                  exact: bool = True) -> np.ndarray:
+    """(B,) bool: every valid inequality k of problem b has m_k(W_b) >= b_k EXACTLY
+    (rounding-error bound, undecided constraints in exact arithmetic unless ``exact`` is
+    False: then they count as not proven).  Equalities are not examined here.
+    W (B, d, e); ``has``: rows that are answers (others: False)."""
+    W = np.asarray(W, float)
+    if has is None:
+        has = np.isfinite(W).all((-2, -1))
+    Wz = np.where(has[:, None, None], W, 0.0)
+    m, err = margin_enclosure(cs, Wz)
+    ineq = cs.ineq
+    with np.errstate(invalid="ignore", over="ignore"):
+        slack = m - cs.b
+        thr = err * SLACK
+        ok_k = ~ineq | (slack >= thr)
+        # W = 0 exactly: every margin is exactly 0
+        zero = (Wz == 0).all((-2, -1))
+        ok_k |= zero[:, None, None] & (cs.b <= 0)
+        # undecided: the bound neither proves nor refutes (|slack| < 2 err)
+        und = ineq & ~ok_k & (np.abs(slack) < thr) & np.isfinite(err)
+    ok = has & _exact_data(cs) & np.isfinite(Wz).all((-2, -1))
+    und &= ok[:, None, None]
+    if exact and und.sum() <= MAX_EXACT:
+        for b in np.nonzero(und.any((1, 2)))[0]:
+            idx = [tuple(int(v) for v in p) for p in np.argwhere(und[b])]
+            for (i, t), mk in zip(idx, exact_margins(cs, b, Wz[b], idx)):
+                ok_k[b, i, t] = mk >= Fraction(float(cs.b[b, i, t]))
+    return ok & ok_k.all((-2, -1))
+
+
+def prove_feasible(cs, W: np.ndarray, lam: np.ndarray, has: np.ndarray):
+    """(W', lam', proven (B,)): answers whose inequality margins are all proven >= b
+    (:func:`prove_margins`); an answer that misses by rounding only (some margin within
+    MAX_BUMP of b relative, every unproven constraint with b_k > 0) is scaled up by the
+    smallest factor 1 + s that the bound then proves (s <= MAX_BUMP; lam along, so
+    that S(lam) stays in ||W|| d||W||), unless an equality with b != 0 fixes the scale."""
+    W = np.asarray(W, float)
+    proven = prove_margins(cs, W, has)
+    redo = has & ~proven & _exact_data(cs)
+    if cs.eq is not None:
+        redo &= ~(cs.eqmask & (cs.b != 0)).any((1, 2))
+    if not redo.any():
+        return W, lam, proven
+    ix = np.nonzero(redo)[0]
+    sub = cs.take(ix)
+    Wr = W[ix]
+    m, err = margin_enclosure(sub, Wr)
+    pos = sub.ineq & (sub.b > 0)
+    with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
+        need = np.where(pos, (sub.b + 2.0 * err - m) / np.where(pos, sub.b, 1.0), -np.inf)
+        s = np.maximum(need.max((1, 2)), 0.0) * 2.0 + 8.0 * U
+    fixable = np.isfinite(s) & (s <= MAX_BUMP) & ~(sub.ineq & ~pos).any((1, 2))
+    if not fixable.any():
+        return W, lam, proven
+    ix, s = ix[fixable], s[fixable]
+    Wn = W[ix] * (1.0 + s)[:, None, None]
+    ok = prove_margins(cs.take(ix), Wn, np.ones(len(ix), bool))
+    if ok.any():
+        W = W.copy()
+        lam = np.array(lam, dtype=float, copy=True)
+        ix, s = ix[ok], s[ok]
+        W[ix] = Wn[ok]
+        lam[ix] = lam[ix] * (1.0 + s)[:, None, None]
+        proven = proven.copy()
+        proven[ix] = True
+    return W, lam, proven
+
+
+# ------------------------------------------------------------------------ Farkas
+def _null_space(M: list[list[int]], ncol: int) -> list[list[Fraction]]:
+    """A basis of the rational null space {x : M x = 0} of an integer matrix (rows of
+    Python ints), by fraction-free Gaussian elimination (rows kept primitive by their gcd)
+    to reduced echelon form."""
+    from math import gcd
+
+    rows = [r[:] for r in M if any(r)]
+    piv = []
+    r0 = 0
+    for c in range(ncol):
+        p = next((i for i in range(r0, len(rows)) if rows[i][c] != 0), None)
+        if p is None:
+            continue
+        rows[r0], rows[p] = rows[p], rows[r0]
+        pr = rows[r0]
+        for i in range(len(rows)):
+            if i != r0 and rows[i][c] != 0:
+                f, g = rows[i][c], pr[c]
+                new = [g * x - f * y for x, y in zip(rows[i], pr)]
+                h = 0
+                for x in new:
+                    h = gcd(h, x)
+                rows[i] = [x // h for x in new] if h > 1 else new
+        piv.append(c)
+        r0 += 1
+        if r0 == len(rows):
+            break
+    free = [c for c in range(ncol) if c not in piv]
+    basis = []
+    for f in free:
+        x = [Fraction(0)] * ncol
+        x[f] = Fraction(1)
+        for j, c in enumerate(piv):
+            x[c] = Fraction(-rows[j][f], rows[j][c])
+        basis.append(x)
+    return basis
+
+
+def _farkas_one(cs, b: int, lam: np.ndarray):
+    """Exact Farkas check of problem b for candidate lam (n, T): the exact multipliers
+    (dict (i, t) -> Fraction, normalised to sum lam b = 1) or None."""
+    valid, ineq = cs.valid[b], cs.ineq[b]
+    lam = np.where(valid, np.nan_to_num(np.asarray(lam, float)), 0.0)
+    a = np.abs(lam)
+    mx = a.max() if a.size else 0.0
+    if not mx > 0:
+        return None
+    tries = [np.argwhere(lam != 0), np.argwhere(a > 1e-9 * mx)]
+    for k, supp in enumerate(tries):
+        idx = [tuple(int(v) for v in p) for p in supp]
+        if not idx or len(idx) > MAX_SUPPORT:
+            continue
+        Dr, eD = _exact_delta(cs, b, idx)
+        zi, eZ = _dyadic(cs.Z[b])
+        Zm = np.array(zi, dtype=object).reshape(-1, cs.e)
+        Zr = Zm[[i for i, _ in idx]]
+        # columns vec(A_k) = vec(Delta_k z_k^T) (one common exponent eD + eZ)
+        A = (Dr[:, :, None] * Zr[:, None, :]).reshape(len(idx), -1)
+        if k == 0:  # the candidate as given: S = sum lam_k A_k exactly
+            li, el = _dyadic(lam[tuple(np.array(idx).T)])
+            S = (np.array(li, dtype=object)[:, None] * A).sum(0)
+            if all(x == 0 for x in S):
+                cand = [Fraction(x) * Fraction(2) ** el for x in li]
+            else:
+                continue
+        else:
+            basis = _null_space(A.T.tolist(), len(idx))
+            if not basis:
+                continue
+            if len(basis) == 1:
+                cand = basis[0]
+            else:  # the exact null vector nearest (least squares) to the candidate
+                N = np.array([[float(x) for x in v] for v in basis]).T
+                coef, *_ = np.linalg.lstsq(N, lam[tuple(np.array(idx).T)], rcond=None)
+                if not np.isfinite(coef).all():
+                    continue
+                cand = [sum(Fraction(float(c)) * v[j] for c, v in zip(coef, basis))
+                        for j in range(len(idx))]
+        sb = sum(c * Fraction(float(cs.b[b][p])) for c, p in zip(cand, idx))
+        if sb == 0:
+            continue
+        if sb < 0:  # (a null vector of the matrices: either sign)
+            cand, sb = [-c for c in cand], -sb
+        if all(c >= 0 for c, p in zip(cand, idx) if ineq[p]):
+            return {p: c / sb for c, p in zip(cand, idx)}
+    return None
+
+
+def farkas_exact(cs, lam: np.ndarray, which: np.ndarray | None = None):
+    """Exact Farkas verification (module docstring) of candidates lam (B, n, T), for the
+    problems ``which`` (bool (B,); default all): (ok (B,) bool, lam_exact (B, n, T) the
+    proven multipliers normalised to sum lam_k b_k = 1, rounded to float (0 elsewhere)).
+    ok only where lam_exact >= 0 on inequalities, sum lam_k b_k = 1 > 0 and
+    sum lam_k A_k = 0 hold in exact arithmetic on the exact constraint data."""
+    B = cs.batch_shape[0]
+    ok = np.zeros(B, bool)
+    out = np.zeros(cs.valid.shape)
+    which = np.ones(B, bool) if which is None else np.asarray(which, bool)
+    exact = _exact_data(cs)
+    for b in np.nonzero(which & exact)[0]:
+        r = _farkas_one(cs, int(b), lam[b])
+        if r is not None:
+            ok[b] = True
+            for (i, t), c in r.items():
+                out[b, i, t] = float(c)
+    return ok, out
