@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from attnsvm.svm import att_svm, att_svm_batch, certificate, engine, prompt_svm, prompt_svm_batch
 from attnsvm.svm.solution import ConstraintSet, farkas_verify
 
+
 # --------------------------------------------------------------------------- oracle
 def exact_rows(X, z, alpha, mask=None):
     """The exact constraint rows vec((x_{i,alpha_i} - x_it) z_i^T) (rationals of the float
