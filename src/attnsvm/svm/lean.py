@@ -35,7 +35,7 @@ from .solution import (
     _ldexp,
 )
 
-__all__ = ["att_svm_lean", "batch_lean", "MAX_LEAN_N"]
+__all__ = ["att_svm_lean", "batch_lean", "MAX_LEAN_N", "warmup"]
 
 MAX_LEAN_N = active.GRAM_BLAS_N - 1  # n T up to which single problems take this path
 # (larger problems: the general engine, whose overhead is then small against the solve)
@@ -236,3 +236,26 @@ def batch_lean(X: np.ndarray, z: np.ndarray, alpha: np.ndarray, valid: np.ndarra
         out["W_"] = out["W_"][..., 0]
     return BatchSolution(**out, alpha_=alpha, norm="fro", problem=problem,
                          time_=time.perf_counter() - t0, tol_active=tol, extra=extra)
+
+
+def warmup() -> bool:
+    """Compile (or load from numba's disk cache) the active-set kernels, the compiled
+    single and batched paths and the Farkas screen on tiny problems; returns whether numba
+    is available.  (Here rather than in :mod:`attnsvm.svm.active`, which this module
+    imports: no import cycle.)"""
+    from .solution import farkas_verify
+
+    if not active.available():
+        return False
+    rng = np.random.default_rng(0)
+    N = active.GRAM_BLAS_N
+    active.mnp_active(rng.standard_normal((2, 3, 2)), np.ones((2, 3, 1)), np.ones((2, 3), bool))
+    active.mnp_active(rng.standard_normal((1, N, 2)), np.ones((1, N, 1)), np.ones((1, N), bool))
+    att_svm_lean(rng.standard_normal((2, 3, 2)), rng.standard_normal((2, 2)),
+                 np.zeros(2, np.int64), np.ones((2, 3), bool), tol=1e-6)
+    batch_lean(rng.standard_normal((2, 2, 3, 2)), np.ones((2, 2, 1)), np.zeros((2, 2), np.int64),
+               np.ones((2, 2, 3), bool), 0, solver=None, tol=1e-6, irreducible=False,
+               problem="prompt_svm", vector=True)  # the batched path (fro_settle_batch)
+    farkas_verify(ConstraintSet(np.ones((1, 1, 2, 2)), np.ones((1, 1, 1)),
+                                np.ones((1, 1, 2), bool), np.ones((1, 1, 2))), np.ones((1, 1, 2)))
+    return True

@@ -51,7 +51,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from attnsvm._optional import OptionalImport
+
 from .certificate import farkas_exact, prove_feasible
+
+# the compiled sums of the certificate and the Farkas screen (numba), or None; the proofs
+# themselves are plain (certificate.py)
+_kernels = OptionalImport("._active_kernels", __package__)
 
 __all__ = [
     "ConstraintSet",
@@ -345,9 +351,7 @@ def _fro_sums(cs: ConstraintSet, Wz: np.ndarray, lam: np.ndarray):
     Wz itself: (m (B, n, T), S = sum lam_k A_k (B, d, e), margin, violation, ||W||_F,
     ||S||_F, sum lam_k b_k, ||W - S||_F, max |lam_k (m_k - b_k)|), each (B,).  None without
     numba or where anything overflowed (the numpy path then gives inf / NaN as it should)."""
-    from . import active
-
-    K = active._kernels()
+    K = _kernels()
     if K is None or cs.Delta.ndim != 4:
         return None
     B = Wz.shape[0]
@@ -470,8 +474,6 @@ def farkas_verify(cs: ConstraintSet, lam: np.ndarray):
     units; 0 where lam is not usable), lam (B, n, T): the proven exact multipliers (rounded
     to float) where ok, else the candidate normalised to sum lam b = 1).
     """
-    from .active import _kernels
-
     K = _kernels()
     if K is not None:
         screen, bound, lam_n = _farkas_compiled(K, cs, lam)
