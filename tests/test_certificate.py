@@ -198,6 +198,39 @@ def test_prove_feasible_scales_by_a_rounding_only():
     assert not ok3[0] and np.array_equal(W4, W3)
 
 
+def test_farkas_enclosure_equals_exact_on_data():
+    """The floating-point enclosure (supports spanning R^{d e}) and the exact rational check
+    give the same verdicts on random infeasible and perturbed candidates; a candidate whose
+    nearby exact null vector has a negative entry is refused by both."""
+    rng = np.random.default_rng(2)
+    agree = 0
+    for _ in range(30):
+        d = int(rng.integers(2, 5))
+        P = rng.standard_normal((d + 1, d))
+        w = rng.random(d + 1) + 0.05
+        P[-1] = -(w[:-1] @ P[:-1]) / w[-1]  # sum_k w_k P_k ~ 0: the origin in the hull
+        X = np.stack([np.zeros((d + 1, d)), -P], 1)[None]  # Delta_k = 0 - (-P_k) = P_k
+        cs = engine.build_constraints(X, np.ones((1, d + 1, 1)), np.zeros((1, d + 1), int),
+                                      np.ones((1, d + 1, 2), bool))
+        lam = np.zeros((1, d + 1, 2))
+        lam[0, :, 1] = w * (1 + 1e-13 * rng.standard_normal(d + 1))
+        if rng.random() < 0.3:
+            lam[0, 0, 1] = -lam[0, 0, 1] * 1e-3  # negative: no certificate near it
+            assert not certificate.farkas_enclosure(cs, np.abs(lam) * 0 + lam)[0]
+        e1 = certificate.farkas_enclosure(cs, np.maximum(lam, 0))[0]
+        e2 = certificate.farkas_exact(cs, np.maximum(lam, 0))[0][0]
+        assert e1 == e2
+        agree += e1
+    assert agree >= 10  # (the enclosure applies and proves most of them)
+    # the issue's case: a support of 2 < d e + 1 = 5, the enclosure does not apply
+    cs0 = engine.build_constraints(ISSUE_X[None], np.array([[[1.0, 0.0], [1.0, 0.0]]]),
+                                   np.array([[0, 1]]), np.ones((1, 2, 2), bool))
+    lam = np.zeros((1, 2, 2))
+    lam[0, 0, 1] = lam[0, 1, 0] = 1.0
+    assert not certificate.farkas_enclosure(cs0, lam)[0]
+    assert certificate.farkas_exact(cs0, lam)[0][0]
+
+
 # ------------------------------------------------------------------ property test
 def rotation(rng, k):
     q, r = np.linalg.qr(rng.standard_normal((k, k)))

@@ -1189,7 +1189,7 @@ def _ldx(x, k, p):
 
 @njit(cache=True, nogil=True)
 def _lean_settle(D, Zs, v, W, lam, mu, m, info, sums, wk, tol, irreducible, feas_tol,
-                 gap_opt, bound_min, Wo, sc, dual, sup, margins, fk_lam, hit):
+                 gap_opt, bound_min, Wo, sc, dual, sup, margins, fk_lam, hit, fko):
     """The verdict on one problem after :func:`_lean_one` (the arithmetic of
     :func:`attnsvm.svm.lean.batch_lean` before this kernel: the formulas of
     :func:`attnsvm.svm.solution.certify` on the certificate's sums, elementwise, the same
@@ -1206,7 +1206,9 @@ def _lean_settle(D, Zs, v, W, lam, mu, m, info, sums, wk, tol, irreducible, feas
     [norm, margin, violation, kkt, gap, lower_bound (user units), farkas_bound, verdict],
     dual, sup (support), margins (n, T), hit (n,) the sequences in the certificate's
     support (|lam_it| > 1e-9 max |lam|, lam the normalised Farkas multipliers that
-    :func:`_farkas_one` writes to the workspace fk_lam (n, T))."""
+    :func:`_farkas_one` writes to the workspace fk_lam (n, T)), fko (n, T): those
+    multipliers where SETTLED_INF (0 elsewhere), for the plain proof
+    (:func:`attnsvm.svm.certificate.farkas_prove`): this verdict is only a screen."""
     n, T, d = D.shape
     e = Zs.shape[1]
     nan = np.nan
@@ -1257,6 +1259,9 @@ def _lean_settle(D, Zs, v, W, lam, mu, m, info, sums, wk, tol, irreducible, feas
         if ok:
             verdict = SETTLED_INF
             fk = bound
+            for i in range(n):
+                for t in range(T):
+                    fko[i, t] = fk_lam[i, t]
             mx = 0.0
             for i in range(n):
                 for t in range(T):
@@ -1288,12 +1293,13 @@ def _lean_settle(D, Zs, v, W, lam, mu, m, info, sums, wk, tol, irreducible, feas
 
 @njit(cache=True, nogil=True)
 def fro_settle_batch(X, z, alpha, valid, xexp, tol, small, max_iter, tol_active, irreducible,
-                     feas_tol, gap_opt, bound_min, info, Wo, sc, dual, sup, margins, hit, b0,
-                     b1):
+                     feas_tol, gap_opt, bound_min, info, Wo, sc, dual, sup, margins, hit, fko,
+                     b0, b1):
     """:func:`_lean_one` then :func:`_lean_settle` over problems b0 .. b1-1 of a batch:
     X (B, n, T, d), z (B, n, e), alpha (B, n), valid (B, n, T), xexp (B,) in; info (B, 5),
     the answers Wo (B, d, e), sc (B, 9) (:func:`_lean_settle`'s 8 numbers and the number of
-    constraints), dual, sup, margins (B, n, T), hit (B, n) out.  The per-problem arrays
+    constraints), dual, sup, margins (B, n, T), hit (B, n), fko (B, n, T) (zeros in: the
+    Farkas candidates of SETTLED_INF problems) out.  The per-problem arrays
     (constraints, multipliers, margins, ...) live in one workspace for the slice, in cache,
     not in (B, ...) arrays."""
     n, T, d = X.shape[1], X.shape[2], X.shape[3]
@@ -1315,7 +1321,7 @@ def fro_settle_batch(X, z, alpha, valid, xexp, tol, small, max_iter, tol_active,
                   lam, mu, m, S, info[b], sums, wk)
         _lean_settle(D, Zs, v, W, lam, mu, m, info[b], sums, wk, tol_active, irreducible,
                      feas_tol, gap_opt, bound_min, Wo[b], sc[b], dual[b], sup[b], margins[b],
-                     fk_lam, hit[b])
+                     fk_lam, hit[b], fko[b])
         nc = 0
         if info[b, 0] == LEAN_OK or info[b, 0] == LEAN_ZERO_ROW:
             for i in range(n):

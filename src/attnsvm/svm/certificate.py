@@ -76,6 +76,8 @@ __all__ = [
     "exact_margins",
     "prove_margins",
     "prove_feasible",
+    "farkas_enclosure",
+    "farkas_prove",
     "farkas_exact",
 ]
 
@@ -333,6 +335,102 @@ def _farkas_one(cs, b: int, lam: np.ndarray):
         if all(c >= 0 for c, p in zip(cand, idx) if ineq[p]):
             return {p: c / sb for c, p in zip(cand, idx)}
     return None
+
+
+def farkas_enclosure(cs, lam: np.ndarray, which: np.ndarray | None = None) -> np.ndarray:
+    """Farkas certificates proven in floating point with rigorous error bounds, vectorised
+    over the batch, for the generic case: a candidate lam >= 0 (inequalities only) whose
+    support K holds at least d e + 1 constraints whose matrices span R^{d x e}.
+
+    Let M (p x |K|, p = d e) hold the exact vec(A_k), k in K, r = M lam_K (exact) and
+    G = M M^T.  If G is positive definite, lam* = lam_K - M^T G^{-1} r satisfies
+    M lam* = 0 exactly, and ||lam* - lam_K||_2^2 = r^T G^{-1} r <= ||r||^2 / lambda_min(G)
+    =: delta^2.  So when delta < min_K lam_k and sum_K lam_k b_k > ||b_K||_2 delta, the
+    real vector lam* >= 0 with sum lam*_k b_k > 0 and sum lam*_k A_k = 0 exists: a Farkas
+    certificate (its existence is the proof; it need not be computed).  The bounds:
+    ||r|| <= ||r^|| + ||1.01 gamma_{|K|+4} |M^| lam||  (r^ = M^ lam computed, M^ the
+    computed products Delta z^T; the exact A_k = (Delta + Delta_lo) z^T, |Delta_lo| <=
+    u |Delta|), |G - G^| <= 1.01 gamma_{|K|+6} |M^| |M^|^T, and for the floating-point
+    Cholesky factor L of G^ - t I (t = half the smallest computed eigenvalue), which exists
+    only if it runs to completion, L L^T = G^ - t I + F with |F| <= gamma_{p+1} |L| |L|^T
+    (Higham, Theorem 10.3), so lambda_min(G) >= t - ||gamma_{p+1} |L||L|^T||_F
+    - u max_i |G^_ii - t| - ||G - G^||_F (the last subtraction's rounding: a factor
+    1 - 4u); every norm is inflated by 1 + 1e-8 against its own rounding (p <= 1e6).
+    Returns ok (B,) bool (False where this route does not apply: :func:`farkas_exact`
+    decides those)."""
+    B = cs.batch_shape[0]
+    ok = np.zeros(B, bool)
+    which = np.ones(B, bool) if which is None else np.asarray(which, bool)
+    lam = np.where(cs.valid, np.nan_to_num(np.asarray(lam, float)), 0.0)
+    p = cs.d * cs.e
+    mx = np.abs(lam).max((1, 2))
+    supp = cs.valid & (lam > 1e-9 * mx[:, None, None]) & (mx[:, None, None] > 0)
+    k = supp.sum((1, 2))
+    cand = (which & _exact_data(cs) & (k >= p + 1) & (k <= MAX_SUPPORT)
+            & np.where(cs.ineq, lam >= 0, lam == 0).all((1, 2)) & ~(supp & ~cs.ineq).any((1, 2)))
+    ix = np.nonzero(cand)[0]
+    if not len(ix):
+        return ok
+    K = int(k[ix].max())
+    flat = supp[ix].reshape(len(ix), -1)
+    order = np.argsort(~flat, axis=1, kind="stable")[:, :K]
+    km = np.take_along_axis(flat, order, 1)  # (b', K) the support, padded
+    n, T = cs.shape
+    ii, tt = order // T, order % T
+    bi = ix[:, None]
+    Dk = cs.Delta[bi, ii, tt] * km[..., None]  # (b', K, d)
+    Zk = cs.Z[bi, ii] * km[..., None]  # (b', K, e)
+    lk = np.where(km, lam[bi, ii, tt], 0.0)
+    bk = np.where(km, cs.b[bi, ii, tt], 0.0)
+    with np.errstate(all="ignore"):
+        M = np.einsum("bkd,bke->bdek", Dk, Zk).reshape(len(ix), p, K)
+        aM = np.abs(M)
+        r = np.einsum("bpk,bk->bp", M, lk)
+        er = 1.01 * gamma(K + 4) * np.einsum("bpk,bk->bp", aM, lk)
+        nr = (np.linalg.norm(r, axis=1) + np.linalg.norm(er, axis=1)) * (1 + 1e-8)
+        G = M @ np.swapaxes(M, 1, 2)
+        eG = np.linalg.norm(1.01 * gamma(K + 6) * (aM @ np.swapaxes(aM, 1, 2)), axis=(1, 2))
+        ev = np.linalg.eigvalsh(G)[:, 0]
+        t = 0.5 * ev
+        good = np.isfinite(ev) & (t > 0)
+        A = G - np.where(good, t, 0.0)[:, None, None] * np.eye(p)
+        lmin = np.full(len(ix), -np.inf)
+        for j in np.nonzero(good)[0]:  # (batched cholesky raises on the first failure)
+            try:
+                L = np.linalg.cholesky(A[j])
+            except np.linalg.LinAlgError:
+                continue
+            aL = np.abs(L)
+            eC = np.linalg.norm(gamma(p + 1) * (aL @ aL.T)) * (1 + 1e-8)
+            eD = U * np.abs(np.diag(A[j])).max() * (1 + 1e-8)  # the rounded G^_ii - t
+            lmin[j] = (t[j] - eC - eD - eG[j] * (1 + 1e-8)) * (1 - 4 * U)
+        pos = lmin > 0
+        delta = np.where(pos, nr / np.sqrt(np.where(pos, lmin, 1.0)) * (1 + 1e-8), np.inf)
+        lo = np.where(km, lk, np.inf).min(1)
+        sb = (lk * bk).sum(1) * (1 - gamma(K + 1))
+        ok[ix] = pos & (delta < lo * (1 - 1e-8)) & (sb > np.linalg.norm(bk, axis=1) * delta
+                                                    * (1 + 1e-8))
+    return ok
+
+
+def farkas_prove(cs, lam: np.ndarray, which: np.ndarray | None = None):
+    """(ok (B,), lam_out (B, n, T)): :func:`farkas_enclosure` (vectorised; lam_out the
+    candidate, normalised to sum lam b = 1, whose support is that of the proven lam*),
+    then :func:`farkas_exact` for the others (lam_out the exact multipliers)."""
+    B = cs.batch_shape[0]
+    which = np.ones(B, bool) if which is None else np.asarray(which, bool)
+    lam = np.where(cs.valid, np.nan_to_num(np.asarray(lam, float)), 0.0)
+    ok = farkas_enclosure(cs, lam, which)
+    with np.errstate(over="ignore", invalid="ignore"):
+        lb = (lam * cs.b).sum((1, 2))
+    out = np.where(ok[:, None, None], lam / np.where(ok & (lb > 0), lb, 1.0)[:, None, None],
+                   0.0)
+    rest = which & ~ok
+    if rest.any():
+        ok2, lx = farkas_exact(cs, lam, rest)
+        ok |= ok2
+        out = np.where(ok2[:, None, None], lx, out)
+    return ok, out
 
 
 def farkas_exact(cs, lam: np.ndarray, which: np.ndarray | None = None):

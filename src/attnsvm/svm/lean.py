@@ -24,7 +24,7 @@ import time
 import numpy as np
 
 from . import active
-from .certificate import prove_margins
+from .certificate import farkas_prove, prove_margins
 from .solution import (
     FARKAS_BOUND,
     FEAS_TOL,
@@ -181,8 +181,9 @@ def batch_lean(X: np.ndarray, z: np.ndarray, alpha: np.ndarray, valid: np.ndarra
     sup = np.empty((B, n, T), bool)
     margins = np.empty((B, n, T))
     hit = np.empty((B, n), bool)
+    fko = np.zeros((B, n, T))
     args = (X, z, alpha, valid, xexp, 1e-12, 1e-13, mi, float(tol), bool(irreducible),
-            FEAS_TOL, GAP_OPTIMAL, FARKAS_BOUND, info, Wo, sc, dual, sup, margins, hit)
+            FEAS_TOL, GAP_OPTIMAL, FARKAS_BOUND, info, Wo, sc, dual, sup, margins, hit, fko)
     if B >= active.PARALLEL_B:  # slices in threads, as mnp_active
         from attnsvm.fused import _parallel
 
@@ -191,20 +192,25 @@ def batch_lean(X: np.ndarray, z: np.ndarray, alpha: np.ndarray, valid: np.ndarra
         K.fro_settle_batch(*args, 0, B)
     verdict = sc[:, 7]
     ex = info[:, 1]
-    # the kernel's verdicts are a conservative screen; the proofs are the plain ones
-    # (certificate.py): every "optimal" has its margins proven here (the rounding-error
-    # bound on the exact data, undecided constraints in exact arithmetic), and every
-    # "infeasible" goes to the engine, whose Farkas check is exact
-    verdict[verdict == K.SETTLED_INF] = K.TO_ENGINE
+    # the kernel's verdicts are a screen; the proofs are the plain ones (certificate.py):
+    # every "optimal" has its margins proven here (the rounding-error bound on the exact
+    # data, undecided constraints in exact arithmetic), every "infeasible" its Farkas
+    # certificate (farkas_prove, as the engine's farkas_verify); the others: the engine
     opt = verdict == K.SETTLED_OPT
-    if opt.any():
-        io = np.nonzero(opt)[0]
-        cs = engine.build_constraints(X[io], z[io], alpha[io], valid[io], x_exp=xexp[io])
-        Wn = _ldexp(Wo[io], cs.exp)  # normalised units (exact: the kernel checked it)
-        bad = io[~prove_margins(cs, Wn)]
-        verdict[bad] = K.TO_ENGINE
-        opt[bad] = False
     inf = verdict == K.SETTLED_INF
+    if opt.any() or inf.any():
+        io = np.nonzero(opt | inf)[0]
+        cs = engine.build_constraints(X[io], z[io], alpha[io], valid[io], x_exp=xexp[io])
+        o, f = opt[io], inf[io]
+        Wn = _ldexp(np.where(o[:, None, None], Wo[io], 0.0), cs.exp)  # normalised (exact)
+        good = np.zeros(len(io), bool)
+        good[o] = prove_margins(cs.take(np.nonzero(o)[0]), Wn[o])
+        if f.any():
+            good[f] = farkas_prove(cs.take(np.nonzero(f)[0]), fko[io[f]])[0]
+        bad = io[~good]
+        verdict[bad] = K.TO_ENGINE
+        opt[bad] = inf[bad] = False
+        sc[io[f & good], 6] = np.inf  # proven: no W at all (solution.farkas_verify)
     out = dict(
         W_=Wo, norm_=sc[:, 0], margin_=sc[:, 1], violation_=sc[:, 2], kkt_residual_=sc[:, 3],
         gap_=sc[:, 4], dual_=dual, support_=sup, margins_=margins, feasible_=opt,

@@ -53,7 +53,7 @@ import numpy as np
 
 from attnsvm._optional import OptionalImport
 
-from .certificate import farkas_exact, prove_feasible
+from .certificate import farkas_prove, prove_feasible
 
 # the compiled sums of the certificate and the Farkas screen (numba), or None; the proofs
 # themselves are plain (certificate.py)
@@ -458,9 +458,11 @@ def farkas_verify(cs: ConstraintSet, lam: np.ndarray):
 
     ``lam`` (B, n, T) candidate multipliers.  A verified certificate is lam with
     lam_k >= 0 on inequalities (any sign on equalities), sum_k lam_k b_k = 1 and
-    sum_k lam_k A_k = 0 EXACTLY, in rational arithmetic on the exact constraint data
-    (:func:`attnsvm.svm.certificate.farkas_exact`: the candidate as given, or the exact
-    null vector of the A_k on its support nearest to it).  Then no W is feasible:
+    sum_k lam_k A_k = 0 EXACTLY on the exact constraint data
+    (:func:`attnsvm.svm.certificate.farkas_prove`: the existence of such a lam next to the
+    candidate proven by rigorous error bounds where its support spans the space, else in
+    rational arithmetic: the candidate as given, or the exact null vector of the A_k on
+    its support nearest to it).  Then no W is feasible:
     0 = <sum lam_k A_k, W> = sum lam_k m_k(W) >= sum lam_k b_k = 1.  A residual that is
     merely small proves nothing (docs/theory.md, "Certificates").
 
@@ -480,11 +482,11 @@ def farkas_verify(cs: ConstraintSet, lam: np.ndarray):
     else:
         screen, bound, lam_n = _farkas_numpy(cs, lam)
     if not cs.batch_shape:  # one unbatched problem
-        ok, lam_x = farkas_exact(cs.batched(), np.asarray(lam_n)[None],
+        ok, lam_x = farkas_prove(cs.batched(), np.asarray(lam_n)[None],
                                  which=np.asarray(screen)[None])
         ok, lam_x = ok[0], lam_x[0]
     else:  # (B,) batches (the engine's layout)
-        ok, lam_x = farkas_exact(cs, np.asarray(lam_n), which=screen)
+        ok, lam_x = farkas_prove(cs, np.asarray(lam_n), which=screen)
     bound = np.where(ok, np.inf, bound)
     lam_out = np.where(ok[..., None, None], lam_x, lam_n)
     return ok, bound, lam_out
