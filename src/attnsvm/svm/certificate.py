@@ -9,8 +9,9 @@ The constraints of a (batched, normalised) :class:`~attnsvm.svm.solution.Constra
 
 (:func:`two_diff`: the rounding error of x_{i,alpha_i} - x_it, itself a float, so the
 constraints proven here are those of the caller's tokens, not of their rounded
-differences; an entry NaN marks a problem whose data could not be kept exactly, e.g.
-scaled into the subnormal range: nothing is proven for it).
+differences).  Where bits may have been lost (a power-of-two scaling into the subnormal
+range) or Delta_lo was not kept, ``cs.data_err`` > 0 bounds the error of every entry:
+the rounding-error bounds below take it in, the exact-arithmetic checks refuse.
 
 Feasibility (:func:`prove_margins`).  With u = 2^-53, gamma_n = n u / (1 - n u) and
 eta = 2^-1074 (Higham, *Accuracy and Stability of Numerical Algorithms*, 2nd ed., §2.2
@@ -21,7 +22,8 @@ without fused multiply-adds, each term passing through at most n roundings, has
 through at most d + e roundings: two products, d - 1 and e - 1 additions; one more for
 the rounded difference, Delta = cs.Delta (1 + delta), |delta| <= u) satisfies
 
-    |m_k - m^_k| <= err_k := 1.01 gamma_n E^_k + eta n (d e + 1)(1 + sum_cf |W_cf| |z_f|),
+    |m_k - m^_k| <= err_k := 1.01 gamma_n E^_k + eta n (d e + 1)(1 + sum_cf |W_cf| |z_f|
+                                                                  + sum_f |z_f|),
     n = d + e + 2,  E^_k = the computed sum_cf |cs.Delta_c| |W_cf| |z_f|
 
 (the exact E_k <= E^_k / (1 - gamma_n); 1.01 > (1 + 2 gamma_n)(1 + u)^2 covers that and
@@ -109,27 +111,45 @@ def two_diff(a: np.ndarray, b: np.ndarray, out: np.ndarray | None = None):
     return s, lo
 
 
+def _data_err(cs) -> np.ndarray:
+    """(B,) the bound on |exact - stored| of every entry of Delta + Delta_lo and Z
+    (ConstraintSet.data_err; 0 where the data is held exactly)."""
+    err = getattr(cs, "data_err", None)
+    if err is None:
+        return np.zeros(cs.batch_shape)
+    return np.broadcast_to(np.asarray(err, float), cs.batch_shape)
+
+
 def _exact_data(cs) -> np.ndarray:
-    """(B,) bool: the problem's constraint data is held exactly (Delta_lo finite)."""
-    B = cs.batch_shape
-    if getattr(cs, "Delta_lo", None) is None:
-        return np.ones(B, bool)
-    return np.isfinite(cs.Delta_lo).all((-3, -2, -1))
+    """(B,) bool: the problem's constraint data is held exactly (data_err 0, Delta_lo
+    finite): the exact-arithmetic checks apply."""
+    ok = (_data_err(cs) == 0) & bool(getattr(cs, "exact", True))
+    if getattr(cs, "Delta_lo", None) is not None:
+        ok = ok & np.isfinite(cs.Delta_lo).all((-3, -2, -1))
+    return ok
 
 
 def margin_enclosure(cs, W: np.ndarray):
     """(m^, err): computed margins m^ (B, n, T) of answers W (B, d, e) (finite) and the
     rigorous bound err with |m_k(W) - m^_k| <= err_k for the exact constraint data
-    (module docstring); 0 / inf where invalid."""
+    (module docstring; data that may have lost bits to scaling, ``data_err`` = e_D > 0,
+    adds e_D (sum_cf |W_cf| |z_f| + sum_cf |Delta_c| |W_cf| + e_D sum |W|), the change of
+    m_k under entry perturbations of at most e_D); inf where invalid."""
     d, e = cs.d, cs.e
+    eD = _data_err(cs)[:, None, None]
     with np.errstate(over="ignore", invalid="ignore", under="ignore"):
         m = cs.margins(W)
         aW = np.abs(W)
         aZ = np.abs(cs.Z)
-        E = ((np.abs(cs.Delta) @ aW[..., None, :, :]) * aZ[..., :, None, :]).sum(-1)
-        wz = (aW @ np.swapaxes(aZ, -1, -2)).sum(-2)  # (B, n): sum_cf |W_cf| |z_f|
+        DW = np.abs(cs.Delta) @ aW[..., None, :, :]  # (B, n, T, e)
+        E = (DW * aZ[..., :, None, :]).sum(-1)
+        wz = (aW @ np.swapaxes(aZ, -1, -2)).sum(-2)[..., :, None]  # sum_cf |W_cf| |z_f|
+        zs = aZ.sum(-1)[..., :, None]  # sum_f |z_f|
         n = d + e + 2
-        err = 1.01 * gamma(n) * E + ETA * n * (d * e + 1) * (1.0 + wz[..., :, None])
+        err = 1.01 * gamma(n) * E + ETA * n * (d * e + 1) * (1.0 + wz + zs)
+        if eD.any():
+            err = err + (eD * (wz + DW.sum(-1) + eD * aW.sum((-2, -1))[:, None, None])
+                         * (1 + 1e-8))
     return m, np.where(cs.valid, err, np.inf)
 
 
@@ -200,8 +220,8 @@ def prove_margins(cs, W: np.ndarray, has: np.ndarray | None = None, *,
         ok_k |= zero[:, None, None] & (cs.b <= 0)
         # undecided: the bound neither proves nor refutes (|slack| < 2 err)
         und = ineq & ~ok_k & (np.abs(slack) < thr) & np.isfinite(err)
-    ok = has & _exact_data(cs) & np.isfinite(Wz).all((-2, -1))
-    und &= ok[:, None, None]
+    ok = has & np.isfinite(Wz).all((-2, -1))
+    und &= (ok & _exact_data(cs))[:, None, None]
     if exact and und.sum() <= MAX_EXACT:
         for b in np.nonzero(und.any((1, 2)))[0]:
             idx = [tuple(int(v) for v in p) for p in np.argwhere(und[b])]
@@ -218,7 +238,7 @@ def prove_feasible(cs, W: np.ndarray, lam: np.ndarray, has: np.ndarray):
     that S(lam) stays in ||W|| d||W||), unless an equality with b != 0 fixes the scale."""
     W = np.asarray(W, float)
     proven = prove_margins(cs, W, has)
-    redo = has & ~proven & _exact_data(cs)
+    redo = has & ~proven
     if cs.eq is not None:
         redo &= ~(cs.eqmask & (cs.b != 0)).any((1, 2))
     if not redo.any():
@@ -355,7 +375,9 @@ def farkas_enclosure(cs, lam: np.ndarray, which: np.ndarray | None = None) -> np
     only if it runs to completion, L L^T = G^ - t I + F with |F| <= gamma_{p+1} |L| |L|^T
     (Higham, Theorem 10.3), so lambda_min(G) >= t - ||gamma_{p+1} |L||L|^T||_F
     - u max_i |G^_ii - t| - ||G - G^||_F (the last subtraction's rounding: a factor
-    1 - 4u); every norm is inflated by 1 + 1e-8 against its own rounding (p <= 1e6).
+    1 - 4u); gradual underflow adds eta / 2 per product (terms eta (sum lam + K + 1) to r
+    and eta p K (2 max |M| + 2) to G, so the bounds hold in the caller's units too, and
+    ``data_err`` terms where bits may be lost); every norm is inflated by 1 + 1e-8 against its own rounding (p <= 1e6).
     Returns ok (B,) bool (False where this route does not apply: :func:`farkas_exact`
     decides those)."""
     B = cs.batch_shape[0]
@@ -366,7 +388,7 @@ def farkas_enclosure(cs, lam: np.ndarray, which: np.ndarray | None = None) -> np
     mx = np.abs(lam).max((1, 2))
     supp = cs.valid & (lam > 1e-9 * mx[:, None, None]) & (mx[:, None, None] > 0)
     k = supp.sum((1, 2))
-    cand = (which & _exact_data(cs) & (k >= p + 1) & (k <= MAX_SUPPORT)
+    cand = (which & (k >= p + 1) & (k <= MAX_SUPPORT)
             & np.where(cs.ineq, lam >= 0, lam == 0).all((1, 2)) & ~(supp & ~cs.ineq).any((1, 2)))
     ix = np.nonzero(cand)[0]
     if not len(ix):
@@ -387,23 +409,30 @@ def farkas_enclosure(cs, lam: np.ndarray, which: np.ndarray | None = None) -> np
         aM = np.abs(M)
         r = np.einsum("bpk,bk->bp", M, lk)
         er = 1.01 * gamma(K + 4) * np.einsum("bpk,bk->bp", aM, lk)
+        # data that may have lost bits (data_err e_D, entries |Delta|, |z| <= 1): each
+        # entry of M moves by at most 3 e_D, so r by 3 e_D sum lam and G by 8 e_D K each
+        eD = _data_err(cs)[ix]
+        er = er + 3.0 * eD[:, None] * lk.sum(1)[:, None]
+        # gradual underflow (any units): <= eta / 2 per product, in M^ and in lam M^
+        er = er + ETA * (lk.sum(1) + K + 1)[:, None] * (1 + 1e-8)
         nr = (np.linalg.norm(r, axis=1) + np.linalg.norm(er, axis=1)) * (1 + 1e-8)
         G = M @ np.swapaxes(M, 1, 2)
-        eG = np.linalg.norm(1.01 * gamma(K + 6) * (aM @ np.swapaxes(aM, 1, 2)), axis=(1, 2))
-        ev = np.linalg.eigvalsh(G)[:, 0]
-        t = 0.5 * ev
-        good = np.isfinite(ev) & (t > 0)
+        eG = (np.linalg.norm(1.01 * gamma(K + 6) * (aM @ np.swapaxes(aM, 1, 2)), axis=(1, 2))
+              + 8.0 * eD * K * p + ETA * p * K * (2 * aM.max((1, 2)) + 2))  # (underflow)
+        # t: half an estimate of lambda_min(G^) (1 / ||L0^-1||_F^2 <= lambda_min, L0 the
+        # Cholesky factor of G^ itself); only the second factorisation, of G^ - t I, is
+        # part of the proof
+        L0, good = _cholesky(G)
+        Li = np.linalg.inv(np.where(good[:, None, None], L0, np.eye(p)))
+        t = 0.5 / np.einsum("bij,bij->b", Li, Li)
+        good &= np.isfinite(t) & (t > 0)
         A = G - np.where(good, t, 0.0)[:, None, None] * np.eye(p)
-        lmin = np.full(len(ix), -np.inf)
-        for j in np.nonzero(good)[0]:  # (batched cholesky raises on the first failure)
-            try:
-                L = np.linalg.cholesky(A[j])
-            except np.linalg.LinAlgError:
-                continue
-            aL = np.abs(L)
-            eC = np.linalg.norm(gamma(p + 1) * (aL @ aL.T)) * (1 + 1e-8)
-            eD = U * np.abs(np.diag(A[j])).max() * (1 + 1e-8)  # the rounded G^_ii - t
-            lmin[j] = (t[j] - eC - eD - eG[j] * (1 + 1e-8)) * (1 - 4 * U)
+        L, good2 = _cholesky(A)
+        good &= good2
+        aL = np.abs(L)
+        eC = np.linalg.norm(gamma(p + 1) * (aL @ np.swapaxes(aL, 1, 2)), axis=(1, 2)) * (1 + 1e-8)
+        eA = U * np.abs(np.diagonal(A, axis1=1, axis2=2)).max(1) * (1 + 1e-8)  # G^_ii - t
+        lmin = np.where(good, (t - eC - eA - eG * (1 + 1e-8)) * (1 - 4 * U), -np.inf)
         pos = lmin > 0
         delta = np.where(pos, nr / np.sqrt(np.where(pos, lmin, 1.0)) * (1 + 1e-8), np.inf)
         lo = np.where(km, lk, np.inf).min(1)
@@ -411,6 +440,27 @@ def farkas_enclosure(cs, lam: np.ndarray, which: np.ndarray | None = None) -> np
         ok[ix] = pos & (delta < lo * (1 - 1e-8)) & (sb > np.linalg.norm(bk, axis=1) * delta
                                                     * (1 + 1e-8))
     return ok
+
+
+def _cholesky(A: np.ndarray):
+    """(L, ok): the Cholesky factors L L^T = A of a stack A (B, p, p), by the standard
+    column algorithm in floating point, vectorised over the batch (r_jj = sqrt(a_jj -
+    sum_k r_jk^2), r_ij = (a_ij - sum_k r_ik r_jk) / r_jj: the algorithm of Higham's
+    Theorem 10.3, its inner products in any order); ok where it runs to completion
+    (every pivot > 0), L finite garbage elsewhere."""
+    B, p, _ = A.shape
+    L = np.zeros_like(A)
+    with np.errstate(all="ignore"):
+        ok = np.isfinite(A).all((1, 2))
+        for j in range(p):
+            s = A[:, j, j] - (L[:, j, :j] ** 2).sum(1)
+            ok &= s > 0
+            dj = np.sqrt(np.where(ok, s, 1.0))
+            L[:, j, j] = dj
+            if j + 1 < p:
+                L[:, j + 1:, j] = (A[:, j + 1:, j] - np.einsum("bik,bk->bi", L[:, j + 1:, :j],
+                                                               L[:, j, :j])) / dj[:, None]
+    return np.where(ok[:, None, None], L, np.eye(p)), ok
 
 
 def farkas_prove(cs, lam: np.ndarray, which: np.ndarray | None = None):

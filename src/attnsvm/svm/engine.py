@@ -147,60 +147,64 @@ def _lossy(A: np.ndarray) -> np.ndarray:
         return ((a < SMALLEST_NORMAL) & (a > 0)).any(1)
 
 
-def _mark_inexact(Delta_lo, shape, bad: np.ndarray):
-    """Delta_lo with NaN on the problems ``bad`` (their data is not held exactly, so the
-    certificate proves nothing for them: :mod:`attnsvm.svm.certificate`)."""
-    if not bad.any():
-        return Delta_lo
-    if Delta_lo is None:
-        Delta_lo = np.zeros(shape)
-    Delta_lo[bad] = np.nan
-    return Delta_lo
-
-
 def normalise_constraints(Delta, Z, valid, b=None, eq=None, exp=0, *,
-                          zeroed: bool = False, Delta_lo=None, lossy=None) -> ConstraintSet:
+                          zeroed: bool = False, Delta_lo=None, lossy=None,
+                          exact: bool = True) -> ConstraintSet:
     """A normalised :class:`ConstraintSet` from (B, n, T, d) differences and (B, n, e)
     queries (``exp``: the exponent already divided out of Delta; ``zeroed``: Delta is a
     float64 array of the caller's own, already 0 wherever ``valid`` is False: it is
     scaled in place; ``Delta_lo``: the rounding error of the differences, scaled along,
     :func:`attnsvm.svm.certificate.two_diff`; ``lossy`` (B,) bool: problems whose data
-    was not kept exactly upstream)."""
+    may have lost bits upstream).  ``exact`` False: no check for lost bits; the data
+    then counts as not held exactly (``data_err`` the worst case), which the certificate's
+    rounding-error bounds take, and its exact-arithmetic checks refuse."""
     valid = np.asarray(valid, bool)
     if not zeroed:
         Delta = np.where(valid[..., None], Delta, 0.0)
     Delta, eD = normalise(Delta, (1, 2, 3), inplace=True)  # our own array either way
     Z, eZ = normalise(np.asarray(Z, float), (1, 2))
-    bad = _lossy(Delta) | _lossy(Z) if len(Delta) else np.zeros(0, bool)
-    if lossy is not None:
-        bad = bad | lossy
+    B = len(Delta)
     if Delta_lo is not None:
         Delta_lo = _ldexp(Delta_lo, -eD, out=Delta_lo)
-        bad = bad | _lossy(Delta_lo)
-    Delta_lo = _mark_inexact(Delta_lo, Delta.shape, bad)
+    if exact:
+        bad = np.zeros(B, bool) if lossy is None else np.asarray(lossy, bool).copy()
+        if B:
+            bad |= _lossy(Delta) | _lossy(Z)
+            if Delta_lo is not None:
+                bad |= _lossy(Delta_lo)
+    else:
+        bad = np.ones(B, bool)
+    # bits dropped below 2^-1074 by the scalings: at most 2^-1075 per entry of X 2^-eX (so
+    # 2^-1074 per difference), amplified by 2^-eD, plus 2^-1075 in Delta 2^-eD and in Z
+    err = np.where(bad, np.exp2(np.minimum(-1073.0 - eD, 1000.0)) + 2.0 ** -1074, 0.0)
     if b is None:
         bb = valid.astype(float)  # ones on the valid entries, 0 elsewhere
     else:
         bb = np.where(valid, np.broadcast_to(np.asarray(b, float), valid.shape), 0.0)
     eqm = None if eq is None else np.asarray(eq, bool) & valid
-    return ConstraintSet(Delta, Z, valid, bb, eqm, np.asarray(exp) + eD + eZ, Delta_lo)
+    return ConstraintSet(Delta, Z, valid, bb, eqm, np.asarray(exp) + eD + eZ, Delta_lo,
+                         err if bad.any() else None, exact)
 
 
 def build_constraints(X, Z, alpha, valid, b=None, eq=None, *, x_exp=0,
-                      normalise_data: bool = True) -> ConstraintSet:
+                      normalise_data: bool = True, exact: bool = True) -> ConstraintSet:
     """Constraints (x_{i,alpha_i} - x_it)^T W z_i >= b_it of B problems, normalised.
 
     X (B, n, T, d) tokens (already divided by 2^x_exp), Z (B, n, e), alpha (B, n) int,
     valid (B, n, T) bool (the selected token itself is dropped), b (B, n, T) or None
     (ones), eq (B, n, T) bool or None.  The tokens are scaled by a power of two before
     the differences are taken (no overflow at 1e+308), the differences and the queries
-    once more (so near-duplicate tokens keep their digits)."""
+    once more (so near-duplicate tokens keep their digits).  ``exact``: keep the rounding
+    errors of the differences (``Delta_lo``) and check for bits lost to scaling, so that
+    the certificate's exact-arithmetic checks apply (:mod:`attnsvm.svm.certificate`);
+    False (faster): only its rounding-error bounds apply."""
     X = np.asarray(X, float)
     B, n, T, d = X.shape
     valid = np.asarray(valid, bool)
     if normalise_data:
         X, eX = normalise(X, (1, 2, 3), valid[..., None])
-        lossy = _lossy(np.where(valid[..., None], X, 0.0)) if B else np.zeros(0, bool)
+        lossy = (_lossy(np.where(valid[..., None], X, 0.0)) if B and exact
+                 else np.zeros(B, bool))
     else:
         eX = np.zeros(B, np.int64)
         lossy = np.zeros(B, bool)
@@ -210,19 +214,25 @@ def build_constraints(X, Z, alpha, valid, b=None, eq=None, *, x_exp=0,
     v[bi, ni, alpha] = False
     # the differences and their exact rounding errors (the certificate proves its verdicts
     # on the exact differences Delta + Delta_lo of the caller's tokens)
-    Delta, lo = two_diff(sel[:, :, None, :], X)
+    if exact:
+        Delta, lo = two_diff(sel[:, :, None, :], X)
+    else:
+        with np.errstate(over="ignore", invalid="ignore"):
+            Delta = np.subtract(sel[:, :, None, :], X, out=X if normalise_data else None)
+        lo = None
     if not valid.all():  # masked tokens; at alpha, x - x = 0 exactly (finite X)
         np.copyto(Delta, 0.0, where=~v[..., None])
-        np.copyto(lo, 0.0, where=~v[..., None])
+        if lo is not None:
+            np.copyto(lo, 0.0, where=~v[..., None])
     with np.errstate(invalid="ignore"):
-        lo = lo if (lo != 0).any() else None  # (NaN from inf data: kept, proves nothing)
+        lo = lo if lo is not None and (lo != 0).any() else None
     if not normalise_data:
         bb = np.ones(v.shape) if b is None else np.broadcast_to(np.asarray(b, float), v.shape)
         return ConstraintSet(Delta, np.asarray(Z, float), v, np.where(v, bb, 0.0),
                              None if eq is None else np.asarray(eq, bool) & v,
-                             np.zeros(B, np.int64), lo)
+                             np.zeros(B, np.int64), lo, None, exact)
     return normalise_constraints(Delta, Z, v, b, eq, np.asarray(x_exp) + eX, zeroed=True,
-                                 Delta_lo=lo, lossy=lossy)
+                                 Delta_lo=lo, lossy=lossy, exact=exact)
 
 
 # --------------------------------------------------------------------- raw solves

@@ -128,6 +128,21 @@ def _lossy_tokens(X: np.ndarray, valid: np.ndarray) -> bool:
     return bool(nz.size) and float(nz.min()) < float(nz.max()) * 2.0 ** -1020
 
 
+def _user_constraints(X, z, alpha, valid, io) -> ConstraintSet:
+    """The constraint set of problems ``io`` (None: all) of a batch in the caller's units,
+    (x_{i,alpha_i} - x_it) rounded (its error, at most u |.|, in the certificate's bounds:
+    ``exact`` False); entries at alpha and masked tokens are invalid (their values are not
+    read by the bounds)."""
+    if io is not None:
+        X, z, alpha, valid = X[io], z[io], alpha[io], valid[io]
+    B, n = alpha.shape
+    with np.errstate(over="ignore", invalid="ignore"):
+        D = np.take_along_axis(X, alpha[:, :, None, None], 2) - X
+    v = valid.copy()
+    v[np.arange(B)[:, None], np.arange(n)[None, :], alpha] = False
+    return ConstraintSet(D, z, v, v.astype(float), None, np.zeros(B, np.int64), exact=False)
+
+
 def batch_applies(B: int, n: int, T: int, solver) -> bool:
     """Whether :func:`batch_lean` may be tried: Frobenius default / active solver, numba
     present, B >= 2 and n T <= MAX_BATCH_N_ACTIVE (where the engine runs the batch through
@@ -200,11 +215,19 @@ def batch_lean(X: np.ndarray, z: np.ndarray, alpha: np.ndarray, valid: np.ndarra
     inf = verdict == K.SETTLED_INF
     if opt.any() or inf.any():
         io = np.nonzero(opt | inf)[0]
-        cs = engine.build_constraints(X[io], z[io], alpha[io], valid[io], x_exp=xexp[io])
+        # in the caller's units (no normalisation: the bounds hold at any scale), X as given
+        # here (the caller's tokens divided by 2^xexp), so W 2^xexp (exact where it maps
+        # back bit for bit; elsewhere the engine decides)
+        cs = _user_constraints(X, z, alpha, valid, None if len(io) == B else io)
         o, f = opt[io], inf[io]
-        Wn = _ldexp(np.where(o[:, None, None], Wo[io], 0.0), cs.exp)  # normalised (exact)
         good = np.zeros(len(io), bool)
-        good[o] = prove_margins(cs.take(np.nonzero(o)[0]), Wn[o])
+        Wx = Wo[io[o]]
+        if xexp[io[o]].any():
+            Wx = _ldexp(Wx, xexp[io[o]])
+            back = np.all(_ldexp(Wx, -xexp[io[o]]) == Wo[io[o]], (1, 2))
+        else:
+            back = True
+        good[o] = prove_margins(cs.take(np.nonzero(o)[0]), Wx) & back
         if f.any():
             good[f] = farkas_prove(cs.take(np.nonzero(f)[0]), fko[io[f]])[0]
         bad = io[~good]

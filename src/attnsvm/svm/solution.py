@@ -199,11 +199,16 @@ class ConstraintSet:
     eq: np.ndarray | None = None
     exp: np.ndarray | int = 0
     Delta_lo: np.ndarray | None = None
+    data_err: np.ndarray | None = None
+    exact: bool = True
 
     # Delta_lo (..., n, T, d) or None: the rounding error of the differences, so that the
     # exact constraint data (that of the caller's tokens) is Delta + Delta_lo
-    # (:func:`attnsvm.svm.certificate.two_diff`); NaN marks a problem whose data could not
-    # be kept exactly (nothing is proven for it); None: Delta is exact
+    # (:func:`attnsvm.svm.certificate.two_diff`); None: Delta is exact, or (``exact``
+    # False) its rounding error, at most u |Delta|, was not kept.  data_err (...) or None (0): a
+    # bound on |exact - stored| for every entry of Delta + Delta_lo and of Z beyond that
+    # (normalised units: bits that scaling into the subnormal range may drop); the data
+    # is held exactly only where it is 0 (the exact-arithmetic checks need that)
 
     # ------------------------------------------------------------- shape
     @property
@@ -249,12 +254,13 @@ class ConstraintSet:
         exp = np.broadcast_to(np.asarray(self.exp), self.batch_shape)
         return ConstraintSet(self.Delta[idx], self.Z[idx], self.valid[idx], self.b[idx],
                              None if self.eq is None else self.eq[idx], exp[idx],
-                             None if self.Delta_lo is None else self.Delta_lo[idx])
+                             None if self.Delta_lo is None else self.Delta_lo[idx],
+                             None if self.data_err is None else self.data_err[idx], self.exact)
 
     def with_valid(self, valid: np.ndarray) -> ConstraintSet:
         """The same constraints restricted to ``valid`` (a working set)."""
         return ConstraintSet(self.Delta, self.Z, valid, self.b, self.eq, self.exp,
-                             self.Delta_lo)
+                             self.Delta_lo, self.data_err, self.exact)
 
     def batched(self) -> ConstraintSet:
         """This (unbatched) set as a batch of one."""
@@ -263,7 +269,9 @@ class ConstraintSet:
         return ConstraintSet(self.Delta[None], self.Z[None], self.valid[None], self.b[None],
                              None if self.eq is None else self.eq[None],
                              np.asarray(self.exp)[None],
-                             None if self.Delta_lo is None else self.Delta_lo[None])
+                             None if self.Delta_lo is None else self.Delta_lo[None],
+                             None if self.data_err is None else np.asarray(self.data_err)[None],
+                             self.exact)
 
     # ---------------------------------------------------------- algebra
     def margins(self, W: np.ndarray) -> np.ndarray:
