@@ -18,12 +18,13 @@ A single problem is a batch of one.  The steps of :func:`solve`:
    primal IPM, then an exact active-set polish; nuclear: the primal-dual SDP interior-point
    method on a working set, the dual barrier as its fallback; any norm: cvxpy with the
    norm's own expression and solver);
-3. every answer is rescaled to be exactly feasible and certified by
-   :func:`~attnsvm.svm.solution.certify` (one batched call);
+3. every answer is rescaled to minimal margin 1 (times certificate.KAPPA) and certified
+   by :func:`~attnsvm.svm.solution.certify` (one batched call): feasible only where every
+   margin is proven >= b_k (:mod:`attnsvm.svm.certificate`);
 4. problems without a feasible answer get a Farkas certificate (the solver's own
-   multipliers, polished, or an LP vertex), which must pass
-   :func:`~attnsvm.svm.solution.farkas_verify` before "infeasible" is reported; its
-   support names the conflicting sequences;
+   multipliers, polished, or an LP vertex), which must be proven by
+   :func:`~attnsvm.svm.solution.farkas_verify` (sum lam_k A_k = 0 exactly) before
+   "infeasible" is reported; its support names the conflicting sequences;
 5. answers that certify neither way, or certify a gap above what the solver should
    reach, are re-solved with a second, different solver and re-certified; what is then
    still unresolved gets an LP Farkas vertex (and so does every infeasible problem when

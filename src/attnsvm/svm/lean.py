@@ -230,6 +230,16 @@ def batch_lean(X: np.ndarray, z: np.ndarray, alpha: np.ndarray, valid: np.ndarra
         good[o] = prove_margins(cs.take(np.nonzero(o)[0]), Wx) & back
         if f.any():
             good[f] = farkas_prove(cs.take(np.nonzero(f)[0]), fko[io[f]])[0]
+        if not good.all():  # (e.g. tokens at 2^600: over/underflow) once more, normalised
+            j = np.nonzero(~good)[0]
+            cn = engine.build_constraints(X[io[j]], z[io[j]], alpha[io[j]], valid[io[j]],
+                                          x_exp=xexp[io[j]], exact=False)
+            oj, fj = o[j], f[j]
+            if oj.any():
+                Wn = _ldexp(Wo[io[j[oj]]], np.asarray(cn.exp)[oj])  # (exact: kernel-checked)
+                good[j[oj]] = prove_margins(cn.take(np.nonzero(oj)[0]), Wn)
+            if fj.any():
+                good[j[fj]] = farkas_prove(cn.take(np.nonzero(fj)[0]), fko[io[j[fj]]])[0]
         bad = io[~good]
         verdict[bad] = K.TO_ENGINE
         opt[bad] = inf[bad] = False

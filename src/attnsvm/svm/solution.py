@@ -560,16 +560,18 @@ class Solution:
     support_ : (n, T) bool, active constraints m_k <= b_k + tol_active (SVM-neighbours).
     margins_ : (n, T) constraint values m_k(W_) (0 where invalid).
     status_ : from the certificate only: "optimal" (feasible, gap <= 1e-6),
-        "optimal_inaccurate" (gap <= 1e-3), "suboptimal", "infeasible" (a verified Farkas
-        certificate), "uncertified" (neither verified), "heuristic_rank" (rank-constrained
-        heuristic, feasible).
-    solver_ : the solver that produced W_.  feasible_ : bool (violation_ <= 1e-9).
+        "optimal_inaccurate" (gap <= 1e-3), "suboptimal", "infeasible" (a Farkas
+        certificate proven exactly: sum lambda_k A_k = 0), "uncertified" (neither proven),
+        "heuristic_rank" (rank-constrained heuristic, feasible).
+    solver_ : the solver that produced W_.  feasible_ : bool: every margin of W_ proven
+        >= b_k for the exact data (:mod:`attnsvm.svm.certificate`; equalities to 1e-9).
     conflict_ : indices of the sequences of an (irreducible where possible) infeasible
         subsystem, from the verified Farkas certificate (empty tuple when feasible).
     alpha_ : the selected token indices the problem was built from.
     extra : n_constraints, scale_exp (the internal normalisation: the solver worked on
-        W * 2^scale_exp), farkas_bound (infeasible: every W meeting the constraints has
-        ||W||_F >= this), lower_bound (certified lower bound on the optimal norm).
+        W * 2^scale_exp), farkas_bound (infeasible: inf, no W meets the constraints),
+        lower_bound (the weak-duality lower bound on the optimal norm, evaluated in
+        floating point).
     """
 
     W_: np.ndarray | None
@@ -636,8 +638,9 @@ class Solution:
         lines = [f"{self.problem} (norm={self.norm}) solved by {self.solver_}: status {self.status_}"]
         if not self.feasible_:
             if self.status_ == "infeasible":
-                lines.append("  INFEASIBLE: no W satisfies all margin constraints (verified Farkas "
-                             "certificate: sum lam_k A_k ~ 0 with sum lam_k b_k > 0).")
+                lines.append("  INFEASIBLE: no W satisfies all margin constraints (Farkas "
+                             "certificate proven: sum lam_k A_k = 0 exactly, lam >= 0, "
+                             "sum lam_k b_k > 0).")
                 lines.append(f"  conflicting sequences: {list(self.conflict_)}")
                 zero = self.extra.get("zero_constraints")
                 if zero is not None and len(zero):
@@ -645,8 +648,8 @@ class Solution:
                                  f"or a zero query): {len(zero)}, e.g. (i, t) = "
                                  f"{[tuple(int(v) for v in z) for z in zero[:5]]}")
             else:
-                lines.append("  NO CERTIFIED ANSWER: neither a feasible W nor a Farkas certificate "
-                             "of infeasibility could be verified.")
+                lines.append("  NO CERTIFIED ANSWER: neither a W with every margin proven >= 1 nor "
+                             "a Farkas certificate of infeasibility could be proven.")
             return "\n".join(lines)
         n_con = int(self.extra.get("n_constraints", 0))
         lines += [
