@@ -200,17 +200,18 @@ def exact_margins(cs, b: int, W: np.ndarray, idx) -> list[Fraction]:
 
 
 def prove_margins(cs, W: np.ndarray, has: np.ndarray | None = None, *,
-                  exact: bool = True) -> np.ndarray:
+                  exact: bool = True, positive: bool = False) -> np.ndarray:
     """(B,) bool: every valid inequality k of problem b has m_k(W_b) >= b_k EXACTLY
     (rounding-error bound, undecided constraints in exact arithmetic unless ``exact`` is
-    False: then they count as not proven).  Equalities are not examined here.
-    W (B, d, e); ``has``: rows that are answers (others: False)."""
+    False: then they count as not proven).  Equalities are not examined here, nor, with
+    ``positive``, inequalities with b_k <= 0.  W (B, d, e); ``has``: rows that are
+    answers (others: False)."""
     W = np.asarray(W, float)
     if has is None:
         has = np.isfinite(W).all((-2, -1))
     Wz = np.where(has[:, None, None], W, 0.0)
     m, err = margin_enclosure(cs, Wz)
-    ineq = cs.ineq
+    ineq = cs.ineq & (cs.b > 0) if positive else cs.ineq
     with np.errstate(invalid="ignore", over="ignore"):
         slack = m - cs.b
         thr = err * SLACK
@@ -231,13 +232,16 @@ def prove_margins(cs, W: np.ndarray, has: np.ndarray | None = None, *,
 
 
 def prove_feasible(cs, W: np.ndarray, lam: np.ndarray, has: np.ndarray):
-    """(W', lam', proven (B,)): answers whose inequality margins are all proven >= b
-    (:func:`prove_margins`); an answer that misses by rounding only (some margin within
-    MAX_BUMP of b relative, every unproven constraint with b_k > 0) is scaled up by the
-    smallest factor 1 + s that the bound then proves (s <= MAX_BUMP; lam along, so
-    that S(lam) stays in ||W|| d||W||), unless an equality with b != 0 fixes the scale."""
+    """(W', lam', proven (B,)): answers whose inequality margins with b_k > 0 are all
+    proven >= b_k (:func:`prove_margins`); an answer that misses by rounding only (every
+    such margin within MAX_BUMP of b_k relative) is scaled up by the smallest factor 1 + s
+    that the bound then proves (s <= MAX_BUMP; lam along, so that S(lam) stays in
+    ||W|| d||W||), unless an equality with b != 0 fixes the scale.  Inequalities with
+    b_k <= 0 (the relaxed problem's m_k >= 0, met with equality at its optimum) are, like
+    equalities, left to the caller's stated tolerance: an active one cannot in general be
+    met exactly in floating point, and scaling does not move it."""
     W = np.asarray(W, float)
-    proven = prove_margins(cs, W, has)
+    proven = prove_margins(cs, W, has, positive=True)
     redo = has & ~proven
     if cs.eq is not None:
         redo &= ~(cs.eqmask & (cs.b != 0)).any((1, 2))
@@ -251,12 +255,12 @@ def prove_feasible(cs, W: np.ndarray, lam: np.ndarray, has: np.ndarray):
     with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
         need = np.where(pos, (sub.b + 2.0 * err - m) / np.where(pos, sub.b, 1.0), -np.inf)
         s = np.maximum(need.max((1, 2)), 0.0) * 2.0 + 8.0 * U
-    fixable = np.isfinite(s) & (s <= MAX_BUMP) & ~(sub.ineq & ~pos).any((1, 2))
+    fixable = np.isfinite(s) & (s <= MAX_BUMP)
     if not fixable.any():
         return W, lam, proven
     ix, s = ix[fixable], s[fixable]
     Wn = W[ix] * (1.0 + s)[:, None, None]
-    ok = prove_margins(cs.take(ix), Wn, np.ones(len(ix), bool))
+    ok = prove_margins(cs.take(ix), Wn, np.ones(len(ix), bool), positive=True)
     if ok.any():
         W = W.copy()
         lam = np.array(lam, dtype=float, copy=True)

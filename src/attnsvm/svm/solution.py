@@ -34,8 +34,8 @@ constraints, vectorised over the batch:
 ``feasible_`` and ``status_`` are derived from the returned numbers only (never from a
 solver's word), and both verdicts are proofs (:mod:`attnsvm.svm.certificate`): feasible
 iff every inequality margin is PROVEN >= b_k for the caller's exact data (a rigorous
-rounding-error bound, exact rational arithmetic where it is undecided; equalities to
-FEAS_TOL, a stated tolerance); "optimal" iff feasible and gap <= GAP_OPTIMAL (the gap
+rounding-error bound, exact rational arithmetic where it is undecided; equalities and
+the relaxed problem's m_k >= 0 to FEAS_TOL, a stated tolerance); "optimal" iff feasible and gap <= GAP_OPTIMAL (the gap
 evaluated in floating point, its rounding error far below that threshold: stated, not
 machine-proven).  An infeasible verdict needs a Farkas certificate verified in exact
 arithmetic (:func:`farkas_verify`: sum lam_k A_k = 0 exactly).
@@ -75,8 +75,9 @@ __all__ = [
     "FARKAS_BOUND",
 ]
 
-FEAS_TOL = 1e-9  # equality constraints: |m_k - b_k| / max(1, |b_k|) of a feasible answer
-# (a stated tolerance; inequalities are proven exactly, certificate.prove_feasible)
+FEAS_TOL = 1e-9  # equality constraints, and inequalities with b_k <= 0 (relaxed problem):
+# violation / max(1, |b_k|) of a feasible answer (a stated tolerance; inequalities with
+# b_k > 0 are proven exactly, certificate.prove_feasible)
 GAP_OPTIMAL = 1e-6  # certified relative duality gap of an "optimal" answer
 GAP_INACCURATE = 1e-3  # ... of an "optimal_inaccurate" one (larger: "suboptimal")
 # Farkas SCREEN (not a proof): candidates lam >= 0 with sum lam_k b_k = 1 whose residual
@@ -430,6 +431,12 @@ def certify(cs: ConstraintSet, W: np.ndarray, lam: np.ndarray | None, norm,
             lb_num = (lam * b).sum((1, 2))
             wms = np.linalg.norm((Wz - S).reshape(B, -1), axis=1)
             comp = np.where(ineq, np.abs(lam * (m - b)), 0.0).max((1, 2))
+        # inequalities with b_k <= 0 (relaxed problem): to FEAS_TOL, stated (see
+        # certificate.prove_feasible); those with b_k > 0: proven
+        nonpos = ineq & (b <= 0)
+        if nonpos.any():
+            eq_ok = eq_ok & (np.where(nonpos, np.maximum(b - m, 0.0) / bs, 0.0).max((1, 2))
+                             <= FEAS_TOL)
         feasible = has & proven & eq_ok & np.isfinite(nrm)
         lower = np.where((dn > 0) & (lb_num > 0), lb_num / np.where(dn > 0, dn, 1.0), 0.0)
         rhs_eq = np.zeros(B, bool) if cs.eq is None else (eqm & (b != 0)).any((1, 2))
