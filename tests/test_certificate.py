@@ -297,3 +297,28 @@ def test_no_false_certificates(prob, path, kind):
             check(bs[b], rb, feasible)
         return
     check(sol, rows, feasible)
+
+
+@pytest.mark.parametrize("norm", ["fro", "l1", 1.5])
+def test_relaxed_margins_proven_where_b_is_one(norm):
+    """The relaxed problem: margins >= 1 (i in S) proven exactly; m_k >= 0 (i not in S),
+    active at the optimum, to the stated tolerance FEAS_TOL (docs/theory.md §5.6)."""
+    from attnsvm.svm import relaxed_svm
+    from attnsvm.svm.solution import FEAS_TOL
+
+    n_opt = 0
+    for seed in range(6):
+        rng = np.random.default_rng(seed)
+        X = rng.standard_normal((5, 4, 6))
+        alpha = rng.integers(0, 4, 5)
+        S = np.array([True, True, False, False, False])
+        sol = relaxed_svm(X, alpha, support=S, norm=norm)
+        if not sol.feasible_:
+            continue
+        n_opt += 1
+        rows, idx = exact_rows(X, np.ones((5, 1)), alpha)
+        w = [Fraction(float(x)) for x in sol.W_]
+        for r, (i, t) in zip(rows, idx):
+            m = sum((a * b for a, b in zip(r, w)), Fraction(0))
+            assert m >= 1 if S[i] else m >= -FEAS_TOL
+    assert n_opt >= 2
