@@ -318,7 +318,7 @@ def test_relaxed_margins_proven_where_b_is_one(norm):
         n_opt += 1
         rows, idx = exact_rows(X, np.ones((5, 1)), alpha)
         w = [Fraction(float(x)) for x in sol.W_]
-        for r, (i, t) in zip(rows, idx):
+        for r, (i, _t) in zip(rows, idx):
             m = sum((a * b for a, b in zip(r, w)), Fraction(0))
             assert m >= 1 if S[i] else m >= -FEAS_TOL
     assert n_opt >= 2
