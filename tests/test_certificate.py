@@ -180,6 +180,11 @@ def test_prove_margins_fails_below_one_and_decides_exact_ties():
     assert not certificate.prove_margins(cs2, W)[0]
     m, err = certificate.margin_enclosure(cs2, np.array([[[1.0 + 2**-52], [1.0]]]))
     assert abs(float(m[0, 0, 0]) - 2**-52) <= err[0, 0, 0]
+    # an overflowing margin proves nothing (inf >= inf must not pass)
+    assert not certificate.prove_margins(cs, np.array([[[1e308], [0.0]]]) * 10)[0]
+    cs3 = ConstraintSet(np.array([[[[1e300, 0.0]]]]), np.ones((1, 1, 1)),
+                        np.ones((1, 1, 1), bool), np.ones((1, 1, 1)))
+    assert not certificate.prove_margins(cs3, np.array([[[1e300], [0.0]]]))[0]
 
 
 def test_prove_feasible_scales_by_a_rounding_only():

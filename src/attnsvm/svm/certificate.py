@@ -215,7 +215,7 @@ def prove_margins(cs, W: np.ndarray, has: np.ndarray | None = None, *,
     with np.errstate(invalid="ignore", over="ignore"):
         slack = m - cs.b
         thr = err * SLACK
-        ok_k = ~ineq | (slack >= thr)
+        ok_k = ~ineq | ((slack >= thr) & np.isfinite(slack) & np.isfinite(thr))  # (no inf)
         # W = 0 exactly: every margin is exactly 0
         zero = (Wz == 0).all((-2, -1))
         ok_k |= zero[:, None, None] & (cs.b <= 0)
