@@ -426,7 +426,11 @@ def farkas_enclosure(cs, lam: np.ndarray, which: np.ndarray | None = None) -> np
         # t: half an estimate of lambda_min(G^) (1 / ||L0^-1||_F^2 <= lambda_min, L0 the
         # Cholesky factor of G^ itself); only the second factorisation, of G^ - t I, is
         # part of the proof
-        L0, good = _cholesky(G)
+        try:  # (an estimate only: LAPACK, batched; the proof's factorisation is below)
+            L0, good = np.linalg.cholesky(np.where(np.isfinite(G), G, 0.0)), np.ones(len(ix), bool)
+        except np.linalg.LinAlgError:
+            L0, good = _cholesky(G)
+        good &= np.isfinite(G).all((1, 2))
         Li = np.linalg.inv(np.where(good[:, None, None], L0, np.eye(p)))
         t = 0.5 / np.einsum("bij,bij->b", Li, Li)
         good &= np.isfinite(t) & (t > 0)
