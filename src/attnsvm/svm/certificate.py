@@ -431,7 +431,7 @@ def farkas_enclosure(cs, lam: np.ndarray, which: np.ndarray | None = None) -> np
         except np.linalg.LinAlgError:
             L0, good = _cholesky(G)
         good &= np.isfinite(G).all((1, 2))
-        Li = np.linalg.inv(np.where(good[:, None, None], L0, np.eye(p)))
+        Li = _tri_inv(np.where(good[:, None, None], L0, np.eye(p)))
         t = 0.5 / np.einsum("bij,bij->b", Li, Li)
         good &= np.isfinite(t) & (t > 0)
         A = G - np.where(good, t, 0.0)[:, None, None] * np.eye(p)
@@ -448,6 +448,19 @@ def farkas_enclosure(cs, lam: np.ndarray, which: np.ndarray | None = None) -> np
         ok[ix] = pos & (delta < lo * (1 - 1e-8)) & (sb > np.linalg.norm(bk, axis=1) * delta
                                                     * (1 + 1e-8))
     return ok
+
+
+def _tri_inv(L: np.ndarray) -> np.ndarray:
+    """L^-1 of a stack of lower-triangular matrices (B, p, p) by forward substitution,
+    row by row (an estimate's ingredient: np.linalg.inv is ~5x slower on small stacks)."""
+    B, p, _ = L.shape
+    Li = np.zeros_like(L)
+    with np.errstate(all="ignore"):
+        for j in range(p):
+            row = -np.einsum("bk,bkl->bl", L[:, j, :j], Li[:, :j, :])
+            row[:, j] += 1.0
+            Li[:, j, :] = row / L[:, j, j][:, None]
+    return Li
 
 
 def _cholesky(A: np.ndarray):
