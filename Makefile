@@ -17,7 +17,7 @@ $(STAMP): pyproject.toml Makefile
 	$(BIN)/python -m pip install --quiet "$(TORCH)"
 	$(BIN)/python -m pip install --quiet -e ".[probe,dask,test,fast,bench]"
 	$(BIN)/python -c "import attnsvm.fused as f; print('fused engine (numba):', 'compiled' if f.warmup() else 'not available')"
-	$(BIN)/python -c "import attnsvm.svm.active as a; print('active-set SVM solver (numba):', 'compiled' if a.warmup() else 'not available')"
+	$(BIN)/python -c "import attnsvm.svm.lean as a; print('active-set SVM solver (numba):', 'compiled' if a.warmup() else 'not available')"
 	touch $(STAMP)
 
 install: $(STAMP)

@@ -109,9 +109,9 @@ def main(argv=None):
                     help="only the batched prompt SVMs vs the daqp / quadprog loops")
     ap.add_argument("--rounds", type=int, default=3, help="peers, nuclear: rounds (median)")
     args = ap.parse_args(argv)
-    from attnsvm.svm import active, att_svm
+    from attnsvm.svm import att_svm, lean
 
-    active.warmup()  # numba's compile / cache load: set-up, not timed
+    lean.warmup()  # numba's compile / cache load: set-up, not timed
     if args.peers_only or args.prompt_only:
         peers_bench(args.quick, args.rounds, prompt_only=args.prompt_only)
         return
@@ -338,9 +338,9 @@ def peers_bench(quick=False, rounds=3, prompt_only=False):
     from the tokens. ratio = peer time / attnsvm time (> 1: attnsvm faster).
     Agreement: |norm_peer - norm_attnsvm| / norm_attnsvm with the peer's W rescaled to
     be feasible (W / min(1, min margin)), and the peer's raw min margin."""
-    from attnsvm.svm import active, att_svm, prompt_svm_batch
+    from attnsvm.svm import att_svm, lean, prompt_svm_batch
 
-    active.warmup()
+    lean.warmup()
     peers = [p for p, mod in (("daqp", "daqp"), ("quadprog", "quadprog"),
                               ("LinearSVC", "sklearn")) if _peer_available(mod)]
     rows = []

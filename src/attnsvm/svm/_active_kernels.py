@@ -14,6 +14,11 @@ import math
 import numpy as np
 from numba import njit
 
+# KAPPA is a compile-time constant here: numba's cache keeps the value it was compiled
+# with until this file changes (tests/test_svm_lean.py holds the kernel's answers equal
+# to the engine's, which catches a stale value)
+from .certificate import KAPPA
+
 OPTIMAL, SMALL_RHO, FAILED = 0, 1, 2
 
 
@@ -920,7 +925,8 @@ def _lean_one(X, z, alpha, valid, xexp, tol, small, max_iter, D, Zs, v, W, lam, 
        t != alpha_i (0 elsewhere), Delta 2^-eD, z 2^-eZ (exact: powers of two);
     2. the active-set solve (:func:`mnp_one`, lazy Gram rows); where it finds rho ~ 0,
        lam = mu / rho^2 and W = sum_k lam_k A_k (as :func:`attnsvm.svm.active.mnp_active`);
-    3. W, lam scaled to minimal margin exactly 1 (:func:`attnsvm.svm.engine._to_feasible`);
+    3. W, lam scaled to minimal margin exactly 1, then by certificate.KAPPA
+       (:func:`attnsvm.svm.engine._to_feasible`);
     4. the certificate's sums from that W (:func:`certify_fro`, every constraint; no W:
        those of W = 0, as :func:`attnsvm.svm.solution.certify`).
 
@@ -1052,11 +1058,11 @@ def _lean_one(X, z, alpha, valid, xexp, tol, small, max_iter, D, Zs, v, W, lam, 
                 if v[i, t]:
                     ratio = min(ratio, m[i, t] / 1.0)
         if ratio > 0.0 and math.isfinite(ratio):
-            for c in range(d):
+            for c in range(d):  # then times KAPPA, as engine._to_feasible (same bits)
                 for f in range(e):
-                    W[c, f] /= ratio
+                    W[c, f] = W[c, f] / ratio * KAPPA
             for k in range(N):
-                lf[k] /= ratio
+                lf[k] = lf[k] / ratio * KAPPA
     for k in range(N):  # the certificate's lam: >= 0 on the constraints, 0 elsewhere
         lf[k] = max(lf[k], 0.0) if vf[k] and lam_ok else 0.0
     b = fl[N * e: N * e + N].reshape((1, n, T))
@@ -1183,7 +1189,7 @@ def _ldx(x, k, p):
 
 @njit(cache=True, nogil=True)
 def _lean_settle(D, Zs, v, W, lam, mu, m, info, sums, wk, tol, irreducible, feas_tol,
-                 gap_opt, bound_min, Wo, sc, dual, sup, margins, fk_lam, hit):
+                 gap_opt, bound_min, Wo, sc, dual, sup, margins, fk_lam, hit, fko):
     """The verdict on one problem after :func:`_lean_one` (the arithmetic of
     :func:`attnsvm.svm.lean.batch_lean` before this kernel: the formulas of
     :func:`attnsvm.svm.solution.certify` on the certificate's sums, elementwise, the same
@@ -1200,7 +1206,9 @@ def _lean_settle(D, Zs, v, W, lam, mu, m, info, sums, wk, tol, irreducible, feas
     [norm, margin, violation, kkt, gap, lower_bound (user units), farkas_bound, verdict],
     dual, sup (support), margins (n, T), hit (n,) the sequences in the certificate's
     support (|lam_it| > 1e-9 max |lam|, lam the normalised Farkas multipliers that
-    :func:`_farkas_one` writes to the workspace fk_lam (n, T))."""
+    :func:`_farkas_one` writes to the workspace fk_lam (n, T)), fko (n, T): those
+    multipliers where SETTLED_INF (0 elsewhere), for the plain proof
+    (:func:`attnsvm.svm.certificate.farkas_prove`): this verdict is only a screen."""
     n, T, d = D.shape
     e = Zs.shape[1]
     nan = np.nan
@@ -1251,6 +1259,9 @@ def _lean_settle(D, Zs, v, W, lam, mu, m, info, sums, wk, tol, irreducible, feas
         if ok:
             verdict = SETTLED_INF
             fk = bound
+            for i in range(n):
+                for t in range(T):
+                    fko[i, t] = fk_lam[i, t]
             mx = 0.0
             for i in range(n):
                 for t in range(T):
@@ -1282,12 +1293,13 @@ def _lean_settle(D, Zs, v, W, lam, mu, m, info, sums, wk, tol, irreducible, feas
 
 @njit(cache=True, nogil=True)
 def fro_settle_batch(X, z, alpha, valid, xexp, tol, small, max_iter, tol_active, irreducible,
-                     feas_tol, gap_opt, bound_min, info, Wo, sc, dual, sup, margins, hit, b0,
-                     b1):
+                     feas_tol, gap_opt, bound_min, info, Wo, sc, dual, sup, margins, hit, fko,
+                     b0, b1):
     """:func:`_lean_one` then :func:`_lean_settle` over problems b0 .. b1-1 of a batch:
     X (B, n, T, d), z (B, n, e), alpha (B, n), valid (B, n, T), xexp (B,) in; info (B, 5),
     the answers Wo (B, d, e), sc (B, 9) (:func:`_lean_settle`'s 8 numbers and the number of
-    constraints), dual, sup, margins (B, n, T), hit (B, n) out.  The per-problem arrays
+    constraints), dual, sup, margins (B, n, T), hit (B, n), fko (B, n, T) (zeros in: the
+    Farkas candidates of SETTLED_INF problems) out.  The per-problem arrays
     (constraints, multipliers, margins, ...) live in one workspace for the slice, in cache,
     not in (B, ...) arrays."""
     n, T, d = X.shape[1], X.shape[2], X.shape[3]
@@ -1309,7 +1321,7 @@ def fro_settle_batch(X, z, alpha, valid, xexp, tol, small, max_iter, tol_active,
                   lam, mu, m, S, info[b], sums, wk)
         _lean_settle(D, Zs, v, W, lam, mu, m, info[b], sums, wk, tol_active, irreducible,
                      feas_tol, gap_opt, bound_min, Wo[b], sc[b], dual[b], sup[b], margins[b],
-                     fk_lam, hit[b])
+                     fk_lam, hit[b], fko[b])
         nc = 0
         if info[b, 0] == LEAN_OK or info[b, 0] == LEAN_ZERO_ROW:
             for i in range(n):

@@ -39,7 +39,7 @@ import numpy as np
 
 from attnsvm._optional import OptionalImport
 
-__all__ = ["available", "mnp_active", "warmup", "OPTIMAL", "SMALL_RHO", "FAILED"]
+__all__ = ["available", "mnp_active", "OPTIMAL", "SMALL_RHO", "FAILED"]
 
 OPTIMAL, SMALL_RHO, FAILED = 0, 1, 2
 GRAM_BLAS_N = 300  # single problems with N >= this get G = (D D^T) o (Z Z^T) from BLAS
@@ -107,25 +107,3 @@ def mnp_active(Delta: np.ndarray, Z: np.ndarray, valid: np.ndarray, *, tol: floa
         W[sm] = np.swapaxes(D[sm], 1, 2) @ (lam[sm][..., None] * Zc[sm])  # sum_k lam_k D_k z_k^T
         W[sm] = np.where((rho2[sm] > 0)[:, None, None], W[sm], np.nan)
     return mu, lam, W, rho2, status, iters
-
-
-def warmup() -> bool:
-    """Compile (or load from numba's disk cache) the kernels on a tiny problem; returns
-    whether numba is available."""
-    if not available():
-        return False
-    rng = np.random.default_rng(0)
-    mnp_active(rng.standard_normal((2, 3, 2)), np.ones((2, 3, 1)), np.ones((2, 3), bool))
-    mnp_active(rng.standard_normal((1, GRAM_BLAS_N, 2)), np.ones((1, GRAM_BLAS_N, 1)),
-               np.ones((1, GRAM_BLAS_N), bool))
-    from .lean import att_svm_lean, batch_lean
-    from .solution import ConstraintSet, farkas_verify
-
-    att_svm_lean(rng.standard_normal((2, 3, 2)), rng.standard_normal((2, 2)),
-                 np.zeros(2, np.int64), np.ones((2, 3), bool), tol=1e-6)
-    batch_lean(rng.standard_normal((2, 2, 3, 2)), np.ones((2, 2, 1)), np.zeros((2, 2), np.int64),
-               np.ones((2, 2, 3), bool), 0, solver=None, tol=1e-6, irreducible=False,
-               problem="prompt_svm", vector=True)  # the batched path (fro_settle_batch)
-    farkas_verify(ConstraintSet(np.ones((1, 1, 2, 2)), np.ones((1, 1, 1)),
-                                np.ones((1, 1, 2), bool), np.ones((1, 1, 2))), np.ones((1, 1, 2)))
-    return True

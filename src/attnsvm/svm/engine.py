@@ -18,12 +18,13 @@ A single problem is a batch of one.  The steps of :func:`solve`:
    primal IPM, then an exact active-set polish; nuclear: the primal-dual SDP interior-point
    method on a working set, the dual barrier as its fallback; any norm: cvxpy with the
    norm's own expression and solver);
-3. every answer is rescaled to be exactly feasible and certified by
-   :func:`~attnsvm.svm.solution.certify` (one batched call);
+3. every answer is rescaled to minimal margin 1 (times certificate.KAPPA) and certified
+   by :func:`~attnsvm.svm.solution.certify` (one batched call): feasible only where every
+   margin is proven >= b_k (:mod:`attnsvm.svm.certificate`);
 4. problems without a feasible answer get a Farkas certificate (the solver's own
-   multipliers, polished, or an LP vertex), which must pass
-   :func:`~attnsvm.svm.solution.farkas_verify` before "infeasible" is reported; its
-   support names the conflicting sequences;
+   multipliers, polished, or an LP vertex), which must be proven by
+   :func:`~attnsvm.svm.solution.farkas_verify` (sum lam_k A_k = 0 exactly) before
+   "infeasible" is reported; its support names the conflicting sequences;
 5. answers that certify neither way, or certify a gap above what the solver should
    reach, are re-solved with a second, different solver and re-certified; what is then
    still unresolved gets an LP Farkas vertex (and so does every infeasible problem when
@@ -48,6 +49,7 @@ import numpy as np
 
 from ..norms import FRO, NUC, SPECTRAL, Norm, get_norm
 from . import active
+from .certificate import KAPPA, two_diff
 from .fast import batched_mnp, nuclear_barrier, nuclear_ipm, polish_fro, primal_ipm
 from .solution import (
     GAP_INACCURATE,
@@ -138,55 +140,100 @@ def normalise(A: np.ndarray, axes: tuple[int, ...], where=None, *, inplace: bool
     return _ldexp(A, -e, out=A if inplace else None), e
 
 
+def _lossy(A: np.ndarray) -> np.ndarray:
+    """(B,) bool: A (B, ...) holds a nonzero subnormal entry (a power-of-two scaling into
+    that range may have dropped bits: the data is then not held exactly)."""
+    with np.errstate(invalid="ignore"):
+        a = np.abs(A.reshape(len(A), -1))
+        return ((a < SMALLEST_NORMAL) & (a > 0)).any(1)
+
+
 def normalise_constraints(Delta, Z, valid, b=None, eq=None, exp=0, *,
-                          zeroed: bool = False) -> ConstraintSet:
+                          zeroed: bool = False, Delta_lo=None, lossy=None,
+                          exact: bool = True) -> ConstraintSet:
     """A normalised :class:`ConstraintSet` from (B, n, T, d) differences and (B, n, e)
     queries (``exp``: the exponent already divided out of Delta; ``zeroed``: Delta is a
     float64 array of the caller's own, already 0 wherever ``valid`` is False: it is
-    scaled in place)."""
+    scaled in place; ``Delta_lo``: the rounding error of the differences, scaled along,
+    :func:`attnsvm.svm.certificate.two_diff`; ``lossy`` (B,) bool: problems whose data
+    may have lost bits upstream).  ``exact`` False: no check for lost bits; the data
+    then counts as not held exactly (``data_err`` the worst case), which the certificate's
+    rounding-error bounds take, and its exact-arithmetic checks refuse."""
     valid = np.asarray(valid, bool)
     if not zeroed:
         Delta = np.where(valid[..., None], Delta, 0.0)
     Delta, eD = normalise(Delta, (1, 2, 3), inplace=True)  # our own array either way
     Z, eZ = normalise(np.asarray(Z, float), (1, 2))
+    B = len(Delta)
+    if Delta_lo is not None:
+        Delta_lo = _ldexp(Delta_lo, -eD, out=Delta_lo)
+    if exact:
+        bad = np.zeros(B, bool) if lossy is None else np.asarray(lossy, bool).copy()
+        if B:
+            bad |= _lossy(Delta) | _lossy(Z)
+            if Delta_lo is not None:
+                bad |= _lossy(Delta_lo)
+    else:
+        bad = np.ones(B, bool)
+    # bits dropped below 2^-1074 by the scalings: at most 2^-1075 per entry of X 2^-eX (so
+    # 2^-1074 per difference), amplified by 2^-eD, plus 2^-1075 in Delta 2^-eD and in Z
+    err = np.where(bad, np.exp2(np.minimum(-1073.0 - eD, 1000.0)) + 2.0 ** -1074, 0.0)
     if b is None:
         bb = valid.astype(float)  # ones on the valid entries, 0 elsewhere
     else:
         bb = np.where(valid, np.broadcast_to(np.asarray(b, float), valid.shape), 0.0)
     eqm = None if eq is None else np.asarray(eq, bool) & valid
-    return ConstraintSet(Delta, Z, valid, bb, eqm, np.asarray(exp) + eD + eZ)
+    return ConstraintSet(Delta, Z, valid, bb, eqm, np.asarray(exp) + eD + eZ, Delta_lo,
+                         err if bad.any() else None, exact)
 
 
 def build_constraints(X, Z, alpha, valid, b=None, eq=None, *, x_exp=0,
-                      normalise_data: bool = True) -> ConstraintSet:
+                      normalise_data: bool = True, exact: bool = True) -> ConstraintSet:
     """Constraints (x_{i,alpha_i} - x_it)^T W z_i >= b_it of B problems, normalised.
 
     X (B, n, T, d) tokens (already divided by 2^x_exp), Z (B, n, e), alpha (B, n) int,
     valid (B, n, T) bool (the selected token itself is dropped), b (B, n, T) or None
     (ones), eq (B, n, T) bool or None.  The tokens are scaled by a power of two before
     the differences are taken (no overflow at 1e+308), the differences and the queries
-    once more (so near-duplicate tokens keep their digits)."""
+    once more (so near-duplicate tokens keep their digits).  ``exact``: keep the rounding
+    errors of the differences (``Delta_lo``) and check for bits lost to scaling, so that
+    the certificate's exact-arithmetic checks apply (:mod:`attnsvm.svm.certificate`);
+    False (faster): only its rounding-error bounds apply."""
     X = np.asarray(X, float)
     B, n, T, d = X.shape
     valid = np.asarray(valid, bool)
     if normalise_data:
         X, eX = normalise(X, (1, 2, 3), valid[..., None])
+        lossy = (_lossy(np.where(valid[..., None], X, 0.0)) if B and exact
+                 else np.zeros(B, bool))
     else:
         eX = np.zeros(B, np.int64)
+        lossy = np.zeros(B, bool)
     bi, ni = np.arange(B)[:, None], np.arange(n)[None, :]
     sel = X[bi, ni, alpha]
     v = valid.copy()
     v[bi, ni, alpha] = False
-    with np.errstate(over="ignore", invalid="ignore"):  # (X scaled: our own array, reused)
-        Delta = np.subtract(sel[:, :, None, :], X, out=X if normalise_data else None)
+    # the differences and their exact rounding errors (the certificate proves its verdicts
+    # on the exact differences Delta + Delta_lo of the caller's tokens)
+    if exact:
+        Delta, lo = two_diff(sel[:, :, None, :], X)
+    else:
+        with np.errstate(over="ignore", invalid="ignore"):
+            Delta = np.subtract(sel[:, :, None, :], X, out=X if normalise_data else None)
+        lo = None
     if not valid.all():  # masked tokens; at alpha, x - x = 0 exactly (finite X)
         np.copyto(Delta, 0.0, where=~v[..., None])
+        if lo is not None:
+            np.copyto(lo, 0.0, where=~v[..., None])
+    with np.errstate(invalid="ignore"):
+        lo = lo if lo is not None and (lo != 0).any() else None
     if not normalise_data:
         bb = np.ones(v.shape) if b is None else np.broadcast_to(np.asarray(b, float), v.shape)
         return ConstraintSet(Delta, np.asarray(Z, float), v, np.where(v, bb, 0.0),
                              None if eq is None else np.asarray(eq, bool) & v,
-                             np.zeros(B, np.int64))
-    return normalise_constraints(Delta, Z, v, b, eq, np.asarray(x_exp) + eX, zeroed=True)
+                             np.zeros(B, np.int64), lo, None, exact)
+    return normalise_constraints(Delta, Z, v, b, eq, np.asarray(x_exp) + eX, zeroed=True,
+                                 Delta_lo=lo, lossy=lossy, exact=exact)
 
 
 # --------------------------------------------------------------------- raw solves
@@ -943,7 +990,11 @@ def _to_feasible(cs: ConstraintSet, W: np.ndarray, lam: np.ndarray):
     rhs_eq = np.False_ if cs.eq is None else (cs.eqmask & (cs.b != 0)).any((1, 2))
     fix = (ratio > 0) & np.isfinite(ratio) & ~rhs_eq & fin
     r = np.where(fix, ratio, 1.0)
-    return W / r[:, None, None], lam / r[:, None, None]  # S(lam) in ||W|| d||W||: degree 1
+    # then times KAPPA = 1 + 2^-36 where scaled: margins a rounding-size above 1, which
+    # the certificate's error bound proves (certificate.prove_margins) in one pass
+    k = np.where(fix, KAPPA, 1.0)[:, None, None]
+    # (S(lam) in ||W|| d||W||: degree 1, lam along)
+    return W / r[:, None, None] * k, lam / r[:, None, None] * k
 
 
 def _retry_gap(N: Norm) -> float:

@@ -24,15 +24,18 @@ import time
 import numpy as np
 
 from . import active
+from .certificate import farkas_prove, prove_margins
 from .solution import (
     FARKAS_BOUND,
     FEAS_TOL,
     GAP_OPTIMAL,
     BatchSolution,
+    ConstraintSet,
     Solution,
+    _ldexp,
 )
 
-__all__ = ["att_svm_lean", "batch_lean", "MAX_LEAN_N"]
+__all__ = ["att_svm_lean", "batch_lean", "MAX_LEAN_N", "warmup"]
 
 MAX_LEAN_N = active.GRAM_BLAS_N - 1  # n T up to which single problems take this path
 # (larger problems: the general engine, whose overhead is then small against the solve)
@@ -70,11 +73,18 @@ def att_svm_lean(X: np.ndarray, z: np.ndarray, alpha: np.ndarray, valid: np.ndar
                  m, S, info, sums)
     if info[0] != K.LEAN_OK or info[2] != active.OPTIMAL or not info[4]:
         return None
+    if _lossy_tokens(X, valid):
+        return None  # (tokens scaled into the subnormal range: the engine decides)
     # the certificate (solution.certify, Frobenius, inequalities with b = 1, lam given)
     margin, viol, nrm, dn, lb_num, wms, comp = (float(x) for x in sums[1:8])
     if not all(math.isfinite(x) for x in (viol, nrm, dn, lb_num, wms, comp)):
         return None
-    if not (viol <= FEAS_TOL and math.isfinite(nrm)):
+    if not math.isfinite(nrm):
+        return None
+    # the proof that every margin is >= 1 (certificate.prove_margins, the rounding-error
+    # bound alone: what it leaves undecided goes to the engine, which decides it exactly)
+    cs1 = ConstraintSet(D[None], Zs[None], v[None], v[None].astype(float))
+    if not prove_margins(cs1, W[None], exact=False)[0]:
         return None
     lower = lb_num / dn if dn > 0 and lb_num > 0 else 0.0
     fix = margin if 0 < margin < 1 else 1.0
@@ -107,6 +117,30 @@ def att_svm_lean(X: np.ndarray, z: np.ndarray, alpha: np.ndarray, valid: np.ndar
         solver_="mnp-active", feasible_=True, conflict_=(), alpha_=alpha, norm="fro",
         problem=problem, n_iter_=int(info[3]), time_=time.perf_counter() - t0,
         tol_active=tol, extra=extra)
+
+
+def _lossy_tokens(X: np.ndarray, valid: np.ndarray) -> bool:
+    """Whether scaling the valid tokens of X (n, T, d) (or a batch) to max |x| in [1/2, 1)
+    could take a nonzero entry into the subnormal range (bits lost: the compiled path's
+    differences are then not those of the caller's tokens)."""
+    a = np.abs(X[valid])
+    nz = a[a > 0]
+    return bool(nz.size) and float(nz.min()) < float(nz.max()) * 2.0 ** -1020
+
+
+def _user_constraints(X, z, alpha, valid, io) -> ConstraintSet:
+    """The constraint set of problems ``io`` (None: all) of a batch in the caller's units,
+    (x_{i,alpha_i} - x_it) rounded (its error, at most u |.|, in the certificate's bounds:
+    ``exact`` False); entries at alpha and masked tokens are invalid (their values are not
+    read by the bounds)."""
+    if io is not None:
+        X, z, alpha, valid = X[io], z[io], alpha[io], valid[io]
+    B, n = alpha.shape
+    with np.errstate(over="ignore", invalid="ignore"):
+        D = np.take_along_axis(X, alpha[:, :, None, None], 2) - X
+    v = valid.copy()
+    v[np.arange(B)[:, None], np.arange(n)[None, :], alpha] = False
+    return ConstraintSet(D, z, v, v.astype(float), None, np.zeros(B, np.int64), exact=False)
 
 
 def batch_applies(B: int, n: int, T: int, solver) -> bool:
@@ -162,8 +196,9 @@ def batch_lean(X: np.ndarray, z: np.ndarray, alpha: np.ndarray, valid: np.ndarra
     sup = np.empty((B, n, T), bool)
     margins = np.empty((B, n, T))
     hit = np.empty((B, n), bool)
+    fko = np.zeros((B, n, T))
     args = (X, z, alpha, valid, xexp, 1e-12, 1e-13, mi, float(tol), bool(irreducible),
-            FEAS_TOL, GAP_OPTIMAL, FARKAS_BOUND, info, Wo, sc, dual, sup, margins, hit)
+            FEAS_TOL, GAP_OPTIMAL, FARKAS_BOUND, info, Wo, sc, dual, sup, margins, hit, fko)
     if B >= active.PARALLEL_B:  # slices in threads, as mnp_active
         from attnsvm.fused import _parallel
 
@@ -171,9 +206,44 @@ def batch_lean(X: np.ndarray, z: np.ndarray, alpha: np.ndarray, valid: np.ndarra
     else:
         K.fro_settle_batch(*args, 0, B)
     verdict = sc[:, 7]
+    ex = info[:, 1]
+    # the kernel's verdicts are a screen; the proofs are the plain ones (certificate.py):
+    # every "optimal" has its margins proven here (the rounding-error bound on the exact
+    # data, undecided constraints in exact arithmetic), every "infeasible" its Farkas
+    # certificate (farkas_prove, as the engine's farkas_verify); the others: the engine
     opt = verdict == K.SETTLED_OPT
     inf = verdict == K.SETTLED_INF
-    ex = info[:, 1]
+    if opt.any() or inf.any():
+        io = np.nonzero(opt | inf)[0]
+        # in the caller's units (no normalisation: the bounds hold at any scale), X as given
+        # here (the caller's tokens divided by 2^xexp), so W 2^xexp (exact where it maps
+        # back bit for bit; elsewhere the engine decides)
+        cs = _user_constraints(X, z, alpha, valid, None if len(io) == B else io)
+        o, f = opt[io], inf[io]
+        good = np.zeros(len(io), bool)
+        Wx = Wo[io[o]]
+        if xexp[io[o]].any():
+            Wx = _ldexp(Wx, xexp[io[o]])
+            back = np.all(_ldexp(Wx, -xexp[io[o]]) == Wo[io[o]], (1, 2))
+        else:
+            back = True
+        good[o] = prove_margins(cs.take(np.nonzero(o)[0]), Wx) & back
+        if f.any():
+            good[f] = farkas_prove(cs.take(np.nonzero(f)[0]), fko[io[f]])[0]
+        if not good.all():  # (e.g. tokens at 2^600: over/underflow) once more, normalised
+            j = np.nonzero(~good)[0]
+            cn = engine.build_constraints(X[io[j]], z[io[j]], alpha[io[j]], valid[io[j]],
+                                          x_exp=xexp[io[j]], exact=False)
+            oj, fj = o[j], f[j]
+            if oj.any():
+                Wn = _ldexp(Wo[io[j[oj]]], np.asarray(cn.exp)[oj])  # (exact: kernel-checked)
+                good[j[oj]] = prove_margins(cn.take(np.nonzero(oj)[0]), Wn)
+            if fj.any():
+                good[j[fj]] = farkas_prove(cn.take(np.nonzero(fj)[0]), fko[io[j[fj]]])[0]
+        bad = io[~good]
+        verdict[bad] = K.TO_ENGINE
+        opt[bad] = inf[bad] = False
+        sc[io[f & good], 6] = np.inf  # proven: no W at all (solution.farkas_verify)
     out = dict(
         W_=Wo, norm_=sc[:, 0], margin_=sc[:, 1], violation_=sc[:, 2], kkt_residual_=sc[:, 3],
         gap_=sc[:, 4], dual_=dual, support_=sup, margins_=margins, feasible_=opt,
@@ -205,3 +275,26 @@ def batch_lean(X: np.ndarray, z: np.ndarray, alpha: np.ndarray, valid: np.ndarra
         out["W_"] = out["W_"][..., 0]
     return BatchSolution(**out, alpha_=alpha, norm="fro", problem=problem,
                          time_=time.perf_counter() - t0, tol_active=tol, extra=extra)
+
+
+def warmup() -> bool:
+    """Compile (or load from numba's disk cache) the active-set kernels, the compiled
+    single and batched paths and the Farkas screen on tiny problems; returns whether numba
+    is available.  (Here rather than in :mod:`attnsvm.svm.active`, which this module
+    imports: no import cycle.)"""
+    from .solution import farkas_verify
+
+    if not active.available():
+        return False
+    rng = np.random.default_rng(0)
+    N = active.GRAM_BLAS_N
+    active.mnp_active(rng.standard_normal((2, 3, 2)), np.ones((2, 3, 1)), np.ones((2, 3), bool))
+    active.mnp_active(rng.standard_normal((1, N, 2)), np.ones((1, N, 1)), np.ones((1, N), bool))
+    att_svm_lean(rng.standard_normal((2, 3, 2)), rng.standard_normal((2, 2)),
+                 np.zeros(2, np.int64), np.ones((2, 3), bool), tol=1e-6)
+    batch_lean(rng.standard_normal((2, 2, 3, 2)), np.ones((2, 2, 1)), np.zeros((2, 2), np.int64),
+               np.ones((2, 2, 3), bool), 0, solver=None, tol=1e-6, irreducible=False,
+               problem="prompt_svm", vector=True)  # the batched path (fro_settle_batch)
+    farkas_verify(ConstraintSet(np.ones((1, 1, 2, 2)), np.ones((1, 1, 1)),
+                                np.ones((1, 1, 2), bool), np.ones((1, 1, 2))), np.ones((1, 1, 2)))
+    return True

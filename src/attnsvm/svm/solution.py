@@ -31,9 +31,14 @@ constraints, vectorised over the batch:
                 norm; max(| ||S||_*/||W|| - 1 |, | <S, W>/||W||^2 - 1 |) otherwise) and
                 complementarity max_k |lam_k (m_k - b_k)| / ||W||^2
 
-``feasible_`` and ``status_`` are derived from these numbers only (never from a solver's
-word): feasible iff violation <= FEAS_TOL; "optimal" iff feasible and gap <= GAP_OPTIMAL.
-An infeasible verdict needs a verified Farkas certificate (:func:`farkas_verify`).
+``feasible_`` and ``status_`` are derived from the returned numbers only (never from a
+solver's word), and both verdicts are proofs (:mod:`attnsvm.svm.certificate`): feasible
+iff every inequality margin is PROVEN >= b_k for the caller's exact data (a rigorous
+rounding-error bound, exact rational arithmetic where it is undecided; equalities and
+the relaxed problem's m_k >= 0 to FEAS_TOL, a stated tolerance); "optimal" iff feasible and gap <= GAP_OPTIMAL (the gap
+evaluated in floating point, its rounding error far below that threshold: stated, not
+machine-proven).  An infeasible verdict needs a Farkas certificate verified in exact
+arithmetic (:func:`farkas_verify`: sum lam_k A_k = 0 exactly).
 
 Multipliers ``dual_`` always refer to the squared problem min 1/2 ||W||^2 (whatever the
 norm), so that sum_k lam_k b_k = ||W_mm||^2 at the optimum and, for the Frobenius norm,
@@ -45,6 +50,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import numpy as np
+
+from attnsvm._optional import OptionalImport
+
+from .certificate import farkas_prove, prove_feasible
+
+# the compiled sums of the certificate and the Farkas screen (numba), or None; the proofs
+# themselves are plain (certificate.py)
+_kernels = OptionalImport("._active_kernels", __package__)
 
 __all__ = [
     "ConstraintSet",
@@ -62,12 +75,15 @@ __all__ = [
     "FARKAS_BOUND",
 ]
 
-FEAS_TOL = 1e-9  # violation_ (relative to the unit margin) of a feasible answer
+FEAS_TOL = 1e-9  # equality constraints, and inequalities with b_k <= 0 (relaxed problem):
+# violation / max(1, |b_k|) of a feasible answer (a stated tolerance; inequalities with
+# b_k > 0 are proven exactly, certificate.prove_feasible)
 GAP_OPTIMAL = 1e-6  # certified relative duality gap of an "optimal" answer
 GAP_INACCURATE = 1e-3  # ... of an "optimal_inaccurate" one (larger: "suboptimal")
-# Farkas: lam >= 0 with sum lam_k b_k = 1 and ||sum lam_k A_k||_F <= 1 / FARKAS_BOUND (data
-# normalised to max |entry| in [1/2, 1)) proves that every W meeting all constraints has
-# ||W||_F >= FARKAS_BOUND in those units: infeasible to working precision
+# Farkas SCREEN (not a proof): candidates lam >= 0 with sum lam_k b_k = 1 whose residual
+# ||sum lam_k A_k||_F exceeds 1 / FARKAS_BOUND (data normalised to max |entry| in
+# [1/2, 1)) are not examined by the exact check (certificate.farkas_exact), which alone
+# decides "infeasible"
 FARKAS_BOUND = 1e9
 
 
@@ -183,6 +199,17 @@ class ConstraintSet:
     b: np.ndarray
     eq: np.ndarray | None = None
     exp: np.ndarray | int = 0
+    Delta_lo: np.ndarray | None = None
+    data_err: np.ndarray | None = None
+    exact: bool = True
+
+    # Delta_lo (..., n, T, d) or None: the rounding error of the differences, so that the
+    # exact constraint data (that of the caller's tokens) is Delta + Delta_lo
+    # (:func:`attnsvm.svm.certificate.two_diff`); None: Delta is exact, or (``exact``
+    # False) its rounding error, at most u |Delta|, was not kept.  data_err (...) or None (0): a
+    # bound on |exact - stored| for every entry of Delta + Delta_lo and of Z beyond that
+    # (normalised units: bits that scaling into the subnormal range may drop); the data
+    # is held exactly only where it is 0 (the exact-arithmetic checks need that)
 
     # ------------------------------------------------------------- shape
     @property
@@ -227,11 +254,14 @@ class ConstraintSet:
         """The problems ``idx`` of a batched set (idx an int gives an unbatched set)."""
         exp = np.broadcast_to(np.asarray(self.exp), self.batch_shape)
         return ConstraintSet(self.Delta[idx], self.Z[idx], self.valid[idx], self.b[idx],
-                             None if self.eq is None else self.eq[idx], exp[idx])
+                             None if self.eq is None else self.eq[idx], exp[idx],
+                             None if self.Delta_lo is None else self.Delta_lo[idx],
+                             None if self.data_err is None else self.data_err[idx], self.exact)
 
     def with_valid(self, valid: np.ndarray) -> ConstraintSet:
         """The same constraints restricted to ``valid`` (a working set)."""
-        return ConstraintSet(self.Delta, self.Z, valid, self.b, self.eq, self.exp)
+        return ConstraintSet(self.Delta, self.Z, valid, self.b, self.eq, self.exp,
+                             self.Delta_lo, self.data_err, self.exact)
 
     def batched(self) -> ConstraintSet:
         """This (unbatched) set as a batch of one."""
@@ -239,7 +269,10 @@ class ConstraintSet:
             return self
         return ConstraintSet(self.Delta[None], self.Z[None], self.valid[None], self.b[None],
                              None if self.eq is None else self.eq[None],
-                             np.asarray(self.exp)[None])
+                             np.asarray(self.exp)[None],
+                             None if self.Delta_lo is None else self.Delta_lo[None],
+                             None if self.data_err is None else np.asarray(self.data_err)[None],
+                             self.exact)
 
     # ---------------------------------------------------------- algebra
     def margins(self, W: np.ndarray) -> np.ndarray:
@@ -327,9 +360,7 @@ def _fro_sums(cs: ConstraintSet, Wz: np.ndarray, lam: np.ndarray):
     Wz itself: (m (B, n, T), S = sum lam_k A_k (B, d, e), margin, violation, ||W||_F,
     ||S||_F, sum lam_k b_k, ||W - S||_F, max |lam_k (m_k - b_k)|), each (B,).  None without
     numba or where anything overflowed (the numpy path then gives inf / NaN as it should)."""
-    from . import active
-
-    K = active._kernels()
+    K = _kernels()
     if K is None or cs.Delta.ndim != 4:
         return None
     B = Wz.shape[0]
@@ -373,6 +404,11 @@ def certify(cs: ConstraintSet, W: np.ndarray, lam: np.ndarray | None, norm,
         lam = np.where(valid, np.maximum(lam, 0.0), 0.0)
     else:
         lam = np.where(ineq, np.maximum(lam, 0.0), np.where(eqm, lam, 0.0))
+    # the proof of feasibility (certificate.prove_feasible): every inequality margin
+    # proven >= b_k from the returned W (a rounding-size scale-up where that proves it)
+    Wz, lam, proven = prove_feasible(cs, Wz, lam, has)
+    W = np.where(has[:, None, None], Wz, W)
+    eq_ok = np.ones(B, bool)
     fro = N.name == "fro"  # the Frobenius norm (self-dual) in numpy, no torch round trip
     with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
         bs = np.maximum(1.0, np.abs(b))
@@ -387,6 +423,7 @@ def certify(cs: ConstraintSet, W: np.ndarray, lam: np.ndarray | None, norm,
             if cs.eq is not None:
                 v_eq = np.where(eqm, np.abs(m - b) / bs, 0.0).max((1, 2))
                 viol = np.maximum(viol, v_eq)
+                eq_ok = v_eq <= FEAS_TOL  # equalities: to a stated tolerance
             nrm = _fro_norm(Wz) if fro else np.asarray(N.value(Wz, vector=False), dtype=float)
             S = cs.combine(lam)
             dn = (_fro_norm(S) if fro and np.isfinite(S).all()
@@ -394,7 +431,13 @@ def certify(cs: ConstraintSet, W: np.ndarray, lam: np.ndarray | None, norm,
             lb_num = (lam * b).sum((1, 2))
             wms = np.linalg.norm((Wz - S).reshape(B, -1), axis=1)
             comp = np.where(ineq, np.abs(lam * (m - b)), 0.0).max((1, 2))
-        feasible = has & (viol <= FEAS_TOL) & np.isfinite(nrm)
+        # inequalities with b_k <= 0 (relaxed problem): to FEAS_TOL, stated (see
+        # certificate.prove_feasible); those with b_k > 0: proven
+        nonpos = ineq & (b <= 0)
+        if nonpos.any():
+            eq_ok = eq_ok & (np.where(nonpos, np.maximum(b - m, 0.0) / bs, 0.0).max((1, 2))
+                             <= FEAS_TOL)
+        feasible = has & proven & eq_ok & np.isfinite(nrm)
         lower = np.where((dn > 0) & (lb_num > 0), lb_num / np.where(dn > 0, dn, 1.0), 0.0)
         rhs_eq = np.zeros(B, bool) if cs.eq is None else (eqm & (b != 0)).any((1, 2))
         # W / margin is feasible (and no larger in norm when margin >= 1) unless an
@@ -426,28 +469,42 @@ def certify(cs: ConstraintSet, W: np.ndarray, lam: np.ndarray | None, norm,
 
 
 def farkas_verify(cs: ConstraintSet, lam: np.ndarray):
-    """Verify Farkas certificates of infeasibility, vectorised over the batch.
+    """Verify Farkas certificates of infeasibility, vectorised over the batch: a proof.
 
-    ``lam`` (B, n, T): a certificate needs lam_k >= 0 on inequalities (any sign on
-    equalities), sum_k lam_k b_k > 0 and ||sum_k lam_k A_k||_F <= sum_k lam_k b_k /
-    FARKAS_BOUND.  For every W then  sum lam_k b_k <= sum lam_k m_k(W) ... (feasible W)
-    <= ||S||_F ||W||_F,  so every feasible W has ||W||_F >= FARKAS_BOUND (normalised units).
+    ``lam`` (B, n, T) candidate multipliers.  A verified certificate is lam with
+    lam_k >= 0 on inequalities (any sign on equalities), sum_k lam_k b_k = 1 and
+    sum_k lam_k A_k = 0 EXACTLY on the exact constraint data
+    (:func:`attnsvm.svm.certificate.farkas_prove`: the existence of such a lam next to the
+    candidate proven by rigorous error bounds where its support spans the space, else in
+    rational arithmetic: the candidate as given, or the exact null vector of the A_k on
+    its support nearest to it).  Then no W is feasible:
+    0 = <sum lam_k A_k, W> = sum lam_k m_k(W) >= sum lam_k b_k = 1.  A residual that is
+    merely small proves nothing (docs/theory.md, "Certificates").
 
-    Returns (ok (B,) bool, bound (B,) the proven lower bound sum lam b / ||S||_F on the
-    Frobenius norm of any feasible W in normalised units (inf for S = 0; 0 where lam is not
-    usable or S is not finite), lam normalised to sum lam b = 1 (B, n, T)).
+    First a floating-point screen (candidates whose residual ||sum lam_k A_k||_F exceeds
+    sum lam_k b_k / FARKAS_BOUND are not examined further; with numba one compiled pass,
+    :func:`attnsvm.svm._active_kernels.farkas_batch`, else numpy), then the exact check of
+    the screened ones.
 
-    With numba, one compiled pass per problem
-    (:func:`attnsvm.svm._active_kernels.farkas_batch`: the same numbers, sums in index
-    order; the batched Frobenius path calls the same function, hence the same bits);
-    otherwise numpy.
+    Returns (ok (B,) bool: proven, bound (B,): inf where proven, else the screen's weak
+    lower bound sum lam b / ||S||_F on the Frobenius norm of any feasible W (normalised
+    units; 0 where lam is not usable), lam (B, n, T): the proven exact multipliers (rounded
+    to float) where ok, else the candidate normalised to sum lam b = 1).
     """
-    from .active import _kernels
-
     K = _kernels()
     if K is not None:
-        return _farkas_compiled(K, cs, lam)
-    return _farkas_numpy(cs, lam)
+        screen, bound, lam_n = _farkas_compiled(K, cs, lam)
+    else:
+        screen, bound, lam_n = _farkas_numpy(cs, lam)
+    if not cs.batch_shape:  # one unbatched problem
+        ok, lam_x = farkas_prove(cs.batched(), np.asarray(lam_n)[None],
+                                 which=np.asarray(screen)[None])
+        ok, lam_x = ok[0], lam_x[0]
+    else:  # (B,) batches (the engine's layout)
+        ok, lam_x = farkas_prove(cs, np.asarray(lam_n), which=screen)
+    bound = np.where(ok, np.inf, bound)
+    lam_out = np.where(ok[..., None, None], lam_x, lam_n)
+    return ok, bound, lam_out
 
 
 def _farkas_numpy(cs: ConstraintSet, lam):
@@ -510,16 +567,18 @@ class Solution:
     support_ : (n, T) bool, active constraints m_k <= b_k + tol_active (SVM-neighbours).
     margins_ : (n, T) constraint values m_k(W_) (0 where invalid).
     status_ : from the certificate only: "optimal" (feasible, gap <= 1e-6),
-        "optimal_inaccurate" (gap <= 1e-3), "suboptimal", "infeasible" (a verified Farkas
-        certificate), "uncertified" (neither verified), "heuristic_rank" (rank-constrained
-        heuristic, feasible).
-    solver_ : the solver that produced W_.  feasible_ : bool (violation_ <= 1e-9).
+        "optimal_inaccurate" (gap <= 1e-3), "suboptimal", "infeasible" (a Farkas
+        certificate proven exactly: sum lambda_k A_k = 0), "uncertified" (neither proven),
+        "heuristic_rank" (rank-constrained heuristic, feasible).
+    solver_ : the solver that produced W_.  feasible_ : bool: every margin of W_ proven
+        >= b_k for the exact data (:mod:`attnsvm.svm.certificate`; equalities to 1e-9).
     conflict_ : indices of the sequences of an (irreducible where possible) infeasible
         subsystem, from the verified Farkas certificate (empty tuple when feasible).
     alpha_ : the selected token indices the problem was built from.
     extra : n_constraints, scale_exp (the internal normalisation: the solver worked on
-        W * 2^scale_exp), farkas_bound (infeasible: every W meeting the constraints has
-        ||W||_F >= this), lower_bound (certified lower bound on the optimal norm).
+        W * 2^scale_exp), farkas_bound (infeasible: inf, no W meets the constraints),
+        lower_bound (the weak-duality lower bound on the optimal norm, evaluated in
+        floating point).
     """
 
     W_: np.ndarray | None
@@ -586,8 +645,9 @@ class Solution:
         lines = [f"{self.problem} (norm={self.norm}) solved by {self.solver_}: status {self.status_}"]
         if not self.feasible_:
             if self.status_ == "infeasible":
-                lines.append("  INFEASIBLE: no W satisfies all margin constraints (verified Farkas "
-                             "certificate: sum lam_k A_k ~ 0 with sum lam_k b_k > 0).")
+                lines.append("  INFEASIBLE: no W satisfies all margin constraints (Farkas "
+                             "certificate proven: sum lam_k A_k = 0 exactly, lam >= 0, "
+                             "sum lam_k b_k > 0).")
                 lines.append(f"  conflicting sequences: {list(self.conflict_)}")
                 zero = self.extra.get("zero_constraints")
                 if zero is not None and len(zero):
@@ -595,8 +655,8 @@ class Solution:
                                  f"or a zero query): {len(zero)}, e.g. (i, t) = "
                                  f"{[tuple(int(v) for v in z) for z in zero[:5]]}")
             else:
-                lines.append("  NO CERTIFIED ANSWER: neither a feasible W nor a Farkas certificate "
-                             "of infeasibility could be verified.")
+                lines.append("  NO CERTIFIED ANSWER: neither a W with every margin proven >= 1 nor "
+                             "a Farkas certificate of infeasibility could be proven.")
             return "\n".join(lines)
         n_con = int(self.extra.get("n_constraints", 0))
         lines += [

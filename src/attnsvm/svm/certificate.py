@@ -1,0 +1,524 @@
+"""Certificates that are proofs: the feasibility and infeasibility verdicts of the max-margin
+problems, proven from the returned numbers (plain numpy and Python integers; this module
+imports no compiled kernel and nothing else of :mod:`attnsvm.svm`).
+
+The constraints of a (batched, normalised) :class:`~attnsvm.svm.solution.ConstraintSet`
+``cs`` are  m_k(W) = Delta_k^T W z_k >= b_k  (inequalities) with the EXACT difference
+
+    Delta_k = cs.Delta_k + cs.Delta_lo_k          (Delta_lo None: cs.Delta is exact)
+
+(:func:`two_diff`: the rounding error of x_{i,alpha_i} - x_it, itself a float, so the
+constraints proven here are those of the caller's tokens, not of their rounded
+differences).  Where bits may have been lost (a power-of-two scaling into the subnormal
+range) or Delta_lo was not kept, ``cs.data_err`` > 0 bounds the error of every entry:
+the rounding-error bounds below take it in, the exact-arithmetic checks refuse.
+
+Feasibility (:func:`prove_margins`).  With u = 2^-53, gamma_n = n u / (1 - n u) and
+eta = 2^-1074 (Higham, *Accuracy and Stability of Numerical Algorithms*, 2nd ed., §2.2
+and Lemma 3.1/(3.4): a sum of products evaluated in floating point in ANY order, with or
+without fused multiply-adds, each term passing through at most n roundings, has
+|error| <= gamma_n sum |terms|; gradual underflow adds at most eta/2 per multiplication,
+(2.8)), the computed margin m^ of m_k = sum_{c,f} Delta_c W_cf z_f (every term passes
+through at most d + e roundings: two products, d - 1 and e - 1 additions; one more for
+the rounded difference, Delta = cs.Delta (1 + delta), |delta| <= u) satisfies
+
+    |m_k - m^_k| <= err_k := 1.01 gamma_n E^_k + eta n (d e + 1)(1 + sum_cf |W_cf| |z_f|
+                                                                  + sum_f |z_f|),
+    n = d + e + 2,  E^_k = the computed sum_cf |cs.Delta_c| |W_cf| |z_f|
+
+(the exact E_k <= E^_k / (1 - gamma_n); 1.01 > (1 + 2 gamma_n)(1 + u)^2 covers that and
+the roundings of err itself while gamma_n <= 1e-3).  A margin is PROVEN when the computed
+fl(m^_k - b_k) >= fl(err_k c), c = 1 + 2^-40: then m^_k - b_k >= err_k c (1 - u) / (1 + u)
+>= err_k, so m_k >= b_k exactly.  Constraints the
+bound leaves undecided (slack within 2 err_k, e.g. b_k = 0 met with equality) are decided
+in exact rational arithmetic (:func:`exact_margins`, Python integers on the dyadic
+floats).  An answer whose margins are not all proven is first scaled up by the smallest
+factor 1 + s (s <= 1e-9, a rounding-size correction) that proves them
+(:func:`prove_feasible`); otherwise it is not feasible.  Equality constraints cannot in
+general be met exactly in floating point: they are met to ``FEAS_TOL`` (relative), a
+stated tolerance, not a proof.
+
+Infeasibility (:func:`farkas_exact`).  The constraints have no slack: for every W,
+sum_k lam_k m_k(W) = <sum_k lam_k A_k, W>.  If lam >= 0 (any sign on equalities),
+sum lam_k b_k > 0 and S = sum_k lam_k A_k = 0 EXACTLY, a feasible W would give
+0 = <S, W> = sum lam_k m_k >= sum lam_k b_k > 0: a contradiction (Farkas' lemma, the
+alternative of {M w >= b}).  A residual S != 0, however small, proves nothing: every
+W with <S, W> >= sum lam b is then a candidate, and the problem of issue 25
+(z_2 = (1, eps)) is feasible with ||W|| ~ 2 / eps for a residual of norm eps.  Nor can a
+bound ||S|| <= delta rescue it: it only shows ||W|| >= sum lam b / ||S||_* for every
+feasible W, a lower bound on the norm, never emptiness.  So the candidate multipliers
+(floats from a solver) are made exact: S is evaluated exactly with the candidate as
+given; if it is not 0, the exact rational null space of the matrices A_k on the
+candidate's support is computed (fraction-free elimination on integers) and the
+candidate replaced by the exact null vector nearest to it (unique up to scale when the
+support is that of an LP vertex, Gleeson & Ryan 1990); the verdict needs that exact
+vector to satisfy the sign and b conditions.
+
+Optimality.  The relative duality gap of :func:`attnsvm.svm.solution.certify`
+(||W|| / lb - 1 with the weak-duality bound lb = sum lam_k b_k / ||S||_*) is evaluated in
+floating point; with W proven feasible it bounds the suboptimality up to the rounding of
+lb, a relative error of about (N + d e) u (sum_k lam_k ||A_k|| / ||S||_*), reported
+as it is (not machine-proven) and far below GAP_OPTIMAL = 1e-6 unless the multipliers
+cancel by more than 1e8.
+"""
+
+from __future__ import annotations
+
+from fractions import Fraction
+
+import numpy as np
+
+__all__ = [
+    "U",
+    "ETA",
+    "KAPPA",
+    "gamma",
+    "two_diff",
+    "margin_enclosure",
+    "exact_margins",
+    "prove_margins",
+    "prove_feasible",
+    "farkas_enclosure",
+    "farkas_prove",
+    "farkas_exact",
+]
+
+U = 2.0 ** -53  # unit roundoff of float64 (round to nearest)
+ETA = 2.0 ** -1074  # the smallest subnormal: gradual underflow adds <= ETA / 2 per operation
+# every answer scaled to minimal margin 1 is multiplied by KAPPA (solvers and compiled
+# kernels alike, engine._to_feasible): margins 1 + 9.1e-13 are proven by the bound above
+# for condition numbers E_k / m_k up to ~360 (d + e = 20) without a second pass
+# (prove_feasible scales further where needed)
+KAPPA = 1.0 + 2.0 ** -40
+SLACK = 1.0 + 2.0 ** -40  # the factor c of the comparison (module docstring)
+MAX_BUMP = 1e-9  # largest relative scale-up prove_feasible applies (a rounding correction)
+MAX_EXACT = 20_000  # undecided constraints decided exactly per call (beyond: not proven)
+MAX_SUPPORT = 96  # largest Farkas support whose exact null space is computed
+
+
+def gamma(n: int) -> float:
+    """gamma_n = n u / (1 - n u) (Higham, Lemma 3.1)."""
+    return n * U / (1.0 - n * U)
+
+
+def two_diff(a: np.ndarray, b: np.ndarray, out: np.ndarray | None = None):
+    """(s, lo) with s = fl(a - b) and a - b = s + lo exactly (Knuth's TwoSum on a + (-b),
+    no overflow assumed; elementwise).  ``out``: where to write s."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        s = np.subtract(a, b, out=out)
+        bb = s - a
+        lo = (a - (s - bb)) - (b + bb)
+    return s, lo
+
+
+def _data_err(cs) -> np.ndarray:
+    """(B,) the bound on |exact - stored| of every entry of Delta + Delta_lo and Z
+    (ConstraintSet.data_err; 0 where the data is held exactly)."""
+    err = getattr(cs, "data_err", None)
+    if err is None:
+        return np.zeros(cs.batch_shape)
+    return np.broadcast_to(np.asarray(err, float), cs.batch_shape)
+
+
+def _exact_data(cs) -> np.ndarray:
+    """(B,) bool: the problem's constraint data is held exactly (data_err 0, Delta_lo
+    finite): the exact-arithmetic checks apply."""
+    ok = (_data_err(cs) == 0) & bool(getattr(cs, "exact", True))
+    if getattr(cs, "Delta_lo", None) is not None:
+        ok = ok & np.isfinite(cs.Delta_lo).all((-3, -2, -1))
+    return ok
+
+
+def margin_enclosure(cs, W: np.ndarray):
+    """(m^, err): computed margins m^ (B, n, T) of answers W (B, d, e) (finite) and the
+    rigorous bound err with |m_k(W) - m^_k| <= err_k for the exact constraint data
+    (module docstring; data that may have lost bits to scaling, ``data_err`` = e_D > 0,
+    adds e_D (sum_cf |W_cf| |z_f| + sum_cf |Delta_c| |W_cf| + e_D sum |W|), the change of
+    m_k under entry perturbations of at most e_D); inf where invalid."""
+    d, e = cs.d, cs.e
+    eD = _data_err(cs)[:, None, None]
+    with np.errstate(over="ignore", invalid="ignore", under="ignore"):
+        m = cs.margins(W)
+        aW = np.abs(W)
+        aZ = np.abs(cs.Z)
+        DW = np.abs(cs.Delta) @ aW[..., None, :, :]  # (B, n, T, e)
+        E = (DW * aZ[..., :, None, :]).sum(-1)
+        wz = (aW @ np.swapaxes(aZ, -1, -2)).sum(-2)[..., :, None]  # sum_cf |W_cf| |z_f|
+        zs = aZ.sum(-1)[..., :, None]  # sum_f |z_f|
+        n = d + e + 2
+        err = 1.01 * gamma(n) * E + ETA * n * (d * e + 1) * (1.0 + wz + zs)
+        if eD.any():
+            err = err + (eD * (wz + DW.sum(-1) + eD * aW.sum((-2, -1))[:, None, None])
+                         * (1 + 1e-8))
+    return m, np.where(cs.valid, err, np.inf)
+
+
+def _dyadic(a) -> tuple[list, int]:
+    """Exact integers of float array ``a`` (finite): a = ints * 2^exp, ints a flat list of
+    Python ints in C order, exp one common exponent."""
+    a = np.asarray(a, float).ravel()
+    mant, ex = np.frexp(a)
+    mi = (mant * 2.0 ** 53).astype(np.int64)  # exact (53-bit mantissas, subnormals too)
+    ee = ex.astype(np.int64) - 53
+    nz = mi != 0
+    e0 = int(ee[nz].min()) if nz.any() else 0
+    sh = np.where(nz, ee - e0, 0).tolist()
+    return [x << s if x else 0 for x, s in zip(mi.tolist(), sh)], e0
+
+
+def _exact_delta(cs, b, idx):
+    """The exact differences of constraints idx (list of (i, t)) of problem b as (rows of
+    ints (K, d), exponent)."""
+    D = cs.Delta[b][tuple(np.array(idx).T)] if idx else np.zeros((0, cs.d))
+    lo = (np.zeros_like(D) if getattr(cs, "Delta_lo", None) is None
+          else cs.Delta_lo[b][tuple(np.array(idx).T)])
+    ints, e0 = _dyadic(np.concatenate([D.ravel(), lo.ravel()]))
+    h = len(ints) // 2
+    rows = np.array([x + y for x, y in zip(ints[:h], ints[h:])], dtype=object)
+    return rows.reshape(len(idx), cs.d), e0
+
+
+def _ge(x: int, ex: int, y: int, ey: int) -> bool:
+    """x 2^ex >= y 2^ey exactly."""
+    if ex >= ey:
+        return (x << (ex - ey)) >= y
+    return x >= (y << (ey - ex))
+
+
+def exact_margins(cs, b: int, W: np.ndarray, idx) -> list[Fraction]:
+    """m_k(W) of constraints idx ((i, t) pairs) of problem b, exactly, as Fractions (the
+    exact differences Delta + Delta_lo, the float W and z taken as the rationals they are)."""
+    Dr, eD = _exact_delta(cs, b, idx)
+    wi, eW = _dyadic(W)
+    Wm = np.array(wi, dtype=object).reshape(cs.d, cs.e)
+    zi, eZ = _dyadic(cs.Z[b])
+    Zm = np.array(zi, dtype=object).reshape(-1, cs.e)
+    rows = Zm[[i for i, _ in idx]] if idx else np.zeros((0, cs.e), object)
+    m = ((Dr @ Wm) * rows).sum(-1) if idx else []
+    scale = Fraction(2) ** (eD + eW + eZ)
+    return [Fraction(int(x)) * scale for x in m]
+
+
+def prove_margins(cs, W: np.ndarray, has: np.ndarray | None = None, *,
+                  exact: bool = True, positive: bool = False) -> np.ndarray:
+    """(B,) bool: every valid inequality k of problem b has m_k(W_b) >= b_k EXACTLY
+    (rounding-error bound, undecided constraints in exact arithmetic unless ``exact`` is
+    False: then they count as not proven).  Equalities are not examined here, nor, with
+    ``positive``, inequalities with b_k <= 0.  W (B, d, e); ``has``: rows that are
+    answers (others: False)."""
+    W = np.asarray(W, float)
+    if has is None:
+        has = np.isfinite(W).all((-2, -1))
+    Wz = np.where(has[:, None, None], W, 0.0)
+    m, err = margin_enclosure(cs, Wz)
+    ineq = cs.ineq & (cs.b > 0) if positive else cs.ineq
+    with np.errstate(invalid="ignore", over="ignore"):
+        slack = m - cs.b
+        thr = err * SLACK
+        ok_k = ~ineq | ((slack >= thr) & np.isfinite(slack) & np.isfinite(thr))  # (no inf)
+        # W = 0 exactly: every margin is exactly 0
+        zero = (Wz == 0).all((-2, -1))
+        ok_k |= zero[:, None, None] & (cs.b <= 0)
+        # undecided: the bound neither proves nor refutes (|slack| < 2 err)
+        und = ineq & ~ok_k & (np.abs(slack) < thr) & np.isfinite(err)
+    ok = has & np.isfinite(Wz).all((-2, -1))
+    und &= (ok & _exact_data(cs))[:, None, None]
+    if exact and und.sum() <= MAX_EXACT:
+        for b in np.nonzero(und.any((1, 2)))[0]:
+            idx = [tuple(int(v) for v in p) for p in np.argwhere(und[b])]
+            for (i, t), mk in zip(idx, exact_margins(cs, b, Wz[b], idx)):
+                ok_k[b, i, t] = mk >= Fraction(float(cs.b[b, i, t]))
+    return ok & ok_k.all((-2, -1))
+
+
+def prove_feasible(cs, W: np.ndarray, lam: np.ndarray, has: np.ndarray):
+    """(W', lam', proven (B,)): answers whose inequality margins with b_k > 0 are all
+    proven >= b_k (:func:`prove_margins`); an answer that misses by rounding only (every
+    such margin within MAX_BUMP of b_k relative) is scaled up by the smallest factor 1 + s
+    that the bound then proves (s <= MAX_BUMP; lam along, so that S(lam) stays in
+    ||W|| d||W||), unless an equality with b != 0 fixes the scale.  Inequalities with
+    b_k <= 0 (the relaxed problem's m_k >= 0, met with equality at its optimum) are, like
+    equalities, left to the caller's stated tolerance: an active one cannot in general be
+    met exactly in floating point, and scaling does not move it."""
+    W = np.asarray(W, float)
+    proven = prove_margins(cs, W, has, positive=True)
+    redo = has & ~proven
+    if cs.eq is not None:
+        redo &= ~(cs.eqmask & (cs.b != 0)).any((1, 2))
+    if not redo.any():
+        return W, lam, proven
+    ix = np.nonzero(redo)[0]
+    sub = cs.take(ix)
+    Wr = W[ix]
+    m, err = margin_enclosure(sub, Wr)
+    pos = sub.ineq & (sub.b > 0)
+    with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
+        need = np.where(pos, (sub.b + 2.0 * err - m) / np.where(pos, sub.b, 1.0), -np.inf)
+        s = np.maximum(need.max((1, 2)), 0.0) * 2.0 + 8.0 * U
+    fixable = np.isfinite(s) & (s <= MAX_BUMP)
+    if not fixable.any():
+        return W, lam, proven
+    ix, s = ix[fixable], s[fixable]
+    Wn = W[ix] * (1.0 + s)[:, None, None]
+    ok = prove_margins(cs.take(ix), Wn, np.ones(len(ix), bool), positive=True)
+    if ok.any():
+        W = W.copy()
+        lam = np.array(lam, dtype=float, copy=True)
+        ix, s = ix[ok], s[ok]
+        W[ix] = Wn[ok]
+        lam[ix] = lam[ix] * (1.0 + s)[:, None, None]
+        proven = proven.copy()
+        proven[ix] = True
+    return W, lam, proven
+
+
+# ------------------------------------------------------------------------ Farkas
+def _null_space(M: list[list[int]], ncol: int) -> list[list[Fraction]]:
+    """A basis of the rational null space {x : M x = 0} of an integer matrix (rows of
+    Python ints), by fraction-free Gaussian elimination (rows kept primitive by their gcd)
+    to reduced echelon form."""
+    from math import gcd
+
+    rows = [r[:] for r in M if any(r)]
+    piv = []
+    r0 = 0
+    for c in range(ncol):
+        p = next((i for i in range(r0, len(rows)) if rows[i][c] != 0), None)
+        if p is None:
+            continue
+        rows[r0], rows[p] = rows[p], rows[r0]
+        pr = rows[r0]
+        for i in range(len(rows)):
+            if i != r0 and rows[i][c] != 0:
+                f, g = rows[i][c], pr[c]
+                new = [g * x - f * y for x, y in zip(rows[i], pr)]
+                h = 0
+                for x in new:
+                    h = gcd(h, x)
+                rows[i] = [x // h for x in new] if h > 1 else new
+        piv.append(c)
+        r0 += 1
+        if r0 == len(rows):
+            break
+    free = [c for c in range(ncol) if c not in piv]
+    basis = []
+    for f in free:
+        x = [Fraction(0)] * ncol
+        x[f] = Fraction(1)
+        for j, c in enumerate(piv):
+            x[c] = Fraction(-rows[j][f], rows[j][c])
+        basis.append(x)
+    return basis
+
+
+def _farkas_one(cs, b: int, lam: np.ndarray):
+    """Exact Farkas check of problem b for candidate lam (n, T): the exact multipliers
+    (dict (i, t) -> Fraction, normalised to sum lam b = 1) or None."""
+    valid, ineq = cs.valid[b], cs.ineq[b]
+    lam = np.where(valid, np.nan_to_num(np.asarray(lam, float)), 0.0)
+    a = np.abs(lam)
+    mx = a.max() if a.size else 0.0
+    if not mx > 0:
+        return None
+    tries = [np.argwhere(lam != 0), np.argwhere(a > 1e-9 * mx)]
+    for k, supp in enumerate(tries):
+        idx = [tuple(int(v) for v in p) for p in supp]
+        if not idx or len(idx) > MAX_SUPPORT:
+            continue
+        Dr, eD = _exact_delta(cs, b, idx)
+        zi, eZ = _dyadic(cs.Z[b])
+        Zm = np.array(zi, dtype=object).reshape(-1, cs.e)
+        Zr = Zm[[i for i, _ in idx]]
+        # columns vec(A_k) = vec(Delta_k z_k^T) (one common exponent eD + eZ)
+        A = (Dr[:, :, None] * Zr[:, None, :]).reshape(len(idx), -1)
+        if k == 0:  # the candidate as given: S = sum lam_k A_k exactly
+            li, el = _dyadic(lam[tuple(np.array(idx).T)])
+            S = (np.array(li, dtype=object)[:, None] * A).sum(0)
+            if all(x == 0 for x in S):
+                cand = [Fraction(x) * Fraction(2) ** el for x in li]
+            else:
+                continue
+        else:
+            basis = _null_space(A.T.tolist(), len(idx))
+            if not basis:
+                continue
+            if len(basis) == 1:
+                cand = basis[0]
+            else:  # the exact null vector nearest (least squares) to the candidate
+                N = np.array([[float(x) for x in v] for v in basis]).T
+                coef, *_ = np.linalg.lstsq(N, lam[tuple(np.array(idx).T)], rcond=None)
+                if not np.isfinite(coef).all():
+                    continue
+                cand = [sum(Fraction(float(c)) * v[j] for c, v in zip(coef, basis))
+                        for j in range(len(idx))]
+        sb = sum(c * Fraction(float(cs.b[b][p])) for c, p in zip(cand, idx))
+        if sb == 0:
+            continue
+        if sb < 0:  # (a null vector of the matrices: either sign)
+            cand, sb = [-c for c in cand], -sb
+        if all(c >= 0 for c, p in zip(cand, idx) if ineq[p]):
+            return {p: c / sb for c, p in zip(cand, idx)}
+    return None
+
+
+def farkas_enclosure(cs, lam: np.ndarray, which: np.ndarray | None = None) -> np.ndarray:
+    """Farkas certificates proven in floating point with rigorous error bounds, vectorised
+    over the batch, for the generic case: a candidate lam >= 0 (inequalities only) whose
+    support K holds at least d e + 1 constraints whose matrices span R^{d x e}.
+
+    Let M (p x |K|, p = d e) hold the exact vec(A_k), k in K, r = M lam_K (exact) and
+    G = M M^T.  If G is positive definite, lam* = lam_K - M^T G^{-1} r satisfies
+    M lam* = 0 exactly, and ||lam* - lam_K||_2^2 = r^T G^{-1} r <= ||r||^2 / lambda_min(G)
+    =: delta^2.  So when delta < min_K lam_k and sum_K lam_k b_k > ||b_K||_2 delta, the
+    real vector lam* >= 0 with sum lam*_k b_k > 0 and sum lam*_k A_k = 0 exists: a Farkas
+    certificate (its existence is the proof; it need not be computed).  The bounds:
+    ||r|| <= ||r^|| + ||1.01 gamma_{|K|+4} |M^| lam||  (r^ = M^ lam computed, M^ the
+    computed products Delta z^T; the exact A_k = (Delta + Delta_lo) z^T, |Delta_lo| <=
+    u |Delta|), |G - G^| <= 1.01 gamma_{|K|+6} |M^| |M^|^T, and for the floating-point
+    Cholesky factor L of G^ - t I (t = half the smallest computed eigenvalue), which exists
+    only if it runs to completion, L L^T = G^ - t I + F with |F| <= gamma_{p+1} |L| |L|^T
+    (Higham, Theorem 10.3), so lambda_min(G) >= t - ||gamma_{p+1} |L||L|^T||_F
+    - u max_i |G^_ii - t| - ||G - G^||_F (the last subtraction's rounding: a factor
+    1 - 4u); gradual underflow adds eta / 2 per product (terms eta (sum lam + K + 1) to r
+    and eta p K (2 max |M| + 2) to G, so the bounds hold in the caller's units too, and
+    ``data_err`` terms where bits may be lost); every norm is inflated by 1 + 1e-8 against its own rounding (p <= 1e6).
+    Returns ok (B,) bool (False where this route does not apply: :func:`farkas_exact`
+    decides those)."""
+    B = cs.batch_shape[0]
+    ok = np.zeros(B, bool)
+    which = np.ones(B, bool) if which is None else np.asarray(which, bool)
+    lam = np.where(cs.valid, np.nan_to_num(np.asarray(lam, float)), 0.0)
+    p = cs.d * cs.e
+    mx = np.abs(lam).max((1, 2))
+    supp = cs.valid & (lam > 1e-9 * mx[:, None, None]) & (mx[:, None, None] > 0)
+    k = supp.sum((1, 2))
+    cand = (which & (k >= p + 1) & (k <= MAX_SUPPORT)
+            & np.where(cs.ineq, lam >= 0, lam == 0).all((1, 2)) & ~(supp & ~cs.ineq).any((1, 2)))
+    ix = np.nonzero(cand)[0]
+    if not len(ix):
+        return ok
+    K = int(k[ix].max())
+    flat = supp[ix].reshape(len(ix), -1)
+    order = np.argsort(~flat, axis=1, kind="stable")[:, :K]
+    km = np.take_along_axis(flat, order, 1)  # (b', K) the support, padded
+    n, T = cs.shape
+    ii, tt = order // T, order % T
+    bi = ix[:, None]
+    Dk = cs.Delta[bi, ii, tt] * km[..., None]  # (b', K, d)
+    Zk = cs.Z[bi, ii] * km[..., None]  # (b', K, e)
+    lk = np.where(km, lam[bi, ii, tt], 0.0)
+    bk = np.where(km, cs.b[bi, ii, tt], 0.0)
+    with np.errstate(all="ignore"):
+        M = np.einsum("bkd,bke->bdek", Dk, Zk).reshape(len(ix), p, K)
+        aM = np.abs(M)
+        r = np.einsum("bpk,bk->bp", M, lk)
+        er = 1.01 * gamma(K + 4) * np.einsum("bpk,bk->bp", aM, lk)
+        # data that may have lost bits (data_err e_D, entries |Delta|, |z| <= 1): each
+        # entry of M moves by at most 3 e_D, so r by 3 e_D sum lam and G by 8 e_D K each
+        eD = _data_err(cs)[ix]
+        er = er + 3.0 * eD[:, None] * lk.sum(1)[:, None]
+        # gradual underflow (any units): <= eta / 2 per product, in M^ and in lam M^
+        er = er + ETA * (lk.sum(1) + K + 1)[:, None] * (1 + 1e-8)
+        nr = (np.linalg.norm(r, axis=1) + np.linalg.norm(er, axis=1)) * (1 + 1e-8)
+        G = M @ np.swapaxes(M, 1, 2)
+        eG = (np.linalg.norm(1.01 * gamma(K + 6) * (aM @ np.swapaxes(aM, 1, 2)), axis=(1, 2))
+              + 8.0 * eD * K * p + ETA * p * K * (2 * aM.max((1, 2)) + 2))  # (underflow)
+        # t: half an estimate of lambda_min(G^) (1 / ||L0^-1||_F^2 <= lambda_min, L0 the
+        # Cholesky factor of G^ itself); only the second factorisation, of G^ - t I, is
+        # part of the proof
+        try:  # (an estimate only: LAPACK, batched; the proof's factorisation is below)
+            L0, good = np.linalg.cholesky(np.where(np.isfinite(G), G, 0.0)), np.ones(len(ix), bool)
+        except np.linalg.LinAlgError:
+            L0, good = _cholesky(G)
+        good &= np.isfinite(G).all((1, 2))
+        Li = _tri_inv(np.where(good[:, None, None], L0, np.eye(p)))
+        t = 0.5 / np.einsum("bij,bij->b", Li, Li)
+        good &= np.isfinite(t) & (t > 0)
+        A = G - np.where(good, t, 0.0)[:, None, None] * np.eye(p)
+        L, good2 = _cholesky(A)
+        good &= good2
+        aL = np.abs(L)
+        eC = np.linalg.norm(gamma(p + 1) * (aL @ np.swapaxes(aL, 1, 2)), axis=(1, 2)) * (1 + 1e-8)
+        eA = U * np.abs(np.diagonal(A, axis1=1, axis2=2)).max(1) * (1 + 1e-8)  # G^_ii - t
+        lmin = np.where(good, (t - eC - eA - eG * (1 + 1e-8)) * (1 - 4 * U), -np.inf)
+        pos = lmin > 0
+        delta = np.where(pos, nr / np.sqrt(np.where(pos, lmin, 1.0)) * (1 + 1e-8), np.inf)
+        lo = np.where(km, lk, np.inf).min(1)
+        sb = (lk * bk).sum(1) * (1 - gamma(K + 1))
+        ok[ix] = pos & (delta < lo * (1 - 1e-8)) & (sb > np.linalg.norm(bk, axis=1) * delta
+                                                    * (1 + 1e-8))
+    return ok
+
+
+def _tri_inv(L: np.ndarray) -> np.ndarray:
+    """L^-1 of a stack of lower-triangular matrices (B, p, p) by forward substitution,
+    row by row (an estimate's ingredient: np.linalg.inv is ~5x slower on small stacks)."""
+    B, p, _ = L.shape
+    Li = np.zeros_like(L)
+    with np.errstate(all="ignore"):
+        for j in range(p):
+            row = -np.einsum("bk,bkl->bl", L[:, j, :j], Li[:, :j, :])
+            row[:, j] += 1.0
+            Li[:, j, :] = row / L[:, j, j][:, None]
+    return Li
+
+
+def _cholesky(A: np.ndarray):
+    """(L, ok): the Cholesky factors L L^T = A of a stack A (B, p, p), by the standard
+    column algorithm in floating point, vectorised over the batch (r_jj = sqrt(a_jj -
+    sum_k r_jk^2), r_ij = (a_ij - sum_k r_ik r_jk) / r_jj: the algorithm of Higham's
+    Theorem 10.3, its inner products in any order); ok where it runs to completion
+    (every pivot > 0), L finite garbage elsewhere."""
+    B, p, _ = A.shape
+    L = np.zeros_like(A)
+    with np.errstate(all="ignore"):
+        ok = np.isfinite(A).all((1, 2))
+        for j in range(p):
+            s = A[:, j, j] - (L[:, j, :j] ** 2).sum(1)
+            ok &= s > 0
+            dj = np.sqrt(np.where(ok, s, 1.0))
+            L[:, j, j] = dj
+            if j + 1 < p:
+                L[:, j + 1:, j] = (A[:, j + 1:, j] - np.einsum("bik,bk->bi", L[:, j + 1:, :j],
+                                                               L[:, j, :j])) / dj[:, None]
+    return np.where(ok[:, None, None], L, np.eye(p)), ok
+
+
+def farkas_prove(cs, lam: np.ndarray, which: np.ndarray | None = None):
+    """(ok (B,), lam_out (B, n, T)): :func:`farkas_enclosure` (vectorised; lam_out the
+    candidate, normalised to sum lam b = 1, whose support is that of the proven lam*),
+    then :func:`farkas_exact` for the others (lam_out the exact multipliers)."""
+    B = cs.batch_shape[0]
+    which = np.ones(B, bool) if which is None else np.asarray(which, bool)
+    lam = np.where(cs.valid, np.nan_to_num(np.asarray(lam, float)), 0.0)
+    ok = farkas_enclosure(cs, lam, which)
+    with np.errstate(over="ignore", invalid="ignore"):
+        lb = (lam * cs.b).sum((1, 2))
+    out = np.where(ok[:, None, None], lam / np.where(ok & (lb > 0), lb, 1.0)[:, None, None],
+                   0.0)
+    rest = which & ~ok
+    if rest.any():
+        ok2, lx = farkas_exact(cs, lam, rest)
+        ok |= ok2
+        out = np.where(ok2[:, None, None], lx, out)
+    return ok, out
+
+
+def farkas_exact(cs, lam: np.ndarray, which: np.ndarray | None = None):
+    """Exact Farkas verification (module docstring) of candidates lam (B, n, T), for the
+    problems ``which`` (bool (B,); default all): (ok (B,) bool, lam_exact (B, n, T) the
+    proven multipliers normalised to sum lam_k b_k = 1, rounded to float (0 elsewhere)).
+    ok only where lam_exact >= 0 on inequalities, sum lam_k b_k = 1 > 0 and
+    sum lam_k A_k = 0 hold in exact arithmetic on the exact constraint data."""
+    B = cs.batch_shape[0]
+    ok = np.zeros(B, bool)
+    out = np.zeros(cs.valid.shape)
+    which = np.ones(B, bool) if which is None else np.asarray(which, bool)
+    exact = _exact_data(cs)
+    for b in np.nonzero(which & exact)[0]:
+        r = _farkas_one(cs, int(b), lam[b])
+        if r is not None:
+            ok[b] = True
+            for (i, t), c in r.items():
+                out[b, i, t] = float(c)
+    return ok, out
