@@ -201,7 +201,7 @@ class Plan:
                 fc[slot] = v
         self.ic, self.fc = ic, fc
         self._slots = None
-        self.capped = np.zeros(B)  # steps that took Polyak's float64 cap, per trial
+        self.capped = np.zeros(B)  # steps that took Polyak's range cap, per trial
 
     # ---------------------------------------------------------- parameters
     def _empty_slots(self):

@@ -7,12 +7,12 @@ model, loss and rule. A rule's slots are filled from the numbers its transforms 
 runs the rule's sequence of opcodes (see ``attnsvm.fused.PROGRAMS``).
 """
 
-from attnsvm.optim.kernel_ops import LP_FRO, LP_GEN, LP_INF, LP_ONE
+from attnsvm.optim.kernel_ops import LP_FRO, LP_GEN, LP_INF, LP_ONE, PARAM_MAX
 
 __all__ = [
     "W_MODEL", "KQ_MODEL", "DIAG_MODEL", "PROMPT_MODEL", "LOGISTIC", "EXPONENTIAL",
     "CORRELATION", "R_NONE", "R_GD", "R_NSD", "R_POLYAK", "R_MIRROR", "LP_FRO", "LP_INF",
-    "LP_ONE", "LP_GEN", "STOP_ZERO", "STOP_NONFINITE", "STOP_NOCHANGE", "IC_SLOTS", "FC_SLOTS",
+    "LP_ONE", "LP_GEN", "PARAM_MAX", "STOP_ZERO", "STOP_NONFINITE", "STOP_NOCHANGE", "IC_SLOTS", "FC_SLOTS",
 ]
 
 # models (``ic[IC_MODEL]``) and losses (``ic[IC_LOSS]``)
@@ -29,9 +29,9 @@ IC_MODEL, IC_TRAINED, IC_LOSS, IC_RULE, IC_GLOBAL, IC_RELATIVE, IC_NP = 0, 1, 2,
 IC_N, IC_Q, IC_T, IC_D, IC_M, IC_MASK, IC_STALL, IC_LP, IC_NORMALIZED = 7, 8, 9, 10, 11, 12, 13, 14, 15
 IC_MAXLR, IC_NEEDGAP, IC_WID, IC_SIZE = 16, 17, 18, 19
 # fc: real hyper-parameters
-FC_LR, FC_P, FC_Q, FC_REG, FC_C, FC_MAXLR, FC_SIZE = 0, 1, 2, 3, 4, 5, 6
+FC_LR, FC_P, FC_Q, FC_REG, FC_C, FC_MAXLR, FC_CAP, FC_SIZE = 0, 1, 2, 3, 4, 5, 6, 7
 
 #: the slot of each number a transform's KernelOp may carry (its ``args`` names)
 IC_SLOTS = {"lp": IC_LP, "global": IC_GLOBAL, "relative": IC_RELATIVE,
             "normalized": IC_NORMALIZED, "maxlr": IC_MAXLR}
-FC_SLOTS = {"lr": FC_LR, "p": FC_P, "q": FC_Q, "c": FC_C, "max_lr": FC_MAXLR}
+FC_SLOTS = {"lr": FC_LR, "p": FC_P, "q": FC_Q, "c": FC_C, "max_lr": FC_MAXLR, "cap": FC_CAP}

@@ -37,6 +37,7 @@ from .codes import (  # noqa: E402  (the layout shared with attnsvm.fused)
     DIAG_MODEL,
     EXPONENTIAL,
     FC_C,
+    FC_CAP,
     FC_LR,
     FC_MAXLR,
     FC_P,
@@ -67,6 +68,7 @@ from .codes import (  # noqa: E402  (the layout shared with attnsvm.fused)
     LP_GEN,
     LP_INF,
     LP_ONE,
+    PARAM_MAX,
     R_GD,
     R_NONE,
     R_NSD,
@@ -85,9 +87,6 @@ LOG_GAP_SWITCH = -35.0
 # log domain otherwise (_trial_run)
 PLAIN_MIN = 2.0 ** -900
 PLAIN_MAX = 2.0 ** 900
-# Polyak's float64 cap (attnsvm.optim.transforms: STEP_MAX, PARAM_MAX)
-LOG_STEP_MAX = 249.0 * math.log(2.0)
-PARAM_MAX = 2.0 ** 250
 
 
 # ------------------------------------------------------------ scalar helpers
@@ -592,29 +591,27 @@ def _checked(P, N, o, k):
 
 
 @njit(cache=True, error_model="numpy")
-def _polyak_cap(P, so, nP, vals):
-    """Polyak's capped step length min(max(||P||_F, 1), PARAM_MAX - ||P||_F), >= 0
-    (attnsvm.optim.transforms.scale_by_polyak; ||P||_F over every tensor, scale-safe)."""
+def _param_norm(P, so, nP, vals):
+    """||P||_F over every tensor of a trial (scale-safe; attnsvm.optim.transforms._param_norm)."""
     mm = 0.0
     for k in range(nP):
         mk = _max_abs(P, so[k], so[k + 1] - so[k])
         vals[k] = mk * math.sqrt(_sum_sq(P, so[k], so[k + 1] - so[k], 1.0 / mk)) if mk > 0.0 else 0.0
         if vals[k] > mm:
             mm = vals[k]
-    pn = 0.0
-    if mm > 0.0:
-        s2 = 0.0
-        for k in range(nP):
-            s2 += (vals[k] / mm) ** 2
-        pn = mm * math.sqrt(s2)
-    return max(min(max(pn, 1.0), PARAM_MAX - pn), 0.0)
+    if not mm > 0.0:
+        return 0.0
+    s2 = 0.0
+    for k in range(nP):
+        s2 += (vals[k] / mm) ** 2
+    return mm * math.sqrt(s2)
 
 
 @njit(cache=True, error_model="numpy")
 def _apply_rule(ic, fc, P, G, N, so, gm, ls, lgap, D, work):
     """N = the rule's step from P with the scaled gradient (G / gm per tensor, ls); returns
     1 (every entry finite: the trainer's test) | 2 (some entry changed) | 4 (Polyak's
-    float64 cap was taken). GD, per-tensor
+    range cap was taken). GD, per-tensor
     NGD and Polyak step from the raw G (one norm pass, one update pass); the other rules
     divide G by gm first (_apply_generic). G may be overwritten."""
     rule = ic[IC_RULE]
@@ -642,7 +639,7 @@ def _apply_rule(ic, fc, P, G, N, so, gm, ls, lgap, D, work):
             big |= (f >> 2) & 1
     elif rule == R_POLYAK:
         # attnsvm.optim.transforms.scale_by_polyak: a step of length l along G / ||G||,
-        # log l = log c + log(L - L*) - log||G||, capped (float64 cap) above STEP_MAX
+        # log l = log c + log(L - L*) - log||G||, with the range cap at PARAM_MAX
         logs = work[0:nP]
         for k in range(nP):
             sz = so[k + 1] - so[k]
@@ -651,17 +648,27 @@ def _apply_rule(ic, fc, P, G, N, so, gm, ls, lgap, D, work):
         lr_ = math.log(fc[FC_C]) + lgap - lg
         if ic[IC_MAXLR]:
             lr_ = min(lr_, math.log(fc[FC_MAXLR]) + lg)
-        if lr_ > LOG_STEP_MAX and np.isfinite(lg):
-            lr_ = _log(_polyak_cap(P, so, nP, work[nP:2 * nP]))
+        pn = _param_norm(P, so, nP, work[nP:2 * nP])
+        if lr_ > _log(max(PARAM_MAX - pn, 0.0)) and np.isfinite(lg):  # the range cap
+            lr_ = _log(fc[FC_CAP] * max(pn, 1.0))
             cap = 1
         for k in range(nP):
-            fk = math.exp(lr_ + (ls[k] - lg))
+            if cap:  # |lr_| << |ls[k]|, |lg| there: the difference first
+                fk = math.exp(lr_ + (ls[k] - lg))
+            else:
+                fk = math.exp(lr_ + ls[k] - lg)
             if not (np.isfinite(lg) and np.isfinite(lr_)):
                 fk = 0.0
             f = _step_checked(P, G, N, so[k], so[k + 1] - so[k], fk / gm[k])
             fin &= f & 1
             chg |= (f >> 1) & 1
             big |= (f >> 2) & 1
+        if cap:  # a capped step ending past PARAM_MAX is scaled back onto it
+            nn = _param_norm(N, so, nP, work[nP:2 * nP])
+            if nn > PARAM_MAX:
+                sc = PARAM_MAX / nn
+                for x in range(so[0], so[nP]):
+                    N[x] = N[x] * sc
     else:
         for k in range(nP):
             inv = 1.0 / gm[k]
@@ -717,7 +724,7 @@ def _trial_run(ic, fc, X, Z, gam, gopt, yl, logw, mask, Wf, P, G, N, so, gm, ls,
     leaves every parameter bit-identical (code 3) stops it and is not applied.
     out[0] = the stop step (-1: ran to t1), out[1] = the code, out[2] = log(L - L*) of
     the last gradient (nan unless ic[IC_NEEDGAP]), out[3] = the number of steps that took
-    Polyak's float64 cap. P holds the parameters on return."""
+    Polyak's range cap. P holds the parameters on return."""
     model = ic[IC_MODEL]
     trained = ic[IC_TRAINED]
     loss = ic[IC_LOSS]
@@ -1049,7 +1056,7 @@ def _trial_run(ic, fc, X, Z, gam, gopt, yl, logw, mask, Wf, P, G, N, so, gm, ls,
             out[0] = step
             out[1] = STOP_NOCHANGE
             break
-        if flags & 4:  # Polyak's float64 cap was taken (and the step applied)
+        if flags & 4:  # Polyak's range cap was taken (and the step applied)
             out[3] += 1.0
         P, N = N, P  # the new parameters become the current ones
         swapped = not swapped
@@ -1153,7 +1160,7 @@ def run_steps(ic, fc, X, Z, gam, gopt, yl, w, mask, Wf, P0, P1, P2, t0, t1,
     """Steps t0 .. t1-1 of a stateless rule for every active trial among b0 .. b1-1, in
     place on P0..P2 (the caller runs slices in threads: the kernel releases the GIL);
     active / stop_step / stop_code are updated and capped (B,) counts the steps that
-    took Polyak's float64 cap (see _trial_run)."""
+    took Polyak's range cap (see _trial_run)."""
     so = _slots(P0, P1, P2)
     sP = so[3]
     KT, WZ, ZQ, A, S, Rr, C, dr, rho, rhov, rlg, acc, tmp, D, work, XT, aux = _scratch(ic, sP)

@@ -17,7 +17,13 @@ import math
 from enum import IntEnum
 from typing import NamedTuple
 
-__all__ = ["Op", "KernelOp", "LP_FRO", "LP_INF", "LP_ONE", "LP_GEN", "lp_args"]
+__all__ = ["Op", "KernelOp", "LP_FRO", "LP_INF", "LP_ONE", "LP_GEN", "lp_args", "PARAM_MAX",
+           "POLYAK_CAP"]
+
+#: Polyak's range cap (attnsvm.optim.transforms.scale_by_polyak): a step that would take
+#: ||params|| past PARAM_MAX takes the relative length POLYAK_CAP ||params|| instead
+PARAM_MAX = 2.0 ** 40
+POLYAK_CAP = 2.0 ** -12
 
 # entrywise norms the kernel's steepest direction / norm loops know (``lp`` argument)
 LP_FRO, LP_INF, LP_ONE, LP_GEN = 0, 1, 2, 3
@@ -30,7 +36,7 @@ class Op(IntEnum):
     LEARNING_RATE = 1   # u <- lr u                          args: lr
     STEEPEST = 2        # u <- D*(u) in an entrywise norm     args: lp, p, q, global
     PARAM_NORM = 3      # u <- ||params|| u (relative step)   args: lp, p
-    POLYAK = 4          # u <- c (L - L*) / ||u||^2 u         args: c, max_lr, maxlr
+    POLYAK = 4          # u <- c (L - L*) / ||u||^2 u         args: c, max_lr, maxlr, cap
     NORMALIZE = 5       # u <- u / ||u||_q                    args: lp, q
     DESCEND = 6         # params <- params - u                (the apply step)
     MIRROR = 7          # params <- (grad psi)^-1(grad psi(params) - u), l_p potential; args: p

@@ -15,6 +15,7 @@ import torch
 from attnsvm.norms import FRO, get_norm, l_p
 
 from .base import Optimizer, check_lr, register
+from .kernel_ops import POLYAK_CAP
 from .transforms import (
     SCOPES,
     mirror_step,
@@ -99,16 +100,21 @@ def coordinate_descent(lr: float = 0.1, scope: str = "per_tensor") -> Optimizer:
 
 
 @register("polyak")
-def polyak(c: float = 1.0, max_lr: float | None = None) -> Optimizer:
+def polyak(c: float = 1.0, max_lr: float | None = None, cap: float = POLYAK_CAP) -> Optimizer:
     """Polyak step: W <- W - eta_t G, eta_t = c (L - L*) / ||G||_F^2 (one norm per trial).
 
-    Computed as c exp(log(L - L*) - log||G||) G / ||G|| from the scaled gradient and the
-    log gap, so the step survives the underflow of both L - L* and G; a zero gradient or a
-    zero gap gives a zero step (never NaN). ``max_lr`` caps eta_t."""
+    Computed as a step of length exp(log c + log(L - L*) - log||G||) along G / ||G|| from
+    the scaled gradient and the log gap, so the step survives the underflow of both
+    L - L* and G; a zero gradient or a zero gap gives a zero step (never NaN). ``max_lr``
+    caps eta_t. A step that would take ||params|| past 2^40 takes the relative length
+    ``cap`` ||params|| instead, counted in the state ``"polyak_capped"``
+    (:func:`~attnsvm.optim.transforms.scale_by_polyak`; why it is needed: docs/theory.md
+    §6.3)."""
     c = check_lr(c, "c")
     if max_lr is not None:
         max_lr = check_lr(max_lr, "max_lr")
-    return rule("polyak", {"c": c, "max_lr": max_lr}, scale_by_polyak(c, max_lr))
+    cap = check_lr(cap, "cap")
+    return rule("polyak", {"c": c, "max_lr": max_lr, "cap": cap}, scale_by_polyak(c, max_lr, cap))
 
 
 @register("mirror", "md")

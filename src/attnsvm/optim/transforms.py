@@ -58,13 +58,13 @@ from .base import (
     no_state,
     scaled_sum,
 )
-from .kernel_ops import KernelOp, Op, lp_args
+from .kernel_ops import PARAM_MAX, POLYAK_CAP, KernelOp, Op, lp_args
 
 __all__ = [
     "Transform", "chain", "rule", "scale_by_learning_rate", "scale_by_steepest", "scale_by_sign",
     "normalize_by", "scale_by_param_norm", "trace", "trace_scaled", "scale_by_adam",
     "scale_by_rss", "orthogonalize", "newton_schulz", "add_decayed_weights", "scale_by_polyak",
-    "descend", "mirror_step", "PARAM_MAX", "STEP_MAX",
+    "descend", "mirror_step", "PARAM_MAX", "POLYAK_CAP",
 ]
 
 
@@ -81,8 +81,36 @@ class Transform(NamedTuple):
     needs_gap: bool = False
 
 
+class Lazy(NamedTuple):
+    """Unit directions with per-trial factors still to apply: the update
+    u_k = (factor w_k) D_k. The steepest direction of a product norm (weights w) and the
+    scalings that follow it (a relative step, the learning rate) multiply their scalars
+    first and the tensor once, in the order of the reference formula
+    eta = lr ||params||, u_k = (eta w_k) D_k (so the rules keep their bits)."""
+
+    tensors: dict
+    factor: object = None         # None, a number, or a per-trial tensor (B,) / (B, 1, ..)
+    weights: dict | None = None   # {name: (B,)} or None
+
+    def value(self) -> dict:
+        out = {}
+        for k, D in self.tensors.items():
+            f = self.factor
+            if isinstance(f, torch.Tensor) and f.ndim == 1:
+                f = expand(f, D)
+            if self.weights is not None:
+                w = expand(self.weights[k], D)
+                f = w if f is None else f * w
+            out[k] = D if f is None else f * D
+        return out
+
+    def times(self, f) -> Lazy:
+        """The same update times f (a number or a per-trial tensor): factor <- f factor."""
+        return self._replace(factor=f if self.factor is None else f * self.factor)
+
+
 def _plain(u) -> dict:
-    return u.value() if isinstance(u, Scaled) else u
+    return u.value() if isinstance(u, (Scaled, Lazy)) else u
 
 
 def _lead(params) -> torch.Tensor:
@@ -160,6 +188,8 @@ def scale_by_learning_rate(lr) -> Transform:
         return Transform(init, update, None, stateful=True)
 
     def update(u, state, params, log_gap=None):
+        if isinstance(u, Lazy):
+            return u.times(lr), {}
         U = _plain(u)
         return {k: lr * U[k] for k in U}, {}
 
@@ -194,11 +224,7 @@ def scale_by_steepest(norm="fro", scope: str = "per_tensor") -> Transform:
     def update(u, state, params, log_gap=None):
         g = as_scaled(u)
         w = _product_weights(g, N) if glob else None
-        out = {}
-        for k, T in g.tensors.items():
-            D = item_steepest(N, T)
-            out[k] = D if w is None else expand(w[k], D) * D
-        return out, {}
+        return Lazy({k: item_steepest(N, T) for k, T in g.tensors.items()}, None, w), {}
 
     la = lp_args(N)
     kernel = None if la is None else KernelOp(Op.STEEPEST, {**la, "global": int(glob)})
@@ -247,8 +273,10 @@ def scale_by_param_norm(norm="fro") -> Transform:
     N = get_norm(norm)
 
     def update(u, state, params, log_gap=None):
-        U = _plain(u)
         pn = _param_norm(params, N)
+        if isinstance(u, Lazy):
+            return u.times(pn), {}
+        U = _plain(u)
         return {k: expand(pn, U[k]) * U[k] for k in U}, {}
 
     la = lp_args(N)
@@ -434,14 +462,7 @@ def orthogonalize(ns_steps: int | None = None) -> Transform:
 
 
 # ----------------------------------------------------------------------- Polyak
-#: Polyak's float64 cap (see :func:`scale_by_polyak`): a step longer than STEP_MAX is
-#: replaced by one of length min(max(||params||, 1), PARAM_MAX - ||params||)
-STEP_MAX = 2.0 ** 249
-PARAM_MAX = 2.0 ** 250
-LOG_STEP_MAX = 249.0 * math.log(2.0)  # the kernel's constant, bit for bit
-
-
-def scale_by_polyak(c: float = 1.0, max_lr: float | None = None) -> Transform:
+def scale_by_polyak(c: float = 1.0, max_lr: float | None = None, cap: float = POLYAK_CAP) -> Transform:
     """Polyak's step u <- eta_t u, eta_t = c (L - L*) / ||u||_F^2 (one global Frobenius norm
     per trial), i.e. a step of length l = c (L - L*) / ||u|| along u / ||u||, computed as
 
@@ -450,17 +471,24 @@ def scale_by_polyak(c: float = 1.0, max_lr: float | None = None) -> Transform:
     from the scaled tensors (T_k, ls_k) and the log gap: finite however far L - L* and u
     have underflowed (a zero gradient or gap: a zero step). ``max_lr`` caps eta_t.
 
-    Float64 cap (recorded, recoverable). Where the objective is not convex the gap need
-    not vanish with the gradient (attention saturated on a non-optimal token: L - L* stays
-    O(1) while ||G|| ~ exp(-margin ||W||)), and l grows without bound. A step with
-    l > STEP_MAX = 2^249 takes instead l = min(max(||params||, 1), PARAM_MAX - ||params||)
-    (PARAM_MAX = 2^250, so W = K Q^T stays far inside float64): the trial keeps running in
-    the exact direction, its norm at most doubling per capped step, and the count of capped
-    steps per trial is the state ``"polyak_capped"`` (B,). A trial that reaches PARAM_MAX
-    stalls there (a zero step: "no change in float64")."""
+    Range cap (recorded, recoverable). Off convexity the gap need not vanish with the
+    gradient: with attention saturated on a non-optimal token L - L* stays O(1) while
+    ||G|| ~ exp(-margin ||W||), so l grows like exp(margin ||W||) (docs/theory.md §6.3).
+    A step that would take the parameters past PARAM_MAX = 2^40 (||params|| + l > PARAM_MAX;
+    beyond it the log-domain gap and gradient scales, ~ margin ||W||, lose their absolute
+    precision: ulp(2^40) = 2^-12) takes instead the relative length
+    l = cap max(||params||, 1) along the same exact direction, and if that step ends past
+    PARAM_MAX the new parameters are scaled back to norm PARAM_MAX: steepest descent with
+    a step proportional to the parameters (projected onto the ball of radius PARAM_MAX),
+    which keeps turning the direction towards a max-margin one while Polyak's own step is
+    unbounded. Where the gap falls again, the Polyak step resumes by itself. The count of
+    capped steps per trial is the state ``"polyak_capped"`` (B,). Runs whose steps stay in
+    range are unchanged, bit for bit.
+    """
     c = check_lr(c, "c")
     if max_lr is not None:
         max_lr = check_lr(max_lr, "max_lr")
+    cap = check_lr(cap, "cap")
     log_c = math.log(c)
 
     def init(params):
@@ -473,23 +501,33 @@ def scale_by_polyak(c: float = 1.0, max_lr: float | None = None) -> Transform:
         ll = log_c + log_gap - lg  # log(c gap / ||G||): the step's length
         if max_lr is not None:  # eta_t ||G|| <= max_lr ||G||
             ll = torch.minimum(ll, math.log(max_lr) + lg)
-        over = (ll > LOG_STEP_MAX) & torch.isfinite(lg)
+        pn = _param_norm(params, FRO)
+        over = (ll > torch.log((PARAM_MAX - pn).clamp_min(0.0))) & torch.isfinite(lg)
         capped = state["polyak_capped"]
-        if bool(over.any()):
-            pn = _param_norm(params, FRO)
-            cap = torch.clamp(torch.minimum(pn.clamp_min(1.0), PARAM_MAX - pn), min=0.0)
-            ll = torch.where(over, torch.log(cap), ll)
+        anyover = bool(over.any())
+        if anyover:
+            ll = torch.where(over, torch.log(cap * pn.clamp_min(1.0)), ll)
             capped = capped + over.to(capped.dtype)
         ok = torch.isfinite(lg) & torch.isfinite(ll)
         out = {}
         for k, T in g.tensors.items():
-            f = torch.exp(ll + (g.log_scale[k] - lg))  # l * (scale of u_k) / ||u||
+            f = torch.exp(ll + g.log_scale[k] - lg)  # l * (scale of u_k) / ||u||
+            if anyover:  # |ll| << |ls_k|, |lg| there: the difference first
+                f = torch.where(over, torch.exp(ll + (g.log_scale[k] - lg)), f)
             f = torch.where(ok, f, torch.zeros_like(f))
             out[k] = expand(f, T) * T
+        if anyover:  # a capped step ending past PARAM_MAX is scaled back onto it
+            new = {k: P - out[k] for k, P in params.items()}
+            nn = _param_norm(new, FRO)
+            back = over & (nn > PARAM_MAX)
+            if bool(back.any()):
+                sc = torch.where(back, PARAM_MAX / nn, torch.ones_like(nn))
+                out = {k: torch.where(expand(back, P), P - expand(sc, P) * new[k], out[k])
+                       for k, P in params.items()}
         return out, {"polyak_capped": capped}
 
     kernel = KernelOp(Op.POLYAK, {"c": c, "max_lr": float(max_lr or 1.0),
-                                  "maxlr": int(max_lr is not None)})
+                                  "maxlr": int(max_lr is not None), "cap": cap})
     return Transform(init, update, kernel, stateful=False, needs_gap=True)
 
 
