@@ -493,3 +493,30 @@ def test_polyak_range_cap_is_finite_recorded_and_relative():
     nb = sum(out[k].reshape(4, -1).pow(2).sum(1) for k in out).sqrt()
     assert float(nb[0]) == pytest.approx(kernel_ops.PARAM_MAX, rel=1e-12)
     assert torch.isfinite(nb).all()
+
+
+def test_extending_md_optimiser_samples_run():
+    """The code samples of docs/extending.md's optimiser section run and do what they say."""
+    import pathlib
+    import re
+
+    text = (pathlib.Path(__file__).parents[1] / "docs" / "extending.md").read_text()
+    section = text[text.index("## An optimiser"):text.index("## A norm")]
+    blocks = re.findall(r"```python\n(.*?)```", section, re.S)
+    assert len(blocks) == 2
+    ns: dict = {}
+    try:
+        for b in blocks:
+            exec(compile(b, "extending.md", "exec"), ns)
+        P, G = _pg(8)
+        a = _step(ns["adagrad"], P, G)
+        b = _step(O.adagrad(0.1), P, G)
+        assert all(torch.equal(a[k], b[k]) for k in P)
+        assert O.get("my_adagrad", lr=0.1).name == "my_adagrad"
+        out = _step(ns["clipped_gd"], P, G)
+        gn = sum(G[k].reshape(4, -1).pow(2).sum(1) for k in G).sqrt()
+        f = torch.clamp(1.0 / gn, max=1.0)
+        for k in P:
+            torch.testing.assert_close(out[k], P[k] - 0.1 * f.reshape(-1, *[1] * (G[k].ndim - 1)) * G[k])
+    finally:
+        O.RULES.pop("my_adagrad", None)

@@ -36,6 +36,7 @@ from .base import (
     log_global_norm,
     log_norm,
     normalize,
+    register,
 )
 from .kernel_ops import KernelOp, Op
 from .rules import (
@@ -73,7 +74,7 @@ from .transforms import (
 )
 
 __all__ = [
-    "Optimizer", "Scaled", "RULES", "InversePower", "get", "as_scaled", "normalize", "log_norm",
+    "Optimizer", "Scaled", "RULES", "InversePower", "get", "register", "as_scaled", "normalize", "log_norm",
     "log_global_norm", "gd", "sgd", "ngd", "sngd", "nsd", "sign_descent", "spectral_descent",
     "coordinate_descent", "polyak", "mirror", "momentum", "adam", "adamw", "adagrad", "signum",
     "muon", "newton_schulz", "RuleOptimizer", "torch_optimizer",
