@@ -8,12 +8,15 @@ supported (:func:`unsupported` says why not), else the torch path; "fused" raise
 ValueError naming what is not supported; "torch" is the reference (and the only engine
 on CUDA). Two fused modes:
 
-* ``"fused"``: stateless rules (gd, ngd / nsd / sign / coordinate in an entrywise norm,
-  per tensor or global, relative; polyak; l_p mirror descent) run whole segments of
-  steps between two metric records inside :func:`kernels.run_steps`;
+* ``"fused"``: a stateless rule whose transforms all carry a compiled counterpart
+  (``Optimizer.kernel``, :mod:`attnsvm.optim.kernel_ops`) in a sequence of opcodes that
+  :data:`PROGRAMS` maps to a step loop (gd; steepest descent in an entrywise norm, per
+  tensor or global, relative; polyak; l_p mirror descent, plain or normalised), whatever
+  the rule is called, runs whole segments of steps between two metric records inside
+  :func:`kernels.run_steps`;
 * ``"fused-gradient"``: every other rule (spectral / nuclear steepest descent,
-  momentum, adam, adamw, signum, muon, custom rules) takes the scaled gradient from
-  :func:`kernels.grad_batch` and updates in torch, one call per step.
+  momentum, adam, adamw, adagrad, signum, muon, custom rules) takes the scaled gradient
+  from :func:`kernels.grad_batch` and updates in torch, one call per step.
 
 Supported: WModel, KQModel, DiagModel, PromptModel with a linear head (fixed or
 trained), every query kind and key mask, the logistic / exponential / correlation
