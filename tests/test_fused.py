@@ -19,6 +19,7 @@ from attnsvm import fused
 from attnsvm import models as M
 from attnsvm import optim as O
 from attnsvm.losses import logistic
+from attnsvm.optim import kernel_ops
 from attnsvm.train import train
 
 pytestmark = pytest.mark.skipif(not fused.available(), reason="numba is not installed")
@@ -37,6 +38,9 @@ IN_KERNEL = {
     "polyak": lambda: O.polyak(0.2, max_lr=2.0),  # uncapped: test_polyak_uncapped
     "mirror3": lambda: O.mirror(3.0, lr=0.3),
     "md1.5-normalized": lambda: O.mirror(1.5, lr=0.1, normalized=True),
+    "md2": lambda: O.mirror(2.0, lr=0.3),
+    "md2-normalized": lambda: O.mirror(2.0, lr=0.3, normalized=True),
+    "ngd-relative-per-tensor": lambda: O.ngd(0.05, relative=True),
 }
 TORCH_UPDATE = {  # the fused gradient feeds the torch update
     "momentum": lambda: O.momentum(0.2, beta=0.9),
@@ -386,3 +390,58 @@ def test_unsupported_without_numba(monkeypatch):
     assert train(M.WModel(3), data, steps=3).extra["engine"] == "torch"
     with pytest.raises(ValueError, match="numba is not importable"):
         train(M.WModel(3), data, steps=3, engine="fused")
+
+
+# ------------------------------------------- dispatch by the data the transforms carry
+def test_every_kernel_program_is_held_to_torch():
+    """Each step loop of the kernel (fused.PROGRAMS: a sequence of opcodes) is run by at least
+    one rule of IN_KERNEL, which test_every_model_head_rule_equals_torch holds to torch."""
+    seen = {tuple(int(k.op) for k in make().kernel) for make in IN_KERNEL.values()}
+    assert set(fused.PROGRAMS) <= seen, set(fused.PROGRAMS) - seen
+    for name, make in IN_KERNEL.items():
+        assert fused.program(make()) is not None, name
+
+
+def test_renamed_and_new_rules_of_accelerated_parts_run_fused():
+    """The engine reads Optimizer.kernel, never a name: a renamed rule, and a rule chained
+    anew from accelerated transforms (sign descent written by hand, a relative l_3 step),
+    run inside the kernel and equal torch; the same parts in an order no step loop runs, or
+    with one part that has no counterpart, take the fused gradient and equal torch too."""
+    data = D.random_sphere(n=3, T=4, d=3, seed=2, batch=2)
+    model = M.WModel(3)
+    renamed = O.ngd(0.3)._replace(name="my_ngd", hyper={})
+    by_hand = O.rule("handmade_sign", {"lr": 0.05}, O.scale_by_sign(), O.scale_by_learning_rate(0.05))
+    rel_l3 = O.rule("rel_l3", {}, O.scale_by_steepest("l3"), O.scale_by_param_norm("l3"),
+                    O.scale_by_learning_rate(0.02))
+    reordered = O.rule("lr_first", {}, O.scale_by_learning_rate(0.3), O.scale_by_steepest("fro"))
+    mixed = O.rule("sign_trace", {}, O.scale_by_sign(), O.trace(0.5), O.scale_by_learning_rate(0.05))
+    for opt, engine in [(renamed, "fused"), (by_hand, "fused"), (rel_l3, "fused"),
+                        (reordered, "fused-gradient"), (mixed, "fused-gradient")]:
+        tf, tt = _run_both(model, data, opt, 12, record_every=4, seed=1, scale=0.5)
+        assert tf.extra["engine"] == engine, opt.name
+        assert_same(tf, tt)
+    # the hand-made sign rule is the registered one, step for step
+    ta = train(model, data, optimizer=by_hand, steps=12, seed=1, scale=0.5)
+    tb = train(model, data, optimizer=O.sign_descent(0.05), steps=12, seed=1, scale=0.5)
+    assert torch.equal(ta.params["W"], tb.params["W"])
+
+
+@pytest.mark.parametrize("mname", ["W", "Diag", "Prompt"])
+def test_polyak_range_cap_equals_torch(mname):
+    """Start in the flat region (attention saturated on random tokens: L - L* = O(1),
+    ||G|| ~ e^-1e3), where every Polyak length leaves float64: each step takes the range cap,
+    in the kernel as in torch, counted the same; near 2^40 the capped steps are scaled
+    back onto the ball."""
+    d = 3
+    data = D.random_sphere(n=3, T=4, d=d, seed=5, batch=2, cross=mname != "Prompt")
+    model = _models(d)[mname](False)
+    init = model.init(2, seed=3, scale=1.0)
+    for size in (1e3, 0.9 * kernel_ops.PARAM_MAX ** (0.5 if mname == "Diag" else 1.0)):
+        start = {k: v * (size / float(v.abs().max())) for k, v in init.items()}
+        tf, tt = _run_both(model, data, O.polyak(1.0), 40, record_every=10, init=start)
+        assert tf.extra["engine"] == "fused"
+        assert_same(tf, tt)
+        assert torch.equal(tf.state["polyak_capped"], tt.state["polyak_capped"])
+        assert (tt.state["polyak_capped"] > 0).all() and not tt.stopped.any()
+        norm = torch.stack([v.reshape(2, -1).norm(dim=1) for v in tt.params.values()]).norm(dim=0)
+        assert (norm <= kernel_ops.PARAM_MAX * (1 + 1e-12)).all()

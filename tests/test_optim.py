@@ -13,6 +13,7 @@ from attnsvm import data as D
 from attnsvm import metrics as MT
 from attnsvm import models as M
 from attnsvm import optim as O
+from attnsvm.optim import kernel_ops
 from attnsvm.train import train
 
 
@@ -386,3 +387,136 @@ def test_stopped_trials_keep_their_optimiser_state():
     assert list(t.stop_step) == [-1, 0] and list(t.stop_reason) == ["", "zero gradient"]
     assert float(t.state["t"][0]) == 20 and float(t.state["t"][1]) == 0
     assert bool((t.state["m:W"][1] == 0).all()) and not bool((t.state["m:W"][0] == 0).all())
+
+
+# ------------------------------------------------------------ composable transforms
+def test_adagrad_is_one_line_and_matches_torch_adagrad():
+    """Adagrad chained from two transforms equals torch.optim.Adagrad step by step (the
+    registered rule and the same chain written in one line)."""
+    one_line = O.rule("my_adagrad", {"lr": 0.05}, O.scale_by_rss(eps=1e-10),
+                      O.scale_by_learning_rate(0.05))
+    rng = np.random.default_rng(2)
+    W0 = rng.standard_normal((4, 3))
+    w = torch.nn.Parameter(torch.as_tensor(W0.copy()))
+    ref = torch.optim.Adagrad([w], lr=0.05, eps=1e-10)
+    for opt in (O.get("adagrad", lr=0.05), one_line):
+        assert opt.stateful and opt.kernel is None  # scale_by_rss has no compiled counterpart
+    P1 = P2 = {"W": torch.as_tensor(W0.copy())[None]}
+    s1, s2 = O.get("adagrad", lr=0.05).init(P1), one_line.init(P2)
+    for t in range(20):
+        g = torch.as_tensor(rng.standard_normal((4, 3)) * 10.0 ** (-t % 4))
+        g[1, 2] = 0.0 if t % 2 else g[1, 2]
+        w.grad = g.clone()
+        ref.step()
+        P1, s1 = O.get("adagrad", lr=0.05).update({"W": g[None]}, s1, P1, None)
+        P2, s2 = one_line.update({"W": g[None]}, s2, P2, None)
+        torch.testing.assert_close(P1["W"][0], w.detach(), rtol=1e-12, atol=1e-14)
+        assert torch.equal(P1["W"], P2["W"])
+
+
+def test_adagrad_direction_is_exact_for_underflowed_gradients():
+    """The sum of squares is kept as log v: a gradient of size 1e-200 (its square
+    underflows) gives the same first step as one of size 1 (Adagrad is scale-free at t=1)."""
+    P, G = _pg(4)
+    opt = O.adagrad(0.1, eps=0.0)
+    tiny = O.Scaled.of(G, {k: torch.full((4,), -460.0, dtype=torch.float64) for k in G})
+    a, b = _step(opt, P, G), _step(opt, P, tiny)
+    for k in P:
+        torch.testing.assert_close(a[k], b[k], rtol=1e-12, atol=0)
+        torch.testing.assert_close(a[k], P[k] - 0.1 * torch.sign(G[k]), rtol=1e-12, atol=1e-15)
+
+
+def test_rules_carry_their_compiled_counterpart_as_data():
+    """Optimizer.kernel is the tuple of the transforms' opcodes (None when a part has no
+    counterpart); statefulness is a field, not a key of the hyper-parameters."""
+    ops = lambda o: None if o.kernel is None else tuple(int(k.op) for k in o.kernel)  # noqa: E731
+    assert ops(O.gd(0.1)) == (O.Op.LEARNING_RATE, O.Op.DESCEND)
+    assert ops(O.ngd(0.1, norm="global", relative=True)) == (
+        O.Op.STEEPEST, O.Op.PARAM_NORM, O.Op.LEARNING_RATE, O.Op.DESCEND)
+    assert ops(O.polyak()) == (O.Op.POLYAK, O.Op.DESCEND)
+    assert ops(O.mirror(1.5, lr=0.1, normalized=True)) == (
+        O.Op.NORMALIZE, O.Op.LEARNING_RATE, O.Op.MIRROR)
+    assert O.get("sign").kernel[0].args["lp"] == kernel_ops.LP_INF
+    assert O.nsd("l3").kernel[0].args["q"] == pytest.approx(1.5)
+    for name in ("spectral", "momentum", "adam", "muon", "signum", "adagrad"):
+        assert O.get(name).kernel is None or O.get(name).stateful, name
+    assert not O.get("ngd").stateful and O.get("adam").stateful and O.get("momentum").stateful
+    assert not any(k.startswith("_") for name in O.RULES for k in O.get(name).hyper)
+    # a per-trial tensor step size has no compiled counterpart (the kernel reads a number)
+    assert O.gd(torch.full((4, 1, 1), 0.1, dtype=torch.float64)).kernel is None
+
+
+def test_chain_states_compose_and_clashes_are_named():
+    P, G = _pg(6)
+    opt = O.rule("heavy_sign", {"lr": 0.1}, O.trace(0.9), O.scale_by_sign(),
+                 O.scale_by_learning_rate(0.1))
+    st = opt.init(P)
+    assert set(st) == {"m:K", "m:v"} and opt.stateful and opt.kernel is None
+    out, st = opt.update(G, st, P, None)
+    for k in P:  # first step: m = G, so the step is lr sign(G)
+        torch.testing.assert_close(out[k], P[k] - 0.1 * torch.sign(G[k]), rtol=0, atol=0)
+        assert torch.equal(st[f"m:{k}"], G[k])
+    with pytest.raises(ValueError, match="state under"):
+        O.chain(O.trace(0.9), O.trace(0.5)).init(P)
+    with pytest.raises(ValueError, match="Transforms"):
+        O.chain()
+
+
+def test_polyak_range_cap_is_finite_recorded_and_relative():
+    """A gradient of size e^-1e4 with an O(1) gap: Polyak's length c gap / ||G|| = e^1e4
+    leaves float64; the step takes the relative length cap ||params|| instead, along the
+    exact direction, and the count is recorded. In range, the step is Polyak's own."""
+    P, G = _pg(7)
+    opt = O.polyak(1.0, cap=2.0 ** -6)
+    lg = torch.tensor([0.0, -1.0, 0.0, -3.0], dtype=torch.float64)  # log(L - L*)
+    far = O.Scaled.of(G, {k: torch.tensor([-1e4, 0.0, -1e4, 0.0], dtype=torch.float64) for k in G})
+    st = opt.init(P)
+    out, st = opt.update(far, st, P, lg)
+    assert st["polyak_capped"].tolist() == [1.0, 0.0, 1.0, 0.0]
+    gn = sum(G[k].reshape(4, -1).pow(2).sum(1) for k in G).sqrt()  # G e^-1e4: same direction
+    pn = sum(P[k].reshape(4, -1).pow(2).sum(1) for k in P).sqrt()
+    step = sum((P[k] - out[k]).reshape(4, -1).pow(2).sum(1) for k in P).sqrt()
+    for b in (0, 2):  # capped: length cap max(||P||, 1), direction G / ||G||
+        assert float(step[b]) == pytest.approx(2.0 ** -6 * max(float(pn[b]), 1.0), rel=1e-12)
+        for k in P:
+            d = (P[k][b] - out[k][b]) / step[b]
+            torch.testing.assert_close(d, G[k][b] / gn[b], rtol=1e-10, atol=1e-14)
+    for b in (1, 3):  # in range: eta = c gap / ||G||^2 with the plain gradient
+        Gp = {k: G[k][b] for k in G}
+        g2 = sum(Gp[k].pow(2).sum() for k in G)
+        for k in P:
+            torch.testing.assert_close(out[k][b], P[k][b] - torch.exp(lg[b]) / g2 * Gp[k],
+                                       rtol=1e-12, atol=1e-15)
+    # a step that ends past PARAM_MAX is scaled back onto it
+    big = {k: v * (kernel_ops.PARAM_MAX / float(pn.max())) for k, v in P.items()}
+    out, _ = opt.update(far, opt.init(big), big, lg)
+    nb = sum(out[k].reshape(4, -1).pow(2).sum(1) for k in out).sqrt()
+    assert float(nb[0]) == pytest.approx(kernel_ops.PARAM_MAX, rel=1e-12)
+    assert torch.isfinite(nb).all()
+
+
+def test_extending_md_optimiser_samples_run():
+    """The code samples of docs/extending.md's optimiser section run and do what they say."""
+    import pathlib
+    import re
+
+    text = (pathlib.Path(__file__).parents[1] / "docs" / "extending.md").read_text()
+    section = text[text.index("## An optimiser"):text.index("## A norm")]
+    blocks = re.findall(r"```python\n(.*?)```", section, re.S)
+    assert len(blocks) == 2
+    ns: dict = {}
+    try:
+        for b in blocks:
+            exec(compile(b, "extending.md", "exec"), ns)
+        P, G = _pg(8)
+        a = _step(ns["adagrad"], P, G)
+        b = _step(O.adagrad(0.1), P, G)
+        assert all(torch.equal(a[k], b[k]) for k in P)
+        assert O.get("my_adagrad", lr=0.1).name == "my_adagrad"
+        out = _step(ns["clipped_gd"], P, G)
+        gn = sum(G[k].reshape(4, -1).pow(2).sum(1) for k in G).sqrt()
+        f = torch.clamp(1.0 / gn, max=1.0)
+        for k in P:
+            torch.testing.assert_close(out[k], P[k] - 0.1 * f.reshape(-1, *[1] * (G[k].ndim - 1)) * G[k])
+    finally:
+        O.RULES.pop("my_adagrad", None)

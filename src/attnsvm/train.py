@@ -619,7 +619,7 @@ def train(model: AttentionModel, data, loss="logistic", optimizer: Optimizer | N
     if plan is not None and plan.in_kernel:
         params = plan.load(params)
         steps_run = _run_fused(plan, steps, k, record, stop, progress)
-        params = plan.params()
+        params, state = plan.params(), plan.state(state)
     else:
         steps_run = None
     it = range(steps if steps_run is None else 0)

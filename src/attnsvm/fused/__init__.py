@@ -8,12 +8,15 @@ supported (:func:`unsupported` says why not), else the torch path; "fused" raise
 ValueError naming what is not supported; "torch" is the reference (and the only engine
 on CUDA). Two fused modes:
 
-* ``"fused"``: stateless rules (gd, ngd / nsd / sign / coordinate in an entrywise norm,
-  per tensor or global, relative; polyak; l_p mirror descent) run whole segments of
-  steps between two metric records inside :func:`kernels.run_steps`;
+* ``"fused"``: a stateless rule whose transforms all carry a compiled counterpart
+  (``Optimizer.kernel``, :mod:`attnsvm.optim.kernel_ops`) in a sequence of opcodes that
+  :data:`PROGRAMS` maps to a step loop (gd; steepest descent in an entrywise norm, per
+  tensor or global, relative; polyak; l_p mirror descent, plain or normalised), whatever
+  the rule is called, runs whole segments of steps between two metric records inside
+  :func:`kernels.run_steps`;
 * ``"fused-gradient"``: every other rule (spectral / nuclear steepest descent,
-  momentum, adam, adamw, signum, muon, custom rules) takes the scaled gradient from
-  :func:`kernels.grad_batch` and updates in torch, one call per step.
+  momentum, adam, adamw, adagrad, signum, muon, custom rules) takes the scaled gradient
+  from :func:`kernels.grad_batch` and updates in torch, one call per step.
 
 Supported: WModel, KQModel, DiagModel, PromptModel with a linear head (fixed or
 trained), every query kind and key mask, the logistic / exponential / correlation
@@ -25,12 +28,13 @@ of threads (trials are independent; sums run in a fixed order; no fastmath).
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 import torch
 
 from attnsvm._optional import OptionalImport
+from attnsvm.optim.kernel_ops import Op
+
+from . import codes as C
 
 __all__ = ["available", "unsupported", "Plan", "ENGINES", "warmup"]
 
@@ -45,49 +49,56 @@ def available() -> bool:
 
 
 # -------------------------------------------------------------- what is supported
-_MODELS = {"WModel": 0, "KQModel": 1, "DiagModel": 2, "PromptModel": 3}
-_LOSSES = {"logistic": 0, "exponential": 1, "correlation": 2}
+_MODELS = {"WModel": C.W_MODEL, "KQModel": C.KQ_MODEL, "DiagModel": C.DIAG_MODEL,
+           "PromptModel": C.PROMPT_MODEL}
+_LOSSES = {"logistic": C.LOGISTIC, "exponential": C.EXPONENTIAL, "correlation": C.CORRELATION}
+
+#: the kernel's step loops, by the sequence of opcodes of a rule's transforms
+#: (``Optimizer.kernel``): {opcodes: (IC_RULE, extra integer slots)}. The numbers the
+#: transforms carry fill the other slots (codes.IC_SLOTS, codes.FC_SLOTS).
+PROGRAMS = {
+    (Op.LEARNING_RATE, Op.DESCEND): (C.R_GD, {}),
+    (Op.STEEPEST, Op.LEARNING_RATE, Op.DESCEND): (C.R_NSD, {}),
+    (Op.STEEPEST, Op.PARAM_NORM, Op.LEARNING_RATE, Op.DESCEND): (C.R_NSD, {"relative": 1}),
+    (Op.POLYAK, Op.DESCEND): (C.R_POLYAK, {"needgap": 1}),
+    (Op.LEARNING_RATE, Op.MIRROR): (C.R_MIRROR, {}),
+    (Op.NORMALIZE, Op.LEARNING_RATE, Op.MIRROR): (C.R_MIRROR, {"normalized": 1}),
+}
 
 
-def _rule_code(optimizer):
-    """(rule code, extra ints, hyper reals) of a stateless rule the kernel runs, or None
-    (then the fused gradient feeds the torch update)."""
-    h = optimizer.hyper
-    upd = getattr(optimizer.update, "__qualname__", "")
-    mod = getattr(optimizer.update, "__module__", "")
-    if mod != "attnsvm.optim.rules" or optimizer.stateful or optimizer.batch_size is not None:
+def program(optimizer):
+    """(IC_RULE, {integer slot: value}, {real slot: value}) of the rule's compiled
+    counterpart, read from the data its transforms carry (``optimizer.kernel``), or None
+    (then the fused gradient feeds the torch update): a stateful or stochastic rule, a
+    transform with no counterpart, or a sequence of opcodes no step loop runs."""
+    ops = optimizer.kernel
+    if ops is None or optimizer.stateful or optimizer.batch_size is not None:
         return None
-    lr = h.get("lr")
-    if lr is not None and not isinstance(lr, float):
-        return None  # per-trial step sizes (tensors)
-    if upd == "gd.<locals>.update":
-        return 1, {}, {"lr": lr}
-    if upd == "_nsd.<locals>.update":
-        norm = h["norm"]
-        if norm == "fro":
-            kind, p, q = 0, 2.0, 2.0
-        elif norm == "linf":
-            kind, p, q = 1, math.inf, 1.0
-        elif norm == "l1":
-            kind, p, q = 2, 1.0, math.inf
-        elif norm.startswith("l"):
-            p = float(norm[1:])
-            kind, q = 3, p / (p - 1.0)
-        else:  # spectral, nuclear: an SVD per step
+    seq = tuple(int(o.op) for o in ops)
+    if seq not in PROGRAMS:
+        return None
+    code, extra = PROGRAMS[seq]
+    args = {}
+    for o in ops:
+        for k, v in o.args.items():
+            if k in args and args[k] != v:  # e.g. a relative step measured in another norm
+                return None
+            args[k] = v
+    if args.get("q") is not None and seq[0] == Op.NORMALIZE:  # G / ||G||_q: the mirror's q
+        if args["q"] != args["p"] / (args["p"] - 1.0):
             return None
-        return 2, {"lp": kind, "global": h["scope"] == "global", "relative": h["relative"]}, \
-            {"lr": lr, "p": p, "q": q}
-    if upd == "polyak.<locals>.update":
-        return 3, {"maxlr": h["max_lr"] is not None, "needgap": True}, \
-            {"c": float(h["c"]), "max_lr": float(h["max_lr"] or 1.0)}
-    if upd == "mirror.<locals>.update":
-        p = float(h["p"])
-        if p == 2.0:  # GD / per-tensor NGD, as in optim.rules: the same steps bit for bit
-            if h["normalized"]:
-                return 2, {"lp": 0, "global": False, "relative": False}, {"lr": lr, "p": 2.0, "q": 2.0}
-            return 1, {}, {"lr": lr}
-        return 4, {"normalized": bool(h["normalized"])}, {"lr": lr, "p": p, "q": p / (p - 1.0)}
-    return None
+    args.update(extra)
+    if code == C.R_MIRROR and args["p"] == 2.0:  # l_2 mirror descent is GD / NGD (bit for bit)
+        if args.get("normalized"):
+            code, args = C.R_NSD, {"lr": args["lr"], "lp": C.LP_FRO, "p": 2.0, "q": 2.0}
+        else:
+            code, args = C.R_GD, {"lr": args["lr"]}
+    elif code == C.R_MIRROR:
+        args["q"] = args["p"] / (args["p"] - 1.0)
+    ints = {C.IC_SLOTS[k]: int(v) for k, v in args.items() if k in C.IC_SLOTS}
+    ints[C.IC_NEEDGAP] = int(args.get("needgap", 0))
+    reals = {C.FC_SLOTS[k]: float(v) for k, v in args.items() if k in C.FC_SLOTS}
+    return code, ints, reals
 
 
 def unsupported(model, lossf, optimizer=None, tdata=None, batch_size=None,
@@ -138,7 +149,7 @@ class Plan:
         self.names = list(model.param_shapes())
         self.shapes = model.param_shapes()
         mcode = _MODELS[type(model).__name__]
-        na = 2 if mcode in (1, 2) else 1
+        na = 2 if mcode in (C.KQ_MODEL, C.DIAG_MODEL) else 1
         self.slots = {nm: (i if i < na else na) for i, nm in enumerate(self.names)}
         X = tdata["X"]
         n, T, d = X.shape[1:]
@@ -164,38 +175,36 @@ class Plan:
             km = km if km.ndim == 4 else km[None, None]
             self.mask = _flat(km.expand(km.shape[0], n, Q, T), np.uint8)
         wid = False
-        if mcode == 3:
+        if mcode == C.PROMPT_MODEL:
             wid = bool(np.array_equal(model.W_fixed, np.eye(d)))
             Wf = np.asarray(model.W_fixed, dtype=np.float64)
             self.Wf = np.ascontiguousarray(np.stack([Wf.T.ravel(), Wf.ravel()]))
         else:
             self.Wf = np.zeros((2, 1))
-        m = getattr(model, "m", 0) if mcode == 1 else 0
-        rc = _rule_code(optimizer)
+        m = getattr(model, "m", 0) if mcode == C.KQ_MODEL else 0
+        rc = program(optimizer)
         self.in_kernel = rc is not None
-        ic = np.zeros(K.IC_SIZE, dtype=np.int64)
-        fc = np.zeros(K.FC_SIZE, dtype=np.float64)
-        ic[K.IC_MODEL], ic[K.IC_TRAINED], ic[K.IC_LOSS] = mcode, int(trained), _LOSSES[lossf.name]
-        ic[K.IC_NP] = len(self.names)
-        ic[K.IC_N], ic[K.IC_Q], ic[K.IC_T], ic[K.IC_D], ic[K.IC_M] = n, Q, T, d, m
-        ic[K.IC_MASK] = int(km is not None)
-        ic[K.IC_STALL] = int(check_stall)
-        ic[K.IC_WID] = int(wid)
-        fc[K.FC_REG] = float(getattr(model, "reg", 0.0)) if mcode == 1 else 0.0
+        ic = np.zeros(C.IC_SIZE, dtype=np.int64)
+        fc = np.zeros(C.FC_SIZE, dtype=np.float64)
+        ic[C.IC_MODEL], ic[C.IC_TRAINED] = mcode, int(trained)
+        ic[C.IC_LOSS] = _LOSSES[lossf.name]
+        ic[C.IC_NP] = len(self.names)
+        ic[C.IC_N], ic[C.IC_Q], ic[C.IC_T], ic[C.IC_D], ic[C.IC_M] = n, Q, T, d, m
+        ic[C.IC_MASK] = int(km is not None)
+        ic[C.IC_STALL] = int(check_stall)
+        ic[C.IC_WID] = int(wid)
+        fc[C.FC_REG] = float(getattr(model, "reg", 0.0)) if mcode == C.KQ_MODEL else 0.0
+        fc[C.FC_P], fc[C.FC_Q], fc[C.FC_C], fc[C.FC_MAXLR] = 2.0, 2.0, 1.0, 1.0
         if rc is not None:
             code, ints, reals = rc
-            ic[K.IC_RULE] = code
-            ic[K.IC_LP] = ints.get("lp", 0)
-            ic[K.IC_GLOBAL] = int(ints.get("global", False))
-            ic[K.IC_RELATIVE] = int(ints.get("relative", False))
-            ic[K.IC_NORMALIZED] = int(ints.get("normalized", False))
-            ic[K.IC_MAXLR] = int(ints.get("maxlr", False))
-            ic[K.IC_NEEDGAP] = int(ints.get("needgap", False))
-            fc[K.FC_LR] = reals.get("lr") or 0.0
-            fc[K.FC_P], fc[K.FC_Q] = reals.get("p", 2.0), reals.get("q", 2.0)
-            fc[K.FC_C], fc[K.FC_MAXLR] = reals.get("c", 1.0), reals.get("max_lr", 1.0)
+            ic[C.IC_RULE] = code
+            for slot, v in ints.items():
+                ic[slot] = v
+            for slot, v in reals.items():
+                fc[slot] = v
         self.ic, self.fc = ic, fc
         self._slots = None
+        self.capped = np.zeros(B)  # steps that took Polyak's range cap, per trial
 
     # ---------------------------------------------------------- parameters
     def _empty_slots(self):
@@ -235,8 +244,8 @@ class Plan:
         LS = np.full((self.B, 3), -np.inf)
         LG = np.full(self.B, np.nan)
         ic = self.ic.copy()
-        ic[K.IC_NEEDGAP] = int(need_gap)
-        ic[K.IC_RULE] = 0
+        ic[C.IC_NEEDGAP] = int(need_gap)
+        ic[C.IC_RULE] = C.R_NONE
         self._map(K.grad_batch, ic, self.fc, self.X, self.Z, self.gam, self.gopt, self.yl, self.w,
                   self.mask, self.Wf, P[0], P[1], P[2], G[0], G[1], G[2], LS, LG)
         tensors = {nm: torch.from_numpy(G[s]).view(self.B, *self.shapes[nm])
@@ -251,10 +260,19 @@ class Plan:
         P = self._slots
         self._map(self.K.run_steps, self.ic, self.fc, self.X, self.Z, self.gam, self.gopt,
                   self.yl, self.w, self.mask, self.Wf, P[0], P[1], P[2], int(t0), int(t1),
-                  active, stop_step, stop_code)
+                  active, stop_step, stop_code, self.capped)
+
+    def state(self, state: dict) -> dict:
+        """The optimiser state after :meth:`run`: ``state`` with Polyak's count of capped
+        steps (``"polyak_capped"``) from the kernel (the kernel runs stateless rules only)."""
+        if "polyak_capped" not in state:
+            return state
+        ref = state["polyak_capped"]
+        return {**state, "polyak_capped": torch.from_numpy(self.capped.copy()).to(ref.dtype)}
 
 
-STOP_CODES = {1: "zero gradient", 2: "non-finite step", 3: "no change in float64"}
+STOP_CODES = {C.STOP_ZERO: "zero gradient", C.STOP_NONFINITE: "non-finite step",
+              C.STOP_NOCHANGE: "no change in float64"}
 
 _POOL = None
 
@@ -286,9 +304,15 @@ def warmup() -> bool:
         return False
     from attnsvm import data as D
     from attnsvm import models as M
-    from attnsvm.train import train
+    from attnsvm import optim as O
+    from attnsvm.losses import get_loss
+    from attnsvm.models import prepare
 
-    dat = D.random_sphere(n=2, T=3, d=3, seed=0)
-    train(M.WModel(3), dat, optimizer="ngd", steps=2, engine="fused")
-    train(M.WModel(3), dat, optimizer="adam", steps=2, engine="fused")
+    model, tdata = M.WModel(3), prepare(D.random_sphere(n=2, T=3, d=3, seed=0))
+    params = {"W": torch.zeros(1, 3, 3, dtype=torch.float64)}
+    plan = Plan(model, tdata, get_loss("logistic"), O.ngd(0.1), 1, 1, check_stall=True)
+    plan.evaluate(params, True)  # the gradient kernel (the fused-gradient mode)
+    plan.load(params)
+    z = np.zeros(1, dtype=np.int64)
+    plan.run(0, 2, np.ones(1, dtype=np.uint8), z - 1, z.copy())  # the step kernel
     return True

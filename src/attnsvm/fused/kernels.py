@@ -33,18 +33,51 @@ import numpy as np
 from numba import njit
 
 # --------------------------------------------------------------------- codes
-W_MODEL, KQ_MODEL, DIAG_MODEL, PROMPT_MODEL = 0, 1, 2, 3
-LOGISTIC, EXPONENTIAL, CORRELATION = 0, 1, 2
-R_NONE, R_GD, R_NSD, R_POLYAK, R_MIRROR = 0, 1, 2, 3, 4
-LP_FRO, LP_INF, LP_ONE, LP_GEN = 0, 1, 2, 3
-STOP_ZERO, STOP_NONFINITE, STOP_NOCHANGE = 1, 2, 3
-
-# ic: integer configuration
-IC_MODEL, IC_TRAINED, IC_LOSS, IC_RULE, IC_GLOBAL, IC_RELATIVE, IC_NP = 0, 1, 2, 3, 4, 5, 6
-IC_N, IC_Q, IC_T, IC_D, IC_M, IC_MASK, IC_STALL, IC_LP, IC_NORMALIZED = 7, 8, 9, 10, 11, 12, 13, 14, 15
-IC_MAXLR, IC_NEEDGAP, IC_WID, IC_SIZE = 16, 17, 18, 19
-# fc: real hyper-parameters
-FC_LR, FC_P, FC_Q, FC_REG, FC_C, FC_MAXLR, FC_SIZE = 0, 1, 2, 3, 4, 5, 6
+from .codes import (  # noqa: E402  (the layout shared with attnsvm.fused)
+    DIAG_MODEL,
+    EXPONENTIAL,
+    FC_C,
+    FC_CAP,
+    FC_LR,
+    FC_MAXLR,
+    FC_P,
+    FC_Q,
+    FC_REG,
+    IC_D,
+    IC_GLOBAL,
+    IC_LOSS,
+    IC_LP,
+    IC_M,
+    IC_MASK,
+    IC_MAXLR,
+    IC_MODEL,
+    IC_N,
+    IC_NEEDGAP,
+    IC_NORMALIZED,
+    IC_NP,
+    IC_Q,
+    IC_RELATIVE,
+    IC_RULE,
+    IC_STALL,
+    IC_T,
+    IC_TRAINED,
+    IC_WID,
+    KQ_MODEL,
+    LOGISTIC,
+    LP_FRO,
+    LP_GEN,
+    LP_INF,
+    LP_ONE,
+    PARAM_MAX,
+    R_GD,
+    R_NONE,
+    R_NSD,
+    R_POLYAK,
+    STOP_NOCHANGE,
+    STOP_NONFINITE,
+    STOP_ZERO,
+    W_MODEL,
+)
 
 NINF = -np.inf
 _U = np.uint64  # an index cast to unsigned: no negative-index wrap-around in numba
@@ -510,20 +543,6 @@ def _apply_generic(ic, fc, P, G, N, so, ls, lgap, D, work):
             s = step * wts[k] if ic[IC_GLOBAL] else step
             for x in range(sz):
                 N[so[k] + x] = P[so[k] + x] - s * D[x]
-    elif rule == R_POLYAK:
-        logs = work[0:nP]
-        for k in range(nP):
-            logs[k] = 2.0 * (_log(math.sqrt(_sum_sq(G, so[k], so[k + 1] - so[k], 1.0))) + ls[k])
-        lg = 0.5 * _logsumexp(logs, nP)
-        lr_ = math.log(fc[FC_C]) + lgap - lg
-        if ic[IC_MAXLR]:
-            lr_ = min(lr_, math.log(fc[FC_MAXLR]) + lg)
-        for k in range(nP):
-            f = math.exp(lr_ + ls[k] - lg)
-            if not (np.isfinite(lg) and np.isfinite(lr_)):
-                f = 0.0
-            for x in range(so[k], so[k + 1]):
-                N[x] = P[x] - f * G[x]
     else:  # mirror
         p = fc[FC_P]
         q = fc[FC_Q]
@@ -572,9 +591,27 @@ def _checked(P, N, o, k):
 
 
 @njit(cache=True, error_model="numpy")
+def _param_norm(P, so, nP, vals):
+    """||P||_F over every tensor of a trial (scale-safe; attnsvm.optim.transforms._param_norm)."""
+    mm = 0.0
+    for k in range(nP):
+        mk = _max_abs(P, so[k], so[k + 1] - so[k])
+        vals[k] = mk * math.sqrt(_sum_sq(P, so[k], so[k + 1] - so[k], 1.0 / mk)) if mk > 0.0 else 0.0
+        if vals[k] > mm:
+            mm = vals[k]
+    if not mm > 0.0:
+        return 0.0
+    s2 = 0.0
+    for k in range(nP):
+        s2 += (vals[k] / mm) ** 2
+    return mm * math.sqrt(s2)
+
+
+@njit(cache=True, error_model="numpy")
 def _apply_rule(ic, fc, P, G, N, so, gm, ls, lgap, D, work):
     """N = the rule's step from P with the scaled gradient (G / gm per tensor, ls); returns
-    1 (every entry finite: the trainer's test) | 2 (some entry changed). GD, per-tensor
+    1 (every entry finite: the trainer's test) | 2 (some entry changed) | 4 (Polyak's
+    range cap was taken). GD, per-tensor
     NGD and Polyak step from the raw G (one norm pass, one update pass); the other rules
     divide G by gm first (_apply_generic). G may be overwritten."""
     rule = ic[IC_RULE]
@@ -583,6 +620,7 @@ def _apply_rule(ic, fc, P, G, N, so, gm, ls, lgap, D, work):
     fin = 1
     chg = 0
     big = 0
+    cap = 0
     fast_nsd = rule == R_NSD and ic[IC_LP] == LP_FRO and ic[IC_GLOBAL] == 0 \
         and ic[IC_RELATIVE] == 0
     if rule == R_GD or fast_nsd:
@@ -600,6 +638,8 @@ def _apply_rule(ic, fc, P, G, N, so, gm, ls, lgap, D, work):
             chg |= (f >> 1) & 1
             big |= (f >> 2) & 1
     elif rule == R_POLYAK:
+        # attnsvm.optim.transforms.scale_by_polyak: a step of length l along G / ||G||,
+        # log l = log c + log(L - L*) - log||G||, with the range cap at PARAM_MAX
         logs = work[0:nP]
         for k in range(nP):
             sz = so[k + 1] - so[k]
@@ -608,14 +648,27 @@ def _apply_rule(ic, fc, P, G, N, so, gm, ls, lgap, D, work):
         lr_ = math.log(fc[FC_C]) + lgap - lg
         if ic[IC_MAXLR]:
             lr_ = min(lr_, math.log(fc[FC_MAXLR]) + lg)
+        pn = _param_norm(P, so, nP, work[nP:2 * nP])
+        if lr_ > _log(max(PARAM_MAX - pn, 0.0)) and np.isfinite(lg):  # the range cap
+            lr_ = _log(fc[FC_CAP] * max(pn, 1.0))
+            cap = 1
         for k in range(nP):
-            fk = math.exp(lr_ + ls[k] - lg)
+            if cap:  # |lr_| << |ls[k]|, |lg| there: the difference first
+                fk = math.exp(lr_ + (ls[k] - lg))
+            else:
+                fk = math.exp(lr_ + ls[k] - lg)
             if not (np.isfinite(lg) and np.isfinite(lr_)):
                 fk = 0.0
             f = _step_checked(P, G, N, so[k], so[k + 1] - so[k], fk / gm[k])
             fin &= f & 1
             chg |= (f >> 1) & 1
             big |= (f >> 2) & 1
+        if cap:  # a capped step ending past PARAM_MAX is scaled back onto it
+            nn = _param_norm(N, so, nP, work[nP:2 * nP])
+            if nn > PARAM_MAX:
+                sc = PARAM_MAX / nn
+                for x in range(so[0], so[nP]):
+                    N[x] = N[x] * sc
     else:
         for k in range(nP):
             inv = 1.0 / gm[k]
@@ -632,7 +685,7 @@ def _apply_rule(ic, fc, P, G, N, so, gm, ls, lgap, D, work):
         for k in range(nP):
             tot += _sum(N, so[k], so[k + 1] - so[k])
         fin = 1 if np.isfinite(tot) else 0
-    return fin | (chg << 1)
+    return fin | (chg << 1) | (cap << 2)
 
 
 # ------------------------------------------------------------ one trial's run
@@ -670,7 +723,8 @@ def _trial_run(ic, fc, X, Z, gam, gopt, yl, logw, mask, Wf, P, G, N, so, gm, ls,
     the update; an update with a non-finite parameter (code 2) or, if ic[IC_STALL], that
     leaves every parameter bit-identical (code 3) stops it and is not applied.
     out[0] = the stop step (-1: ran to t1), out[1] = the code, out[2] = log(L - L*) of
-    the last gradient (nan unless ic[IC_NEEDGAP]). P holds the parameters on return."""
+    the last gradient (nan unless ic[IC_NEEDGAP]), out[3] = the number of steps that took
+    Polyak's range cap. P holds the parameters on return."""
     model = ic[IC_MODEL]
     trained = ic[IC_TRAINED]
     loss = ic[IC_LOSS]
@@ -700,6 +754,7 @@ def _trial_run(ic, fc, X, Z, gam, gopt, yl, logw, mask, Wf, P, G, N, so, gm, ls,
                 XT[_U(i * d * T + j * T + t)] = X[_U(xo + j)]
     out[0] = -1.0
     out[1] = 0.0
+    out[3] = 0.0
     lgap = np.nan
     swapped = False
     for step in range(t0, t1):  # (t is the token index below)
@@ -1001,6 +1056,8 @@ def _trial_run(ic, fc, X, Z, gam, gopt, yl, logw, mask, Wf, P, G, N, so, gm, ls,
             out[0] = step
             out[1] = STOP_NOCHANGE
             break
+        if flags & 4:  # Polyak's range cap was taken (and the step applied)
+            out[3] += 1.0
         P, N = N, P  # the new parameters become the current ones
         swapped = not swapped
     if swapped:  # the caller's P buffer (now named N) receives the current parameters
@@ -1077,7 +1134,7 @@ def grad_batch(ic, fc, X, Z, gam, gopt, yl, w, mask, Wf, P0, P1, P2, G0, G1, G2,
     sP = so[3]
     KT, WZ, ZQ, A, S, Rr, C, dr, rho, rhov, rlg, acc, tmp, D, work, XT, aux = _scratch(ic, sP)
     P, G, N = np.empty(sP), np.empty(sP), np.empty(sP)
-    ls, gm, out = np.full(3, NINF), np.ones(3), np.zeros(3)
+    ls, gm, out = np.full(3, NINF), np.ones(3), np.zeros(4)
     for b in range(b0, b1):
         _load(ic, P0, P1, P2, b, P, so)
         _trial_run(ic, fc, _row(X, b), _row(Z, b), _row(gam, b), _row(gopt, b), _row(yl, b),
@@ -1099,15 +1156,16 @@ def grad_batch(ic, fc, X, Z, gam, gopt, yl, w, mask, Wf, P0, P1, P2, G0, G1, G2,
 
 @njit(nogil=True, cache=True, error_model="numpy")
 def run_steps(ic, fc, X, Z, gam, gopt, yl, w, mask, Wf, P0, P1, P2, t0, t1,
-              active, stop_step, stop_code, b0, b1):
+              active, stop_step, stop_code, capped, b0, b1):
     """Steps t0 .. t1-1 of a stateless rule for every active trial among b0 .. b1-1, in
     place on P0..P2 (the caller runs slices in threads: the kernel releases the GIL);
-    active / stop_step / stop_code are updated (see _trial_run)."""
+    active / stop_step / stop_code are updated and capped (B,) counts the steps that
+    took Polyak's range cap (see _trial_run)."""
     so = _slots(P0, P1, P2)
     sP = so[3]
     KT, WZ, ZQ, A, S, Rr, C, dr, rho, rhov, rlg, acc, tmp, D, work, XT, aux = _scratch(ic, sP)
     P, G, N = np.empty(sP), np.empty(sP), np.empty(sP)
-    ls, gm, out = np.full(3, NINF), np.ones(3), np.zeros(3)
+    ls, gm, out = np.full(3, NINF), np.ones(3), np.zeros(4)
     for b in range(b0, b1):
         if not active[b]:
             continue
@@ -1116,6 +1174,7 @@ def run_steps(ic, fc, X, Z, gam, gopt, yl, w, mask, Wf, P0, P1, P2, t0, t1,
                    _row(w, b), _row(mask, b), Wf, P, G, N, so, gm, ls, KT, WZ, ZQ, A, S, Rr, C,
                    dr, rho, rhov, rlg, acc, tmp, D, work, XT, aux, out, t0, t1)
         _store(ic, P, so, P0, P1, P2, b)
+        capped[b] += out[3]
         if out[0] >= 0:
             active[b] = 0
             stop_step[b] = int(out[0])

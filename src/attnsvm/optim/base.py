@@ -44,7 +44,12 @@ class Optimizer(NamedTuple):
 
     name: registry name; hyper: its hyper-parameters; needs_gap: whether ``update``
     reads ``log_gap`` (the trainer may skip computing it); batch_size: None (full batch)
-    or the mini-batch size of a stochastic rule (SGD, SNGD), drawn by the trainer."""
+    or the mini-batch size of a stochastic rule (SGD, SNGD), drawn by the trainer;
+    kernel: the compiled counterpart of a rule chained from transforms
+    (:mod:`attnsvm.optim.transforms`), a tuple of :class:`~.kernel_ops.KernelOp` that
+    :mod:`attnsvm.fused` reads, or None (the rule runs in torch); stateful: the state
+    changes later steps (momentum, moments, a schedule's count), so an unchanged step
+    is not a stall."""
 
     name: str
     init: Callable
@@ -52,11 +57,8 @@ class Optimizer(NamedTuple):
     hyper: dict
     needs_gap: bool = False
     batch_size: int | None = None
-
-    @property
-    def stateful(self) -> bool:
-        """Whether the rule keeps state between steps (momentum, moments, counters)."""
-        return bool(self.hyper.get("_stateful", False))
+    kernel: tuple | None = None
+    stateful: bool = False
 
     def __repr__(self) -> str:
         h = ", ".join(f"{k}={v!r}" for k, v in self.hyper.items() if not k.startswith("_"))

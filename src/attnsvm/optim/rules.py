@@ -1,65 +1,41 @@
 """Stateless step rules (docs/theory.md §6): GD, normalised steepest descent in any norm (NGD, sign
 descent, spectral descent, the coordinate rule), Polyak, l_p mirror descent, SGD / SNGD.
 
-Each constructor returns an :class:`~attnsvm.optim.base.Optimizer`; every rule acts on each
-tensor of the parameter dict (joint training of (W, v), (K, Q), (k, q) needs nothing
-special). Per-trial norms are over all dims but the leading one; a (B, d) tensor is a
-vector, a (B, d, m) tensor a matrix (so the spectral rules see matrices).
+Each constructor chains transforms of :mod:`.transforms` into an
+:class:`~attnsvm.optim.base.Optimizer` (one line each); every rule acts on each tensor of
+the parameter dict (joint training of (W, v), (K, Q), (k, q) needs nothing special).
+Per-trial norms are over all dims but the leading one; a (B, d) tensor is a vector, a
+(B, d, m) tensor a matrix (so the spectral rules see matrices).
 """
 
 from __future__ import annotations
 
 import torch
 
-from attnsvm.metrics import inverse_mirror_map, mirror_map
 from attnsvm.norms import FRO, get_norm, l_p
 
-from .base import (
-    Optimizer,
-    as_scaled,
-    check_lr,
-    expand,
-    item_norm,
-    item_steepest,
-    log_global_norm,
-    log_norm,
-    no_state,
-    register,
+from .base import Optimizer, check_lr, register
+from .kernel_ops import POLYAK_CAP
+from .transforms import (
+    SCOPES,
+    mirror_step,
+    normalize_by,
+    rule,
+    scale_by_learning_rate,
+    scale_by_param_norm,
+    scale_by_polyak,
+    scale_by_steepest,
 )
 
 __all__ = ["gd", "nsd", "ngd", "sign_descent", "spectral_descent", "coordinate_descent",
            "polyak", "mirror", "sgd", "sngd"]
-
-SCOPES = ("per_tensor", "global")
 
 
 @register("gd")
 def gd(lr: float = 0.1) -> Optimizer:
     """Gradient descent: W <- W - lr G."""
     lr = check_lr(lr)
-
-    def update(grads, state, params, log_gap=None):
-        G = as_scaled(grads).value()
-        return {k: params[k] - lr * G[k] for k in params}, state
-
-    return Optimizer("gd", no_state, update, {"lr": lr})
-
-
-def _product_weights(g, N):
-    """Weights w_k = ||G_k||_* / sqrt(sum_j ||G_j||_*^2) per trial (the steepest direction of
-    the l_2 product of N over the tensors is w_k D*_k); 0 for a zero gradient."""
-    ld = {k: log_norm(g, k, N.dual) for k in g.tensors}
-    lt = 0.5 * torch.logsumexp(2 * torch.stack(list(ld.values())), dim=0)
-    return {k: torch.where(torch.isfinite(lt), torch.exp(l - lt), torch.zeros_like(l))
-            for k, l in ld.items()}
-
-
-def _param_norm(params, N):
-    """sqrt(sum_k ||P_k||^2) per trial in the norm N (scale-safe)."""
-    vals = torch.stack([item_norm(N, p) for p in params.values()])
-    m = vals.amax(0)
-    safe = torch.where(m > 0, m, torch.ones_like(m))
-    return m * (vals / safe).pow(2).sum(0).sqrt()
+    return rule("gd", {"lr": lr}, scale_by_learning_rate(lr))
 
 
 def _nsd(name: str, norm, lr: float, scope: str, relative: bool) -> Optimizer:
@@ -69,22 +45,9 @@ def _nsd(name: str, norm, lr: float, scope: str, relative: bool) -> Optimizer:
         raise ValueError("relative=True takes a number lr (the step is lr * ||params||)")
     if scope not in SCOPES:
         raise ValueError(f"norm scope must be 'per_tensor' or 'global'; got {scope!r}")
-
-    def update(grads, state, params, log_gap=None):
-        g = as_scaled(grads)
-        w = _product_weights(g, N) if scope == "global" else None
-        step = lr * _param_norm(params, N) if relative else None
-        out = {}
-        for k, P in params.items():
-            D = item_steepest(N, g.tensors[k])
-            s = lr if step is None else expand(step, P)
-            if w is not None:
-                s = s * expand(w[k], P)
-            out[k] = P - s * D
-        return out, state
-
     hyper = {"norm": N.name, "lr": lr, "scope": scope, "relative": bool(relative)}
-    return Optimizer(name, no_state, update, hyper)
+    rel = (scale_by_param_norm(N),) if relative else ()
+    return rule(name, hyper, scale_by_steepest(N, scope), *rel, scale_by_learning_rate(lr))
 
 
 @register("nsd", "steepest")
@@ -137,30 +100,21 @@ def coordinate_descent(lr: float = 0.1, scope: str = "per_tensor") -> Optimizer:
 
 
 @register("polyak")
-def polyak(c: float = 1.0, max_lr: float | None = None) -> Optimizer:
+def polyak(c: float = 1.0, max_lr: float | None = None, cap: float = POLYAK_CAP) -> Optimizer:
     """Polyak step: W <- W - eta_t G, eta_t = c (L - L*) / ||G||_F^2 (one norm per trial).
 
-    Computed as c exp(log(L - L*) - log||G||) G / ||G|| from the scaled gradient and the
-    log gap, so the step survives the underflow of both L - L* and G; a zero gradient or a
-    zero gap gives a zero step (never NaN). ``max_lr`` caps eta_t."""
+    Computed as a step of length exp(log c + log(L - L*) - log||G||) along G / ||G|| from
+    the scaled gradient and the log gap, so the step survives the underflow of both
+    L - L* and G; a zero gradient or a zero gap gives a zero step (never NaN). ``max_lr``
+    caps eta_t. A step that would take ||params|| past 2^40 takes the relative length
+    ``cap`` ||params|| instead, counted in the state ``"polyak_capped"``
+    (:func:`~attnsvm.optim.transforms.scale_by_polyak`; why it is needed: docs/theory.md
+    §6.3)."""
     c = check_lr(c, "c")
     if max_lr is not None:
         max_lr = check_lr(max_lr, "max_lr")
-
-    def update(grads, state, params, log_gap):
-        g = as_scaled(grads)
-        lg = log_global_norm(g)
-        lr_ = torch.log(torch.as_tensor(c, dtype=lg.dtype)) + log_gap - lg  # log(c gap / ||G||)
-        if max_lr is not None:  # eta_t ||G|| <= max_lr ||G||
-            lr_ = torch.minimum(lr_, torch.log(torch.as_tensor(max_lr, dtype=lg.dtype)) + lg)
-        out = {}
-        for k, P in params.items():
-            f = torch.exp(lr_ + g.log_scale[k] - lg)  # |step| factor on the scaled tensor
-            f = torch.where(torch.isfinite(lg) & torch.isfinite(lr_), f, torch.zeros_like(f))
-            out[k] = P - expand(f, P) * g.tensors[k]
-        return out, state
-
-    return Optimizer("polyak", no_state, update, {"c": c, "max_lr": max_lr}, needs_gap=True)
+    cap = check_lr(cap, "cap")
+    return rule("polyak", {"c": c, "max_lr": max_lr, "cap": cap}, scale_by_polyak(c, max_lr, cap))
 
 
 @register("mirror", "md")
@@ -176,23 +130,9 @@ def mirror(p: float = 2.0, lr: float = 0.1, normalized: bool = False) -> Optimiz
     if not p > 1:
         raise ValueError(f"mirror descent needs p > 1; got p = {p}")
     lr = check_lr(lr)
-    Nq = l_p(p / (p - 1.0))
-
-    def update(grads, state, params, log_gap=None):
-        g = as_scaled(grads)
-        Gv = None if normalized else g.value()
-        out = {}
-        for k, P in params.items():
-            if normalized:
-                t = g.tensors[k]
-                n = item_norm(Nq, t)
-                G = t / expand(torch.where(n > 0, n, torch.ones_like(n)), t)
-            else:
-                G = Gv[k]
-            out[k] = inverse_mirror_map(mirror_map(P, p) - lr * G, p)
-        return out, state
-
-    return Optimizer("mirror", no_state, update, {"p": p, "lr": lr, "normalized": bool(normalized)})
+    norm = (normalize_by(l_p(p / (p - 1.0))),) if normalized else ()
+    return rule("mirror", {"p": p, "lr": lr, "normalized": bool(normalized)},
+                *norm, scale_by_learning_rate(lr), apply=mirror_step(p))
 
 
 def _stochastic(opt: Optimizer, name: str, batch_size: int) -> Optimizer:

@@ -1,53 +1,30 @@
-"""Step rules with state: heavy-ball momentum, Adam / AdamW, Signum and Muon.
+"""Step rules with state: heavy-ball momentum, Adam / AdamW, Adagrad, Signum and Muon.
 
-State is a dict of tensors that all carry the leading trial dim B (the trainer freezes
-a stopped trial's state with its parameters). Moments of normalised rules are kept in
-scaled form (tensor with max|.| = 1 times exp(log scale) per trial), and Adam's second
-moment as an elementwise logarithm, so that their directions stay exact when the
-gradient underflows float64 (see :mod:`attnsvm.optim.base`).
+Each is a chain of :mod:`.transforms` (optax's shape): the state is the union of its
+transforms' states, a dict of tensors that all carry the leading trial dim B (the trainer
+freezes a stopped trial's state with its parameters). Moments of normalised rules are
+kept in scaled form (tensor with max|.| = 1 times exp(log scale) per trial), and Adam's
+and Adagrad's second moments as elementwise logarithms, so that their directions stay
+exact when the gradient underflows float64 (see :mod:`attnsvm.optim.base`).
 """
 
 from __future__ import annotations
 
-import math
-
-import torch
-
-from attnsvm.norms import SPECTRAL, polar
-
-from .base import (
-    Optimizer,
-    as_scaled,
-    check_lr,
-    check_lr_or_schedule,
-    check_unit,
-    expand,
-    item_steepest,
-    item_view,
-    register,
-    scaled_sum,
+from .base import Optimizer, check_lr, check_lr_or_schedule, check_unit, register
+from .transforms import (
+    add_decayed_weights,
+    newton_schulz,
+    orthogonalize,
+    rule,
+    scale_by_adam,
+    scale_by_learning_rate,
+    scale_by_rss,
+    scale_by_sign,
+    trace,
+    trace_scaled,
 )
 
-__all__ = ["momentum", "adam", "adamw", "signum", "muon", "newton_schulz"]
-
-
-def _log(x: float) -> float:
-    return math.log(x) if x > 0 else -math.inf
-
-
-def _lin_comb(m, lm, a: float, g, lg, b: float):
-    """(a m e^{lm} + b g e^{lg}) in scaled form (see :func:`scaled_sum`)."""
-    return scaled_sum(m, lm, a, g, lg, b)
-
-
-def _scaled_state(params, *names):
-    st = {}
-    for k, P in params.items():
-        B = P.shape[0]
-        for n in names:
-            st[f"{n}:{k}"] = torch.zeros_like(P)
-            st[f"l{n}:{k}"] = torch.full((B,), -math.inf, dtype=P.dtype, device=P.device)
-    return st
+__all__ = ["momentum", "adam", "adamw", "adagrad", "signum", "muon", "newton_schulz"]
 
 
 @register("momentum", "heavy_ball")
@@ -56,70 +33,19 @@ def momentum(lr: float = 0.1, beta: float = 0.9, nesterov: bool = False) -> Opti
 
         m <- beta m + G;   W <- W - lr m   (nesterov: W <- W - lr (G + beta m))."""
     lr, beta = check_lr(lr), check_unit(beta, "beta")
-
-    def init(params):
-        return {f"m:{k}": torch.zeros_like(P) for k, P in params.items()}
-
-    def update(grads, state, params, log_gap=None):
-        G = as_scaled(grads).value()
-        out, new = {}, {}
-        for k, P in params.items():
-            m = beta * state[f"m:{k}"] + G[k]
-            new[f"m:{k}"] = m
-            out[k] = P - lr * (G[k] + beta * m if nesterov else m)
-        return out, new
-
-    return Optimizer("momentum", init, update,
-                     {"lr": lr, "beta": beta, "nesterov": bool(nesterov), "_stateful": True})
+    return rule("momentum", {"lr": lr, "beta": beta, "nesterov": bool(nesterov)},
+                trace(beta, nesterov), scale_by_learning_rate(lr))
 
 
 def _adam(name: str, lr, b1, b2, eps, weight_decay) -> Optimizer:
-    lr, b1 = check_lr_or_schedule(lr), check_unit(b1, "b1")
-    b2 = check_unit(b2, "b2", lo_open=True)
-    eps = float(eps)
-    if not (math.isfinite(eps) and eps >= 0):
-        raise ValueError(f"eps must be a finite number >= 0; got {eps!r}")
-    wd = float(weight_decay)
-    if not (math.isfinite(wd) and wd >= 0):
-        raise ValueError(f"weight_decay must be a finite number >= 0; got {weight_decay!r}")
-
-    def init(params):
-        st = _scaled_state(params, "m")
-        for k, P in params.items():
-            st[f"lv:{k}"] = torch.full_like(P, -math.inf)  # elementwise log v
-        P0 = next(iter(params.values()))
-        st["t"] = torch.zeros(P0.shape[0], dtype=P0.dtype, device=P0.device)
-        return st
-
-    def update(grads, state, params, log_gap=None):
-        g = as_scaled(grads)
-        t = state["t"] + 1
-        lc1 = torch.log1p(-torch.pow(b1, t))       # log(1 - b1^t)
-        lc2 = torch.log1p(-torch.pow(b2, t))       # log(1 - b2^t)
-        out, new = {}, {"t": t}
-        lr_t = lr(state["t"]) if callable(lr) else lr  # a schedule sees the steps taken (B,)
-        for k, P in params.items():
-            eta = expand(lr_t, P) if callable(lr) else lr
-            Gs, lg = g.tensors[k], g.log_scale[k]
-            m, lm = _lin_comb(state[f"m:{k}"], state[f"lm:{k}"], b1, Gs, lg, 1.0 - b1)
-            lG2 = 2.0 * (torch.log(Gs.abs()) + expand(lg, Gs))  # log G^2, elementwise
-            lv = torch.logaddexp(state[f"lv:{k}"] + _log(b2), lG2 + _log(1.0 - b2))
-            # u = m_hat / (sqrt(v_hat) + eps) with m_hat = m / c1, v_hat = v / c2:
-            #   = m_s e^{lm} sqrt(c2) e^{-lv/2} / c1 / (1 + eps sqrt(c2) e^{-lv/2})
-            e = expand(lm - lc1 + 0.5 * lc2, P) - 0.5 * lv
-            u = m * torch.exp(e)
-            if eps > 0:
-                u = u / (1.0 + eps * torch.exp(expand(0.5 * lc2, P) - 0.5 * lv))
-            u = torch.where(torch.isfinite(lv), u, torch.zeros_like(u))
-            base = P * (1.0 - eta * wd) if wd else P
-            out[k] = base - eta * u
-            new[f"m:{k}"], new[f"lm:{k}"], new[f"lv:{k}"] = m, lm, lv
-        return out, new
-
-    hyper = {"lr": lr, "b1": b1, "b2": b2, "eps": eps, "_stateful": True}
+    lr = check_lr_or_schedule(lr)
+    moments = scale_by_adam(b1, b2, eps)  # checks b1, b2, eps
+    hyper = {"lr": lr, "b1": float(b1), "b2": float(b2), "eps": float(eps)}
     if name == "adamw":
-        hyper["weight_decay"] = wd
-    return Optimizer(name, init, update, hyper)
+        decay = add_decayed_weights(weight_decay)  # checks weight_decay
+        hyper["weight_decay"] = float(weight_decay)
+        return rule(name, hyper, moments, decay, scale_by_learning_rate(lr))
+    return rule(name, hyper, moments, scale_by_learning_rate(lr))
 
 
 @register("adam")
@@ -139,9 +65,18 @@ def adam(lr: float = 1e-3, b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8
 @register("adamw")
 def adamw(lr: float = 1e-3, b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8,
           weight_decay: float = 1e-2) -> Optimizer:
-    """AdamW (torch.optim.AdamW semantics): W <- W (1 - lr wd), then the Adam step; ``lr``
-    a number or a schedule, as in :func:`adam`."""
+    """AdamW (torch.optim.AdamW semantics): W <- W - lr (u + wd W), u the Adam direction
+    (= W (1 - lr wd) - lr u); ``lr`` a number or a schedule, as in :func:`adam`."""
     return _adam("adamw", lr, b1, b2, eps, weight_decay)
+
+
+@register("adagrad")
+def adagrad(lr: float = 1e-2, eps: float = 1e-10, initial: float = 0.0) -> Optimizer:
+    """Adagrad (torch.optim.Adagrad semantics, no lr decay): v <- v + G^2,
+    W <- W - lr G / (sqrt(v) + eps), v_0 = ``initial``; ``lr`` a number or a schedule."""
+    return rule("adagrad", {"lr": check_lr_or_schedule(lr), "eps": float(eps),
+                            "initial": float(initial)},
+                scale_by_rss(eps, initial), scale_by_learning_rate(lr))
 
 
 @register("signum")
@@ -149,35 +84,8 @@ def signum(lr: float = 0.1, beta: float = 0.9) -> Optimizer:
     """Signum: m <- beta m + (1 - beta) G,  W <- W - lr sign(m) (beta = 0: sign descent).
     m is kept scaled, so sign(m) is exact for any size of G."""
     lr, beta = check_lr(lr), check_unit(beta, "beta")
-
-    def update(grads, state, params, log_gap=None):
-        g = as_scaled(grads)
-        out, new = {}, {}
-        for k, P in params.items():
-            m, lm = _lin_comb(state[f"m:{k}"], state[f"lm:{k}"], beta, g.tensors[k],
-                              g.log_scale[k], 1.0 - beta)
-            new[f"m:{k}"], new[f"lm:{k}"] = m, lm
-            out[k] = P - lr * torch.sign(m)
-        return out, new
-
-    return Optimizer("signum", lambda params: _scaled_state(params, "m"), update,
-                     {"lr": lr, "beta": beta, "_stateful": True})
-
-
-def newton_schulz(G: torch.Tensor, steps: int = 5) -> torch.Tensor:
-    """Approximate polar factor of G (..., d, e) by the quintic Newton-Schulz iteration of
-    Muon (coefficients (3.4445, -4.7750, 2.0315), from X_0 = G / ||G||_F): its singular
-    values land in roughly [0.7, 1.2], not exactly 1 (use :func:`attnsvm.norms.polar`
-    for the exact factor)."""
-    a, b, c = 3.4445, -4.7750, 2.0315
-    tr = G.shape[-2] > G.shape[-1]
-    X = G.transpose(-1, -2) if tr else G
-    n = torch.linalg.matrix_norm(X).clamp_min(1e-300)
-    X = X / n[..., None, None]
-    for _ in range(int(steps)):
-        A = X @ X.transpose(-1, -2)
-        X = a * X + (b * A + c * A @ A) @ X
-    return X.transpose(-1, -2) if tr else X
+    return rule("signum", {"lr": lr, "beta": beta},
+                trace_scaled(beta, 1.0 - beta), scale_by_sign(), scale_by_learning_rate(lr))
 
 
 @register("muon")
@@ -191,25 +99,6 @@ def muon(lr: float = 0.02, beta: float = 0.95, nesterov: bool = True,
     Newton-Schulz iteration instead). Vector parameters (B, d) take D = A / ||A||_2 (the
     spectral steepest direction of a vector). beta = 0 is spectral descent."""
     lr, beta = check_lr(lr), check_unit(beta, "beta")
-    if ns_steps is not None and (int(ns_steps) != ns_steps or ns_steps < 1):
-        raise ValueError(f"ns_steps must be a positive integer or None; got {ns_steps!r}")
-
-    def update(grads, state, params, log_gap=None):
-        g = as_scaled(grads)
-        out, new = {}, {}
-        for k, P in params.items():
-            Gs, lg = g.tensors[k], g.log_scale[k]
-            m, lm = _lin_comb(state[f"m:{k}"], state[f"lm:{k}"], beta, Gs, lg, 1.0)
-            new[f"m:{k}"], new[f"lm:{k}"] = m, lm
-            A = _lin_comb(Gs, lg, 1.0, m, lm, beta)[0] if nesterov else m
-            if A.ndim == 2:  # a vector: its spectral steepest direction is A / ||A||_2
-                D = item_steepest(SPECTRAL, A)
-            else:
-                M = item_view(A)
-                D = (polar(M) if ns_steps is None else newton_schulz(M, ns_steps)).reshape(A.shape)
-            out[k] = P - lr * D
-        return out, new
-
-    return Optimizer("muon", lambda params: _scaled_state(params, "m"), update,
-                     {"lr": lr, "beta": beta, "nesterov": bool(nesterov), "ns_steps": ns_steps,
-                      "_stateful": True})
+    return rule("muon", {"lr": lr, "beta": beta, "nesterov": bool(nesterov), "ns_steps": ns_steps},
+                trace_scaled(beta, 1.0, nesterov), orthogonalize(ns_steps),
+                scale_by_learning_rate(lr))
