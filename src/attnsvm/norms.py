@@ -82,14 +82,13 @@ class Norm:
     """A norm on matrices (d, e) or vectors (d,), batched over leading dims.
 
     Attributes: ``name`` (canonical), ``p`` (entrywise exponent, None for spectral
-    norms), ``entrywise``, ``solver`` (cvxpy solver it needs by default).
+    norms), ``solver`` (cvxpy solver it needs by default).
     Subclasses implement ``_value(A1, dims)`` and ``_steepest(G1, dims)`` on inputs
     scaled to max|A| = 1 (or 0).
     """
 
     name: str = ""
     p: float | None = None
-    entrywise: bool = True
     solver: str = "CLARABEL"
     # value() uses only exact or correctly rounded elementwise ops (abs, min, max, /, *,
     # sqrt) and per-item reductions: the same bits for any number of items, so it may run
@@ -281,7 +280,6 @@ class Nuclear(Norm):
 
     name = "nuc"
     p = None
-    entrywise = False
     solver = "SCS"
 
     @property
@@ -314,7 +312,6 @@ class Spectral(Norm):
 
     name = "spectral"
     p = None
-    entrywise = False
     solver = "SCS"
 
     @property
