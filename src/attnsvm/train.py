@@ -359,9 +359,9 @@ def _run_fused(plan, steps, k, record, stop, progress) -> int:
     code = np.zeros(B, dtype=np.int64)
     bar = None
     if progress:
-        from tqdm.auto import tqdm
+        from .progress import progress_bar
 
-        bar = tqdm(total=steps, desc="train (fused)", unit="step")
+        bar = progress_bar(total=steps, desc="train (fused)", unit="step")
     t = 0
     try:
         while t < steps:
@@ -593,9 +593,9 @@ def train(model: AttentionModel, data, loss="logistic", optimizer: Optimizer | N
         steps_run = None
     it = range(steps if steps_run is None else 0)
     if progress and steps_run is None:
-        from tqdm.auto import tqdm
+        from .progress import progress_bar
 
-        it = tqdm(it, desc="train", unit="step")
+        it = progress_bar(it, desc="train", unit="step")
     t = 0
     all_active = True
     ev = first

@@ -209,9 +209,9 @@ def sweep(experiment: Experiment | str, cells: Iterable[Mapping[str, Any]], *,
     else:
         stream = _run_dask(exp, jobs, executor, address, workers)
 
-    from tqdm.auto import tqdm
+    from attnsvm.progress import progress_bar
 
-    bar = tqdm(total=len(order), initial=len(order) - len(jobs), desc=f"sweep {exp.name}",
+    bar = progress_bar(total=len(order), initial=len(order) - len(jobs), desc=f"sweep {exp.name}",
                unit="cell", disable=not progress or not jobs, dynamic_ncols=True)
     n_failed = 0
     try:
