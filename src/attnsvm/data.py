@@ -207,18 +207,22 @@ class TokenData:
 
     @property
     def B(self) -> int | None:
+        """Number of datasets B of batched data (None when unbatched)."""
         return self.X.shape[0] if self.batched else None
 
     @property
     def n(self) -> int:
+        """Number of sequences n per dataset."""
         return self.X.shape[-3]
 
     @property
     def T(self) -> int:
+        """Number of tokens T per sequence."""
         return self.X.shape[-2]
 
     @property
     def d(self) -> int:
+        """Token dimension d."""
         return self.X.shape[-1]
 
     @property

@@ -73,6 +73,8 @@ def band(ax, df: pd.DataFrame, x: str, y: str, *, label: str | None = None,
 
 
 def label(ax, xlabel: str, ylabel: str, title: str | None = None, legend: bool = True):
+    """Set the axis labels and the title of ``ax``; add a legend when ``legend`` and some artist
+    has a label."""
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
     if title:

@@ -114,6 +114,7 @@ class SweepResult:
 
     @property
     def ok(self) -> bool:
+        """True when no cell failed."""
         return len(self.failed) == 0
 
     def summary(self) -> str:
