@@ -226,3 +226,44 @@ def test_license_citation_changelog_and_py_typed():
     assert all("title: " in r and "family-names: " in r and "year: " in r for r in refs)
     assert f"## [{meta['version']}]" in (ROOT / "CHANGELOG.md").read_text()
     assert (ROOT / "src" / "attnsvm" / "py.typed").is_file()
+
+
+# ------------------------------------------------------------- registries and the CLI
+def _help(capsys, *argv) -> str:
+    assert main([*argv, "--help"]) == 0
+    return " ".join(capsys.readouterr().out.split())
+
+
+def test_cli_choices_come_from_the_registries(capsys, monkeypatch):
+    from attnsvm import norms
+    from attnsvm.losses import LOSSES
+    from attnsvm.models import INIT_KINDS, MODELS, QUERIES
+
+    class Twice(norms.Spectral):
+        name = "twice"
+
+    monkeypatch.setattr(norms, "NORMS", dict(norms.NORMS))
+    monkeypatch.setattr(norms, "_ALIASES", dict(norms._ALIASES))
+    norms.register_norm(Twice(), "x2")
+    solve = _help(capsys, "solve")
+    assert all(f" {name} |" in solve or f"| {name} " in solve for name in norms.NORMS)
+    assert "twice" in solve and "{" + ",".join(QUERIES) + "}" in solve
+    train_help = _help(capsys, "train")
+    for reg in (MODELS, LOSSES, INIT_KINDS, QUERIES):
+        assert "{" + ",".join(reg) + "}" in train_help
+
+
+def test_register_norm_refuses_a_taken_name(monkeypatch):
+    from attnsvm import norms
+
+    monkeypatch.setattr(norms, "NORMS", dict(norms.NORMS))
+    monkeypatch.setattr(norms, "_ALIASES", dict(norms._ALIASES))
+
+    class Other(norms.Spectral):
+        name = "other"
+
+    with pytest.raises(ValueError, match="'nuclear' is taken by Norm\\('nuc'\\)"):
+        norms.register_norm(Other(), "nuclear")
+    with pytest.raises(ValueError, match="needs a Norm instance"):
+        norms.register_norm("fro")
+    assert norms.register_norm(Other(), "oth") is norms.get_norm("OTH")
