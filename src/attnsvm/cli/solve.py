@@ -74,6 +74,15 @@ def _norm_names() -> str:
     return " | ".join(NORMS)
 
 
+def _solver_help() -> str:
+    """--solver's help, from the tables NATIVE_SOLVERS and CVXPY_SOLVERS."""
+    cvx = " | ".join(CVXPY_SOLVERS)
+    per = ";  ".join(f"{n}: {' | '.join(v)} | {cvx}" for n, v in NATIVE_SOLVERS.items())
+    native = " and ".join(NATIVE_SOLVERS)
+    return (f"{per};  any other norm: {cvx} (default: {NATIVE_SOLVERS['fro'][0]} for "
+            f"{native}, {CVXPY_SOLVERS[0]} otherwise)")
+
+
 def configure(parser: argparse.ArgumentParser) -> None:
     from attnsvm.models import QUERIES
 
@@ -94,9 +103,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="rank <= m, nuclear norm with one query per sequence only "
                              "(default: no rank constraint)")
     parser.add_argument("--solver", default=None,
-                        help="fro: fast | ipm | mnp | clarabel | scs;  nuc: fast | barrier | "
-                             "working_set | clarabel | scs;  l1, P: clarabel | scs (default: "
-                             "fast for fro and nuc, clarabel otherwise)")
+                        help=_solver_help())
     parser.add_argument("--out", default=None, metavar="FILE.npz",
                         help="save W_mm and its certificate (keys below); an existing file is "
                              "kept unless --force (default: print only)")
