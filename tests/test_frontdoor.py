@@ -131,6 +131,10 @@ def test_kq_runs_are_judged_in_the_nuclear_norm_and_seq2seq_runs_say_why_not():
     assert "outcome: not judged (query 'causal'" in repr(s2s)
     with pytest.raises(ValueError, match="causal"):
         s2s.outcome()
+    from attnsvm.models import DiagModel
+
+    diag = train(DiagModel(4), data, steps=3)
+    assert "outcome: not judged (diagonal (k, q)" in repr(diag)
 
 
 def test_run_geometry_follows_the_optimiser_on_W():

@@ -199,7 +199,8 @@ def run_geometry(model, optimizer=None) -> str:
     :func:`attnsvm.norms.get_norm`): the optimiser's own geometry for W (steepest descent in
     a norm -> that norm, l_p mirror descent -> l_p, sign / Signum / Adam -> l_inf, Muon /
     spectral descent -> spectral; the predictions of the README's atlas), else the model's:
-    W -> "fro", (K, Q) -> "nuc", diagonal (k, q) -> "l1", prompt p -> "fro" (l_2)."""
+    W -> "fro", (K, Q) -> "nuc", diagonal (k, q) -> "l1" (over diagonal W), prompt p ->
+    "fro" (l_2)."""
     kind = type(model).__name__
     norm = _MODEL_NORM.get(kind, "fro")
     if kind != "WModel" or optimizer is None:
@@ -220,14 +221,18 @@ def run_outcome(model, data, W, *, optimizer=None, norm=None):
     :func:`run_geometry` (model, optimizer).
 
     Returns (DataFrame of :func:`outcome`, norm name), or raises ValueError saying why the
-    run cannot be judged: seq-to-seq / causal queries (one SVM per query token), a trained
-    or nonlinear head, or data without the head v."""
+    run cannot be judged: seq-to-seq / causal queries (one SVM per query token), diagonal
+    (k, q) (an SVM over diagonal W), a trained or nonlinear head, or data without the head
+    v."""
     from .models import prepare
     from .norms import get_norm
 
     if getattr(model, "query", "cross") in ("seq2seq", "causal") and model.has_query_data:
         raise ValueError(f"query {model.query!r}: one SVM per query token (judge with "
                          f"attnsvm.svm.seq2seq_svm)")
+    if type(model).__name__ == "DiagModel":
+        raise ValueError("diagonal (k, q): its SVM is over diagonal W, an l_1 problem in the "
+                         "tokens x * z (the kqflow-diag experiment solves it)")
     if getattr(model, "train_head", False) or getattr(model, "head", "linear") != "linear":
         raise ValueError("a trained or nonlinear head (outcome() judges a fixed linear head v)")
     t = prepare(data)
