@@ -58,7 +58,7 @@ def files(tmp_path):
     np.savez(tmp_path / "complex.npz", X=np.zeros((2, 3, 4)) + 1j, y=np.ones(2))
     np.savez(tmp_path / "strings.npz", X=np.full((2, 3, 4), "a"), y=np.ones(2))
     np.savez(tmp_path / "nan.npz", X=np.full((2, 3, 4), np.nan), y=np.ones(2))
-    np.savez(tmp_path / "labels.npz", X=np.zeros((2, 3, 4)), y=np.array([1.0, 0.0]))
+    np.savez(tmp_path / "labels.npz", X=np.zeros((3, 3, 4)), y=np.array([1.0, 0.0, 2.0]))
     np.savez(tmp_path / "empty_T.npz", X=np.zeros((2, 0, 4)), y=np.ones(2))
     with zipfile.ZipFile(tmp_path / "member.npz", "w") as zf:
         zf.writestr("X.npy", b"not an npy array")
@@ -109,7 +109,7 @@ FILE_CASES = [
     ("complex.npz", "X is complex"),
     ("strings.npz", "X holds strings"),
     ("nan.npz", "X contains NaN or inf"),
-    ("labels.npz", "y must contain labels in {-1, +1}"),
+    ("labels.npz", "y must contain labels in {-1, +1} or any two distinct values"),
     ("empty_T.npz", "X has no tokens (T = 0"),
 ]
 

@@ -24,7 +24,8 @@ def _ok(**kw):
         (dict(X=np.full((2, 3, 4), np.nan)), r"X contains NaN or inf"),
         (dict(X=np.full((2, 3, 4), np.inf)), r"X contains NaN or inf"),
         (dict(y=np.array([1.0, 1.0, 1.0])), r"y must have shape \(n,\) = \(2,\); got \(3,\)"),
-        (dict(y=np.array([1.0, 0.0])), r"y must contain labels in \{-1, \+1\}"),
+        (dict(y=np.array([2.0, 2.0])), r"y must contain labels in \{-1, \+1\} or any two "
+                                        r"distinct values .*got one value: \[2.0\]"),
         (dict(y=np.array([1.0, np.nan])), r"y contains NaN or inf"),
         (dict(z=np.zeros((2, 3))), r"z must have shape \(n, d\) = \(2, 4\); got \(2, 3\)"),
         (dict(z=np.full((2, 4), np.inf)), r"z contains NaN or inf"),

@@ -12,10 +12,6 @@ import pytest
 EXAMPLES = sorted((Path(__file__).resolve().parents[1] / "examples").glob("*.py"))
 
 
-def test_there_are_examples():
-    assert {p.stem for p in EXAMPLES} >= {"quick_tour", "own_data_svm", "own_model_tracking"}
-
-
 @pytest.mark.parametrize("path", EXAMPLES, ids=[p.stem for p in EXAMPLES])
 def test_example_runs(path, tmp_path):
     if path.stem == "own_model_tracking":

@@ -33,9 +33,16 @@ def test_tiny_vit_trains_above_chance(tmp_path):
     cfg = ViTConfig(optimizers=("sngd",), seeds=(0,), epochs=3, dim=16, heads=2, mlp=32,
                     map_images=2)
     res = run_vit(cfg, out=tmp_path)
-    last = res.history[res.history.epoch == 3].iloc[0]
-    assert last.test_acc > 0.3  # chance = 0.1
-    assert 1.0 <= last.soft_sparsity <= 17.0
+    hist = res.history.set_index("epoch")
+    assert hist.loc[3, "test_acc"] > 0.3  # chance = 0.1
+    # the [CLS] attention concentrates as it trains: near uniform over the 17 tokens at the
+    # start (soft sparsity 17 = uniform), markedly sparser after 3 epochs (measured 15.2 -> 7.4)
+    assert hist.loc[0, "soft_sparsity"] > 12.0
+    assert hist.loc[3, "soft_sparsity"] < 0.75 * hist.loc[0, "soft_sparsity"]
+    # the history's number is the per-head table's last layer averaged over heads
+    lay = res.layers[res.layers.layer == res.layers.layer.max()]
+    np.testing.assert_allclose(lay.groupby("epoch").soft_sparsity.mean().to_numpy(),
+                               hist.soft_sparsity.to_numpy(), rtol=1e-5)  # float32
     assert (tmp_path / "vit_curves.png").is_file() and (tmp_path / "vit_attention_maps.png").is_file()
     assert set(res.layers.columns) >= {"layer", "head", "soft_sparsity", "wqk_norm"}
     assert len(res.summary) >= 2 and res.table.loc[0, "optimizer"] == "sngd"

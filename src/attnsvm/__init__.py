@@ -8,3 +8,19 @@ reproduces the papers' experiments.
 """
 
 __version__ = "0.1.0"
+
+#: the public modules (``attnsvm.svm`` etc. import on first use: ``import attnsvm`` stays light)
+_MODULES = ("data", "models", "losses", "optim", "norms", "train", "tokens", "scores",
+            "metrics", "svm", "experiments", "sweep", "track", "plotting", "report", "chunks",
+            "progress", "realdata", "fused")
+
+__all__ = ["__version__", *_MODULES]
+
+
+def __getattr__(name: str):
+    """``attnsvm.<module>`` for a public module not imported yet (PEP 562)."""
+    if name in _MODULES:
+        import importlib
+
+        return importlib.import_module(f"{__name__}.{name}")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -40,9 +40,9 @@ def map_chunks(fn: Callable[[int, int], pd.DataFrame | Mapping[str, pd.DataFrame
     bounds = chunk_bounds(total, chunk)
     it = bounds
     if progress:
-        from tqdm.auto import tqdm
+        from .progress import progress_bar
 
-        it = tqdm(bounds, desc="chunks", unit="chunk")
+        it = progress_bar(bounds, desc="chunks", unit="chunk")
     parts: list = []
     for a, b in it:
         out = fn(a, b)

@@ -64,6 +64,37 @@ def _as_float(name: str, a) -> np.ndarray:
     return np.ascontiguousarray(arr)
 
 
+def _as_labels(y) -> tuple[np.ndarray, np.ndarray | None]:
+    """Labels ``y`` as float64 in {-1, +1} and the original pair (negative, positive), or
+    None when ``y`` already holds only -1 and +1.
+
+    Any two distinct values are accepted (numbers, booleans, strings), as scikit-learn
+    does: sorted, the first becomes -1 and the second +1 (0 / 1 -> -1 / +1, False / True
+    -> -1 / +1, "cat" / "dog" -> -1 / +1). One value other than -1 / +1, three or more
+    values, or NaN are a ValueError naming the values."""
+    if y is None:
+        return _as_float("y", y), None
+    try:
+        raw = np.asarray(y)
+    except (TypeError, ValueError):
+        return _as_float("y", y), None  # ragged: _as_float names it
+    if raw.dtype.kind in "US" or raw.dtype.kind == "b":
+        vals = np.unique(raw)
+        if vals.size != 2:
+            raise ValueError(f"y must hold two distinct labels (any two values, mapped to -1 "
+                             f"and +1); got {vals.size}: {vals[:5].tolist()}")
+        return np.where(raw == vals[1], 1.0, -1.0), vals
+    arr = _as_float("y", raw)
+    if np.all(np.abs(arr) == 1.0):
+        return arr, None
+    vals = np.unique(raw) if raw.dtype.kind in "iu" else np.unique(arr)  # ints stay ints
+    if vals.size != 2:
+        what = "one value" if vals.size == 1 else f"{vals.size} values"
+        raise ValueError(f"y must contain labels in {{-1, +1}} or any two distinct values "
+                         f"(mapped to -1 and +1); got {what}: {vals[:5].tolist()}")
+    return np.where(arr == float(vals[1]), 1.0, -1.0), vals
+
+
 def _check_shape(name: str, arr: np.ndarray, expected: tuple, batch: int | None,
                  symbols: str) -> np.ndarray:
     """Accept ``expected`` or (batch, *expected); broadcast shared arrays to the batch.
@@ -84,7 +115,9 @@ class TokenData:
     """n sequences of T tokens in R^d, labels, optional queries/mask/head (docs/theory.md §1).
 
     Fields (numpy float64; mask bool). Unbatched shapes, batched add a leading B:
-        X: (n, T, d) tokens;  y: (n,) labels in {-1, +1} or (n, T) for seq-to-seq;
+        X: (n, T, d) tokens;  y: (n,) labels in {-1, +1} or (n, T) for seq-to-seq
+           (any two distinct values are mapped to -1 / +1, sorted: 0 / 1, False / True,
+           "a" / "b"; ``label_map`` reports the mapping);
         z: (n, d) cross-attention queries or None (self-attention);
         mask: (n, T) bool, True = valid token, or None (all valid);
         v: (d,) fixed linear head or None (trained head).
@@ -115,7 +148,8 @@ class TokenData:
         B = X.shape[0] if X.ndim == 4 else None
         object.__setattr__(self, "X", X)
 
-        y = _as_float("y", self.y)
+        y, labels = _as_labels(self.y)
+        object.__setattr__(self, "_labels", labels)
         # Seq-to-seq labels are (n, T) or (B, n, T). With batched X and B == n, (B, n) is
         # read as one label per sequence and trial; shared seq-to-seq labels are then
         # ambiguous and must be given as (B, n, T).
@@ -143,25 +177,55 @@ class TokenData:
                 raise ValueError("mask must leave at least one valid token per sequence")
             object.__setattr__(self, "mask", m)
 
+    # ----------------------------------------------------------------- labels
+    @property
+    def label_map(self) -> dict | None:
+        """{original label: -1 or +1} when y was given as two values other than -1 / +1
+        (e.g. ``{0: -1, 1: 1}``), else None (y already in {-1, +1})."""
+        if self._labels is None:
+            return None
+        neg, pos = (v.item() if hasattr(v, "item") else v for v in self._labels)
+        return {neg: -1, pos: 1}
+
+    def label_note(self) -> str:
+        """The mapping in words, e.g. "labels 0 -> -1, 1 -> +1" ("" when there is none)."""
+        m = self.label_map
+        if m is None:
+            return ""
+        return "labels " + ", ".join(f"{k!r} -> {v:+d}" if isinstance(k, str) else
+                                     f"{k:g} -> {v:+d}" if isinstance(k, float) else
+                                     f"{k} -> {v:+d}" for k, v in m.items())
+
+    def _keep_labels(self, other: TokenData) -> TokenData:
+        """``other`` with this dataset's label mapping (its y is this y, already mapped)."""
+        if self._labels is not None and other._labels is None:
+            object.__setattr__(other, "_labels", self._labels)
+        return other
+
     # ----------------------------------------------------------------- shapes
     @property
     def batched(self) -> bool:
+        """Whether the data hold B datasets (X of shape (B, n, T, d))."""
         return self.X.ndim == 4
 
     @property
     def B(self) -> int | None:
+        """Number of datasets B of batched data (None when unbatched)."""
         return self.X.shape[0] if self.batched else None
 
     @property
     def n(self) -> int:
+        """Number of sequences n per dataset."""
         return self.X.shape[-3]
 
     @property
     def T(self) -> int:
+        """Number of tokens T per sequence."""
         return self.X.shape[-2]
 
     @property
     def d(self) -> int:
+        """Token dimension d."""
         return self.X.shape[-1]
 
     @property
@@ -195,8 +259,9 @@ class TokenData:
         """The unbatched dataset of trial b (batched data only)."""
         if not self.batched:
             raise ValueError("trial(b) needs batched TokenData (X of shape (B, n, T, d))")
-        return TokenData(**{f.name: (None if getattr(self, f.name) is None else getattr(self, f.name)[b])
-                            for f in fields(self)})
+        return self._keep_labels(TokenData(**{
+            f.name: (None if getattr(self, f.name) is None else getattr(self, f.name)[b])
+            for f in fields(self)}))
 
     def broadcast(self, B: int) -> TokenData:
         """Batched copy with B identical trials (no-op check if already batched with B)."""
@@ -207,8 +272,9 @@ class TokenData:
         return stack([self] * B)
 
     def replace(self, **changes) -> TokenData:
-        """A validated copy with some fields replaced."""
-        return replace(self, **changes)
+        """A validated copy with some fields replaced (the label mapping kept unless y is)."""
+        out = replace(self, **changes)
+        return out if "y" in changes else self._keep_labels(out)
 
     # ----------------------------------------------------------------- torch
     def to_torch(self, device=None, dtype=None) -> dict:
@@ -240,6 +306,8 @@ class TokenData:
         if not path.parent.is_dir():
             raise ValueError(f"{path}: cannot write: the folder {path.parent} does not exist")
         arrays = {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) is not None}
+        if self._labels is not None:  # the original labels (negative, positive): no pickles
+            arrays["labels"] = np.asarray(self._labels)
         tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
         try:
             with open(tmp, "wb") as fh:
@@ -257,15 +325,21 @@ class TokenData:
         Every problem with the file (missing, a folder, not an .npz archive, truncated,
         a missing or pickled array, invalid contents) is a ValueError naming the file.
         """
-        arrays = load_arrays(path, required=("X", "y"), optional=("z", "mask", "v"))
+        arrays = load_arrays(path, required=("X", "y"), optional=("z", "mask", "v", "labels"))
+        labels = arrays.pop("labels", None)
         try:
-            return cls(**arrays)
+            data = cls(**arrays)
         except ValueError as exc:
             raise ValueError(f"{path}: {exc}") from None
+        if labels is not None and labels.shape == (2,) and data._labels is None:
+            object.__setattr__(data, "_labels", labels)
+        return data
 
     def __repr__(self) -> str:
         parts = [f"{f.name}={getattr(self, f.name).shape}" for f in fields(self)
                  if getattr(self, f.name) is not None]
+        if self._labels is not None:
+            parts.append(self.label_note())
         return "TokenData(" + ", ".join(parts) + ")"
 
 

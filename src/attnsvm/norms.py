@@ -30,7 +30,8 @@ import math
 import numpy as np
 import torch
 
-__all__ = ["Norm", "get_norm", "NORMS", "Frobenius", "Nuclear", "Spectral", "Lp", "l_p"]
+__all__ = ["Norm", "get_norm", "register_norm", "NORMS", "Frobenius", "Nuclear", "Spectral",
+           "Lp", "l_p"]
 
 
 # ------------------------------------------------------------------------- helpers
@@ -82,14 +83,13 @@ class Norm:
     """A norm on matrices (d, e) or vectors (d,), batched over leading dims.
 
     Attributes: ``name`` (canonical), ``p`` (entrywise exponent, None for spectral
-    norms), ``entrywise``, ``solver`` (cvxpy solver it needs by default).
+    norms), ``solver`` (cvxpy solver it needs by default).
     Subclasses implement ``_value(A1, dims)`` and ``_steepest(G1, dims)`` on inputs
     scaled to max|A| = 1 (or 0).
     """
 
     name: str = ""
     p: float | None = None
-    entrywise: bool = True
     solver: str = "CLARABEL"
     # value() uses only exact or correctly rounded elementwise ops (abs, min, max, /, *,
     # sqrt) and per-item reductions: the same bits for any number of items, so it may run
@@ -281,7 +281,6 @@ class Nuclear(Norm):
 
     name = "nuc"
     p = None
-    entrywise = False
     solver = "SCS"
 
     @property
@@ -314,7 +313,6 @@ class Spectral(Norm):
 
     name = "spectral"
     p = None
-    entrywise = False
     solver = "SCS"
 
     @property
@@ -365,6 +363,27 @@ _ALIASES = {
     "l1": L1, "1": L1,
     "linf": LINF, "inf": LINF, "max": LINF, "l_inf": LINF,
 }
+
+
+def register_norm(norm: Norm, *aliases: str) -> Norm:
+    """Add ``norm`` to :data:`NORMS` under ``norm.name``, and its ``aliases`` (case-free) to
+    the names :func:`get_norm` knows; returns ``norm`` (usable as a class decorator's
+    instance: ``register_norm(MyNorm(), "mine")``). Then ``get_norm("mine")``,
+    ``nsd(norm="mine")``, ``att_svm(..., norm="mine")`` (solved by cvxpy with
+    :meth:`Norm.cvxpy`, certified with ``norm.dual``) and ``attnsvm solve --norm mine``
+    use it. A ValueError names a name already taken by another norm (registering an
+    instance of the same class and name again replaces it)."""
+    if not isinstance(norm, Norm) or not norm.name:
+        raise ValueError(f"register_norm needs a Norm instance with a name; got {norm!r}")
+    keys = [norm.name.strip().lower(), *(a.strip().lower() for a in aliases)]
+    for k in keys:
+        taken = _ALIASES.get(k, NORMS.get(k))
+        if taken is not None and not (type(taken) is type(norm) and taken.name == norm.name):
+            raise ValueError(f"norm name {k!r} is taken by {taken!r}")
+    NORMS[norm.name] = norm
+    for k in keys:
+        _ALIASES[k] = norm
+    return norm
 
 
 def l_p(p: float) -> Norm:

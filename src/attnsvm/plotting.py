@@ -73,6 +73,8 @@ def band(ax, df: pd.DataFrame, x: str, y: str, *, label: str | None = None,
 
 
 def label(ax, xlabel: str, ylabel: str, title: str | None = None, legend: bool = True):
+    """Set the axis labels and the title of ``ax``; add a legend when ``legend`` and some artist
+    has a label."""
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
     if title:
@@ -116,10 +118,12 @@ def metric(metrics: pd.DataFrame, y: str, x: str = "step", *, ax=None, by: str |
            logy: bool = False, **kw):
     """Median (band: 10-90% quantiles over trials) of a metric of ``train``'s tidy table
     against ``x``; ``by``: one curve per value of that column (e.g. "optimizer").
-    Returns the Figure (a new one when ``ax`` is None)."""
+    Returns the Figure (a new one when ``ax`` is None; in a notebook it is displayed once,
+    as the returned value: see :func:`_display_once`)."""
     if y not in metrics:
         raise ValueError(f"metric {y!r} is not a column of the table; have {list(metrics.columns)}")
-    if ax is None:
+    new = ax is None
+    if new:
         fig, axes = subplots(1)
         ax = axes[0]
     groups = [(None, metrics)] if by is None else list(metrics.groupby(by, sort=False))
@@ -128,4 +132,21 @@ def metric(metrics: pd.DataFrame, y: str, x: str = "step", *, ax=None, by: str |
     if logy:
         ax.set_yscale("log")
     label(ax, x, y)
+    if new:
+        _display_once(ax.figure)
     return ax.figure
+
+
+def _inline_backend() -> bool:
+    """Whether pyplot draws into a notebook's output (the inline backend)."""
+    import matplotlib
+
+    return "inline" in str(matplotlib.get_backend()).lower()
+
+
+def _display_once(fig) -> None:
+    """Under Jupyter's inline backend, take a new Figure out of pyplot's registry: the
+    notebook then shows it once, as the returned value, instead of once more when the
+    cell's open pyplot figures are flushed. Elsewhere it stays open (``plt.show()``)."""
+    if _inline_backend():
+        plt.close(fig)

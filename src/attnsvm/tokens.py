@@ -21,6 +21,9 @@ __all__ = [
     "is_locally_optimal",
     "min_score_gap",
     "outcome",
+    "run_outcome",
+    "run_geometry",
+    "outcome_line",
 ]
 
 
@@ -182,3 +185,98 @@ def outcome(W, X, y, v, z=None, *, probs=None, W_key=None, mask=None, saturation
         "p_sel_mean": p_sel, "gmm_feasible": gmm.feasible_, "lmm_feasible": lmm.feasible_,
         "gmm_status": gmm.status_.astype(str), "lmm_status": lmm.status_.astype(str),
     })
+
+
+# --------------------------------------------------------- the outcome of a training run
+#: the geometry each parameterisation's GD converges in (docs/theory.md §5, §9)
+_MODEL_NORM = {"WModel": "fro", "KQModel": "nuc", "DiagModel": "l1", "PromptModel": "fro"}
+_RULE_NORM = {"sign": "linf", "signum": "linf", "adam": "linf", "adamw": "linf",
+              "spectral": "spectral", "muon": "spectral", "coordinate": "l1"}
+
+
+def run_geometry(model, optimizer=None) -> str:
+    """The norm a run of ``model`` trained by ``optimizer`` is judged in (a name of
+    :func:`attnsvm.norms.get_norm`): the optimiser's own geometry for W (steepest descent in
+    a norm -> that norm, l_p mirror descent -> l_p, sign / Signum / Adam -> l_inf, Muon /
+    spectral descent -> spectral; the predictions of the README's atlas), else the model's:
+    W -> "fro", (K, Q) -> "nuc", diagonal (k, q) -> "l1" (over diagonal W), prompt p ->
+    "fro" (l_2)."""
+    kind = type(model).__name__
+    norm = _MODEL_NORM.get(kind, "fro")
+    if kind != "WModel" or optimizer is None:
+        return norm
+    h = dict(getattr(optimizer, "hyper", {}) or {})
+    name = str(getattr(optimizer, "name", ""))
+    if isinstance(h.get("norm"), str):
+        return h["norm"]
+    if name == "mirror" and h.get("p") is not None:
+        return f"l{float(h['p']):g}" if float(h["p"]) != 2 else "fro"
+    return _RULE_NORM.get(name, norm)
+
+
+def run_outcome(model, data, W, *, optimizer=None, norm=None):
+    """:func:`outcome` of a finished run: ``model`` (an attnsvm AttentionModel), ``data`` (its
+    TokenData or the prepared tensors of :func:`attnsvm.models.prepare`), ``W`` the final
+    model.W(params) (B, d, e) (prompt: p (B, d)); ``norm`` defaults to
+    :func:`run_geometry` (model, optimizer).
+
+    Returns (DataFrame of :func:`outcome`, norm name), or raises ValueError saying why the
+    run cannot be judged: seq-to-seq / causal queries (one SVM per query token), diagonal
+    (k, q) (an SVM over diagonal W), a trained or nonlinear head, or data without the head
+    v."""
+    from .models import prepare
+    from .norms import get_norm
+
+    if getattr(model, "query", "cross") in ("seq2seq", "causal") and model.has_query_data:
+        raise ValueError(f"query {model.query!r}: one SVM per query token (judge with "
+                         f"attnsvm.svm.seq2seq_svm)")
+    if type(model).__name__ == "DiagModel":
+        raise ValueError("diagonal (k, q): its SVM is over diagonal W, an l_1 problem in the "
+                         "tokens x * z (the kqflow-diag experiment solves it)")
+    if getattr(model, "train_head", False) or getattr(model, "head", "linear") != "linear":
+        raise ValueError("a trained or nonlinear head (outcome() judges a fixed linear head v)")
+    t = prepare(data)
+    if t.get("v") is None:
+        raise ValueError("the data have no head v (the token scores gamma = y v^T x need it)")
+    N = get_norm(norm if norm is not None else run_geometry(model, optimizer)).name
+    W = np.asarray(W, dtype=np.float64)
+    B = W.shape[0]
+
+    def arr(x):
+        a = x.detach().cpu().double().numpy()
+        return a[0] if a.shape[0] == 1 else a  # shared data: unbatched arrays
+
+    X, y, v = arr(t["X"]), arr(t["y"]), arr(t["v"])
+    mask = None if t.get("mask") is None else arr(t["mask"])
+    if model.has_query_data:
+        z = arr(model.queries(t)[:, :, 0])  # the one query of each sequence
+        probs = attention_probs(X, W, z, mask=mask)
+        df = outcome(W, X, y, v, z, probs=probs, mask=mask, norm=N)
+    else:
+        Wk = getattr(model, "W_fixed", None)
+        Wk = np.eye(W.shape[-1]) if Wk is None else np.asarray(Wk, dtype=np.float64)
+        probs = attention_probs(X, W, W_key=Wk, mask=mask)
+        df = outcome(W, X, y, v, probs=probs, W_key=Wk, mask=mask, norm=N)
+    assert len(df) == B
+    return df, N
+
+
+def outcome_line(df, norm: str = "fro") -> str:
+    """One line summarising an :func:`outcome` table: counts of GMM / LMM / other / not
+    saturated, and the correlation of the saturated runs with the SVM of the tokens they
+    reached (``corr_lmm``, median and min), e.g.
+    ``outcome (fro SVM): GMM 180, LMM 15, other 3, not saturated 2 of 200; corr with the SVM
+    of the reached tokens: median 0.9998, min 0.9531``."""
+    B = len(df)
+    counts = df["outcome"].value_counts()
+    parts = [f"{k} {int(counts[k])}" for k in ("GMM", "LMM", "other", "not saturated")
+             if k in counts]
+    line = f"outcome ({norm} SVM): {', '.join(parts)} of {B}"
+    sat = df[df["outcome"] != "not saturated"]["corr_lmm"].to_numpy(dtype=float)
+    sat = sat[np.isfinite(sat)]
+    if sat.size:
+        line += (f"; corr with the SVM of the reached tokens: median {np.median(sat):.4f}, "
+                 f"min {sat.min():.4f}")
+    elif len(df) and not (df["outcome"] == "not saturated").all():
+        line += "; the SVM of the reached tokens is infeasible in every saturated run"
+    return line

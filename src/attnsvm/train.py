@@ -70,7 +70,8 @@ class Trajectory:
     (n_records,) steps at which metrics were recorded; steps_run: steps executed;
     stop_step: (B,) step at which each trial stopped (-1: still running at the end);
     stop_reason: (B,) why ("" while running; see ``STOP_REASONS``); state: the final
-    optimiser state.
+    optimiser state. ``outcome()`` judges the run (GMM / LMM / other / not saturated,
+    :func:`attnsvm.tokens.outcome`); the repr ends with its one-line summary.
     """
 
     params: dict
@@ -84,10 +85,43 @@ class Trajectory:
     stop_reason: np.ndarray | None = None
     state: dict | None = None
     extra: dict = field(default_factory=dict)
+    #: (model, prepared data, optimizer) of the run, for :meth:`outcome` (set by ``train``)
+    source: tuple | None = field(default=None, repr=False, compare=False)
+    _outcome: tuple | None = field(default=None, init=False, repr=False, compare=False)
 
     @property
     def stopped(self) -> np.ndarray:
+        """(B,) bool: the trials that stopped before the last step (``stop_step >= 0``)."""
         return self.stop_step >= 0
+
+    def outcome(self, norm=None) -> pd.DataFrame:
+        """Per-trial verdict of the run, :func:`attnsvm.tokens.outcome` on the final W:
+        "GMM" / "LMM" / "other" / "not saturated", with corr_gmm, corr_lmm (the SVM of the
+        tokens each trial reached), ... in ``norm`` (default: the run's geometry,
+        :func:`attnsvm.tokens.run_geometry`). Computed once (default norm) and kept.
+        Raises ValueError when the run cannot be judged (seq-to-seq / causal queries, a
+        trained or nonlinear head, data without v, or a Trajectory not made by ``train``)."""
+        from .tokens import run_outcome
+
+        if self.source is None:
+            raise ValueError("this Trajectory does not hold its model and data (made by train())")
+        if norm is None and self._outcome is not None:
+            return self._outcome[0]
+        model, data, optimizer = self.source
+        df, name = run_outcome(model, data, self.W, optimizer=optimizer, norm=norm)
+        if norm is None:
+            self._outcome = (df, name)
+        return df
+
+    def outcome_line(self) -> str:
+        """:func:`attnsvm.tokens.outcome_line` of :meth:`outcome`, or why there is none."""
+        from .tokens import outcome_line
+
+        try:
+            df = self.outcome()
+        except ValueError as exc:
+            return f"outcome: not judged ({exc})"
+        return outcome_line(df, self._outcome[1])
 
     def plot(self, y: str, x: str = "step", ax=None, **kw):
         """Median over trials of a metric (band: 10-90%) against ``x``; returns the Figure
@@ -111,8 +145,9 @@ class Trajectory:
             r, c = np.unique(self.stop_reason[self.stopped], return_counts=True)
             why = " (" + ", ".join(f"{ci} {ri}" for ri, ci in zip(r, c)) + ")"
         cols = [c for c in self.metrics.columns if c not in ("trial", "step", "stopped")]
+        line = f"\n  {self.outcome_line()}" if self.source is not None else ""
         return (f"Trajectory(B={B}, steps_run={self.steps_run}, records={len(self.record_steps)}, "
-                f"stopped={n_stop}/{B}{why}, metrics={cols})")
+                f"stopped={n_stop}/{B}{why}, metrics={cols}){line}")
 
 
 # ------------------------------------------------------------------ validation
@@ -426,9 +461,9 @@ def _run_fused(plan, steps, k, record, stop, progress) -> int:
     code = np.zeros(B, dtype=np.int64)
     bar = None
     if progress:
-        from tqdm.auto import tqdm
+        from .progress import progress_bar
 
-        bar = tqdm(total=steps, desc="train (fused)", unit="step")
+        bar = progress_bar(total=steps, desc="train (fused)", unit="step")
     t = 0
     try:
         while t < steps:
@@ -563,11 +598,13 @@ def train(model: AttentionModel, data, loss="logistic", optimizer: Optimizer | N
     if not bool(model.finite(params).all()):
         raise ValueError("the initial parameters overflow float64 in W (e.g. K Q^T): start smaller")
     if chunk is not None and chunk < B:
-        return _train_chunked(
+        traj = _train_chunked(
             model, tdata, params, chunk, k, alpha_t, refs, seed,
             dict(loss=lossf, optimizer=optimizer, steps=steps, scale=scale,
                  record_params=record_params, progress=progress, device=device, dtype=dtype,
                  batch_size=batch_size, autograd=autograd, engine=engine))
+        traj.source = (model, tdata, optimizer)
+        return traj
     a0 = model._logits(params, tdata)
     first = model.evaluate(params, tdata, lossf, grad=True, autograd=autograd, logits=a0)
     _check_start(a0, first, tdata)
@@ -624,9 +661,9 @@ def train(model: AttentionModel, data, loss="logistic", optimizer: Optimizer | N
         steps_run = None
     it = range(steps if steps_run is None else 0)
     if progress and steps_run is None:
-        from tqdm.auto import tqdm
+        from .progress import progress_bar
 
-        it = tqdm(it, desc="train", unit="step")
+        it = progress_bar(it, desc="train", unit="step")
     t = 0
     all_active = True
     ev = first
@@ -701,4 +738,5 @@ def train(model: AttentionModel, data, loss="logistic", optimizer: Optimizer | N
         stop_reason=reason.astype(str),
         state=state,
         extra={"engine": engine_used},
+        source=(model, tdata, optimizer),
     )

@@ -17,10 +17,6 @@ def _number(text: str, cast, what: str):
     return value
 
 
-def finite_float(text: str) -> float:
-    return _number(text, float, "a finite number")
-
-
 def positive_float(text: str) -> float:
     value = _number(text, float, "a finite number > 0")
     if value <= 0:
@@ -220,4 +216,6 @@ read without pickles):
   v     (d,)             the fixed linear head v: scores gamma_it = y_i v^T x_it (optional)
 
 Batched files hold B datasets, one per trial: X (B, n, T, d), y (B, n) or (B, n, T),
-z (B, n, d), mask (B, n, T), v (B, d); an array shared by every trial may leave B out."""
+z (B, n, d), mask (B, n, T), v (B, d); an array shared by every trial may leave B out.
+Labels may be any two distinct values (0 / 1, False / True, two strings): they are mapped
+to -1 / +1 in sorted order, and the mapping is printed."""

@@ -21,7 +21,6 @@ from attnsvm.cli._args import NPZ_FORMAT, check_out_file, positive_int, write_at
 
 HELP = "solve the attention SVM for a TokenData .npz, print its certificate, save W_mm"
 
-QUERIES = ("cross", "first", "last", "seq2seq", "causal")
 SEQ2SEQ = ("seq2seq", "causal")
 
 #: --solver values by norm: attnsvm's own solvers, then the cvxpy solvers it configures.
@@ -68,7 +67,25 @@ Examples:
   attnsvm solve s2s.npz --query causal --out wmm.npz --force"""
 
 
+def _norm_names() -> str:
+    """The named norms of :data:`attnsvm.norms.NORMS` (the registry), for --norm's help."""
+    from attnsvm.norms import NORMS
+
+    return " | ".join(NORMS)
+
+
+def _solver_help() -> str:
+    """--solver's help, from the tables NATIVE_SOLVERS and CVXPY_SOLVERS."""
+    cvx = " | ".join(CVXPY_SOLVERS)
+    per = ";  ".join(f"{n}: {' | '.join(v)} | {cvx}" for n, v in NATIVE_SOLVERS.items())
+    native = " and ".join(NATIVE_SOLVERS)
+    return (f"{per};  any other norm: {cvx} (default: {NATIVE_SOLVERS['fro'][0]} for "
+            f"{native}, {CVXPY_SOLVERS[0]} otherwise)")
+
+
 def configure(parser: argparse.ArgumentParser) -> None:
+    from attnsvm.models import QUERIES
+
     parser.add_argument("data", metavar="DATA.npz", help="TokenData .npz (format below)")
     parser.add_argument("--query", default=None, choices=QUERIES,
                         help="where the queries come from, as in `attnsvm train` (default: "
@@ -77,8 +94,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="att (W with queries) or prompt (the vector p, keys = X); auto: "
                              "att if the file has z or --query is given, else prompt")
     parser.add_argument("--norm", default="fro",
-                        help="norm of the SVM: fro | nuc | l1 | P (a float > 1, entrywise l_p); "
-                             "the prompt problem is Frobenius only")
+                        help=f"norm of the SVM: {_norm_names()} | l<P> or P (a number >= 1, "
+                             f"entrywise l_p); the prompt problem is Frobenius only")
     parser.add_argument("--alpha", default="opt",
                         help="'opt' (argmax_t y v^T x_t) or token indices: I,J,... one per "
                              "sequence; seq2seq/causal: rows of T separated by ';'")
@@ -86,9 +103,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="rank <= m, nuclear norm with one query per sequence only "
                              "(default: no rank constraint)")
     parser.add_argument("--solver", default=None,
-                        help="fro: fast | ipm | mnp | clarabel | scs;  nuc: fast | barrier | "
-                             "working_set | clarabel | scs;  l1, P: clarabel | scs (default: "
-                             "fast for fro and nuc, clarabel otherwise)")
+                        help=_solver_help())
     parser.add_argument("--out", default=None, metavar="FILE.npz",
                         help="save W_mm and its certificate (keys below); an existing file is "
                              "kept unless --force (default: print only)")
@@ -172,7 +187,7 @@ def load(path: str) -> dict:
                              f"{data.X.shape}); solve takes one: save one of them "
                              f"(TokenData.trial(b).save(...))")
         return {"X": data.X, "y": data.y, "z": data.z, "v": data.v, "mask": data.mask,
-                "seq2seq": data.seq2seq}
+                "seq2seq": data.seq2seq, "labels": data.label_note()}
     try:  # no labels: validate the rest through TokenData with placeholder labels
         X = arrays["X"]
         if getattr(X, "ndim", 0) != 3:
@@ -182,7 +197,7 @@ def load(path: str) -> dict:
     except ValueError as exc:
         raise ValueError(f"{path}: {exc}") from None
     return {"X": data.X, "y": None, "z": data.z, "v": data.v, "mask": data.mask,
-            "seq2seq": False}
+            "seq2seq": False, "labels": ""}
 
 
 # ------------------------------------------------------------------ the problem
@@ -338,7 +353,8 @@ def run(args: argparse.Namespace) -> int:
             "last": "self-attention, query = last valid token",
             "seq2seq": "seq-to-seq, every token a query",
             "causal": "causal seq-to-seq, keys t <= k"}[kind]
-    print(f"data: {args.data} (n = {n}, T = {T}, d = {X.shape[2]}); {what}")
+    labels = f"; {data['labels']}" if data.get("labels") else ""
+    print(f"data: {args.data} (n = {n}, T = {T}, d = {X.shape[2]}); {what}{labels}")
     print(sol.summary())
     if solver in CVXPY_SOLVERS and not str(sol.solver_).lower().startswith(solver):
         print(f"note: --solver {solver} failed on this problem; the solution above comes "

@@ -18,7 +18,6 @@ from attnsvm.cli._args import (
 
 HELP = "train attention models (built-in demo or a .npz TokenData) and summarise the run"
 
-QUERIES = ["cross", "first", "last", "seq2seq", "causal"]
 DEFAULT_TRIALS = 200
 
 EPILOG = NPZ_FORMAT + """
@@ -34,10 +33,14 @@ Examples:
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
+    # the choices come from the registries (models, queries, losses, initialisations, rules)
+    from attnsvm.losses import LOSSES
+    from attnsvm.models import INIT_KINDS, MODELS, QUERIES
+
     parser.add_argument("--data", default=None, metavar="FILE.npz",
                         help="TokenData .npz, format below (default: the random_sphere demo, "
                              "n=6 T=8 d=10, one dataset per trial)")
-    parser.add_argument("--model", default="W", choices=["W", "KQ", "Diag", "Prompt"],
+    parser.add_argument("--model", default="W", choices=list(MODELS),
                         help="parameterisation: W (combined key-query matrix), KQ (W = K Q^T), "
                              "Diag (W = diag(k * q)), Prompt (trained query p, W = I)")
     parser.add_argument("--query", default=None, choices=QUERIES,
@@ -56,7 +59,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--p", type=float, default=None,
                         help="l_p exponent > 1 for --optimizer mirror (default 2)")
     parser.add_argument("--loss", default="logistic",
-                        choices=["logistic", "exponential", "correlation"],
+                        choices=list(LOSSES),
                         help="loss of the margin u = y f")
     parser.add_argument("--trials", type=positive_int, default=None,
                         help=f"B independent trials (default {DEFAULT_TRIALS}; a batched "
@@ -66,7 +69,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=seed_int, default=0,
                         help="seed of the demo data, the initialisation and SGD's mini-batches")
     parser.add_argument("--init", default="random",
-                        choices=["random", "zero", "balanced", "unbalanced"],
+                        choices=list(INIT_KINDS),
                         help="initialisation: random (norm --scale), zero, balanced (K = Q) or "
                              "unbalanced (Q = 0; KQ and Diag only)")
     parser.add_argument("--scale", type=nonnegative_float, default=0.1,
@@ -161,7 +164,7 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError(f"--data {args.data} holds B = {data.B} datasets (one per "
                              f"trial); --trials {args.trials} disagrees: leave --trials out")
         B = data.B if data.batched else (args.trials or DEFAULT_TRIALS)
-        source = args.data
+        source = args.data + (f" ({data.label_note()})" if data.label_map else "")
     else:
         B = args.trials or DEFAULT_TRIALS
         data = D.random_sphere(seed=args.seed, batch=B)
@@ -179,7 +182,7 @@ def run(args: argparse.Namespace) -> int:
                          f"{fix}, or labels y of shape (n,)")
     d = data.d
     kw = {} if args.model == "Prompt" else {"query": query}
-    model = {"W": M.WModel, "KQ": M.KQModel, "Diag": M.DiagModel, "Prompt": M.PromptModel}[args.model](d, **kw)
+    model = M.MODELS[args.model](d, **kw)
     traj = train(model, data, loss=args.loss, optimizer=opt, steps=args.steps, B=B, seed=args.seed,
                  init=args.init, scale=args.scale, record_every=args.record_every,
                  progress=args.progress, device=device)
@@ -196,6 +199,7 @@ def run(args: argparse.Namespace) -> int:
     why = "" if stops.empty else " (" + ", ".join(
         f"{c} {r}" for r, c in stops.stop_reason.value_counts().items()) + ")"
     print(f"  norm ||W||: mean {last['norm'].mean():.3f}   stopped trials: {int(traj.stopped.sum())}{why}")
+    print(f"  {traj.outcome_line()}")
     if out is not None:
         write_table(traj.metrics, out, args.force)
         print(f"  metrics ({len(traj.metrics)} rows) -> {out}")

@@ -58,6 +58,7 @@ def registry() -> dict[str, Experiment]:
 
 
 def get(name: str) -> Experiment:
+    """The registered experiment ``name`` (KeyError naming it when unknown)."""
     reg = registry()
     if name not in reg:
         raise KeyError(f"unknown experiment {name!r}; `attnsvm list` shows {len(reg)} names")

@@ -78,6 +78,7 @@ class Check:
 
     @property
     def verdict(self) -> str:
+        """"holds" or "does not hold" (from ``passed``)."""
         return "holds" if self.passed else "does not hold"
 
 
@@ -181,9 +182,12 @@ class Experiment:
 
     @property
     def paper(self) -> str:
+        """The citation of the paper this experiment reproduces (``PAPERS`` by the name's prefix)."""
         return PAPERS.get(self.name.split("-")[0], "")
 
     def config(self, scale: str = "quick", **overrides: Any) -> dict:
+        """The configuration at ``scale`` ("tiny" | "quick" | "full") with ``overrides``
+        applied (each key must exist at that scale); ValueError names an unknown scale or key."""
         if scale not in self.configs:
             raise ValueError(f"{self.name}: unknown scale {scale!r}; have {sorted(self.configs)}")
         cfg = dict(self.configs[scale])
@@ -206,6 +210,7 @@ class Result:
 
     @property
     def passed(self) -> bool:
+        """True when the experiment ran without error and every check (claims and sanity) holds."""
         return self.error is None and all(c.passed for c in self.checks)
 
     def __repr__(self) -> str:

@@ -23,7 +23,11 @@ KQ = KQModel
 Diag = DiagModel
 Prompt = PromptModel
 
+#: the parameterisations by short name (``attnsvm train --model NAME`` lists these)
+MODELS = {"W": WModel, "KQ": KQModel, "Diag": DiagModel, "Prompt": PromptModel}
+
 __all__ = [
     "prepare", "AttentionModel", "Objective", "WModel", "KQModel", "DiagModel", "PromptModel",
     "W", "KQ", "Diag", "Prompt", "INIT_KINDS", "QUERIES", "EPS",
+    "MODELS",
 ]

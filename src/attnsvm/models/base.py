@@ -209,6 +209,8 @@ class AttentionModel:
     # ------------------------------------------------------------- objective
     @property
     def fixed_linear(self) -> bool:
+        """Whether the head is linear and not trained (f = v^T r with v fixed): the setting of
+        the token scores gamma and the ATT-SVM (docs/theory.md §4)."""
         return self._headf.fixed_linear
 
     def _labels(self, data, Q):

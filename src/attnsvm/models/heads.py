@@ -49,10 +49,12 @@ class Head:
         return "v" if self.kind == "linear" else "V"
 
     def param_shape(self) -> tuple:
+        """Per-trial shape of the trained head: v (d,) for a linear head, V (d, width) for relu."""
         return (self.d,) if self.kind == "linear" else (self.d, self.width)
 
     @property
     def fixed_linear(self) -> bool:
+        """Whether this is a linear head with v fixed (not trained)."""
         return self.kind == "linear" and not self.train
 
     def __call__(self, params, U, data) -> torch.Tensor:

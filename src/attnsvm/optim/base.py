@@ -144,6 +144,8 @@ class Scaled(NamedTuple):
 
 
 def as_scaled(grads) -> Scaled:
+    """``grads`` as a :class:`Scaled` (returned as is when it is one; a dict of tensors is
+    split into tensors with max |.| = 1 per trial and their log scales)."""
     return grads if isinstance(grads, Scaled) else Scaled.of(grads)
 
 

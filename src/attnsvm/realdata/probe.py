@@ -111,6 +111,8 @@ class ProbeConfig:
         self.track_config()  # validates bias, min_attention, sizes
 
     def track_config(self, **over) -> TrackConfig:
+        """The :class:`~attnsvm.track.TrackConfig` of this probe (its thresholds, null draws,
+        bias handling and seed), with ``over`` replacing fields."""
         return TrackConfig(**{**dict(min_attention=self.min_attention, max_queries=self.max_queries,
                                      null_draws=self.null_draws, rot_draws=self.rot_draws,
                                      bias=self.bias, seed=self.seed), **over})

@@ -207,6 +207,8 @@ class ViTConfig:
     dtype: str = "float32"  # 3-4x faster than float64 on CPU for this small network
 
     def epochs_for_maps(self) -> tuple[int, ...]:
+        """The epochs whose attention maps are drawn: ``map_epochs`` within [0, epochs], or by
+        default the start, a quarter of the run and the end."""
         if self.map_epochs is not None:
             return tuple(e for e in self.map_epochs if 0 <= e <= self.epochs)
         return tuple(sorted({0, self.epochs // 4, self.epochs}))

@@ -214,10 +214,12 @@ class ConstraintSet:
     # ------------------------------------------------------------- shape
     @property
     def shape(self) -> tuple[int, int]:
+        """(n, T): sequences and tokens per problem."""
         return (self.Delta.shape[-3], self.Delta.shape[-2])
 
     @property
     def batch_shape(self) -> tuple[int, ...]:
+        """The leading batch dims (() for one problem)."""
         return self.Delta.shape[:-3]
 
     @property
@@ -228,10 +230,12 @@ class ConstraintSet:
 
     @property
     def d(self) -> int:
+        """Key dimension d (W is d x e)."""
         return self.Delta.shape[-1]
 
     @property
     def e(self) -> int:
+        """Query dimension e (W is d x e)."""
         return self.Z.shape[-1]
 
     @property
@@ -248,6 +252,7 @@ class ConstraintSet:
 
     @property
     def has_eq(self) -> bool:
+        """Whether any constraint is an equality (Delta_k^T W z_k == b_k)."""
         return self.eq is not None and bool(self.eqmask.any())
 
     def take(self, idx) -> ConstraintSet:
@@ -336,9 +341,11 @@ class Certificate:
     support: np.ndarray
 
     def take(self, idx) -> Certificate:
+        """The certificates of the problems ``idx`` (every field indexed by ``idx``)."""
         return Certificate(**{k: getattr(self, k)[idx] for k in self.__dataclass_fields__})
 
     def put(self, idx, other: Certificate) -> None:
+        """Write ``other``'s fields into the problems ``idx`` of this certificate (in place)."""
         for k in self.__dataclass_fields__:
             getattr(self, k)[idx] = getattr(other, k)
 
@@ -709,6 +716,7 @@ class BatchSolution:
 
     @property
     def neighbours_(self) -> np.ndarray:
+        """Alias of ``support_`` (B, n, T) bool: the SVM-neighbours (active constraints) per problem."""
         return self.support_
 
     def __getitem__(self, b: int) -> Solution:
@@ -738,4 +746,6 @@ class BatchSolution:
                 f"time={self.time_:.3g}s)")
 
     def summary(self) -> str:
+        """The batch in one line (its repr): B, how many problems are feasible and how many
+        proven infeasible, the largest violation and gap over the feasible ones, the time."""
         return repr(self)

@@ -122,6 +122,7 @@ class SweepResult:
 
     @property
     def ok(self) -> bool:
+        """True when no cell failed."""
         return len(self.failed) == 0
 
     def summary(self) -> str:
@@ -172,15 +173,15 @@ def sweep(experiment: Experiment | str, cells: Iterable[Mapping[str, Any]], *,
     Returns a :class:`SweepResult`; its tables hold the rows of all the requested cells
     that are done (computed now or in an earlier run), in the order of ``cells``.
 
-    >>> from attnsvm.experiments import Experiment
-    >>> import pandas as pd
-    >>> square = Experiment("demo-square", "x^2", "-", {"quick": {"x": 1}},
-    ...     compute=lambda cfg: {"t": pd.DataFrame({"y": [cfg["x"] ** 2]})},
-    ...     judge=None, plot=None)
-    >>> import tempfile
-    >>> res = sweep(square, grid(x=[1, 2, 3]), store=tempfile.mkdtemp(), progress=False)
-    >>> res["t"][["x", "y"]].values.tolist()
-    [[1, 1], [2, 4], [3, 9]]
+        >>> from attnsvm.experiments import Experiment
+        >>> import pandas as pd
+        >>> square = Experiment("demo-square", "x^2", "-", {"quick": {"x": 1}},
+        ...     compute=lambda cfg: {"t": pd.DataFrame({"y": [cfg["x"] ** 2]})},
+        ...     judge=None, plot=None)
+        >>> import tempfile
+        >>> res = sweep(square, grid(x=[1, 2, 3]), store=tempfile.mkdtemp(), progress=False)
+        >>> res["t"][["x", "y"]].values.tolist()
+        [[1, 1], [2, 4], [3, 9]]
     """
     exp = resolve_experiment(experiment)
     if scale not in exp.configs:
@@ -221,9 +222,9 @@ def sweep(experiment: Experiment | str, cells: Iterable[Mapping[str, Any]], *,
     else:
         stream = _run_dask(exp, jobs, executor, address, workers)
 
-    from tqdm.auto import tqdm
+    from attnsvm.progress import progress_bar
 
-    bar = tqdm(total=len(order), initial=len(order) - len(jobs), desc=f"sweep {exp.name}",
+    bar = progress_bar(total=len(order), initial=len(order) - len(jobs), desc=f"sweep {exp.name}",
                unit="cell", disable=not progress or not jobs, dynamic_ncols=True)
     n_failed = 0
     try:

@@ -72,14 +72,17 @@ class AttentionCall:
 
     @property
     def n_heads(self) -> int:
+        """Number of heads H (W_q is (H, d_head, d))."""
         return int(self.W_q.shape[0])
 
     @property
     def d_head(self) -> int:
+        """Per-head dimension d_head."""
         return int(self.W_q.shape[1])
 
     @property
     def scale_(self) -> float:
+        """The logit scale: ``scale`` when given, else 1 / sqrt(d_head)."""
         return float(self.scale) if self.scale is not None else 1.0 / math.sqrt(self.d_head)
 
     def detached(self) -> AttentionCall:
