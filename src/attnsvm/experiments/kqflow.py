@@ -380,14 +380,13 @@ def judge_nuclear(tables, cfg):
     C = CLAIMS_NUCLEAR
     checks = [
         C["aligned_feasible"].at_least(
-                       "share of datasets", float(al.feasible.mean()), 1.0, fmt=".2f",
-                       note=f"{len(al)} datasets; there W_nuc = W_fro (smallest corr "
-                       f"{al.corr_nuc_fro.min():.6f}): the aligned setting tests convergence to "
-                       "the nuclear SVM, not its contrast with the Frobenius one"),
+            "share of datasets", float(al.feasible.mean()), 1.0, fmt=".2f",
+            note=f"{len(al)} datasets; there W_nuc = W_fro (smallest corr "
+                 f"{al.corr_nuc_fro.min():.6f}): the aligned setting tests convergence to "
+                 "the nuclear SVM, not its contrast with the Frobenius one"),
         C["aligned_stays"].at_most(
-                      "largest off-diagonal share", float(al.offdiag.max()), 1e-8, fmt=".2g",
-                      note="otherwise the run does not test the theorem's "
-                      "setting"),
+            "largest off-diagonal share", float(al.offdiag.max()), 1e-8, fmt=".2g",
+            note="otherwise the run does not test the theorem's setting"),
         C["aligned_nuc"].at_least(
             "share of those runs",
             float((a_reach.corr_nuc >= CORR).mean()) if len(a_reach) else np.nan, 1.0,
@@ -415,28 +414,25 @@ def judge_nuclear(tables, cfg):
     lower = reach["rank"] < reach.rank_fro
     return checks + [
         C["random_feasible"].at_least(
-                       "share of datasets", float(f.feasible.mean()), 1.0, fmt=".2f",
-                       note=f"rank(W_nuc) < rank(W_fro) on {int((f.rank_nuc < f.rank_fro).sum())}"
-                            f" of {len(f)} datasets; corr(W_nuc, W_fro) <= {DISTINCT} on "
-                            f"{int((f.corr_nuc_fro <= DISTINCT).sum())}"),
+            "share of datasets", float(f.feasible.mean()), 1.0, fmt=".2f",
+            note=f"rank(W_nuc) < rank(W_fro) on {int((f.rank_nuc < f.rank_fro).sum())}"
+                 f" of {len(f)} datasets; corr(W_nuc, W_fro) <= {DISTINCT} on "
+                 f"{int((f.corr_nuc_fro <= DISTINCT).sum())}"),
         C["random_nuc"].at_least(
-                       "share of those runs",
-                       float((reach.corr_nuc >= CORR).mean()) if len(reach) else np.nan, 1.0,
-                       fmt=".3f", note=cond + diag),
+            "share of those runs",
+            float((reach.corr_nuc >= CORR).mean()) if len(reach) else np.nan, 1.0,
+            fmt=".3f", note=cond + diag),
         C["random_closer"].at_least(
-                       "share of those runs",
-                       float(closer.mean()) if len(disc) else np.nan, 1.0, fmt=".3f",
-                       note=f"{len(disc)} runs" + ("" if closer.all() else "; closer to W_fro: "
+            "share of those runs", float(closer.mean()) if len(disc) else np.nan, 1.0,
+            fmt=".3f", note=f"{len(disc)} runs" + ("" if closer.all() else "; closer to W_fro: "
                                                    + _list(disc[~closer], ["corr_nuc", "corr_fro"]))),
         C["random_rank"].at_least(
-                       "share of those runs",
-                       float(same_rank.mean()) if len(reach) else np.nan, 1.0, fmt=".3f",
-                       note="" if same_rank.all() else "rank differs: " + _list(
-                           reach[~same_rank], ["rank", "rank_nuc"], fmt="d")),
+            "share of those runs", float(same_rank.mean()) if len(reach) else np.nan, 1.0,
+            fmt=".3f", note="" if same_rank.all() else "rank differs: " + _list(
+                reach[~same_rank], ["rank", "rank_nuc"], fmt="d")),
         C["random_lower"].at_least(
-                       "share of those runs",
-                       float(lower.mean()) if len(reach) else np.nan, 1.0, fmt=".3f",
-                       note=f"ranks of K Q^T: {sorted(set(reach['rank']))}; W_fro: "
+            "share of those runs", float(lower.mean()) if len(reach) else np.nan, 1.0,
+            fmt=".3f", note=f"ranks of K Q^T: {sorted(set(reach['rank']))}; W_fro: "
                             f"{sorted(set(reach.rank_fro))}"),
     ]
 

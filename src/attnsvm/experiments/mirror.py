@@ -182,15 +182,15 @@ def _decay_text(p: str, last: str) -> str:
 
 
 CLAIMS_BREGMAN = {
-    "row_paper": Claim(_row_text("p", "bregman_paper") + ", for each p", quote=QUOTE,
+    "row_paper": Claim(_row_text("p", "bregman_paper").replace("p = p", "each p"), quote=QUOTE,
                        where=WHERE),
-    "row_same": Claim(_row_text("p", "bregman_same") + ", for each p", kind="finding"),
+    "row_same": Claim(_row_text("p", "bregman_same").replace("p = p", "each p"), kind="finding"),
     "column": Claim(
         "for each l_q SVM (at the row run's tokens) the run with p = q has the smallest mean "
         "divergence D_psi_q (column minimum; attnsvm's check, a consequence of the theorem, not a "
         "table of the paper)", kind="finding"),
-    "decay": Claim(_decay_text("p", "the last recorded iteration") + ", for each p", quote=QUOTE,
-                   where=WHERE),
+    "decay": Claim(_decay_text("p", "the last recorded one").replace("p = p", "each p"),
+                   quote=QUOTE, where=WHERE),
     "saturated": Claim(
         f"the runs saturate (mean_i max_t s_it >= {SAT}, docs/theory.md §7) in >= 90% of trials, so "
         "that the reached tokens are defined", kind="sanity"),

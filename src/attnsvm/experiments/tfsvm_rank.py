@@ -226,34 +226,37 @@ def judge(tables: dict, cfg: dict) -> list[Check]:
     scs_same = sub.rank_scs_abs == sub.rank_nuc_cert
     return [
         CLAIMS["kkt"].at_most("max rank(W_fro) - min(n, d)", float(excess), 0.0, note, fmt="g"),
-        CLAIMS["lower"].at_least("fraction of cells", float(lower.mean()) if len(lower) else np.nan, 1.0,
-                       f"per cell (certified instances): {cell_txt}. Cells where most draws are "
-                       f"infeasible are not judged (the paper's curve there is its rank-1 rule "
-                       f"for infeasible draws): " + ("; ".join(
-                           f"(n={n},T={T},d={d}): fro {x.rank_fro:.2f}, nuc {x.rank_nuc_cert:.2f} "
-                           f"({x.feasible} feasible, {x.certified} certified, of {x.drawn} draws)"
-                           for (n, T, d), x in
-                           zip(rest.index, rest.itertuples())) or "none") + f". {unc_txt}"),
-        CLAIMS["count"].at_least("fraction of instances",
-                       float(same.mean()) if len(r) else np.nan, 1.0,
-                       f"{len(r)} certified instances (largest gap {r.nuc_gap.max():.1e}); the "
-                       f"count is the same at rtol {NUC_ALT[0]:g} and {NUC_ALT[1]:g} on "
-                       f"{alt.mean():.1%}. {unc_txt}"),
-        CLAIMS["paper_count"].at_least("fraction of instances (sub-sample)",
-                       float(scs_same.mean()) if len(sub) else np.nan, AGREE,
-                       f"{len(sub)} instances solved with cvxpy's default (SCS; status "
-                       f"{', '.join(f'{k} {v}' for k, v in sub.scs_status.value_counts().items())}"
-                       f"): mean paper "
-                       f"count {sub.rank_scs_abs.mean():.2f} vs certified "
-                       f"{sub.rank_nuc_cert.mean():.2f}, above it on "
-                       f"{(sub.rank_scs_abs > sub.rank_nuc_cert).mean():.0%}, below on "
-                       f"{(sub.rank_scs_abs < sub.rank_nuc_cert).mean():.0%}; SCS's solution is "
-                       f"{sub.scs_excess.median():.1e} (median relative) above the certified "
-                       f"optimum, and its relative count (> {RTOL['nuc']:g} sigma_1) gives the "
-                       f"certified rank on {(sub.rank_scs_rel == sub.rank_nuc_cert).mean():.0%}. "
-                       f"The absolute count on attnsvm's own solutions (gap ~1e-7) gives it on "
-                       f"{(r.rank_nuc_abs == r.rank_nuc_cert).mean():.0%} of all certified "
-                       f"instances: an absolute 1e-7 counts solver noise"),
+        CLAIMS["lower"].at_least(
+            "fraction of cells", float(lower.mean()) if len(lower) else np.nan, 1.0,
+            f"per cell (certified instances): {cell_txt}. Cells where most draws are "
+            f"infeasible are not judged (the paper's curve there is its rank-1 rule "
+            f"for infeasible draws): " + ("; ".join(
+                f"(n={n},T={T},d={d}): fro {x.rank_fro:.2f}, nuc {x.rank_nuc_cert:.2f} "
+                f"({x.feasible} feasible, {x.certified} certified, of {x.drawn} draws)"
+                for (n, T, d), x in
+                zip(rest.index, rest.itertuples())) or "none") + f". {unc_txt}"),
+        CLAIMS["count"].at_least(
+            "fraction of instances",
+            float(same.mean()) if len(r) else np.nan, 1.0,
+            f"{len(r)} certified instances (largest gap {r.nuc_gap.max():.1e}); the "
+            f"count is the same at rtol {NUC_ALT[0]:g} and {NUC_ALT[1]:g} on "
+            f"{alt.mean():.1%}. {unc_txt}"),
+        CLAIMS["paper_count"].at_least(
+            "fraction of instances (sub-sample)",
+            float(scs_same.mean()) if len(sub) else np.nan, AGREE,
+            f"{len(sub)} instances solved with cvxpy's default (SCS; status "
+            f"{', '.join(f'{k} {v}' for k, v in sub.scs_status.value_counts().items())}"
+            f"): mean paper "
+            f"count {sub.rank_scs_abs.mean():.2f} vs certified "
+            f"{sub.rank_nuc_cert.mean():.2f}, above it on "
+            f"{(sub.rank_scs_abs > sub.rank_nuc_cert).mean():.0%}, below on "
+            f"{(sub.rank_scs_abs < sub.rank_nuc_cert).mean():.0%}; SCS's solution is "
+            f"{sub.scs_excess.median():.1e} (median relative) above the certified "
+            f"optimum, and its relative count (> {RTOL['nuc']:g} sigma_1) gives the "
+            f"certified rank on {(sub.rank_scs_rel == sub.rank_nuc_cert).mean():.0%}. "
+            f"The absolute count on attnsvm's own solutions (gap ~1e-7) gives it on "
+            f"{(r.rank_nuc_abs == r.rank_nuc_cert).mean():.0%} of all certified "
+            f"instances: an absolute 1e-7 counts solver noise"),
     ]
 
 
