@@ -53,14 +53,29 @@ def _violate(case):
     return t
 
 
-@pytest.mark.parametrize("case, failing", [
+FAILS = [  # (case, the indices of the checks that fail)
+    ("unsaturated", [0, 2]),        # no run saturates: nothing to compare ("no saturated run")
     ("coinciding", [1]),            # the predicted SVM equals another column's
     ("nearer", [2]),                # another SVM is nearer in every run
     ("unaligned", [3]),             # nearest but median corr 0.95 < 0.99
-])
+]
+
+
+@pytest.mark.parametrize("case, failing", FAILS)
 def test_judge_each_check_fails(case, failing):
     checks = A.judge(_violate(case), {})
     assert [i for i, c in enumerate(checks) if not c.passed] == failing
+
+
+def test_every_declared_verdict_is_judged_in_order_and_has_a_violating_input():
+    """One optimiser with a prediction: a check per declaration, in order, its text naming
+    the optimiser and its SVM."""
+    checks = A.judge(_tables("fro", 0.9995), {})
+    assert [(c.kind, c.quote, c.where) for c in checks] == [
+        (v.kind, v.quote, v.where) for v in A.CLAIMS.values()]
+    assert all(c.claim.startswith("NGD: ") for c in checks)
+    assert A.EXPERIMENT.verdicts == A.EXPERIMENTS[0].verdicts == tuple(A.CLAIMS.values())
+    assert set().union(*(failing for _, failing in FAILS)) == set(range(len(A.CLAIMS)))
 
 
 def test_judge_fails_when_another_svm_is_nearer():

@@ -11,6 +11,7 @@ from scipy.optimize import linprog, minimize
 
 from attnsvm.data import random_sphere
 from attnsvm.experiments import get
+from attnsvm.experiments import kqflow as kq
 from attnsvm.experiments.kqflow import _diag_svm, flow, judge_diag, judge_nuclear
 from attnsvm.models import DiagModel
 
@@ -56,11 +57,14 @@ def test_diag_judge_conditions_on_the_minimal_loss_and_diagnoses_restricted_supp
     assert "1 of them converge to the l_1 SVM restricted to the support" in checks[1].note
 
 
-@pytest.mark.parametrize("kw, failing", [
+DIAG_FAILS = [  # (tables built to fail, the indices of the checks that fail)
     (dict(feasible=False), [0]),                             # an SVM infeasible
     (dict(corr_l1=(0.9999, 0.98, 0.999)), [1]),              # one run short of the l_1 SVM
     (dict(corr_l1=(0.9999, 0.995, 0.999), corr_l2=(0.6, 0.998, 0.75)), [2]),  # nearer l_2
-])
+]
+
+
+@pytest.mark.parametrize("kw, failing", DIAG_FAILS)
 def test_diag_each_check_fails(kw, failing):
     feasible = kw.pop("feasible", True)
     t = _diag_tables(**kw)
@@ -87,7 +91,7 @@ def _nuc_tables(corr_nuc=(0.9995, 0.999), corr_fro=(0.7, 0.75), rank=(2, 1), r_n
     return {"final": final, "aligned": aligned}
 
 
-@pytest.mark.parametrize("kw, failing", [
+NUC_FAILS = [  # (tables built to fail, the indices of the checks that fail)
     (dict(a_feasible=False), [0]),                       # aligned: an SVM infeasible
     (dict(a_offdiag=1e-3), [1]),                         # aligned: the flow left alignment
     (dict(a_corr=(0.9999, 0.95)), [2]),                  # aligned: a run short of W_nuc
@@ -96,12 +100,27 @@ def _nuc_tables(corr_nuc=(0.9995, 0.999), corr_fro=(0.7, 0.75), rank=(2, 1), r_n
     (dict(corr_nuc=(0.995, 0.999), corr_fro=(0.998, 0.75)), [5]),  # nearer W_fro
     (dict(rank=(3, 1)), [6]),                            # rank differs from rank(W_nuc)
     (dict(rank=(5, 6), r_nuc=(5, 6)), [7]),              # not of lower rank than W_fro
-])
+]
+
+
+@pytest.mark.parametrize("kw, failing", NUC_FAILS)
 def test_nuclear_each_check_fails(kw, failing):
     checks = judge_nuclear(_nuc_tables(**kw), {})
     assert [i for i, c in enumerate(checks) if not c.passed] == failing
     assert [c.kind for c in checks] == ["sanity", "sanity", "claim", "sanity"] + ["finding"] * 4
     assert checks[2].quote and checks[2].where
+
+
+@pytest.mark.parametrize("judge, tables, claims, fails", [
+    (judge_diag, _diag_tables, kq.CLAIMS_DIAG, DIAG_FAILS),
+    (judge_nuclear, _nuc_tables, kq.CLAIMS_NUCLEAR, NUC_FAILS)])
+def test_every_declared_verdict_is_judged_in_order_and_has_a_violating_input(judge, tables, claims,
+                                                                              fails):
+    checks = judge(tables(), CFG)
+    assert [(c.kind, c.quote, c.where) for c in checks] == [
+        (v.kind, v.quote, v.where) for v in claims.values()]
+    assert tuple(claims.values()) in [e.verdicts for e in kq.EXPERIMENTS]
+    assert set().union(*(failing for _, failing in fails)) == set(range(len(claims)))
 
 
 def test_aligned_population_keeps_the_flow_aligned():

@@ -8,6 +8,7 @@ import pandas as pd
 import pytest
 
 from attnsvm.experiments import get
+from attnsvm.experiments import mirror as M
 from attnsvm.experiments.mirror import (
     _own_min_share,
     bregman_table,
@@ -91,7 +92,7 @@ def _tables_with(col=None, p=None, q=None, value=0.0, **kw):
     return t
 
 
-@pytest.mark.parametrize("kw, failing", [
+BREGMAN_FAILS = [  # (tables built to fail, the indices of the checks that fail)
     (dict(col="bregman_paper", p=1.75, q=2.0), [0]),   # the paper's row p = 1.75: l_2 nearer
     (dict(col="bregman_paper", p=2.0, q=3.0), [1]),    # the paper's row p = 2: l_3 nearer
     (dict(col="bregman_paper", p=3.0, q=1.75), [2]),   # the paper's row p = 3: l_1.75 nearer
@@ -101,10 +102,26 @@ def _tables_with(col=None, p=None, q=None, value=0.0, **kw):
     (dict(col="bregman_col", p=3.0, q=2.0), [6]),      # column l_2: p = 3 has its minimum
     (dict(decay=False), [7, 8, 9]),                    # no decay: every p fails its curve
     (dict(sat=0.5), [10]),                             # half the runs unsaturated
-])
+]
+
+
+@pytest.mark.parametrize("kw, failing", BREGMAN_FAILS)
 def test_bregman_each_check_fails(kw, failing):
     checks = judge_bregman(_tables_with(**kw), {})
     assert [i for i, c in enumerate(checks) if not c.passed] == failing
+
+
+# the declaration each check of judge_bregman comes from (the per-p ones once per p in PS)
+BREGMAN_KEYS = (["row_paper"] * len(PS) + ["row_same"] * len(PS) + ["column"]
+                + ["decay"] * len(PS) + ["saturated"])
+
+
+def test_every_declared_bregman_verdict_is_judged_in_order_and_has_a_violating_input():
+    checks = judge_bregman(_bregman_tables(), {})
+    decl = [M.CLAIMS_BREGMAN[k] for k in BREGMAN_KEYS]
+    assert [(c.kind, c.quote, c.where) for c in checks] == [(v.kind, v.quote, v.where) for v in decl]
+    assert get("mirror-bregman").verdicts == tuple(M.CLAIMS_BREGMAN.values())
+    assert {BREGMAN_KEYS[i] for _, failing in BREGMAN_FAILS for i in failing} == set(M.CLAIMS_BREGMAN)
 
 
 def test_own_min_share_counts_trials():
@@ -124,16 +141,27 @@ def _joint_summary(corr_W=0.999, corr_v=0.999, alphas=("[1, 0]", "[0, 0]"), pmax
                                      for p, a in zip((1.75, 3.0), alphas)])}
 
 
-@pytest.mark.parametrize("kw, failing", [
+JOINT_FAILS = [  # (tables built to fail, the indices of the checks that fail)
     (dict(pmax=0.6), [0]),                              # not saturated
     (dict(alphas=("[1, 0]", "[1, 0]")), [1]),          # every p selects the same tokens
     (dict(corr_W=0.9), [2]),                            # W not at the l_p ATT-SVM
     (dict(corr_v=0.5), [3]),                            # v not at the l_p head SVM
-])
+]
+
+
+@pytest.mark.parametrize("kw, failing", JOINT_FAILS)
 def test_joint_each_check_fails(kw, failing):
     checks = judge_joint(_joint_summary(**kw), {})
     assert [i for i, c in enumerate(checks) if not c.passed] == failing
     assert [c.kind for c in checks] == ["sanity", "finding", "claim", "claim"]
+
+
+def test_every_declared_joint_verdict_is_judged_in_order_and_has_a_violating_input():
+    checks = judge_joint(_joint_summary(), {})
+    assert [(c.claim, c.kind, c.quote, c.where) for c in checks] == [
+        (v.text, v.kind, v.quote, v.where) for v in M.CLAIMS_JOINT.values()]
+    assert get("mirror-joint").verdicts == tuple(M.CLAIMS_JOINT.values())
+    assert set().union(*(failing for _, failing in JOINT_FAILS)) == set(range(len(M.CLAIMS_JOINT)))
 
 
 def test_joint_judge_pass_and_fail():

@@ -213,7 +213,7 @@ def test_judge_planted_kinds_and_quotes():
     assert all(c.quote and c.where for c in checks if c.kind == "claim")
 
 
-@pytest.mark.parametrize("kw, failing", [
+PLANTED_FAILS = [  # (tables built to fail, the indices of the checks that fail)
     (dict(infeasible=True), [0]),                 # the planted tokens' SVM infeasible
     (dict(gap=0.1), [1]),                         # no unique optimal token
     (dict(slow=("NGD",)), [2]),                   # NGD aligns no faster than GD
@@ -222,10 +222,21 @@ def test_judge_planted_kinds_and_quotes():
     (dict(log_ngd=True), [4]),                    # NGD's norm grows like log t, not eta t
     (dict(lin_gd=True), [5]),                     # GD's norm grows linearly, not like log t
     (dict(rate=1 / 3), [6]),                      # the loss decays 3x too slowly
-])
+]
+
+
+@pytest.mark.parametrize("kw, failing", PLANTED_FAILS)
 def test_judge_planted_each_check_fails(kw, failing):
     checks = R.judge_planted(_planted(**kw), {"score_gap": 0.5})
     assert [i for i, c in enumerate(checks) if not c.passed] == failing
+
+
+def test_every_declared_planted_verdict_is_judged_in_order_and_has_a_violating_input():
+    checks = R.judge_planted(_planted(), {"score_gap": 0.5})
+    assert [(c.claim, c.kind, c.quote, c.where) for c in checks] == [
+        (v.text, v.kind, v.quote, v.where) for v in R.CLAIMS_PLANTED.values()]
+    assert R.EXPERIMENTS[0].verdicts == tuple(R.CLAIMS_PLANTED.values())
+    assert set().union(*(f for _, f in PLANTED_FAILS)) == set(range(len(R.CLAIMS_PLANTED)))
 
 
 def test_censored_times_are_not_failures():
@@ -254,3 +265,8 @@ def test_judge_joint_each_check_fails():
     assert [c.kind for c in checks] == ["claim", "claim"] and all(c.quote for c in checks)
     bad = good.assign(corr_v=0.9)
     assert [c.passed for c in R.judge_joint({"metrics": bad, "svm": info}, {})] == [False, True]
+    bad = good.assign(corr_W=0.9)
+    assert [c.passed for c in R.judge_joint({"metrics": bad, "svm": info}, {})] == [True, False]
+    assert [(c.claim, c.kind, c.quote, c.where) for c in checks] == [
+        (v.text, v.kind, v.quote, v.where) for v in R.CLAIMS_JOINT.values()]
+    assert R.EXPERIMENTS[1].verdicts == tuple(R.CLAIMS_JOINT.values())

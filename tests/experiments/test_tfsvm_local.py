@@ -30,7 +30,7 @@ def test_judge_passes_on_the_predicted_behaviour():
     assert all(c.quote and c.where for c in checks if c.kind == "claim")
 
 
-@pytest.mark.parametrize("kw, failing", [
+FAILS = [  # (tables built to fail, the indices of the checks that fail)
     (dict(pmax=0.9), [0, 3]),                 # the attention does not saturate
     (dict(w=(0.95, 0.9)), [1]),               # W not aligned with W_fro
     (dict(w=(0.995, 0.998)), [2]),            # W closer to the nuclear SVM
@@ -39,10 +39,21 @@ def test_judge_passes_on_the_predicted_behaviour():
     (dict(bad_w=1), [1]),                     # one run of 20 elsewhere: the mean drops below
     (dict(bad_w=3), [1, 2]),                  # three of 20: the 90% share fails too
     (dict(feas=0.75), [6]),                   # SVMs infeasible in some runs: sanity check
-])
+]
+
+
+@pytest.mark.parametrize("kw, failing", FAILS)
 def test_judge_fails_on_tables_built_to_fail(kw, failing):
     checks = tl.judge(_runs(**kw), CFG)
     assert [i for i, c in enumerate(checks) if not c.passed] == failing
+
+
+def test_every_declared_verdict_is_judged_in_order_and_has_a_violating_input():
+    checks = tl.judge(_runs(), CFG)
+    assert [(c.kind, c.quote, c.where) for c in checks] == [
+        (v.kind, v.quote, v.where) for v in tl.CLAIMS.values()]
+    assert tl.EXPERIMENT.verdicts == tuple(tl.CLAIMS.values())
+    assert set().union(*(failing for _, failing in FAILS)) == set(range(len(tl.CLAIMS)))
 
 
 def test_left_out_runs_are_counted_in_the_note():

@@ -39,17 +39,28 @@ def test_judge_passes_on_the_predicted_ordering():
     assert all(c.quote and c.where for c in checks if c.kind == "claim")
 
 
-@pytest.mark.parametrize("kw, failing", [
+FAILS = [  # (tables built to fail, the indices of the checks that fail)
     (dict(eq=2e-2, all_dir=0.05), [0]),     # W_eq worse than W_dir
     (dict(dr=0.5, all_dir=0.05), [1]),      # W_dir worse than the one-token SVM
     (dict(eq=0.2, dr=0.3, all_dir=0.3), [1, 2, 4]),  # both worse than one-token, all runs too
     (dict(nsel=1.0), [3]),                  # only single tokens selected
     (dict(all_dir=0.5), [4]),               # the ordering fails on the runs the filter drops
     (dict(kept=3), [5]),                    # too few kept runs: sanity check fails
-])
+]
+
+
+@pytest.mark.parametrize("kw, failing", FAILS)
 def test_judge_fails_on_tables_built_to_fail(kw, failing):
     checks = tm.judge(_tables(**kw), CFGJ)
     assert [i for i, c in enumerate(checks) if not c.passed] == failing
+
+
+def test_every_declared_verdict_is_judged_in_order_and_has_a_violating_input():
+    checks = tm.judge(_tables(), CFGJ)
+    assert [(c.kind, c.quote, c.where) for c in checks] == [
+        (v.kind, v.quote, v.where) for v in tm.CLAIMS.values()]
+    assert tm.EXPERIMENT.verdicts == tuple(tm.CLAIMS.values())
+    assert set().union(*(failing for _, failing in FAILS)) == set(range(len(tm.CLAIMS)))
 
 
 def test_a_d_without_kept_runs_fails_the_per_d_orderings():

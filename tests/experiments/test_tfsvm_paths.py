@@ -46,7 +46,7 @@ def test_judge_passes_when_each_model_finds_its_svm():
     assert all(c.quote and c.where for c in checks if c.kind == "claim")
 
 
-@pytest.mark.parametrize("kw, failing", [
+FAILS = [  # (tables built to fail, the indices of the checks that fail)
     (dict(fig_cfn=0.97), [0]),                  # the figure's SVMs coincide: nothing to tell apart
     (dict(fig_w=(0.95, 0.95, 0.9)), [1]),       # W not at the SVM of its selected tokens
     (dict(fig_w=(0.999, 0.9, 0.95)), [2]),      # W closer to the nuclear SVM
@@ -60,10 +60,21 @@ def test_judge_passes_when_each_model_finds_its_svm():
     (dict(bad_w=1), [5, 6]),                    # one dataset of ten elsewhere: means < 0.99
     (dict(bad_kq=2), [8, 9, 10]),               # two of ten: means and the 90% share fail
     (dict(informative=4), [11]),                # too few datasets whose SVMs differ
-])
+]
+
+
+@pytest.mark.parametrize("kw, failing", FAILS)
 def test_judge_fails_on_tables_built_to_fail(kw, failing):
     checks = tp.judge(_tables(**kw), CFG)
     assert [i for i, c in enumerate(checks) if not c.passed] == failing
+
+
+def test_every_declared_verdict_is_judged_in_order_and_has_a_violating_input():
+    checks = tp.judge(_tables(), CFG)
+    assert [(c.kind, c.quote, c.where) for c in checks] == [
+        (v.kind, v.quote, v.where) for v in tp.CLAIMS.values()]
+    assert tp.EXPERIMENT.verdicts == tuple(tp.CLAIMS.values())
+    assert set().union(*(failing for _, failing in FAILS)) == set(range(len(tp.CLAIMS)))
 
 
 def test_the_claims_use_the_selected_tokens_not_the_optimal_ones():

@@ -37,15 +37,26 @@ def test_judge_passes_on_the_predicted_ranks():
     assert checks[1].quote and checks[1].where
 
 
-@pytest.mark.parametrize("kw, failing", [
+FAILS = [  # (tables built to fail, the indices of the checks that fail)
     (dict(fro=(6, 5, 5, 5)), [0]),                        # rank above min(n, d) = 5
     (dict(nuc=(5, 5, 5, 5)), [1]),                        # nuclear rank not lower
     (dict(nuc=(3, 2, 3, 2), cert=(2, 2, 3, 2)), [2]),     # attnsvm's count above the certificate
     (dict(scs=(5, 5, 3, 2)), [3]),                        # the paper's count counts noise
-])
+]
+
+
+@pytest.mark.parametrize("kw, failing", FAILS)
 def test_judge_fails_on_tables_built_to_fail(kw, failing):
     checks = tr.judge(_tables(**kw), CFGJ)
     assert [i for i, c in enumerate(checks) if not c.passed] == failing
+
+
+def test_every_declared_verdict_is_judged_in_order_and_has_a_violating_input():
+    checks = tr.judge(_tables(), CFGJ)
+    assert [(c.kind, c.quote, c.where) for c in checks] == [
+        (v.kind, v.quote, v.where) for v in tr.CLAIMS.values()]
+    assert tr.EXPERIMENT.verdicts == tuple(tr.CLAIMS.values())
+    assert set().union(*(failing for _, failing in FAILS)) == set(range(len(tr.CLAIMS)))
 
 
 def test_cells_with_mostly_infeasible_draws_are_not_judged():

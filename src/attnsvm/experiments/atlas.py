@@ -41,7 +41,7 @@ import torch
 
 from attnsvm import plotting as P
 from attnsvm.data import random_sphere, stack
-from attnsvm.experiments.base import Check, Experiment
+from attnsvm.experiments.base import Claim, Experiment
 from attnsvm.metrics import correlation
 from attnsvm.models import DiagModel, KQModel, WModel
 from attnsvm.norms import get_norm
@@ -246,36 +246,64 @@ def atlas_table(runs: pd.DataFrame, cells: pd.DataFrame) -> pd.DataFrame:
     return out.sort_values(["_o", "_c"]).drop(columns=["_o", "_c"]).reset_index(drop=True)
 
 
+def _saturate_text(name: str) -> str:
+    return f"{name}: the runs saturate (min_i s_(i,alpha_i) >= {SAT}) in >= 90% of runs"
+
+
+def _differs_text(name: str, svm: str) -> str:
+    return (f"{name}: the {svm} SVM differs from the other columns' SVMs (median over "
+            f"datasets of its largest corr with another column < {CORR})")
+
+
+def _nearest_text(name: str, svm: str) -> str:
+    return (f"{name}: the {svm} SVM is the nearest of the seven in >= {NEAREST:.0%} of "
+            f"the saturated runs")
+
+
+def _converges_text(name: str, svm: str) -> str:
+    return f"{name}: converges in direction to the {svm} SVM (median corr >= {CORR})"
+
+
+_ROW, _SVM = "each optimiser", "predicted"
+CLAIMS = {
+    "saturate": Claim(_saturate_text(_ROW), kind="sanity"),
+    "differs": Claim(_differs_text(_ROW, _SVM), kind="sanity"),
+    "nearest": Claim(_nearest_text(_ROW, _SVM), kind="finding"),
+    "converges": Claim(_converges_text(_ROW, _SVM), kind="finding"),
+}
+"""The declared verdicts (atlas-geometry and atlas-adam): ``judge`` returns them for each
+optimiser in this order, its text naming the optimiser and its predicted SVM (an optimiser
+without a prediction gets only "saturate")."""
+
+
 def judge(tables, cfg):
     runs, atlas = tables["runs"], tables["atlas"]
     checks = []
     for name, r in runs.groupby("optimizer", sort=False):
         share_sat = float(r.saturated.mean())
         n_over = int((r.stop_reason == "non-finite step").sum())
-        checks.append(Check(
-            f"{name}: the runs saturate (min_i s_(i,alpha_i) >= {SAT}) in >= 90% of runs",
+        checks.append(CLAIMS["saturate"].check(
             f"{share_sat:.0%} of {len(r)} runs saturated after {int(r.steps.iloc[0])} steps"
             + (f"; {n_over} stopped on an overflowing step" if n_over else ""),
-            bool(share_sat >= 0.9), kind="sanity",
+            bool(share_sat >= 0.9),
             note="a run that has not saturated (or whose step overflowed float64) has no "
                  "converged direction to compare; it is left out of the verdicts below"
                  + ("; Polyak's step c (L - L*) / ||G||^2 diverges when a run settles on "
                     "non-optimal tokens (L - L* stays bounded away from 0 while G -> 0)"
-                    if n_over and name == "Polyak" else "")))
+                    if n_over and name == "Polyak" else ""),
+            claim=_saturate_text(name)))
         pred = r.predicted.iloc[0]
         if not pred:
             continue
         sep = float(r.pred_vs_others.median())
-        checks.append(Check(
-            f"{name}: the {LABEL[pred]} SVM differs from the other columns' SVMs (median over "
-            f"datasets of its largest corr with another column < {CORR})",
-            f"median largest corr {sep:.4f}", bool(sep < CORR), kind="sanity",
-            note="if the SVMs coincide the row cannot tell the geometries apart"))
+        checks.append(CLAIMS["differs"].check(
+            f"median largest corr {sep:.4f}", bool(sep < CORR),
+            note="if the SVMs coincide the row cannot tell the geometries apart",
+            claim=_differs_text(name, LABEL[pred])))
         a = atlas[(atlas.optimizer == name)].set_index("column")
         if pred not in a.index:
-            checks.append(Check(f"{name}: the {LABEL[pred]} SVM is the nearest of the seven in "
-                                f">= {NEAREST:.0%} of the saturated runs", "no saturated run", False,
-                                kind="finding"))
+            checks.append(CLAIMS["nearest"].check("no saturated run", False,
+                                                  claim=_nearest_text(name, LABEL[pred])))
             continue
         row = next(x for x in ROWS if x.name == name)
         best = a.corr_median.idxmax()
@@ -287,15 +315,13 @@ def judge(tables, cfg):
                 + ", ".join(f"{LABEL[c]} {a.loc[c, 'corr_median']:.4f}" for c in COLUMNS if c in a.index)
                 + f"; nearest overall: {LABEL[best]}; median ||W|| at the end / at half-time "
                   f"{growth:.3g}; median corr with the {LABEL[pred]} SVM at half-time {half:.4f}")
-        checks.append(Check(
-            f"{name}: the {LABEL[pred]} SVM is the nearest of the seven in >= {NEAREST:.0%} of "
-            f"the saturated runs",
+        checks.append(CLAIMS["nearest"].check(
             f"{share:.0%} of {int(a.loc[pred, 'n_saturated'])} saturated runs", bool(share >= NEAREST),
-            note=note, kind="finding"))
-        checks.append(Check(
-            f"{name}: converges in direction to the {LABEL[pred]} SVM (median corr >= {CORR})",
+            note=note, claim=_nearest_text(name, LABEL[pred])))
+        checks.append(CLAIMS["converges"].check(
             f"median corr {med:.5f} (quartiles {a.loc[pred, 'corr_q25']:.4f}-"
-            f"{a.loc[pred, 'corr_q75']:.4f})", bool(med >= CORR), kind="finding"))
+            f"{a.loc[pred, 'corr_q75']:.4f})", bool(med >= CORR),
+            claim=_converges_text(name, LABEL[pred])))
     return checks
 
 
@@ -345,7 +371,7 @@ EXPERIMENT = Experiment(
         "quick": {**_C, "n": 3, "T": 3, "d": 8, "B": 16, "steps": 2500, "seed": 0},
         "full": {**_C, "n": 3, "T": 3, "d": 8, "B": 32, "steps": 5000, "seed": 0},
     },
-    compute=compute, judge=judge, plot=plot,
+    compute=compute, judge=judge, plot=plot, verdicts=tuple(CLAIMS.values()),
     deviations=(
         "Sign descent, Adam, Signum, spectral descent and Muon have no attention result in the "
         "papers: their column is predicted from the linear-classifier analogue (steepest descent "
@@ -425,6 +451,7 @@ EXPERIMENTS = [Experiment(
                  "rows": ADAM_ROWS},
     },
     compute=compute, judge=adam_judge, plot=adam_plot, in_default=False,
+    verdicts=tuple(CLAIMS.values()),
     deviations=(
         "The atlas's datasets, starts and step sizes (Adam lr 0.1; decaying eta_t = 0.1414 "
         "(t + 2)^(-1/2), first step 0.1) with 80x the atlas's steps at full scale (400,000; "

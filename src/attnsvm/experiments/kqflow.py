@@ -47,7 +47,7 @@ import torch
 
 from attnsvm import plotting as P
 from attnsvm.data import TokenData, random_sphere, stack
-from attnsvm.experiments.base import Experiment, check_at_least, check_at_most
+from attnsvm.experiments.base import Claim, Experiment
 from attnsvm.metrics import correlation, numerical_rank
 from attnsvm.models import DiagModel, KQModel
 from attnsvm.optim import ngd
@@ -183,6 +183,11 @@ def _list(df, cols, fmt=".3f", limit=8) -> str:
     return "; ".join(items) + (f"; ... ({len(df) - limit} more)" if len(df) > limit else "")
 
 
+def _diag_l1_text(small_alpha: str) -> str:
+    return (f"small starts (alpha <= {small_alpha}) that reach the minimal loss: "
+            f"W = diag(k*q) -> the l_1 SVM (corr >= {CORR}) in every run")
+
+
 def judge_diag(tables, cfg):
     f, svm = tables["final"], tables["svm"]
     small = f[f.alpha <= cfg["small_alpha"]]
@@ -201,25 +206,20 @@ def judge_diag(tables, cfg):
            f"{restricted.support_l1_excess.max():.1%} above it)" if len(restricted) else ""))
     disc = reach[reach.corr_l1_l2 <= DISTINCT]
     closer = (disc.corr_l1 > disc.corr_l2)
+    C = CLAIMS_DIAG
     return [
-        check_at_least("the diagonal ATT-SVM is feasible on every dataset (the separability "
-                       "assumption)", "share of datasets", float(svm.feasible.mean()), 1.0,
-                       fmt=".2f", kind="sanity",
-                       note=f"{len(svm)} datasets; the l_1 and l_2 SVMs differ (corr <= "
+        C["feasible"].at_least("share of datasets", float(svm.feasible.mean()), 1.0, fmt=".2f",
+                               note=f"{len(svm)} datasets; the l_1 and l_2 SVMs differ (corr <= "
                             f"{DISTINCT}) on {int((svm.corr_l1_l2 <= DISTINCT).sum())}"),
-        check_at_least(
-            f"small starts (alpha <= {cfg['small_alpha']:g}) that reach the minimal loss: "
-            f"W = diag(k*q) -> the l_1 SVM (corr >= {CORR}) in every run",
+        C["l1"].at_least(
             "share of those runs", float((reach.corr_l1 >= CORR).mean()) if len(reach) else np.nan,
             1.0, fmt=".3f", note=cond + diag + f"; corr {CORR} is attnsvm's threshold",
-            quote=QUOTE["diag"], where=WHERE["diag"]),
-        check_at_least(
-            f"... and ends closer to the l_1 SVM than to the l_2 one, on every dataset where the "
-            f"two differ (corr(w_l1, w_l2) <= {DISTINCT})", "share of those runs",
+            claim=_diag_l1_text(f"{cfg['small_alpha']:g}")),
+        C["closer"].at_least(
+            "share of those runs",
             float(closer.mean()) if len(disc) else np.nan, 1.0, fmt=".3f",
             note=f"{len(disc)} runs" + ("" if closer.all() else "; closer to l_2: " + _list(
-                disc[~closer], ["corr_l1", "corr_l2"])),
-            quote=QUOTE["nuc"] + " " + QUOTE["diag"], where=WHERE["diag"]),
+                disc[~closer], ["corr_l1", "corr_l2"]))),
     ]
 
 
@@ -332,6 +332,41 @@ WHERE = {"aligned": "the general-weights theorem (abstract; seed text 004), in i
                  "the l_1-norm ATT-SVM over diagonal matrices"}
 
 
+CLAIMS_DIAG = {
+    "feasible": Claim("the diagonal ATT-SVM is feasible on every dataset (the separability "
+                      "assumption)", kind="sanity"),
+    "l1": Claim(_diag_l1_text("small_alpha"), quote=QUOTE["diag"], where=WHERE["diag"]),
+    "closer": Claim(f"... and ends closer to the l_1 SVM than to the l_2 one, on every dataset "
+                    f"where the two differ (corr(w_l1, w_l2) <= {DISTINCT})",
+                    quote=QUOTE["nuc"] + " " + QUOTE["diag"], where=WHERE["diag"]),
+}
+"""kqflow-diag's declared verdicts, in the order ``judge_diag`` returns their checks."""
+
+_BEYOND = " (random balanced start K = Q on random data: beyond the theorem's alignment)"
+CLAIMS_NUCLEAR = {
+    "aligned_feasible": Claim("aligned setting: the nuclear ATT-SVM is feasible on every dataset",
+                              kind="sanity"),
+    "aligned_stays": Claim("aligned setting: the flow stays aligned (||offdiag(U^T K Q^T V)|| / "
+                           "||K Q^T|| <= 1e-8 in every run), as the theorem's assumption implies",
+                           kind="sanity"),
+    "aligned_nuc": Claim(f"aligned setting: runs that reach the minimal loss: K Q^T -> the "
+                         f"nuclear-norm SVM (corr >= {CORR}) in every run",
+                         quote=QUOTE["aligned"], where=WHERE["aligned"]),
+    "random_feasible": Claim("random data: both ATT-SVMs (nuclear, Frobenius) are feasible on "
+                             "every dataset", kind="sanity"),
+    "random_nuc": Claim(f"random starts that reach the minimal loss: K Q^T -> the nuclear-norm "
+                        f"SVM (corr >= {CORR}) in every run" + _BEYOND, kind="finding"),
+    "random_closer": Claim(f"random starts: K Q^T ends closer to W_nuc than to W_fro on every "
+                           f"dataset where the two differ (corr(W_nuc, W_fro) <= {DISTINCT})",
+                           kind="finding"),
+    "random_rank": Claim(f"random starts: numerical rank of K Q^T (rtol {RANK_RTOL:g}) equals "
+                         "rank(W_nuc) in every run that reaches the minimal loss", kind="finding"),
+    "random_lower": Claim("random starts: K Q^T has lower rank than W_fro in every run that "
+                          "reaches the minimal loss", kind="finding"),
+}
+"""kqflow-nuclear's declared verdicts, in the order ``judge_nuclear`` returns their checks."""
+
+
 def judge_nuclear(tables, cfg):
     """Claim (the theorem's own setting, ``aligned``): the aligned flow that reaches the
     minimal loss ends at the nuclear SVM (corr >= CORR) in every run; sanity: the SVMs are
@@ -342,28 +377,25 @@ def judge_nuclear(tables, cfg):
     a_reach = al[al.p_sel_min >= SAT]
     a_miss = al[al.p_sel_min < SAT]
     a_bad = a_reach[a_reach.corr_nuc < CORR]
+    C = CLAIMS_NUCLEAR
     checks = [
-        check_at_least("aligned setting: the nuclear ATT-SVM is feasible on every dataset",
-                       "share of datasets", float(al.feasible.mean()), 1.0, fmt=".2f",
-                       kind="sanity", note=f"{len(al)} datasets; there W_nuc = W_fro (smallest corr "
-                       f"{al.corr_nuc_fro.min():.6f}): the aligned setting tests convergence to "
-                       "the nuclear SVM, not its contrast with the Frobenius one"),
-        check_at_most("aligned setting: the flow stays aligned (||offdiag(U^T K Q^T V)|| / "
-                      "||K Q^T|| <= 1e-8 in every run), as the theorem's assumption implies",
-                      "largest off-diagonal share", float(al.offdiag.max()), 1e-8, fmt=".2g",
-                      kind="sanity", note="otherwise the run does not test the theorem's "
-                      "setting"),
-        check_at_least(
-            f"aligned setting: runs that reach the minimal loss: K Q^T -> the nuclear-norm SVM "
-            f"(corr >= {CORR}) in every run", "share of those runs",
+        C["aligned_feasible"].at_least(
+            "share of datasets", float(al.feasible.mean()), 1.0, fmt=".2f",
+            note=f"{len(al)} datasets; there W_nuc = W_fro (smallest corr "
+                 f"{al.corr_nuc_fro.min():.6f}): the aligned setting tests convergence to "
+                 "the nuclear SVM, not its contrast with the Frobenius one"),
+        C["aligned_stays"].at_most(
+            "largest off-diagonal share", float(al.offdiag.max()), 1e-8, fmt=".2g",
+            note="otherwise the run does not test the theorem's setting"),
+        C["aligned_nuc"].at_least(
+            "share of those runs",
             float((a_reach.corr_nuc >= CORR).mean()) if len(a_reach) else np.nan, 1.0,
             fmt=".3f", note=f"{len(a_reach)} of {len(al)} runs reach the minimal loss (the "
             f"theorem's condition)" + (f"; the others: {_list(a_miss, ['p_sel_min'])}"
                                        if len(a_miss) else "")
             + f"; min corr {a_reach.corr_nuc.min():.5f}" + (
                 f"; not at W_nuc: {_list(a_bad, ['corr_nuc'])}" if len(a_bad) else "")
-            + "; corr 0.99 is attnsvm's threshold", quote=QUOTE["aligned"],
-            where=WHERE["aligned"]),
+            + "; corr 0.99 is attnsvm's threshold"),
     ]
     reach = f[f.p_sel_min >= SAT]
     missed = f[f.p_sel_min < SAT]
@@ -380,36 +412,28 @@ def judge_nuclear(tables, cfg):
     closer = disc.corr_nuc > disc.corr_fro
     same_rank = reach["rank"] == reach.rank_nuc
     lower = reach["rank"] < reach.rank_fro
-    beyond = " (random balanced start K = Q on random data: beyond the theorem's alignment)"
     return checks + [
-        check_at_least("random data: both ATT-SVMs (nuclear, Frobenius) are feasible on every "
-                       "dataset", "share of datasets", float(f.feasible.mean()), 1.0, fmt=".2f",
-                       kind="sanity",
-                       note=f"rank(W_nuc) < rank(W_fro) on {int((f.rank_nuc < f.rank_fro).sum())}"
-                            f" of {len(f)} datasets; corr(W_nuc, W_fro) <= {DISTINCT} on "
-                            f"{int((f.corr_nuc_fro <= DISTINCT).sum())}"),
-        check_at_least(f"random starts that reach the minimal loss: K Q^T -> the nuclear-norm SVM "
-                       f"(corr >= {CORR}) in every run" + beyond, "share of those runs",
-                       float((reach.corr_nuc >= CORR).mean()) if len(reach) else np.nan, 1.0,
-                       fmt=".3f", note=cond + diag, kind="finding"),
-        check_at_least(f"random starts: K Q^T ends closer to W_nuc than to W_fro on every dataset "
-                       f"where the two differ (corr(W_nuc, W_fro) <= {DISTINCT})",
-                       "share of those runs",
-                       float(closer.mean()) if len(disc) else np.nan, 1.0, fmt=".3f",
-                       note=f"{len(disc)} runs" + ("" if closer.all() else "; closer to W_fro: "
-                                                   + _list(disc[~closer], ["corr_nuc", "corr_fro"])),
-                       kind="finding"),
-        check_at_least(f"random starts: numerical rank of K Q^T (rtol {RANK_RTOL:g}) equals "
-                       "rank(W_nuc) in every run that reaches the minimal loss",
-                       "share of those runs",
-                       float(same_rank.mean()) if len(reach) else np.nan, 1.0, fmt=".3f",
-                       note="" if same_rank.all() else "rank differs: " + _list(
-                           reach[~same_rank], ["rank", "rank_nuc"], fmt="d"), kind="finding"),
-        check_at_least("random starts: K Q^T has lower rank than W_fro in every run that reaches "
-                       "the minimal loss", "share of those runs",
-                       float(lower.mean()) if len(reach) else np.nan, 1.0, fmt=".3f",
-                       note=f"ranks of K Q^T: {sorted(set(reach['rank']))}; W_fro: "
-                            f"{sorted(set(reach.rank_fro))}", kind="finding"),
+        C["random_feasible"].at_least(
+            "share of datasets", float(f.feasible.mean()), 1.0, fmt=".2f",
+            note=f"rank(W_nuc) < rank(W_fro) on {int((f.rank_nuc < f.rank_fro).sum())}"
+                 f" of {len(f)} datasets; corr(W_nuc, W_fro) <= {DISTINCT} on "
+                 f"{int((f.corr_nuc_fro <= DISTINCT).sum())}"),
+        C["random_nuc"].at_least(
+            "share of those runs",
+            float((reach.corr_nuc >= CORR).mean()) if len(reach) else np.nan, 1.0,
+            fmt=".3f", note=cond + diag),
+        C["random_closer"].at_least(
+            "share of those runs", float(closer.mean()) if len(disc) else np.nan, 1.0,
+            fmt=".3f", note=f"{len(disc)} runs" + ("" if closer.all() else "; closer to W_fro: "
+                                                   + _list(disc[~closer], ["corr_nuc", "corr_fro"]))),
+        C["random_rank"].at_least(
+            "share of those runs", float(same_rank.mean()) if len(reach) else np.nan, 1.0,
+            fmt=".3f", note="" if same_rank.all() else "rank differs: " + _list(
+                reach[~same_rank], ["rank", "rank_nuc"], fmt="d")),
+        C["random_lower"].at_least(
+            "share of those runs", float(lower.mean()) if len(reach) else np.nan, 1.0,
+            fmt=".3f", note=f"ranks of K Q^T: {sorted(set(reach['rank']))}; W_fro: "
+                            f"{sorted(set(reach.rank_fro))}"),
     ]
 
 
@@ -460,6 +484,7 @@ EXPERIMENTS = [
             "full": dict(_DIAG, datasets=32),
         },
         compute=compute_diag, judge=judge_diag, plot=_plot_diag,
+        verdicts=tuple(CLAIMS_DIAG.values()),
         deviations=(
             "Population of datasets instead of one chosen instance (the earlier version used "
             "dataset seed 6 only): random_sphere(n = 3, T = 3, d = 8) seeds 1000 seed + 0..N-1; the paper's "
@@ -486,6 +511,7 @@ EXPERIMENTS = [
             "full": dict(_NUC, datasets=16),
         },
         compute=compute_nuclear, judge=judge_nuclear, plot=_plot_nuclear,
+        verdicts=tuple(CLAIMS_NUCLEAR.values()),
         deviations=(
             "Population of datasets (random_sphere(n = 6, T = 2, d = 6) seeds 1000 seed + "
             "0..N-1) instead of the one chosen instance (seed 7) of the earlier version.",

@@ -38,7 +38,7 @@ from matplotlib.ticker import NullFormatter
 
 from attnsvm import plotting as P
 from attnsvm.data import mirror_joint_toy, random_sphere
-from attnsvm.experiments.base import Check, Experiment, check_at_least, check_at_most
+from attnsvm.experiments.base import Claim, Experiment
 from attnsvm.metrics import correlation, directional_bregman
 from attnsvm.models import WModel
 from attnsvm.optim import mirror
@@ -166,6 +166,39 @@ QUOTE_JOINT = ("Additionally, we delve into the joint optimization dynamics of t
 WHERE_JOINT = "joint (W, v) theorem and the toy of joint_training.py; seed text 002"
 
 
+_ROWS = {"bregman_paper": "the paper's definition: D_psi_p, each l_q SVM at the tokens its own "
+                          "q-run reached",
+         "bregman_same": "same tokens: every l_q SVM at the tokens the p-run reached"}
+
+
+def _row_text(p: str, col: str) -> str:
+    return (f"MD with p = {p} ends closer to the l_{p} SVM than to the other l_q "
+            f"SVMs (row minimum of the mean final divergence; {_ROWS[col]})")
+
+
+def _decay_text(p: str, last: str) -> str:
+    return (f"p = {p}: the mean directional Bregman divergence to the l_{p} SVM falls "
+            f"by >= {1 / DECAY:g}x from iteration 0 to {last}")
+
+
+CLAIMS_BREGMAN = {
+    "row_paper": Claim(_row_text("p", "bregman_paper").replace("p = p", "each p"), quote=QUOTE,
+                       where=WHERE),
+    "row_same": Claim(_row_text("p", "bregman_same").replace("p = p", "each p"), kind="finding"),
+    "column": Claim(
+        "for each l_q SVM (at the row run's tokens) the run with p = q has the smallest mean "
+        "divergence D_psi_q (column minimum; attnsvm's check, a consequence of the theorem, not a "
+        "table of the paper)", kind="finding"),
+    "decay": Claim(_decay_text("p", "the last recorded one").replace("p = p", "each p"),
+                   quote=QUOTE, where=WHERE),
+    "saturated": Claim(
+        f"the runs saturate (mean_i max_t s_it >= {SAT}, docs/theory.md §7) in >= 90% of trials, so "
+        "that the reached tokens are defined", kind="sanity"),
+}
+"""mirror-bregman's declared verdicts; ``judge_bregman`` returns them in this order, the
+per-p ones once for each p (its text then names the p)."""
+
+
 def judge_bregman(tables, cfg):
     tab, final, curves, runs = tables["table"], tables["final"], tables["curves"], tables["runs"]
     ps = sorted(tab.p.unique())
@@ -173,9 +206,7 @@ def judge_bregman(tables, cfg):
     sat = runs.assign(s=runs.p_max_mean >= SAT).groupby("p").s.mean()
     share = {c: _own_min_share(final, c) for c in ("bregman_paper", "bregman_same")}
     checks = []
-    for col, what in (("bregman_paper", "the paper's definition: D_psi_p, each l_q SVM at the "
-                                        "tokens its own q-run reached"),
-                      ("bregman_same", "same tokens: every l_q SVM at the tokens the p-run reached")):
+    for col, key in (("bregman_paper", "row_paper"), ("bregman_same", "row_same")):
         for p in ps:
             row = T.loc[p][col]
             best = row.idxmin()
@@ -188,40 +219,27 @@ def judge_bregman(tables, cfg):
                               f"(mean {r.bregman_paper_matched[q]:.3g}), other tokens "
                               f"(mean {r.bregman_paper_mismatched[q]:.3g})"
                               for q in row.index if q != p)
-            paper = col == "bregman_paper"
-            checks.append(Check(
-                f"MD with p = {_fmt(p)} ends closer to the l_{_fmt(p)} SVM than to the other l_q "
-                f"SVMs (row minimum of the mean final divergence; {what})",
+            checks.append(CLAIMS_BREGMAN[key].check(
                 "; ".join(f"l_{_fmt(q)}: {row[q]:.3g}" for q in row.index), bool(best == p), note,
-                kind="claim" if paper else "finding", quote=QUOTE if paper else "",
-                where=WHERE if paper else ""))
+                claim=_row_text(_fmt(p), col)))
     col_best = {q: T.xs(q, level="q").bregman_col.idxmin() for q in ps}
-    checks.append(Check(
-        "for each l_q SVM (at the row run's tokens) the run with p = q has the smallest mean "
-        "divergence D_psi_q (column minimum; attnsvm's check, a consequence of the theorem, not a "
-        "table of the paper)",
+    checks.append(CLAIMS_BREGMAN["column"].check(
         "; ".join(f"column l_{_fmt(q)}: min at p = {_fmt(r)} ({T.loc[(r, q), 'bregman_col']:.2e})"
                   for q, r in col_best.items()),
         all(r == q for q, r in col_best.items()),
         note="the runs have different lengths (the paper's budgets): " + ", ".join(
-            f"p = {_fmt(p)}: {int(runs[runs.p == p].steps.iat[0])}" for p in ps),
-        kind="finding"))
+            f"p = {_fmt(p)}: {int(runs[runs.p == p].steps.iat[0])}" for p in ps)))
     own = curves[curves.p == curves.q].groupby(["p", "step"]).bregman.mean()
     for p in ps:
         m = own.loc[p]
-        checks.append(check_at_most(
-            f"p = {_fmt(p)}: the mean directional Bregman divergence to the l_{_fmt(p)} SVM falls "
-            f"by >= {1 / DECAY:g}x from iteration 0 to {int(m.index[-1])}",
+        checks.append(CLAIMS_BREGMAN["decay"].at_most(
             "ratio last / first", float(m.iloc[-1] / m.iloc[0]), DECAY,
             note=f"from {m.iloc[0]:.3g} to {m.iloc[-1]:.3g}; the paper shows the curve, "
                  f"not a threshold ({1 / DECAY:g}x is attnsvm's)", fmt=".3g",
-            quote=QUOTE, where=WHERE))
-    checks.append(check_at_least(
-        f"the runs saturate (mean_i max_t s_it >= {SAT}, docs/theory.md §7) in >= 90% of trials, so "
-        "that the reached tokens are defined",
+            claim=_decay_text(_fmt(p), str(int(m.index[-1])))))
+    checks.append(CLAIMS_BREGMAN["saturated"].at_least(
         "smallest fraction over p", float(sat.min()), 0.9,
-        note="; ".join(f"p = {_fmt(p)}: {v:.0%}" for p, v in sat.items()), fmt=".2f",
-        kind="sanity"))
+        note="; ".join(f"p = {_fmt(p)}: {v:.0%}" for p, v in sat.items()), fmt=".2f"))
     return checks
 
 
@@ -324,27 +342,34 @@ def _w_frozen_note(sm: pd.DataFrame) -> str:
                    for r in f.itertuples())
 
 
+CLAIMS_JOINT = {
+    "saturated": Claim(f"every p saturates on a token per sequence (min_i max_t s_it >= {SAT})",
+                       kind="sanity"),
+    "distinct": Claim("different p select different tokens on the paper's toy (attnsvm's reading "
+                      "of the toy's figure; no sentence of the seed text states it)",
+                      kind="finding"),
+    "W": Claim(f"W -> the l_p ATT-SVM of the tokens p selects (corr >= {CORR} for every p)",
+               quote=QUOTE_JOINT, where=WHERE_JOINT),
+    "v": Claim(f"v -> the l_p head SVM of the selected tokens (corr >= {CORR} for every p)",
+               quote=QUOTE_JOINT, where=WHERE_JOINT),
+}
+"""mirror-joint's declared verdicts, in the order ``judge_joint`` returns their checks."""
+
+
 def judge_joint(tables, cfg):
     sm = tables["summary"]
     per_p = "; ".join(f"p = {_fmt(r.p)}: {r.alpha}" for r in sm.itertuples())
     worst = sm.loc[sm.corr_W.idxmin()] if sm.corr_W.notna().any() else sm.iloc[0]
     return [
-        check_at_least(f"every p saturates on a token per sequence (min_i max_t s_it >= {SAT})", "smallest over p",
-                       float(sm.p_max_min.min()), SAT, note=f"selected tokens: {per_p}; the "
-                       "selected tokens (and so the SVMs below) are defined only then",
-                       kind="sanity"),
-        Check("different p select different tokens on the paper's toy (attnsvm's reading of the "
-              "toy's figure; no sentence of the seed text states it)",
-              f"{sm.alpha.nunique()} distinct selections: {per_p}", bool(sm.alpha.nunique() >= 2),
-              kind="finding"),
-        check_at_least(f"W -> the l_p ATT-SVM of the tokens p selects (corr >= {CORR} for every p)",
-                       "min over p of corr(W, W_mm^p)", float(sm.corr_W.min()), CORR,
-                       note=f"worst p = {_fmt(worst.p)}; infeasible SVMs: "
-                            f"{int((~sm.svm_feasible).sum())}" + _w_frozen_note(sm),
-                       quote=QUOTE_JOINT, where=WHERE_JOINT),
-        check_at_least(f"v -> the l_p head SVM of the selected tokens (corr >= {CORR} for every p)",
-                       "min over p of corr(v, v_mm^p)", float(sm.corr_v.min()), CORR,
-                       quote=QUOTE_JOINT, where=WHERE_JOINT),
+        CLAIMS_JOINT["saturated"].at_least(
+            "smallest over p", float(sm.p_max_min.min()), SAT, note=f"selected tokens: {per_p}; "
+            "the selected tokens (and so the SVMs below) are defined only then"),
+        CLAIMS_JOINT["distinct"].check(f"{sm.alpha.nunique()} distinct selections: {per_p}",
+                                       bool(sm.alpha.nunique() >= 2)),
+        CLAIMS_JOINT["W"].at_least("min over p of corr(W, W_mm^p)", float(sm.corr_W.min()), CORR,
+                                   note=f"worst p = {_fmt(worst.p)}; infeasible SVMs: "
+                                        f"{int((~sm.svm_feasible).sum())}" + _w_frozen_note(sm)),
+        CLAIMS_JOINT["v"].at_least("min over p of corr(v, v_mm^p)", float(sm.corr_v.min()), CORR),
     ]
 
 
@@ -389,6 +414,7 @@ EXPERIMENTS = [
                          records=200, lr=0.1, init_std=1.0, seed=0),
         },
         compute=compute_bregman, judge=judge_bregman, plot=plot_bregman,
+        verdicts=tuple(CLAIMS_BREGMAN.values()),
         deviations=(
             "W_0: the paper's code draws W_0 with N(0, 1) entries from torch's default generator "
             "without a seed, so every dataset and every p start from one and the same matrix; "
@@ -420,6 +446,7 @@ EXPERIMENTS = [
             "full": dict(runs=((1.75, 1500), (2.0, 2000), (3.0, 20000)), lr=0.1, records=2000),
         },
         compute=compute_joint, judge=judge_joint, plot=plot_joint,
+        verdicts=tuple(CLAIMS_JOINT.values()),
         deviations=(
             "quick scale: p = 3 stopped at 5000 iterations (the paper's joint_training.py: "
             "20000); full is the paper's setting (p in {1.75, 2, 3}, 1500 / 2000 / 20000 "

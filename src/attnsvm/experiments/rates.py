@@ -21,7 +21,7 @@ import pandas as pd
 
 from attnsvm import plotting as P
 from attnsvm.data import planted
-from attnsvm.experiments.base import Check, Experiment, check_at_least, check_at_most
+from attnsvm.experiments.base import Claim, Experiment
 from attnsvm.metrics import correlation
 from attnsvm.models import WModel
 from attnsvm.optim import gd, ngd, polyak
@@ -207,6 +207,28 @@ QUOTE = {
 WHERE = "abstract (seed text 000: the abstract only; the rates are restated in docs/theory.md §9)"
 
 
+CLAIMS_PLANTED = {
+    "feasible": Claim("ATT-SVM of the planted optimal tokens feasible on every instance",
+                      kind="sanity"),
+    "unique": Claim("every sequence has a unique optimal token (planted score gap)", kind="sanity"),
+    **{f"fast_{name}": Claim(
+        f"{name} reaches corr(W_t, W_mm) >= {CORR} in at least {SPEEDUP:g}x fewer iterations "
+        f"than GD (median time to it, censored at the budget)", quote=QUOTE["fast"], where=WHERE)
+       for name in ("NGD", "Polyak")},
+    "ngd_linear": Claim(
+        "NGD: ||W_t|| grows linearly (~ eta t): norm increment over [T/2, T] is ~2x that over [T/4, T/2] (>= 1.8)",
+        quote=QUOTE["rates"], where=WHERE),
+    "gd_log": Claim(
+        "GD: ||W_t|| grows logarithmically: equal increments per doubling of t (ratio <= 1.3, linear would be 2)",
+        quote=QUOTE["gd"], where=WHERE),
+    "slope": Claim(
+        f"NGD, once aligned: log(L - L*) falls with slope -1/||W_mm|| in ||W_t|| (median relative error <= {SLOPE_TOL:g})",
+        quote=QUOTE["rates"], where=WHERE),
+}
+"""rates-planted's declared verdicts, in the order ``judge_planted`` returns their checks
+("unique" only when the tables carry the planted data)."""
+
+
 def judge_planted(tables, cfg):
     m, svm = tables["metrics"], tables["svm"]
     fr = tables.get("frozen")
@@ -216,15 +238,14 @@ def judge_planted(tables, cfg):
     for name, g in hits.groupby("optimizer"):
         med[name], cens[name] = censored_median(g.step, T)
     nf = int((~svm.feasible.astype(bool)).sum())
-    checks = [Check("ATT-SVM of the planted optimal tokens feasible on every instance",
-                    f"{nf} of {len(svm)} infeasible", nf == 0,
-                    "true by construction when d >= nT (generic tokens)", kind="sanity")]
+    C = CLAIMS_PLANTED
+    checks = [C["feasible"].check(f"{nf} of {len(svm)} infeasible", nf == 0,
+                                  "true by construction when d >= nT (generic tokens)")]
     if "data" in tables:
         gap = float(tables["data"].score_gap.min())
-        checks.append(check_at_least(
-            "every sequence has a unique optimal token (planted score gap)",
+        checks.append(C["unique"].at_least(
             "min over trials and sequences of gamma_opt - max_other gamma", gap,
-            0.5 * cfg.get("score_gap", 0.5), kind="sanity",
+            0.5 * cfg.get("score_gap", 0.5),
             note="the planted generator draws the other scores below 1 - score_gap"))
     def reached(name):
         g = hits[hits.optimizer == name]
@@ -245,27 +266,20 @@ def judge_planted(tables, cfg):
         if fz:
             note = "; ".join(filter(None, [note, fz + " (after the first hit: it decides "
                                                  "nothing here)"]))
-        checks.append(check_at_least(
-            f"{name} reaches corr(W_t, W_mm) >= {CORR} in at least {SPEEDUP:g}x fewer iterations "
-            f"than GD (median time to it, censored at the budget)",
+        checks.append(C[f"fast_{name}"].at_least(
             f"median steps GD / {name} ({lt}{med['GD']:.0f} / {med[name]:.0f})", ratio, SPEEDUP,
-            note, quote=QUOTE["fast"], where=WHERE))
+            note))
     r_ngd, r_gd = growth_ratio(m, "NGD", T), growth_ratio(m, "GD", T)
-    checks.append(check_at_least(
-        "NGD: ||W_t|| grows linearly (~ eta t): norm increment over [T/2, T] is ~2x that over [T/4, T/2] (>= 1.8)",
+    checks.append(C["ngd_linear"].at_least(
         "increment ratio NGD", r_ngd, 1.8,
         note=(_frozen_note(fr, "NGD") + "; T cut before the first") if _frozen_note(fr, "NGD")
-        else "", quote=QUOTE["rates"], where=WHERE))
-    checks.append(check_at_most(
-        "GD: ||W_t|| grows logarithmically: equal increments per doubling of t (ratio <= 1.3, linear would be 2)",
-        "increment ratio GD", r_gd, 1.3, quote=QUOTE["gd"], where=WHERE))
+        else ""))
+    checks.append(C["gd_log"].at_most("increment ratio GD", r_gd, 1.3))
     sl = rate_slopes(m, svm)
     rel = float(np.median(np.abs(sl.slope / sl.predicted - 1))) if len(sl) else np.nan
-    checks.append(check_at_most(
-        f"NGD, once aligned: log(L - L*) falls with slope -1/||W_mm|| in ||W_t|| (median relative error <= {SLOPE_TOL:g})",
+    checks.append(C["slope"].at_most(
         f"median |slope / (-1/||W_mm||) - 1| over {len(sl)} trials", rel, SLOPE_TOL,
-        "" if len(sl) else "no trial aligned with 0 < L - L* < 1e-3", quote=QUOTE["rates"],
-        where=WHERE))
+        "" if len(sl) else "no trial aligned with 0 < L - L* < 1e-3"))
     return checks
 
 
@@ -372,6 +386,15 @@ WHERE_JOINT = ("abstract (seed text 000) and the paper's section on training the
                "W -> the ATT-SVM of the selected tokens)")
 
 
+CLAIMS_JOINT = {
+    "v": Claim(f"v_t -> head-SVM direction: median final corr(v_t, v_mm) >= {CORR}",
+               quote=QUOTE["joint"], where=WHERE_JOINT),
+    "W": Claim(f"W_t -> ATT-SVM of the selected tokens: median final corr(W_t, W_mm) >= {CORR}",
+               quote=QUOTE["joint"], where=WHERE_JOINT),
+}
+"""rates-joint's declared verdicts, in the order ``judge_joint`` returns their checks."""
+
+
 def judge_joint(tables, cfg):
     m, info = tables["metrics"], tables["svm"]
     feas = info.att_feasible.astype(bool)
@@ -392,13 +415,10 @@ def judge_joint(tables, cfg):
         sel = (f"; the selected tokens are the planted optimal ones in "
                f"{info.planted_selected[feas].mean():.0%} of the sequences")
     return [
-        check_at_least(f"v_t -> head-SVM direction: median final corr(v_t, v_mm) >= {CORR}",
-                       "median corr(v_T, v_mm)", float(last.corr_v.median()), CORR,
-                       share("corr_v"), quote=QUOTE["joint"], where=WHERE_JOINT),
-        check_at_least(f"W_t -> ATT-SVM of the selected tokens: median final corr(W_t, W_mm) >= {CORR}",
-                       "median corr(W_T, W_mm)", float(last.corr_W.median()), CORR,
-                       "; ".join(filter(None, [note, share("corr_W")])) + sel,
-                       quote=QUOTE["joint"], where=WHERE_JOINT),
+        CLAIMS_JOINT["v"].at_least("median corr(v_T, v_mm)", float(last.corr_v.median()), CORR,
+                                   share("corr_v")),
+        CLAIMS_JOINT["W"].at_least("median corr(W_T, W_mm)", float(last.corr_W.median()), CORR,
+                                   "; ".join(filter(None, [note, share("corr_W")])) + sel),
     ]
 
 
@@ -430,6 +450,7 @@ EXPERIMENTS = [
                  "quick": {**_COMMON, "B": 8, "steps": 1600, "record_every": 8},
                  "full": {**_COMMON, "B": 32, "steps": 10000, "record_every": 20}},
         compute=compute_planted, judge=judge_planted, plot=plot_planted,
+        verdicts=tuple(CLAIMS_PLANTED.values()),
         deviations=(
             "The paper's experimental setting (data, n, T, d, step sizes, iterations) was not "
             "available to this reproduction (the seed text is the abstract; no public code of "
@@ -452,6 +473,7 @@ EXPERIMENTS = [
                  "quick": {**_COMMON, "B": 8, "steps": 1000, "record_every": 10, "init_scale": 0.1},
                  "full": {**_COMMON, "B": 32, "steps": 4000, "record_every": 20, "init_scale": 0.1}},
         compute=compute_joint, judge=judge_joint, plot=plot_joint,
+        verdicts=tuple(CLAIMS_JOINT.values()),
         deviations=(
             "The paper's experimental setting was not available to this reproduction (see "
             "rates-planted): planted data without the head, (W, v) from a random start of norm "

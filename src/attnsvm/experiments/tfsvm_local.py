@@ -26,7 +26,7 @@ import numpy as np
 import pandas as pd
 
 from attnsvm.data import TokenData, random_sphere
-from attnsvm.experiments.base import Check, Experiment, check_at_least
+from attnsvm.experiments.base import Check, Claim, Experiment
 from attnsvm.metrics import correlation, numerical_rank
 from attnsvm.models import KQModel, WModel
 from attnsvm.optim import ngd
@@ -120,6 +120,30 @@ WHERE = ("Theorems 2-3; the local_converge notebook's figure (mean over 100 runs
          "softmax probability and of corr(W_t, SVM of the run's selected tokens)); seed text 001")
 
 
+def _names(model: str) -> tuple[str, str, str]:
+    """(predicted norm, the other norm, the trained product) of a parameterisation."""
+    pred = PRED[model]
+    return pred, "nuc" if pred == "fro" else "fro", "W" if model == "W" else "K Q^T"
+
+
+CLAIMS = {}
+for _m in PRED:
+    _pred, _other, _who = _names(_m)
+    CLAIMS[f"sat_{_m}"] = Claim(
+        f"{_m}: the attention saturates: mean over runs of the mean max softmax probability >= "
+        f"{SATURATED}", quote=QUOTE["sat"], where=WHERE)
+    CLAIMS[f"svm_{_m}"] = Claim(
+        f"{_m}: {_who} converges to the {_pred} SVM of the tokens it selects: mean over runs of "
+        f"corr({_who}, W_{_pred}) >= {CORR}", quote=QUOTE[_m], where=WHERE)
+    CLAIMS[f"win_{_m}"] = Claim(
+        f"{_m}: {_who} is closer to W_{_pred} than to W_{_other} in >= {WIN:.0%} of the runs",
+        kind="finding")
+CLAIMS["feasible"] = Claim(
+    "The SVMs of the reached tokens are feasible in every run (the notebook's solver would "
+    "stop on an infeasible one; it ran all 100)", kind="sanity")
+"""The declared verdicts, in the order ``judge`` returns their checks."""
+
+
 def judge(tables: dict, cfg: dict) -> list[Check]:
     """Claims (the notebook's statistic, mean over runs at the last step): saturation and
     convergence to the predicted SVM of the selected tokens, per parameterisation. Finding:
@@ -127,9 +151,8 @@ def judge(tables: dict, cfg: dict) -> list[Check]:
     Sanity: the selected tokens' SVMs are feasible."""
     runs = tables["runs"]
     checks = []
-    for model, pred in PRED.items():
-        other = "nuc" if pred == "fro" else "fro"
-        who = "W" if model == "W" else "K Q^T"
+    for model in PRED:
+        pred, other, who = _names(model)
         r = runs[runs.model == model]
         ok = r[r.feasible]
         note = (f"{len(ok)} of {len(r)} runs have a feasible SVM for the tokens they reached "
@@ -138,31 +161,25 @@ def judge(tables: dict, cfg: dict) -> list[Check]:
         mean = float(ok[f"corr_{pred}"].mean()) if len(ok) else np.nan
         win = float((ok[f"corr_{pred}"] > ok[f"corr_{other}"]).mean()) if len(ok) else np.nan
         checks += [
-            check_at_least(f"{model}: the attention saturates: mean over runs of the mean max "
-                           f"softmax probability >= {SATURATED}", "mean max probability",
-                           float(r.p_max.mean()), SATURATED,
-                           note + f"; min over runs {r.p_max.min():.4f}; {SATURATED} is "
-                           "attnsvm's threshold (the notebook plots the curve)",
-                           quote=QUOTE["sat"], where=WHERE),
-            check_at_least(f"{model}: {who} converges to the {pred} SVM of the tokens it selects: "
-                           f"mean over runs of corr({who}, W_{pred}) >= {CORR}",
-                           f"mean corr({who}, W_{pred})", mean, CORR,
-                           note + f"; median {ok[f'corr_{pred}'].median():.4f}, min "
-                           f"{ok[f'corr_{pred}'].min():.4f}, fraction >= {CORR}: "
-                           f"{(ok[f'corr_{pred}'] >= CORR).mean():.0%}; mean corr with W_{other} "
-                           f"{ok[f'corr_{other}'].mean():.4f}; {CORR} is attnsvm's threshold",
-                           quote=QUOTE[model], where=WHERE),
-            check_at_least(f"{model}: {who} is closer to W_{pred} than to W_{other} in >= "
-                           f"{WIN:.0%} of the runs", f"fraction corr_{pred} > corr_{other}",
-                           win, WIN, note + f"; {WIN:.0%} is attnsvm's threshold (the notebook "
-                           "draws no cross-correlation)", kind="finding"),
+            CLAIMS[f"sat_{model}"].at_least(
+                "mean max probability", float(r.p_max.mean()), SATURATED,
+                note + f"; min over runs {r.p_max.min():.4f}; {SATURATED} is "
+                "attnsvm's threshold (the notebook plots the curve)"),
+            CLAIMS[f"svm_{model}"].at_least(
+                f"mean corr({who}, W_{pred})", mean, CORR,
+                note + f"; median {ok[f'corr_{pred}'].median():.4f}, min "
+                f"{ok[f'corr_{pred}'].min():.4f}, fraction >= {CORR}: "
+                f"{(ok[f'corr_{pred}'] >= CORR).mean():.0%}; mean corr with W_{other} "
+                f"{ok[f'corr_{other}'].mean():.4f}; {CORR} is attnsvm's threshold"),
+            CLAIMS[f"win_{model}"].at_least(
+                f"fraction corr_{pred} > corr_{other}", win, WIN,
+                note + f"; {WIN:.0%} is attnsvm's threshold (the notebook draws no "
+                "cross-correlation)"),
         ]
     feas = float(runs.feasible.mean()) if len(runs) else np.nan
-    checks.append(check_at_least(
-        "The SVMs of the reached tokens are feasible in every run (the notebook's solver would "
-        "stop on an infeasible one; it ran all 100)", "fraction of runs with feasible SVMs",
-        feas, 1.0, ", ".join(f"{m}: {int(g.feasible.sum())}/{len(g)}" for m, g in
-                             runs.groupby("model")), kind="sanity"))
+    checks.append(CLAIMS["feasible"].at_least(
+        "fraction of runs with feasible SVMs", feas, 1.0,
+        ", ".join(f"{m}: {int(g.feasible.sum())}/{len(g)}" for m, g in runs.groupby("model"))))
     return checks
 
 
@@ -219,7 +236,7 @@ EXPERIMENT = Experiment(
         "quick": dict(_BASE, S=30, steps=2000, record_every=40),
         "full": dict(_BASE, S=100, steps=2000, record_every=20),
     },
-    compute=compute, judge=judge, plot=plot,
+    compute=compute, judge=judge, plot=plot, verdicts=tuple(CLAIMS.values()),
     deviations=(
         "tfsvm-local: datasets and starts drawn with numpy (same distributions as the "
         "notebook's torch draws); quick uses the first 30 of the full run's 100 datasets.",

@@ -36,7 +36,7 @@ import pandas as pd
 import torch
 
 from attnsvm.data import TokenData
-from attnsvm.experiments.base import Check, Experiment, check_at_least
+from attnsvm.experiments.base import Check, Claim, Experiment
 from attnsvm.metrics import correlation
 from attnsvm.models import WModel
 from attnsvm.optim import ngd
@@ -234,6 +234,23 @@ WHERE = ("Section 6 (nonlinear heads, ATT-SVM' and W_eq = W_fin + R W_dir) and i
          "text 001")
 
 
+CLAIMS = {f"order_{a}_{b}": Claim(
+    f"{PRED[a]} predicts the trained W better than {PRED[b]}: 1 - mean corr smaller at "
+    f"every d (the paper's population: the notebook's filtered runs)",
+    quote=QUOTE["order"], where=WHERE) for a, b in ORDERS}
+CLAIMS.update(
+    several=Claim("Nonlinear heads select several tokens: mean |O_i| > 1 over the kept runs",
+                  quote=QUOTE["several"], where=WHERE),
+    unfiltered=Claim(
+        "Without the notebook's filter (every run with a token below 1e-3, undecided tokens "
+        "included) the ordering W_eq < W_dir < one-token still holds at every d (attnsvm's "
+        "extension beyond the paper's population)", kind="finding"),
+    kept=Claim(f"Every d has at least {MIN_KEPT} runs kept by the notebook's filter (else its "
+               "per-d verdict tests nothing)", kind="sanity"),
+)
+"""The declared verdicts, in the order ``judge`` returns their checks."""
+
+
 def judge(tables: dict, cfg: dict) -> list[Check]:
     runs, cnt = tables["runs"], tables["counts"]
     kept, allv = paper_runs(runs), all_runs(runs)
@@ -246,35 +263,25 @@ def judge(tables: dict, cfg: dict) -> list[Check]:
     checks = []
     for a, b in ORDERS:
         share, txt = _ordering(m, a, b)
-        checks.append(check_at_least(
-            f"{PRED[a]} predicts the trained W better than {PRED[b]}: 1 - mean corr smaller at "
-            f"every d (the paper's population: the notebook's filtered runs)",
+        checks.append(CLAIMS[f"order_{a}_{b}"].at_least(
             f"fraction of d where {a} < {b}", share, 1.0,
-            f"{txt}. {_paper_txt(m) if (a, b) != ('dir', 'one') else ''} Filter: {filt}".strip(),
-            quote=QUOTE["order"], where=WHERE))
+            f"{txt}. {_paper_txt(m) if (a, b) != ('dir', 'one') else ''} Filter: {filt}".strip()))
     nsel = float(kept.n_selected.mean()) if len(kept) else np.nan
-    checks.append(check_at_least(
-        "Nonlinear heads select several tokens: mean |O_i| > 1 over the kept runs", "mean |O_i|",
-        nsel, 1.0 + 1e-9, "per d: " + ", ".join(f"d={d}: {g.n_selected.mean():.2f}"
-                                                 for d, g in kept.groupby("d")),
-        quote=QUOTE["several"], where=WHERE))
+    checks.append(CLAIMS["several"].at_least(
+        "mean |O_i|", nsel, 1.0 + 1e-9, "per d: " + ", ".join(
+            f"d={d}: {g.n_selected.mean():.2f}" for d, g in kept.groupby("d"))))
     held = [(_ordering(ma, a, b)) for a, b in ORDERS]
     share = min(h[0] for h in held)
-    checks.append(check_at_least(
-        "Without the notebook's filter (every run with a token below 1e-3, undecided tokens "
-        "included) the ordering W_eq < W_dir < one-token still holds at every d (attnsvm's "
-        "extension beyond the paper's population)",
+    checks.append(CLAIMS["unfiltered"].at_least(
         "min over the three orderings of the fraction of d where it holds", share, 1.0,
         f"{len(allv)} runs (the first {cfg['all_view']} draws per d with a token below {THR:g} "
         f"and feasible problems; {int(allv.undecided.sum())} have a token in ({LOW:g}, {THR:g}]). "
-        + " | ".join(f"{a} < {b}: {h[1]}" for (a, b), h in zip(ORDERS, held)), kind="finding"))
+        + " | ".join(f"{a} < {b}: {h[1]}" for (a, b), h in zip(ORDERS, held))))
     few = [f"d={c.d}: {c.kept}" for c in cnt.itertuples() if c.kept < MIN_KEPT]
-    checks.append(check_at_least(
-        f"Every d has at least {MIN_KEPT} runs kept by the notebook's filter (else its per-d "
-        "verdict tests nothing)", "fewest kept runs over d",
-        float(cnt.kept.min()) if len(cnt) else np.nan, MIN_KEPT,
+    checks.append(CLAIMS["kept"].at_least(
+        "fewest kept runs over d", float(cnt.kept.min()) if len(cnt) else np.nan, MIN_KEPT,
         "kept per d: " + ", ".join(f"d={c.d}: {c.kept}" for c in cnt.itertuples())
-        + (f"; short: {', '.join(few)}" if few else ""), fmt="g", kind="sanity"))
+        + (f"; short: {', '.join(few)}" if few else ""), fmt="g"))
     return checks
 
 
@@ -336,7 +343,7 @@ EXPERIMENT = Experiment(
         "quick": dict(_BASE, target=5, first=50, cap=400, all_view=25),
         "full": dict(_BASE, target=25, first=100, cap=1500, all_view=100),
     },
-    compute=compute, judge=judge, plot=plot,
+    compute=compute, judge=judge, plot=plot, verdicts=tuple(CLAIMS.values()),
     deviations=(
         "tfsvm-multitoken: 25 kept runs per d at full scale (quick 5) instead of the "
         "notebook's 500: its filter keeps only ~2% of the runs at d = 10, so 500 kept runs "

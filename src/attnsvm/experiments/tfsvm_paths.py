@@ -34,7 +34,7 @@ import pandas as pd
 import torch
 
 from attnsvm.data import TokenData
-from attnsvm.experiments.base import Check, Experiment, check_at_least, check_at_most
+from attnsvm.experiments.base import Check, Claim, Experiment
 from attnsvm.metrics import correlation, numerical_rank
 from attnsvm.models import KQModel, WModel
 from attnsvm.optim import ngd
@@ -208,6 +208,53 @@ QUOTE_FIG = ("To their knowledge, this is the first study that formally compares
              "highlighting the latter\u2019s low-rank bias.")
 
 
+def _who(model: str) -> str:
+    return "W_T" if model == "W" else "K_T Q_T^T"
+
+
+def _fig_sel_text(model: str, runs: str) -> str:
+    pred = PRED[model]
+    return (f"Figure 1's dataset: {model}-training converges to the {pred} SVM of the tokens it "
+            f"selects: corr({_who(model)}, W_{pred}(alpha)) >= {CORR} (mean over {runs}), alpha = "
+            "argmax_t of the final attention")
+
+
+def _pop_sel_text(model: str, size: str) -> str:
+    return (f"Population of {size} from Figure 1's recipe (attnsvm's extension): "
+            f"mean corr({_who(model)}, W_{PRED[model]}(alpha)) >= {CORR}, alpha the tokens each "
+            "run selects")
+
+
+def _other(model: str) -> str:
+    return "nuc" if PRED[model] == "fro" else "fro"
+
+
+CLAIMS = {"fig_distinct": Claim(
+    f"Figure 1's dataset tells the two predictions apart: corr(W_fro, W_nuc) <= {DISTINCT}",
+    kind="sanity")}
+for _m, _pred in PRED.items():
+    CLAIMS[f"fig_sel_{_m}"] = Claim(
+        _fig_sel_text(_m, "the run" if _m == "W" else "the starts"), quote=QUOTE[_m], where=WHERE)
+    CLAIMS[f"fig_closer_{_m}"] = Claim(
+        f"Figure 1's dataset: {_who(_m)} ends closer to W_{_pred} than to W_{_other(_m)} (the SVMs "
+        f"of the optimal tokens, as the figure draws them) in every run", quote=QUOTE_FIG,
+        where="Figure 1 (W-path to the Frobenius SVM, (K, Q)-path to the nuclear one)")
+for _m, _pred in PRED.items():
+    CLAIMS[f"pop_sel_{_m}"] = Claim(_pop_sel_text(_m, "datasets"), kind="finding")
+    CLAIMS[f"pop_opt_{_m}"] = Claim(
+        f"Population: mean corr({_who(_m)}, W_{_pred}(opt)) >= {CORR} against the SVM of the "
+        "globally optimal tokens (attnsvm's metric; the paper's population notebook uses "
+        "the selected tokens)", kind="finding")
+    CLAIMS[f"pop_closer_{_m}"] = Claim(
+        f"Population: {_who(_m)} is closer to W_{_pred}(opt) than to W_{_other(_m)}(opt) on >= "
+        f"{WIN:.0%} of the datasets whose two SVMs differ (corr(W_fro, W_nuc) <= {DISTINCT})",
+        kind="finding")
+CLAIMS["pop_distinct"] = Claim(
+    f"The population contains datasets whose two SVMs differ (corr(W_fro, W_nuc) <= "
+    f"{DISTINCT}): at least {MIN_DISTINCT}", kind="sanity")
+"""The declared verdicts, in the order ``judge`` returns their checks."""
+
+
 def judge(tables: dict, cfg: dict) -> list[Check]:
     """Claims, at the paper's setting (Figure 1's own dataset, the notebook's starts): W_T and
     K_T Q_T^T converge to the SVM of the tokens they select (corr >= CORR; (K, Q): mean over
@@ -216,82 +263,70 @@ def judge(tables: dict, cfg: dict) -> list[Check]:
     metric, the optimal tokens' SVMs, and the share of informative datasets where each is
     closer to its predicted SVM. Sanity: the figure's two SVMs differ; enough informative
     datasets in the population."""
+    C = CLAIMS
     fig, fin, svm = tables["figure"], tables["final"], tables["svm"]
     feas = svm.dataset[svm.feasible]
     info = informative(svm).dataset
     cfn = float(fig.corr_fro_nuc.iloc[0]) if len(fig) else np.nan
-    checks = [check_at_most(
-        f"Figure 1's dataset tells the two predictions apart: corr(W_fro, W_nuc) <= {DISTINCT}",
-        "corr(W_fro, W_nuc)", cfn, DISTINCT, "else the closeness claims below test nothing",
-        kind="sanity")]
+    checks = [C["fig_distinct"].at_most("corr(W_fro, W_nuc)", cfn, DISTINCT,
+                                        "else the closeness claims below test nothing")]
     for model, pred in PRED.items():
-        other = "nuc" if pred == "fro" else "fro"
-        who = "W_T" if model == "W" else "K_T Q_T^T"
+        other = _other(model)
+        who = _who(model)
         fm = fig[fig.model == model]
         ok = fm[fm.sel_feasible.astype(bool)]
         runs = "the run" if model == "W" else f"the {len(fm)} starts"
-        checks.append(check_at_least(
-            f"Figure 1's dataset: {model}-training converges to the {pred} SVM of the tokens it "
-            f"selects: corr({who}, W_{pred}(alpha)) >= {CORR} (mean over {runs}), alpha = "
-            "argmax_t of the final attention", f"mean corr({who}, W_{pred}(alpha))",
+        checks.append(C[f"fig_sel_{model}"].at_least(
+            f"mean corr({who}, W_{pred}(alpha))",
             float(ok.corr_sel.mean()) if len(ok) else np.nan, CORR,
             f"{len(ok)} of {len(fm)} runs with a feasible SVM of their tokens; min "
             f"{ok.corr_sel.min():.4f}; the selected tokens are the optimal ones in "
             f"{int(fm.reached_opt.sum())} of {len(fm)} runs; min selected-token probability "
             f"{fm.p_sel_min.min():.6f}; {CORR} is attnsvm's threshold for 'converges in "
-            "direction' (the paper plots the paths)", quote=QUOTE[model], where=WHERE))
+            "direction' (the paper plots the paths)", claim=_fig_sel_text(model, runs)))
         closer = (fm[f"corr_{pred}"] > fm[f"corr_{other}"])
-        checks.append(check_at_least(
-            f"Figure 1's dataset: {who} ends closer to W_{pred} than to W_{other} (the SVMs of "
-            f"the optimal tokens, as the figure draws them) in every run",
+        checks.append(C[f"fig_closer_{model}"].at_least(
             f"fraction of runs with corr_{pred} > corr_{other}",
             float(closer.mean()) if len(fm) else np.nan, 1.0,
             f"mean corr with W_{pred} {fm[f'corr_{pred}'].mean():.4f}, with W_{other} "
-            f"{fm[f'corr_{other}'].mean():.4f} over {len(fm)} runs", quote=QUOTE_FIG,
-            where="Figure 1 (W-path to the Frobenius SVM, (K, Q)-path to the nuclear one)"))
+            f"{fm[f'corr_{other}'].mean():.4f} over {len(fm)} runs"))
     for model, pred in PRED.items():
-        other = "nuc" if pred == "fro" else "fro"
-        who = "W_T" if model == "W" else "K_T Q_T^T"
+        other = _other(model)
+        who = _who(model)
         a = fin[fin.model == model]
         sel = a[a.sel_feasible.astype(bool)]
         f = a[a.dataset.isin(feas)]
         g = a[a.dataset.isin(info)]
         r = f[f.reached_opt]
         low = sel[sel.corr_sel < CORR]
-        checks.append(check_at_least(
-            f"Population of {len(a)} datasets from Figure 1's recipe (attnsvm's extension): "
-            f"mean corr({who}, W_{pred}(alpha)) >= {CORR}, alpha the tokens each run selects",
+        checks.append(C[f"pop_sel_{model}"].at_least(
             f"mean corr({who}, W_{pred}(alpha))", float(sel.corr_sel.mean()) if len(sel)
             else np.nan, CORR,
             f"{len(sel)} of {len(a)} runs have a feasible SVM for the tokens they select; "
             f"fraction >= {CORR}: {(sel.corr_sel >= CORR).mean():.0%}; below it: " + (", ".join(
                 f"dataset {int(x.dataset)} corr {x.corr_sel:.3f} (min selected prob "
                 f"{x.p_sel_min:.3g}, optimal tokens {'yes' if x.reached_opt else 'no'})"
-                for x in low.head(6).itertuples()) or "none"), kind="finding"))
-        checks.append(check_at_least(
-            f"Population: mean corr({who}, W_{pred}(opt)) >= {CORR} against the SVM of the "
-            "globally optimal tokens (attnsvm's metric; the paper's population notebook uses "
-            "the selected tokens)", f"mean corr({who}, W_{pred}(opt))",
+                for x in low.head(6).itertuples()) or "none"),
+            claim=_pop_sel_text(model, f"{len(a)} datasets")))
+        checks.append(C[f"pop_opt_{model}"].at_least(
+            f"mean corr({who}, W_{pred}(opt))",
             float(f[f"corr_{pred}"].mean()) if len(f) else np.nan, CORR,
             f"{len(f)} of {len(svm)} datasets with feasible SVMs; the run selects the optimal "
             f"tokens in {len(r)} of them (mean corr with W_{pred}(opt) there "
             f"{r[f'corr_{pred}'].mean():.4f}, elsewhere "
             f"{f[~f.reached_opt][f'corr_{pred}'].mean():.4f}); mean corr with W_{other}(opt) "
-            f"{f[f'corr_{other}'].mean():.4f}", kind="finding"))
-        checks.append(check_at_least(
-            f"Population: {who} is closer to W_{pred}(opt) than to W_{other}(opt) on >= "
-            f"{WIN:.0%} of the datasets whose two SVMs differ (corr(W_fro, W_nuc) <= {DISTINCT})",
+            f"{f[f'corr_{other}'].mean():.4f}"))
+        checks.append(C[f"pop_closer_{model}"].at_least(
             f"fraction corr_{pred} > corr_{other}",
             float((g[f"corr_{pred}"] > g[f"corr_{other}"]).mean()) if len(g) else np.nan, WIN,
             f"{len(g)} informative datasets; mean corr with W_{pred} "
             f"{g[f'corr_{pred}'].mean():.4f}, with W_{other} {g[f'corr_{other}'].mean():.4f}; "
-            f"{WIN:.0%} is attnsvm's threshold", kind="finding"))
-    checks.append(check_at_least(
-        f"The population contains datasets whose two SVMs differ (corr(W_fro, W_nuc) <= "
-        f"{DISTINCT}): at least {MIN_DISTINCT}", "informative datasets", float(len(info)),
+            f"{WIN:.0%} is attnsvm's threshold"))
+    checks.append(C["pop_distinct"].at_least(
+        "informative datasets", float(len(info)),
         MIN_DISTINCT, f"{len(info)} of {len(svm)} datasets; ranks (fro, nuc) on them: " +
         ", ".join(f"{k}: {v}" for k, v in informative(svm).groupby(["rank_fro", "rank_nuc"])
-                  .size().items()), fmt="g", kind="sanity"))
+                  .size().items()), fmt="g"))
     return checks
 
 
@@ -370,7 +405,7 @@ EXPERIMENT = Experiment(
         "quick": dict(S=50, chunk=25, seed=0, lr=0.1, steps=2000, record_every=20, F=10),
         "full": dict(S=100, chunk=25, seed=0, lr=0.1, steps=2000, record_every=10, F=25),
     },
-    compute=compute, judge=judge, plot=plot,
+    compute=compute, judge=judge, plot=plot, verdicts=tuple(CLAIMS.values()),
     deviations=(
         "tfsvm-paths: the paper's claims are judged on Figure 1's own dataset (the notebook's "
         "torch draw, seed 1) with F starts of (K, Q) (quick 10, full 25; the notebook draws "

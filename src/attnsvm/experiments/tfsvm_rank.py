@@ -39,7 +39,7 @@ import numpy as np
 import pandas as pd
 
 from attnsvm.data import TokenData, random_sphere
-from attnsvm.experiments.base import Check, Experiment, check_at_least, check_at_most
+from attnsvm.experiments.base import Check, Claim, Experiment
 from attnsvm.plotting import COLORS, label, save, subplots
 from attnsvm.svm import att_svm, att_svm_batch
 
@@ -181,6 +181,22 @@ WHERE = ("Theorem 2 and the rank figure (svm_rank notebook: mean rank of the Fro
          "parameterisation, whose limit is the nuclear-norm SVM)")
 
 
+CLAIMS = {
+    "kkt": Claim("rank(W_fro) <= min(n, d) on every instance (KKT, docs/theory.md §5)",
+                 kind="sanity"),
+    "lower": Claim("The nuclear-norm solution has lower rank than the Frobenius one: mean "
+                   "certified rank(W_nuc) < mean rank(W_fro) in every cell with min(n, d) >= 2 "
+                   "where most draws are feasible", quote=QUOTE, where=WHERE),
+    "count": Claim(f"attnsvm's count (sigma_k > {RTOL['nuc']:g} sigma_1) equals the rank "
+                   f"certified by the dual (multiplicity of the top singular value of S, "
+                   f"within {DELTA:g}) on every certified instance", kind="finding"),
+    "paper_count": Claim(f"The paper's count (sigma_k > {ABS:g} absolute, cvxpy's default solver, "
+                         f"the notebook's problem) gives the certified rank on >= {AGREE:.0%} of "
+                         f"the instances", kind="finding"),
+}
+"""The declared verdicts, in the order ``judge`` returns their checks."""
+
+
 def judge(tables: dict, cfg: dict) -> list[Check]:
     raw, cl = tables["ranks"], tables["cells"]
     feas = raw[raw.feasible_nuc] if len(raw) else raw
@@ -209,45 +225,38 @@ def judge(tables: dict, cfg: dict) -> list[Check]:
     sub = r.dropna(subset=["rank_scs_abs"]) if "rank_scs_abs" in r else r.iloc[:0]
     scs_same = sub.rank_scs_abs == sub.rank_nuc_cert
     return [
-        check_at_most("rank(W_fro) <= min(n, d) on every instance (KKT, docs/theory.md §5)",
-                      "max rank(W_fro) - min(n, d)", float(excess), 0.0, note, fmt="g",
-                      kind="sanity"),
-        check_at_least("The nuclear-norm solution has lower rank than the Frobenius one: mean "
-                       "certified rank(W_nuc) < mean rank(W_fro) in every cell with min(n, d) >= 2 "
-                       "where most draws are feasible",
-                       "fraction of cells", float(lower.mean()) if len(lower) else np.nan, 1.0,
-                       f"per cell (certified instances): {cell_txt}. Cells where most draws are "
-                       f"infeasible are not judged (the paper's curve there is its rank-1 rule "
-                       f"for infeasible draws): " + ("; ".join(
-                           f"(n={n},T={T},d={d}): fro {x.rank_fro:.2f}, nuc {x.rank_nuc_cert:.2f} "
-                           f"({x.feasible} feasible, {x.certified} certified, of {x.drawn} draws)"
-                           for (n, T, d), x in
-                           zip(rest.index, rest.itertuples())) or "none") + f". {unc_txt}",
-                       quote=QUOTE, where=WHERE),
-        check_at_least(f"attnsvm's count (sigma_k > {RTOL['nuc']:g} sigma_1) equals the rank "
-                       f"certified by the dual (multiplicity of the top singular value of S, "
-                       f"within {DELTA:g}) on every certified instance", "fraction of instances",
-                       float(same.mean()) if len(r) else np.nan, 1.0,
-                       f"{len(r)} certified instances (largest gap {r.nuc_gap.max():.1e}); the "
-                       f"count is the same at rtol {NUC_ALT[0]:g} and {NUC_ALT[1]:g} on "
-                       f"{alt.mean():.1%}. {unc_txt}", kind="finding"),
-        check_at_least(f"The paper's count (sigma_k > {ABS:g} absolute, cvxpy's default solver, "
-                       f"the notebook's problem) gives the certified rank on >= {AGREE:.0%} of "
-                       f"the instances", "fraction of instances (sub-sample)",
-                       float(scs_same.mean()) if len(sub) else np.nan, AGREE,
-                       f"{len(sub)} instances solved with cvxpy's default (SCS; status "
-                       f"{', '.join(f'{k} {v}' for k, v in sub.scs_status.value_counts().items())}"
-                       f"): mean paper "
-                       f"count {sub.rank_scs_abs.mean():.2f} vs certified "
-                       f"{sub.rank_nuc_cert.mean():.2f}, above it on "
-                       f"{(sub.rank_scs_abs > sub.rank_nuc_cert).mean():.0%}, below on "
-                       f"{(sub.rank_scs_abs < sub.rank_nuc_cert).mean():.0%}; SCS's solution is "
-                       f"{sub.scs_excess.median():.1e} (median relative) above the certified "
-                       f"optimum, and its relative count (> {RTOL['nuc']:g} sigma_1) gives the "
-                       f"certified rank on {(sub.rank_scs_rel == sub.rank_nuc_cert).mean():.0%}. "
-                       f"The absolute count on attnsvm's own solutions (gap ~1e-7) gives it on "
-                       f"{(r.rank_nuc_abs == r.rank_nuc_cert).mean():.0%} of all certified "
-                       f"instances: an absolute 1e-7 counts solver noise", kind="finding"),
+        CLAIMS["kkt"].at_most("max rank(W_fro) - min(n, d)", float(excess), 0.0, note, fmt="g"),
+        CLAIMS["lower"].at_least(
+            "fraction of cells", float(lower.mean()) if len(lower) else np.nan, 1.0,
+            f"per cell (certified instances): {cell_txt}. Cells where most draws are "
+            f"infeasible are not judged (the paper's curve there is its rank-1 rule "
+            f"for infeasible draws): " + ("; ".join(
+                f"(n={n},T={T},d={d}): fro {x.rank_fro:.2f}, nuc {x.rank_nuc_cert:.2f} "
+                f"({x.feasible} feasible, {x.certified} certified, of {x.drawn} draws)"
+                for (n, T, d), x in
+                zip(rest.index, rest.itertuples())) or "none") + f". {unc_txt}"),
+        CLAIMS["count"].at_least(
+            "fraction of instances",
+            float(same.mean()) if len(r) else np.nan, 1.0,
+            f"{len(r)} certified instances (largest gap {r.nuc_gap.max():.1e}); the "
+            f"count is the same at rtol {NUC_ALT[0]:g} and {NUC_ALT[1]:g} on "
+            f"{alt.mean():.1%}. {unc_txt}"),
+        CLAIMS["paper_count"].at_least(
+            "fraction of instances (sub-sample)",
+            float(scs_same.mean()) if len(sub) else np.nan, AGREE,
+            f"{len(sub)} instances solved with cvxpy's default (SCS; status "
+            f"{', '.join(f'{k} {v}' for k, v in sub.scs_status.value_counts().items())}"
+            f"): mean paper "
+            f"count {sub.rank_scs_abs.mean():.2f} vs certified "
+            f"{sub.rank_nuc_cert.mean():.2f}, above it on "
+            f"{(sub.rank_scs_abs > sub.rank_nuc_cert).mean():.0%}, below on "
+            f"{(sub.rank_scs_abs < sub.rank_nuc_cert).mean():.0%}; SCS's solution is "
+            f"{sub.scs_excess.median():.1e} (median relative) above the certified "
+            f"optimum, and its relative count (> {RTOL['nuc']:g} sigma_1) gives the "
+            f"certified rank on {(sub.rank_scs_rel == sub.rank_nuc_cert).mean():.0%}. "
+            f"The absolute count on attnsvm's own solutions (gap ~1e-7) gives it on "
+            f"{(r.rank_nuc_abs == r.rank_nuc_cert).mean():.0%} of all certified "
+            f"instances: an absolute 1e-7 counts solver noise"),
     ]
 
 
@@ -297,7 +306,7 @@ EXPERIMENT = Experiment(
         "quick": dict(_GRID, N=10, scs=1),
         "full": dict(_GRID, N=25, scs=3),
     },
-    compute=compute, judge=judge, plot=plot,
+    compute=compute, judge=judge, plot=plot, verdicts=tuple(CLAIMS.values()),
     deviations=(
         "tfsvm-rank: 25 draws per cell at full scale (quick 10: with 5, cells of rank <= 2 "
         "such as d = 2 tied by chance on some seeds) instead of the notebook's 100, "
