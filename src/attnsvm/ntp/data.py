@@ -232,6 +232,25 @@ def _has_cycle(scc: np.ndarray) -> bool:
 
 
 # ------------------------------------------------------------------- text
+def _input_embeddings(path: Path) -> np.ndarray:
+    """The input-embedding matrix (vocab, d) of a Hugging Face model directory: read
+    alone from model.safetensors when there is one (the tensor whose name ends in
+    ``word_embeddings.weight`` or ``embed_tokens.weight``), else from the loaded model."""
+    st = Path(path) / "model.safetensors"
+    if st.is_file():
+        from safetensors import safe_open
+
+        with safe_open(str(st), "np") as f:
+            for key in f.keys():
+                if key.endswith(("word_embeddings.weight", "embed_tokens.weight", "wte.weight")):
+                    return np.asarray(f.get_tensor(key), dtype=np.float64)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from transformers import AutoModel
+
+    m = AutoModel.from_pretrained(path, local_files_only=True)
+    return m.get_input_embeddings().weight.detach().double().numpy()
+
+
 def from_text(texts, T: int, *, model=None, tokenizer=None, stride: int | None = None,
               vocab: str = "used") -> tuple[NTPData, np.ndarray]:
     """NTP samples from text: windows of T token ids and the token that follows.
@@ -249,8 +268,6 @@ def from_text(texts, T: int, *, model=None, tokenizer=None, stride: int | None =
     Returns (data, ids) with ids (K,) the tokenizer's id of each vocabulary row.  Raises
     ValueError when no window qualifies (too short a text, or no repeated token).
     """
-    import torch
-
     from attnsvm.realdata.probe import load_tokenizer, resolve_model_path
 
     if isinstance(texts, str):
@@ -279,11 +296,7 @@ def from_text(texts, T: int, *, model=None, tokenizer=None, stride: int | None =
                          "use a longer text or a larger T")
     seqs = np.stack(wins)
     y = np.asarray(labs)
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    from transformers import AutoModel
-
-    m = AutoModel.from_pretrained(path, local_files_only=True)
-    emb = m.get_input_embeddings().weight.detach().to(torch.float64).numpy()
+    emb = _input_embeddings(path)
     if vocab == "full":
         return NTPData(emb, seqs, y), np.arange(emb.shape[0])
     used, inv = np.unique(np.concatenate([seqs.ravel(), y]), return_inverse=True)

@@ -440,7 +440,7 @@ def _farkas(cs: ConstraintSet):
     lam = farkas_lp(csb.take(0))
     if lam is None:
         return None
-    ok, bound, lv = farkas_verify(csb, farkas_polish(csb.take(0), lam)[None])
+    ok, bound, lv = farkas_verify(csb, farkas_polish(csb, lam[None]))
     if not ok[0]:
         return None
     return lv[0][:, 0], float(bound[0])
