@@ -31,7 +31,7 @@ def test_w_fin_is_stationary_and_orthogonal_to_w_svm(head):
 
     D = ntp_random(10, 6, 8, 8, graph="cyclic", seed=4)
     fin = w_fin(D, head=head)
-    assert fin.converged and fin.grad_norm <= 1e-12
+    assert fin.converged and fin.grad_norm <= 1e-10
     Ws = graph_svm(D.E, D.seqs, D.y).W_
     assert abs(np.sum(fin.W * Ws)) <= 1e-9 * np.linalg.norm(fin.W) * np.linalg.norm(Ws) + 1e-15
     # stationary along every direction of S_fin (finite differences of the reduced loss)

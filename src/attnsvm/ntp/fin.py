@@ -88,14 +88,26 @@ def _reduced_loss(W, X, Z, ymask, rmask, E, yid, head):
     return li.sum() / X.shape[0]
 
 
-def w_fin(data: NTPData, head: str = "iden", tol: float = 1e-12, max_iter: int = 100) -> FinResult:
+def w_fin(data: NTPData, head: str = "iden", tol: float = 1e-10, max_iter: int = 200, *,
+          graph_labels=None, exclude=None) -> FinResult:
     """W_fin of ``data`` for the model head ("iden" or "gen", :class:`NTPModel`): the
-    minimiser over S_fin of the reduced loss (module docstring), by damped Newton."""
+    minimiser over S_fin of the reduced loss (module docstring), by damped Newton, of
+    least norm (directions of S_fin that leave every reduced logit difference unchanged
+    are left out, as GD from zero leaves them).  Converged: gradient norm <= tol
+    (relative to max(1, loss)).
+
+    ``graph_labels`` (n, L) / ``exclude`` (n, T): build the priority graphs (hence the
+    SCCs, S_fin and the reduced positions) from these labels and exclusions instead of
+    data.y, the loss keeping data.y (the public code's local W_fin: the graph of the
+    tokens a run selected, the loss of the training labels)."""
     if head not in ("iden", "gen"):
         raise ValueError(f"head must be 'iden' or 'gen'; got {head!r}")
-    rows = graph_rows(data.seqs, data.y, data.K)
+    gl = data.y if graph_labels is None else graph_labels
+    rows = graph_rows(data.seqs, gl, data.K, exclude=exclude)
     Bs = s_fin_basis(data, rows)
     rmask = reduced_mask(data, rows.scc)
+    if exclude is not None:
+        rmask &= ~np.asarray(exclude, bool)
     d = data.d
     Y = data.labels
     ymask = ((data.seqs[:, None, :] == Y[:, :, None]) & (Y[:, :, None] >= 0)).any(1)
@@ -109,14 +121,25 @@ def w_fin(data: NTPData, head: str = "iden", tol: float = 1e-12, max_iter: int =
     ym = t(ymask[active])
     rm = t(rmask[active])
     yid = t(Y[active, 0])
-    Bt = t(Bs, dtype=torch.float64)
+    # keep the directions of S_fin that move some reduced logit difference: along the
+    # others the reduced loss is flat, and GD from zero (the public code's W_fin) never
+    # moves there, so W_fin is the minimiser of least norm
+    Xa, ra = data.X[active], rmask[active]
+    A = np.einsum("ntd,pde,ne->ntp", Xa, Bs, Xa[:, -1])
+    cnt = ra.sum(1, keepdims=True)
+    A = np.where(ra[..., None], A - (A * ra[..., None]).sum(1, keepdims=True) / cnt[..., None], 0.0)
+    _, sv, Vt = np.linalg.svd(A.reshape(-1, Bs.shape[0]), full_matrices=False)
+    r = int((sv > 1e-10 * sv[0]).sum()) if sv.size and sv[0] > 0 else 0
+    if r == 0:
+        return FinResult(np.zeros((d, d)), Bs, rmask, 0.0, 0.0, 0, True)
+    Bt = t(np.einsum("rp,pde->rde", Vt[:r], Bs), dtype=torch.float64)
     n_all = data.n
 
     def f(c):
         W = torch.einsum("p,pde->de", c, Bt)
         return _reduced_loss(W, X, Z, ym, rm, E, yid, head) * (X.shape[0] / n_all)
 
-    c = torch.zeros(Bs.shape[0], dtype=torch.float64)
+    c = torch.zeros(r, dtype=torch.float64)
     conv = False
     it = 0
     gn = np.inf
@@ -126,7 +149,7 @@ def w_fin(data: NTPData, head: str = "iden", tol: float = 1e-12, max_iter: int =
         val = f(cc)
         g = torch.autograd.grad(val, cc)[0]
         gn = float(g.norm())
-        if gn <= tol:
+        if gn <= tol * max(1.0, float(val)):
             conv = True
             break
         H = torch.autograd.functional.hessian(f, c)
@@ -141,6 +164,9 @@ def w_fin(data: NTPData, head: str = "iden", tol: float = 1e-12, max_iter: int =
             if fn <= f0 - 1e-4 * lr * float(g @ step) or fn <= f0:
                 break
             lr *= 0.5
+        if lr <= 1e-12:  # no decrease left in float64: stationary to rounding
+            conv = gn <= 1e3 * tol * max(1.0, float(val))
+            break
         c = cn
     with torch.no_grad():
         W = torch.einsum("p,pde->de", c, Bt).numpy()

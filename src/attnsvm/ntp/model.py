@@ -144,8 +144,8 @@ class NTPModel:
     # -------------------------------------------------------------- forward
     def logits(self, params, t: dict) -> torch.Tensor:
         """a_it = x_it^T W z_i: (B, n, T)."""
-        WZ = torch.einsum("bde,bne->bnd", self.W(params), t["Z"])
-        return torch.einsum("bntd,bnd->bnt", t["X"], WZ)
+        WZ = t["Z"] @ self.W(params).transpose(-1, -2)  # (B, n, d): W z_i
+        return (t["X"] @ WZ[..., None])[..., 0]
 
     def attention(self, params, t: dict) -> torch.Tensor:
         return torch.softmax(self.logits(params, t), -1)
@@ -222,8 +222,8 @@ class NTPModel:
                 return NTPObjective(L, logL, None)
             fac, top = _row_factors((M - math.log(n))[..., None])
             Ga = g * fac  # (B, n, T)
-            GX = torch.einsum("bnt,bntd->bnd", Ga, t["X"])
-            G = torch.einsum("bnd,bne->bde", GX, t["Z"].expand(Ga.shape[0], *t["Z"].shape[1:]))
+            GX = (Ga[..., None, :] @ t["X"])[..., 0, :]  # sum_t Ga_it x_it: (B, n, d)
+            G = GX.transpose(-1, -2) @ t["Z"]  # (B, d, d)
             if self.param == "W":
                 raw = {"W": G}
             else:
