@@ -63,17 +63,17 @@ def priority_graph(seqs, y, K: int, k: int, exclude=None) -> csr_matrix:
 
 
 def scc_table(seqs, y, K: int, exclude=None) -> np.ndarray:
-    """(K, K) int: scc[k, j] = the SCC id of token j in G_k (ids 0.. per row, from
-    scipy's strong connected_components), -1 in every column for a token k that is never
-    a query.  Tokens without an edge are their own component."""
+    """(K, K) int: scc[k, j] = the id of the SCC of token j in G_k, -1 in every column for
+    a token k that is never a query.  Tokens without an edge are their own component.
+    Ids are unique across rows (equal ids within a row = one SCC).  One call of scipy's
+    strong connected_components on the disjoint union of the graphs G_k (node k K + j)."""
     i, q, a, b = _edges(seqs, y, exclude)
-    out = np.full((K, K), -1, dtype=np.int64)
-    queries = np.unique(np.asarray(seqs)[:, -1])
-    for k in queries:
-        sel = q == k
-        A = csr_matrix((np.ones(int(sel.sum()), np.int8), (a[sel], b[sel])), shape=(K, K))
-        _, lab = connected_components(A, directed=True, connection="strong")
-        out[k] = lab
+    A = csr_matrix((np.ones(len(q), np.int8), (q * K + a, q * K + b)), shape=(K * K, K * K))
+    _, lab = connected_components(A, directed=True, connection="strong")
+    out = lab.reshape(K, K).astype(np.int64)
+    isq = np.zeros(K, bool)
+    isq[np.asarray(seqs)[:, -1]] = True
+    out[~isq] = -1
     return out
 
 
@@ -81,18 +81,33 @@ def scc_table(seqs, y, K: int, exclude=None) -> np.ndarray:
 class GraphRows:
     """The distinct Graph-SVM constraints (e_y - e_j)^T W e_k  (= 0 | >= 1).
 
-    k, y, j (N,) token ids; eq (N,) bool (y, j in the same SCC of G_k); samples: a list
-    of N arrays, the samples that produce each row; scc the (K, K) table."""
+    k, y, j (N,) token ids; eq (N,) bool (y, j in the same SCC of G_k); scc the (K, K)
+    table; ``samples`` (a list of N arrays): the samples that produce each row."""
 
     k: np.ndarray
     y: np.ndarray
     j: np.ndarray
     eq: np.ndarray
-    samples: list
     scc: np.ndarray
+    row_of_edge: np.ndarray
+    sample_of_edge: np.ndarray
 
     def __len__(self) -> int:
         return len(self.k)
+
+    @property
+    def samples(self) -> list:
+        order = np.argsort(self.row_of_edge, kind="stable")
+        r = self.row_of_edge[order]
+        bounds = np.searchsorted(r, np.arange(len(self.k) + 1))
+        s = self.sample_of_edge[order]
+        return [np.unique(s[bounds[t]:bounds[t + 1]]) for t in range(len(self.k))]
+
+    def samples_of(self, rows) -> np.ndarray:
+        """The samples producing any of ``rows`` (indices or a bool mask)."""
+        sel = np.zeros(len(self.k), bool)
+        sel[rows] = True
+        return np.unique(self.sample_of_edge[sel[self.row_of_edge]])
 
 
 def graph_rows(seqs, y, K: int, exclude=None, scc: np.ndarray | None = None) -> GraphRows:
@@ -106,10 +121,7 @@ def graph_rows(seqs, y, K: int, exclude=None, scc: np.ndarray | None = None) -> 
     k_u, rest = np.divmod(uk, K * K)
     a_u, b_u = np.divmod(rest, K)
     eq = scc[k_u, a_u] == scc[k_u, b_u]
-    order = np.argsort(inv, kind="stable")
-    bounds = np.searchsorted(inv[order], np.arange(len(uk) + 1))
-    samples = [np.unique(i[order[bounds[r]:bounds[r + 1]]]) for r in range(len(uk))]
-    return GraphRows(k_u, a_u, b_u, eq, samples, scc)
+    return GraphRows(k_u, a_u, b_u, eq, scc, inv.reshape(-1), i)
 
 
 def fin_pairs(rows: GraphRows) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

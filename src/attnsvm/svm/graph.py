@@ -47,7 +47,7 @@ import warnings
 import numpy as np
 
 from ..norms import get_norm
-from .solution import FEAS_TOL, GAP_INACCURATE, ConstraintSet, Solution, certify, farkas_verify
+from .solution import FEAS_TOL, GAP_INACCURATE, ConstraintSet, Solution, farkas_verify
 
 __all__ = ["graph_svm", "graph_svm_batch", "prove", "GAP_GRAPH", "graph_constraints"]
 
@@ -178,8 +178,10 @@ def _solve_fro(cs: ConstraintSet):
         if W is None:
             yield None, None, name
             continue
+        yield W, lam, name  # an exact active-set answer usually proves as it is
         Wp, lp, ok = polish_fro(cs, W, lam[:, None])
-        yield (Wp, lp[:, 0], name + "+polish") if ok else (W, lam, name)
+        if ok:
+            yield Wp, lp[:, 0], name + "+polish"
 
 
 def _clarabel_kw(eps: float) -> dict:
@@ -357,6 +359,39 @@ def _prove_primal(E: np.ndarray, rows, W: np.ndarray, norm: str) -> dict:
             "norm_hi": norm_hi}
 
 
+def _lam_matrix(rows, lam: np.ndarray, K: int):
+    """Lam (K, K) with sum_r lam_r A_r = E^T Lam E (Lam[y_r, k_r] += lam_r, Lam[j_r, k_r]
+    -= lam_r) and Labs, the same sums of |lam_r| (the rounding bound of Lam's sums)."""
+    iy, ij = rows.y * K + rows.k, rows.j * K + rows.k
+    Lam = np.bincount(iy, lam, K * K) - np.bincount(ij, lam, K * K)
+    a = np.abs(lam)
+    Labs = np.bincount(iy, a, K * K) + np.bincount(ij, a, K * K)
+    return Lam.reshape(K, K), Labs.reshape(K, K)
+
+
+def _kkt(E, rows, W, lam, norm, margins, tol):
+    """(lam scaled for min 1/2||W||^2: sum_ineq lam = ||W||^2, kkt residual, support):
+    stationarity ||W - S||_F / ||W||_F (Frobenius) or max(| ||S||_2 / ||W||_* - 1 |,
+    |<S, W> / ||W||_*^2 - 1|) (nuclear), S = sum_r lam_r A_r; complementarity
+    max_r |lam_r (m_r - b_r)| / ||W||^2.  Informative numbers (the proof is gap_)."""
+    ineq = ~rows.eq
+    nrm = _norm_value(W, norm)
+    tot = float(lam[ineq].sum())
+    lam = lam * (nrm ** 2 / tot) if tot > 0 and nrm > 0 else lam
+    Lam, _ = _lam_matrix(rows, lam, E.shape[0])
+    S = E.T @ Lam @ E
+    n2 = max(nrm ** 2, 1e-300)
+    if norm == "fro":
+        stat = float(np.linalg.norm(W - S)) / max(nrm, 1e-300)
+    else:
+        stat = max(abs(float(np.linalg.norm(S, 2)) / max(nrm, 1e-300) - 1.0),
+                   abs(float(np.sum(S * W)) / n2 - 1.0))
+    b = np.where(rows.eq, 0.0, 1.0)
+    comp = float(np.max(np.where(ineq, np.abs(lam * (margins - b)), 0.0))) / n2
+    support = rows.eq | (margins <= 1.0 + tol)
+    return lam, max(stat, comp), support
+
+
 def _prove_dual(E: np.ndarray, rows, lam: np.ndarray, norm: str) -> float:
     """Proven lower bound lb on the optimal norm from multipliers lam (N,) (negative
     inequality multipliers are set to 0): lb = sum_ineq lam / ||S||_* with S = E^T Lam E
@@ -367,12 +402,7 @@ def _prove_dual(E: np.ndarray, rows, lam: np.ndarray, norm: str) -> float:
     if lam is None or not ineq.any() or not np.all(np.isfinite(lam)):
         return 0.0
     lam = np.where(ineq, np.maximum(lam, 0.0), lam)
-    Lam = np.zeros((K, K))
-    Labs = np.zeros((K, K))
-    np.add.at(Lam, (rows.y, rows.k), lam)
-    np.add.at(Lam, (rows.j, rows.k), -lam)
-    np.add.at(Labs, (rows.y, rows.k), np.abs(lam))
-    np.add.at(Labs, (rows.j, rows.k), np.abs(lam))
+    Lam, Labs = _lam_matrix(rows, lam, K)
     aE = np.abs(E)
     with np.errstate(over="ignore", invalid="ignore"):
         S = E.T @ (Lam @ E)
@@ -444,6 +474,14 @@ def _farkas(cs: ConstraintSet):
     if not ok[0]:
         return None
     return lv[0][:, 0], float(bound[0])
+
+
+def _norm_value(W: np.ndarray, norm: str) -> float:
+    """||W||_F or ||W||_* (numpy; W finite and of moderate scale)."""
+    if norm == "fro":
+        m = float(np.abs(W).max()) if W.size else 0.0
+        return 0.0 if m == 0 else m * float(np.linalg.norm(W / m))
+    return float(np.linalg.svd(W, compute_uv=False).sum())
 
 
 def _pow2_scale(E: np.ndarray) -> tuple[np.ndarray, int]:
@@ -531,11 +569,11 @@ def graph_svm(E, seqs, y, norm="fro", *, exclude=None, tol: float = 1e-6) -> Sol
         extra["proof"] = pr
         extra["tried"] = names
         if st != "uncertified":
-            cert = certify(cs.batched(), W[None], lam[:, None][None], N, tol)
+            lam_out, kkt, support = _kkt(data.E, rows, Wout, lam_out, N.name, pr["margins"], tol)
             return Solution(
-                W_=Wout, norm_=float(N.value(Wout)), margin_=pr["margin_lo"],
-                violation_=pr["violation_hi"], kkt_residual_=float(cert.kkt[0]),
-                gap_=pr["gap_hi"], dual_=lam_out[:, None], support_=cert.support[0],
+                W_=Wout, norm_=_norm_value(Wout, N.name), margin_=pr["margin_lo"],
+                violation_=pr["violation_hi"], kkt_residual_=kkt,
+                gap_=pr["gap_hi"], dual_=lam_out[:, None], support_=support[:, None],
                 margins_=pr["margins"][:, None], status_=st,
                 solver_=name if lname == name else f"{name} (multipliers: {lname})",
                 feasible_=True, time_=time.perf_counter() - t0, extra=extra, **base)
@@ -544,8 +582,7 @@ def graph_svm(E, seqs, y, norm="fro", *, exclude=None, tol: float = 1e-6) -> Sol
     if fk is not None:
         lam_f, bound = fk
         hit = np.abs(lam_f) > 1e-9 * np.abs(lam_f).max()
-        conflict = tuple(int(s) for s in np.unique(np.concatenate(
-            [rows.samples[r] for r in np.nonzero(hit)[0]])))
+        conflict = tuple(int(s) for s in rows.samples_of(np.nonzero(hit)[0]))
         extra.update(farkas_multipliers=lam_f, farkas_bound=bound)
         return Solution(W_=None, norm_=np.inf, margin_=np.nan, violation_=np.nan,
                         kkt_residual_=np.nan, gap_=np.nan, dual_=None, support_=None,
