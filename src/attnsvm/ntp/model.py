@@ -110,6 +110,10 @@ class NTPModel:
     def __repr__(self) -> str:
         return f"NTPModel(d={self.d}, param={self.param!r}, head={self.head!r})"
 
+    def fit(self, data, *args, **kwargs):
+        """:func:`train_ntp` of this model (what :func:`attnsvm.train.train` calls)."""
+        return train_ntp(self, data, *args, **kwargs)
+
     # ---------------------------------------------------------- parameters
     def param_shapes(self) -> dict:
         if self.param == "W":
