@@ -54,6 +54,11 @@ def test_global_soft_composition_fails_when_fin_diff_grows():
     t = _runs_global(finT=0.5)
     checks = ntp.judge_global(t, G.config("tiny"))
     assert not _find(checks, "finite component")[0].passed
+    # a start already within the step resolution passes only if it ends within lr
+    t = _runs_global(fin0=0.002, finT=0.004)
+    assert _find(ntp.judge_global(t, G.config("tiny")), "finite component")[0].passed
+    t = _runs_global(fin0=0.002, finT=0.02)
+    assert not _find(ntp.judge_global(t, G.config("tiny")), "finite component")[0].passed
 
 
 @pytest.mark.parametrize("col, val, text", [("status", "uncertified", "certified optimal"),
@@ -104,3 +109,18 @@ def test_selected_tokens_rule():
     Y, ex = ntp._selected(NTPModel(4), W, D)
     assert set(Y[0][Y[0] >= 0]) == {0, 1}
     assert ex.shape == (1, 4) and ex[0].tolist() == [False, False, True, False]
+
+
+def test_kq_sanity_checks_fail_on_violating_tables():
+    K = next(e for e in ntp.EXPERIMENTS if e.name == "ntp-kq")
+    runs = pd.DataFrame([dict(seed=s, step=10, size="n4T6K8d8", graph="acyclic", corr_nuc=0.99,
+                              corr_fro=0.9, cell=0) for s in range(3)])
+    sols = pd.DataFrame([dict(cell=0, seed=s, status_fro="optimal", status_nuc="optimal",
+                              corr_fro_nuc=0.9) for s in range(3)])
+    cfg = K.config("tiny")
+    checks = ntp.judge_kq({"runs": runs, "solutions": sols}, cfg)
+    assert all(c.passed for c in checks) and "1.00 of seeds" in checks[0].measured
+    bad = sols.assign(status_nuc=["optimal", "uncertified", "optimal"])
+    assert not _find(ntp.judge_kq({"runs": runs, "solutions": bad}, cfg), "certified")[0].passed
+    same = sols.assign(corr_fro_nuc=1.0)
+    assert not _find(ntp.judge_kq({"runs": runs, "solutions": same}, cfg), "differ")[0].passed

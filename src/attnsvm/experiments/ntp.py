@@ -30,7 +30,10 @@ code raises "Correlation is too low" when max(corr(W_T, W_svm), corr(W_T, R W_sv
 W_fin)) < 0.95 at the last iteration (global notebooks: the global Graph-SVM; local
 notebook: the local one), so the claim holds in a cell when every seed reaches 0.95.
 The soft-composition claim (cyclic cells): ||P_Sfin(W_t) - W_fin|| decreases from
-initialisation for every seed.  Findings (not the paper's): the relative residual
+initialisation for every seed, or ends within lr of W_fin: a normalised step has length
+lr, so NGD cannot resolve W_fin closer than about lr / 2 (the measure oscillates there),
+and a start that is already that close cannot "decrease" (seen once in 20 quick seeds:
+0.0024 at step 0, 0.0047 at the end).  Findings (not the paper's): the relative residual
 ||W_T - R W_svm/||W_svm|| - W_fin|| / ||W_T||, and in ntp-local how often GD converges
 to the global Graph-SVM too.
 """
@@ -164,6 +167,66 @@ def compute_local(cfg: dict) -> dict[str, pd.DataFrame]:
     return {"runs": pd.concat(runs, ignore_index=True), "solutions": pd.DataFrame(sols)}
 
 
+def compute_kq(cfg: dict) -> dict[str, pd.DataFrame]:
+    """(K, Q) training (W = K Q^T, m = d, the iden head, normalized GD) on the global
+    setting's datasets; per seed, corr(K Q^T, W) with the nuclear and the Frobenius
+    Graph-SVMs along the run."""
+    import torch
+
+    rows, sols = [], []
+    cells = [(nm, g) for nm in cfg["sizes"] for g in cfg["graphs"]]
+    for c, (nm, graph) in enumerate(cells):
+        size = PUBLISHED_SIZES[nm]
+        d, S = size[3], cfg["S"]
+        Ds = _datasets(size, graph, S, cfg["seed"], c)
+        fro = [graph_svm(D.E, D.seqs, D.y, "fro") for D in Ds]
+        nuc = [graph_svm(D.E, D.seqs, D.y, "nuc") for D in Ds]
+        init = {"K": torch.as_tensor(_init(d, S, [cfg["seed"], c, 98])),
+                "Q": torch.as_tensor(_init(d, S, [cfg["seed"], c, 97]))}
+        tr = train_ntp(NTPModel(d, "KQ", "iden"), Ds, ngd(cfg["lr"]), steps=cfg["steps"], init=init,
+                       record_every=cfg["record_every"],
+                       references={"fro": np.stack([f.W_ for f in fro]),
+                                   "nuc": np.stack([u.W_ for u in nuc])})
+        m = tr.metrics.assign(cell=c, size=nm, graph=graph).rename(columns={"trial": "seed"})
+        rows.append(m)
+        sols += [{"cell": c, "seed": s, "status_fro": f.status_, "status_nuc": u.status_,
+                  "corr_fro_nuc": float(np.sum(f.direction_ * u.direction_))}
+                 for s, (f, u) in enumerate(zip(fro, nuc))]
+    return {"runs": pd.concat(rows, ignore_index=True), "solutions": pd.DataFrame(sols)}
+
+
+def judge_kq(tables: dict, cfg: dict) -> list[Check]:
+    runs, sols = tables["runs"], tables["solutions"]
+    last = runs[runs.step == runs.step.max()]
+    checks = []
+    for (nm, graph), g in last.groupby(["size", "graph"]):
+        closer = float((g.corr_nuc > g.corr_fro).mean())
+        checks.append(Check(
+            f"[{nm}, {graph}] finding (attnsvm, beyond the paper): does (K, Q) training reach "
+            "the nuclear Graph-SVM (as (K, Q) training reaches the nuclear ATT-SVM)?",
+            f"K Q^T closer to W_svm^nuc than to W_svm^fro in {closer:.2f} of seeds; median "
+            f"corr nuc {g.corr_nuc.median():.4f}, fro {g.corr_fro.median():.4f}", True,
+            note="a finding, not a verdict on the paper"))
+    ok = float((sols.status_fro.eq("optimal") & sols.status_nuc.eq("optimal")).mean())
+    checks.append(check_at_least("Sanity: both Graph-SVMs of every dataset certified optimal",
+                                 "fraction", ok, 1.0, sanity=True))
+    checks.append(check_at_most("Sanity: the two Graph-SVMs differ (else the question is void)",
+                                "median corr(W_fro, W_nuc)", float(sols.corr_fro_nuc.median()),
+                                0.9999, sanity=True))
+    return checks
+
+
+def plot_kq(tables: dict, cfg: dict, out) -> list:
+    runs = tables["runs"]
+    fig, ax = subplots(1, 1, width=4.4, height=3.2)
+    for i, ((nm, graph), g) in enumerate(runs.groupby(["size", "graph"])):
+        q = g.groupby("step")[["corr_nuc", "corr_fro"]].median()
+        ax[0].plot(q.index, q.corr_nuc, color=COLORS[i % len(COLORS)], label=f"{nm} {graph}")
+        ax[0].plot(q.index, q.corr_fro, color=COLORS[i % len(COLORS)], ls="--")
+    label(ax[0], "step", "median corr(K Q^T, W_svm)", "nuclear (solid) vs Frobenius (dashed)")
+    return [save(fig, out, "ntp_kq")]
+
+
 # ---------------------------------------------------------------------------- judge
 def _last(runs: pd.DataFrame) -> pd.DataFrame:
     return runs[runs.step == runs.groupby(["cell", "seed"]).step.transform("max")]
@@ -189,12 +252,14 @@ def judge_global(tables: dict, cfg: dict) -> list[Check]:
         if graph == "cyclic":
             f0 = first[(first.cell == c)].set_index("seed").fin_diff
             fT = g.set_index("seed").fin_diff
-            dec = float((fT < f0.reindex(fT.index)).mean())
+            ok = (fT < f0.reindex(fT.index)) | (fT <= cfg["lr"])
             checks.append(check_at_least(
                 f"[{nm}, cyclic] \"{Q_DECOMP}\" The finite component: the notebook's norm of "
-                "difference ||P_Sfin(W_t) - W_fin|| decreases from initialisation, every seed.",
-                "fraction of seeds", dec, 1.0,
-                note=f"median ||P_Sfin W_T - W_fin|| = {fT.median():.3g} (from {f0.median():.3g})"))
+                "difference ||P_Sfin(W_t) - W_fin|| decreases from initialisation, or ends within "
+                "one normalised step (lr) of W_fin, every seed.",
+                "fraction of seeds", float(ok.mean()), 1.0,
+                note=f"median ||P_Sfin W_T - W_fin|| = {fT.median():.3g} (from {f0.median():.3g}), "
+                     f"max {fT.max():.3g}"))
     for (nm, graph), g in last.groupby(["size", "graph"]):
         checks.append(Check(
             f"[{nm}, {graph}] finding (attnsvm): relative residual of the decomposition "
@@ -309,6 +374,20 @@ EXPERIMENTS = [
             "ntp-local: 20 (quick) / 100 (full) datasets instead of the notebook's 10 epochs; "
             "numpy draws.",
         ),
+    ),
+    Experiment(
+        name="ntp-kq",
+        title="NTP with (K, Q): which Graph-SVM norm does K Q^T reach? (attnsvm's question)",
+        claim="attnsvm's own question, not the paper's: (K, Q) training of the NTP layer "
+              "converges in direction to the nuclear-norm Graph-SVM rather than the Frobenius one.",
+        configs={
+            "tiny": dict(_G, sizes=("n4T6K8d8",), graphs=("acyclic",), S=2, steps=60, record_every=20),
+            "quick": dict(_G, sizes=("n4T6K8d8", "n6T4K6d8"), S=20, steps=4000, record_every=200),
+            "full": dict(_G, S=100, steps=4000, record_every=40),
+        },
+        compute=compute_kq, judge=judge_kq, plot=plot_kq, in_default=False,
+        deviations=("ntp-kq: no counterpart in the paper (its notebooks' factorize_w=False); "
+                    "K and Q start from the nn.Linear default as W does.",),
     ),
 ]
 
