@@ -257,11 +257,13 @@ def _solve_nuc(cs: ConstraintSet):
     2. the dual SDP (:func:`_nuc_dual`, cvxpy + Clarabel) and the primal recovered from
        it by complementary slackness (:func:`_nuc_polish`);
     3. the primal SDP by cvxpy + Clarabel, then by cvxpy + SCS at eps 1e-11.
+    A candidate without an answer (the solver's word: infeasible) makes the caller try a
+    Farkas certificate at once.
     Primal answers are projected onto the equalities' null space (a conic answer meets
     them to ~1e-9 only).  Any primal pairs with any multipliers in the proof (weak
     duality holds for every lam), so the best of each side is kept."""
     from ..norms import NUC
-    from .engine import FAST, _solve_cvxpy
+    from .engine import FAST
 
     eq = cs.eq[:, 0]
     d, e = cs.d, cs.e
@@ -279,9 +281,35 @@ def _solve_nuc(cs: ConstraintSet):
     if ld is not None:
         ld = np.where(eq, ld, np.maximum(ld, 0.0))
         yield proj(_nuc_polish(cs, M, ld)), ld, "clarabel-dual+slackness"
-    for solver, eps in (("CLARABEL", 1e-12), ("SCS", 1e-11)):
-        W, lam, status, name, _ = _solve_cvxpy(cs, "nuc", solver, eps=eps)
-        yield proj(W), (None if lam is None else lam[:, 0]), f"{name.lower()}-primal"
+    for solver in ("CLARABEL", "SCS"):
+        W, lam = _nuc_primal(M, eq, d, e, solver)
+        yield proj(W), lam, f"{solver.lower()}-primal"
+
+
+def _nuc_primal(M, eq, d, e, solver: str):
+    """The primal SDP min ||W||_* on the rows by cvxpy + ``solver`` (Clarabel at 1e-12,
+    or SCS at 1e-11 with at most 20,000 iterations: a cap keeps a hard instance from
+    running for minutes); the rows' multipliers (equality signs as cvxpy's Lagrangian);
+    (None, None) on failure."""
+    import cvxpy as cp
+
+    W = cp.Variable((d, e))
+    w = cp.vec(W, order="C")
+    cons = [M[~eq] @ w >= 1] + ([M[eq] @ w == 0] if eq.any() else [])
+    prob = cp.Problem(cp.Minimize(cp.normNuc(W)), cons)
+    kw = (_clarabel_kw(1e-12) if solver == "CLARABEL"
+          else dict(eps_abs=1e-11, eps_rel=1e-11, max_iters=20_000))
+    try:
+        prob.solve(solver=solver, **kw)
+    except (cp.error.SolverError, ValueError, ArithmeticError):
+        return None, None
+    if W.value is None or cons[0].dual_value is None:
+        return None, None
+    lam = np.zeros(M.shape[0])
+    lam[~eq] = np.asarray(cons[0].dual_value, float).reshape(-1)
+    if eq.any() and cons[1].dual_value is not None:
+        lam[eq] = -np.asarray(cons[1].dual_value, float).reshape(-1)
+    return np.asarray(W.value, float), lam
 
 
 def _to_feasible(cs: ConstraintSet, W):
@@ -540,11 +568,16 @@ def graph_svm(E, seqs, y, norm="fro", *, exclude=None, tol: float = 1e-6) -> Sol
     zero = (np.abs(cs.Delta[:, 0]).max(1) == 0) | (np.abs(cs.Z).max(1) == 0)
     best_p = best_lam = None  # (proof, W normalised, W out), (lb, lam normalised, lam out)
     names = []
+    fk = None
     if not (zero & ineq).any():
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             for W, lam, name in (_solve_fro if N.name == "fro" else _solve_nuc)(cs):
                 names.append(name)
+                if W is None and best_p is None and fk is None:  # the solver saw no answer
+                    fk = _farkas(cs)
+                    if fk is not None:
+                        break
                 if W is not None and np.all(np.isfinite(W)):
                     W = _to_feasible(cs, W)
                     Wout = np.ldexp(W, -2 * e)  # exact: the margins are bilinear in E
@@ -578,7 +611,7 @@ def graph_svm(E, seqs, y, norm="fro", *, exclude=None, tol: float = 1e-6) -> Sol
                 solver_=name if lname == name else f"{name} (multipliers: {lname})",
                 feasible_=True, time_=time.perf_counter() - t0, extra=extra, **base)
     name = "+".join(names) or "none"
-    fk = _farkas(cs)
+    fk = _farkas(cs) if fk is None else fk
     if fk is not None:
         lam_f, bound = fk
         hit = np.abs(lam_f) > 1e-9 * np.abs(lam_f).max()
