@@ -14,20 +14,20 @@ from attnsvm.svm.graph import GAP_GRAPH, prove
 
 def reference(E, seqs, y, norm):
     """The Graph-SVM written from its definition, one scalar constraint per (i, j),
-    SCCs by networkx, solved by cvxpy + Clarabel (independent of attnsvm's path)."""
-    import networkx as nx
-
+    SCCs by transitive closure, solved by cvxpy + Clarabel (independent of attnsvm's path)."""
     E, seqs, y = np.asarray(E), np.asarray(seqs), np.asarray(y)
     K, d = E.shape
     comp = {}
     for k in np.unique(seqs[:, -1]):
-        G = nx.DiGraph()
-        G.add_nodes_from(range(K))
+        A = np.eye(K, dtype=bool)
         for i in np.nonzero(seqs[:, -1] == k)[0]:
-            G.add_edges_from((int(y[i]), int(j)) for j in seqs[i] if j != y[i])
-        for c, nodes in enumerate(nx.strongly_connected_components(G)):
-            for v in nodes:
-                comp[(int(k), v)] = c
+            for j in seqs[i]:
+                A[y[i], j] = True
+        for m in range(K):  # Warshall
+            A |= A[:, m:m + 1] & A[m:m + 1, :]
+        mutual = A & A.T
+        for v in range(K):
+            comp[(int(k), v)] = int(np.argmax(mutual[v]))  # smallest member of v's SCC
     W = cp.Variable((d, d))
     cons = []
     for i in range(len(seqs)):
