@@ -116,3 +116,10 @@ def test_from_text_tokenizer():
     assert (D.seqs == D.y[:, None]).any(1).all()
     with pytest.raises(ValueError, match="no window"):
         from_text("one two", T=4)
+
+
+def test_ragged_label_sets_are_padded():
+    D = NTPData(_E(), [[0, 1, 2], [3, 1, 0]], [[1], [3, 0]])
+    assert D.y.tolist() == [[1, -1], [3, 0]] and D.multi_label
+    with pytest.raises(ValueError, match=r"label y\[0\] = 3 does not occur"):
+        NTPData(_E(), [[0, 1, 2], [3, 1, 0]], [[3], [3, 0]])

@@ -7,7 +7,8 @@ Li, Huang, Ildiz, Rawat, Oymak, "Mechanics of Next Token Prediction with Self-At
     seqs  (n, T)   token ids s_i1 .. s_iT of sample i; its query token is k_i = s_iT
     y     (n,)     the next token of sample i (an id), or
           (n, L)   several acceptable next tokens (the local-convergence setting: the
-                   tokens a trained model selects), padded with -1
+                   tokens a trained model selects), padded with -1 (a list of lists of
+                   different lengths is padded)
 
 Every label must occur in its sequence (the paper's "realizable label" assumption: the
 attention layer outputs a convex combination of the sequence's tokens, so it can only
@@ -51,6 +52,23 @@ def _int_array(a, name: str, ndim: tuple[int, ...]) -> np.ndarray:
     return arr.astype(np.int64)
 
 
+def _pad_ragged(y):
+    """A list of label lists of different lengths -> (n, L) padded with -1 (other input
+    is returned as it is)."""
+    if isinstance(y, (list, tuple)) and y and any(isinstance(r, (list, tuple, np.ndarray)) for r in y):
+        rows = [np.atleast_1d(np.asarray(r)) for r in y]
+        if any(r.ndim != 1 for r in rows):
+            raise ValueError("y must be (n,) ids or (n, L) label sets")
+        L = max(len(r) for r in rows)
+        out = np.full((len(rows), max(L, 1)), -1, dtype=np.int64)
+        for i, r in enumerate(rows):
+            if r.size and not (np.issubdtype(r.dtype, np.integer) or np.all(r == np.round(r))):
+                raise ValueError(f"y[{i}] must hold integer token ids; got {r.tolist()}")
+            out[i, :len(r)] = r
+        return out
+    return y
+
+
 @dataclass(frozen=True)
 class NTPData:
     """A validated NTP dataset (see the module docstring for the layout).
@@ -80,7 +98,7 @@ class NTPData:
         if bad.any():
             i, t = np.argwhere(bad)[0]
             raise ValueError(f"seqs[{i}, {t}] = {seqs[i, t]} is not a token id in [0, K={K})")
-        y = _int_array(self.y, "y", (1, 2))
+        y = _int_array(_pad_ragged(self.y), "y", (1, 2))
         if y.shape[0] != n:
             raise ValueError(f"y must have one row per sequence (n = {n}); got shape {y.shape}")
         Y = y[:, None] if y.ndim == 1 else y
