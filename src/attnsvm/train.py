@@ -584,6 +584,11 @@ def train(model: AttentionModel, data, loss="logistic", optimizer: Optimizer | N
     naming what it does not support). chunk: train at most ``chunk`` trials at a time
     (same result; the step's memory is that of one chunk; :func:`_train_chunked`).
     """
+    if getattr(model, "ntp", False):  # next-token prediction: its own loss, torch engine
+        if engine == "fused":
+            raise ValueError("engine='fused' does not support NTP models; use engine='torch'")
+        return model.fit(data, optimizer, steps, B, seed, init, None if scale == 0.1 else scale,
+                         record_every, references, record_params, device, dtype, progress)
     args = validate_params(TRAIN_CONSTRAINTS, locals(), "train")  # before any work
     lossf, optimizer, steps, seed, device, chunk, scale = (args[a] for a in (
         "loss", "optimizer", "steps", "seed", "device", "chunk", "scale"))

@@ -30,6 +30,7 @@ PAPERS = {
     "mirror": "Implicit Bias of Mirror Descent for Softmax Attention (Julistiono, Tarzanagh, Azizan, 2024)",
     "kqflow": "Gradient flow on separate key and query matrices: nuclear-norm implicit bias (Sheen et al., 2024)",
     "atlas": "attnsvm's own question, beyond the papers: the geometry of each optimiser's implicit bias",
+    "ntp": "Mechanics of Next Token Prediction with Self-Attention (Li, Huang, Ildiz, Rawat, Oymak, 2024)",
 }
 
 

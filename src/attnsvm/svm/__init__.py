@@ -8,6 +8,7 @@ Public API::
     seq2seq_svm(X, alpha, causal=False, mask=None, norm="fro")
     head_svm(R, y, p=2);  relaxed_svm(X, alpha, y, ...)
     multitoken_svm(X, z, s, threshold=1e-3, W_trained=None)
+    graph_svm(E, seqs, y, norm="fro" | "nuc")     # next-token prediction (attnsvm.svm.graph)
     att_svm_batch(X, z, alpha, norm=...) / prompt_svm_batch(X, W, alpha, norm=...) -> BatchSolution
     Solution / BatchSolution: W_, norm_, margin_, violation_, kkt_residual_, gap_, dual_,
         support_, margins_, status_, solver_, feasible_, conflict_, alpha_
@@ -19,6 +20,7 @@ certificate.  Inputs are validated in one place (:mod:`attnsvm.svm.validate`).
 """
 
 from .batch import att_svm_batch, prompt_svm_batch
+from .graph import graph_svm, graph_svm_batch
 from .multitoken import MultiTokenSolution, multitoken_svm, selected_sets
 from .problems import (
     att_svm,
@@ -46,6 +48,8 @@ __all__ = [
     "head_svm",
     "relaxed_svm",
     "multitoken_svm",
+    "graph_svm",
+    "graph_svm_batch",
     "selected_sets",
     "att_svm_batch",
     "prompt_svm_batch",

@@ -1,0 +1,134 @@
+"""Benchmark: the NTP Graph-SVM, the public code's path vs vectorised cvxpy + Clarabel vs
+attnsvm.svm.graph_svm, in one run, with the accuracy of each.
+
+    python benchmarks/bench_graph_svm.py [--quick] [--instances N] [--norms fro,nuc]
+
+Instances: ``attnsvm.ntp.ntp_random`` at the published sizes n4T6K8d8, n6T4K6d8,
+n10T6K8d8, cyclic and acyclic priority graphs (N instances each, default 10).
+(a) public: the path of the paper's code (``nxt_token_solver.W_svm_solver_cvxpy``): a
+    Python loop adding one scalar cvxpy constraint per (sample, token), "== 0" inside an
+    SCC and ">= 1" across, solved by SCS at its default accuracy; timed from (E, seqs, y,
+    the SCC table) to W (the SCCs are given to it: the code's own Tarjan is not run);
+(b) vectorised: one matrix constraint per kind (inequalities, equalities) over the
+    distinct rows, cvxpy + Clarabel at its defaults;
+(c) attnsvm: graph_svm(E, seqs, y, norm) end to end (SCCs included), certified.
+For each: median time per instance, the worst constraint violation of the returned W
+(max over rows of (1 - m)^+ on inequalities and |m| on equalities, in float64 from W) and
+the worst relative objective (||W|| - ||W*||) / ||W*|| against graph_svm's certified W*.
+Prints the time ratios (a) / (c) and (b) / (c) per size and norm.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+import warnings
+
+import numpy as np
+
+
+def public_path(E, seqs, y, scc, norm):
+    """The paper's code path: scalar constraints in a Python loop, SCS default."""
+    import cvxpy as cp
+
+    d = E.shape[1]
+    W = cp.Variable((d, d))
+    cons = []
+    for i in range(len(seqs)):
+        k = seqs[i, -1]
+        for j in seqs[i]:
+            if j == y[i]:
+                continue
+            m = (E[y[i]] - E[j]).reshape(1, -1) @ W @ E[k].reshape(-1, 1)
+            cons.append(m == 0 if scc[k, y[i]] == scc[k, j] else m >= 1)
+    obj = cp.norm(W, "fro") if norm == "fro" else cp.norm(W, "nuc")
+    prob = cp.Problem(cp.Minimize(obj), cons)
+    prob.solve(solver=cp.SCS)
+    return None if W.value is None else np.asarray(W.value)
+
+
+def vectorised(E, rows, norm):
+    """One matrix constraint per kind over the distinct rows, cvxpy + Clarabel defaults."""
+    import cvxpy as cp
+
+    d = E.shape[1]
+    M = np.einsum("ra,rb->rab", E[rows.y] - E[rows.j], E[rows.k]).reshape(len(rows), -1)
+    W = cp.Variable((d, d))
+    w = cp.vec(W, order="C")
+    cons = []
+    if (~rows.eq).any():
+        cons.append(M[~rows.eq] @ w >= 1)
+    if rows.eq.any():
+        cons.append(M[rows.eq] @ w == 0)
+    obj = cp.norm(W, "fro") if norm == "fro" else cp.normNuc(W)
+    prob = cp.Problem(cp.Minimize(obj), cons)
+    prob.solve(solver=cp.CLARABEL)
+    return None if W.value is None else np.asarray(W.value)
+
+
+def violation(E, rows, W):
+    if W is None:
+        return np.inf
+    m = np.einsum("rd,de,re->r", E[rows.y] - E[rows.j], W, E[rows.k])
+    v_in = np.maximum(1 - m[~rows.eq], 0).max() if (~rows.eq).any() else 0.0
+    v_eq = np.abs(m[rows.eq]).max() if rows.eq.any() else 0.0
+    return float(max(v_in, v_eq))
+
+
+def _norm(W, norm):
+    return np.linalg.norm(W) if norm == "fro" else np.linalg.svd(W, compute_uv=False).sum()
+
+
+def main(argv=None):
+    from attnsvm.ntp import PUBLISHED_SIZES, graph_rows, ntp_random, scc_table
+    from attnsvm.svm import graph_svm
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="2 instances, n4T6K8d8 only")
+    ap.add_argument("--instances", type=int, default=10)
+    ap.add_argument("--norms", default="fro,nuc")
+    args = ap.parse_args(argv)
+    sizes = ["n4T6K8d8"] if args.quick else list(PUBLISHED_SIZES)
+    N = 2 if args.quick else args.instances
+    warnings.simplefilter("ignore")
+    W0 = ntp_random(4, 6, 8, 8, seed=99)
+    for norm in args.norms.split(","):  # warm-up (imports, first cvxpy compile)
+        graph_svm(W0.E, W0.seqs, W0.y, norm)
+        public_path(W0.E, W0.seqs, W0.y, scc_table(W0.seqs, W0.y, W0.K), norm)
+    print(f"{'size':10s} {'norm':4s} {'path':10s} {'median ms':>10s} {'max viol':>9s} "
+          f"{'max rel obj':>11s} {'ratio':>7s} {'certified':>9s}")
+    for nm in sizes:
+        for norm in args.norms.split(","):
+            times = {"public": [], "vectorised": [], "attnsvm": []}
+            viol = {k: [] for k in times}
+            rel = {k: [] for k in times}
+            cert = 0
+            for graph in ("cyclic", "acyclic"):
+                for s in range(N):
+                    D = ntp_random(*PUBLISHED_SIZES[nm], graph=graph, seed=[7, s])
+                    rows = graph_rows(D.seqs, D.y, D.K)
+                    scc = scc_table(D.seqs, D.y, D.K)
+                    t0 = time.perf_counter()
+                    sol = graph_svm(D.E, D.seqs, D.y, norm)
+                    times["attnsvm"].append(time.perf_counter() - t0)
+                    cert += sol.status_ == "optimal"
+                    ref = _norm(sol.W_, norm)
+                    t0 = time.perf_counter()
+                    Wp = public_path(D.E, D.seqs, D.y, scc, norm)
+                    times["public"].append(time.perf_counter() - t0)
+                    t0 = time.perf_counter()
+                    Wv = vectorised(D.E, rows, norm)
+                    times["vectorised"].append(time.perf_counter() - t0)
+                    for k, W in (("public", Wp), ("vectorised", Wv), ("attnsvm", sol.W_)):
+                        viol[k].append(violation(D.E, rows, W))
+                        rel[k].append(np.inf if W is None else (_norm(W, norm) - ref) / ref)
+            base = np.median(times["attnsvm"])
+            for k in times:
+                med = np.median(times[k])
+                print(f"{nm:10s} {norm:4s} {k:10s} {1e3 * med:10.2f} {max(viol[k]):9.1e} "
+                      f"{max(rel[k], key=abs):11.1e} {med / base:7.1f}x "
+                      f"{(f'{cert}/{2 * N}' if k == 'attnsvm' else ''):>9s}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,25 @@
+"""Next-token prediction (NTP) with one causal self-attention layer (docs/theory.md
+"Next-token prediction"; Li, Huang, Ildiz, Rawat, Oymak, AISTATS 2024).
+
+    data = ntp_random(10, 6, 8, 8, graph="cyclic", seed=0)     # or NTPData(E, seqs, y)
+    sol = attnsvm.svm.graph_svm(data.E, data.seqs, data.y)      # the certified Graph-SVM
+    traj = attnsvm.train.train(NTPModel(8), data, "ngd", steps=1000)  # -> train_ntp
+    fin = w_fin(data)                                           # the soft-composition part
+
+Modules: :mod:`.data` (datasets, generators), :mod:`.text` (token ids from text), :mod:`.graph` (priority graphs,
+SCCs, Graph-SVM rows), :mod:`.fin` (W_fin and the decomposition W_t ~ R W_svm + W_fin),
+:mod:`.model` (the NTP model, its stable loss, the batched trainer).
+"""
+
+from .data import GRAPH_KINDS, PUBLISHED_SIZES, NTPData, load_ntp, ntp_random
+from .fin import FinResult, decompose, s_fin_basis, w_fin
+from .graph import GraphRows, graph_rows, priority_graph, scc_table
+from .model import HEADS, NTPModel, ntp_tensors, train_ntp
+from .text import from_text
+
+__all__ = [
+    "NTPData", "ntp_random", "from_text", "load_ntp", "PUBLISHED_SIZES", "GRAPH_KINDS",
+    "priority_graph", "scc_table", "graph_rows", "GraphRows",
+    "w_fin", "s_fin_basis", "decompose", "FinResult", "NTPModel", "train_ntp", "ntp_tensors",
+    "HEADS",
+]

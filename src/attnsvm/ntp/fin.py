@@ -1,0 +1,205 @@
+"""Soft composition: W_fin, the subspace S_fin, and the decomposition W_t ~ R W_svm + W_fin.
+
+Li, Huang, Ildiz, Rawat, Oymak (AISTATS 2024), docs/theory.md "Next-token prediction".
+Gradient descent on the NTP loss splits into
+
+    W_t = R_t W_svm / ||W_svm|| + W_fin + o(1),     R_t -> infinity,
+
+hard retrieval (the Graph-SVM direction W_svm, :func:`attnsvm.svm.graph_svm`) and soft
+composition W_fin, which lives in
+
+    S_fin = span{ (e_a - e_b) e_k^T : a, b in one SCC of the priority graph G_k }
+
+and minimises the *reduced* loss: each sample keeps only the positions whose token lies
+in the SCC of its label (the tokens the hard part cannot separate from the label), the
+"log-probability ratio" problem inside the SCCs.  At its minimiser the attention
+probabilities inside every SCC satisfy the stationarity (log-ratio) equations of the
+reduced loss, and W_fin is orthogonal to W_svm (the Graph-SVM's equalities say
+<(e_a - e_b) e_k^T, W_svm> = 0 on every tie edge).
+
+The public code obtains W_fin by training a second model from zero on the reduced data
+(``train_utils.train_Wfin``) and measures ||P_Sfin(W_t) - W_fin|| and corr(W_t, W_svm)
+along the run (``utils.project_subspace``, ``cal_Sfin``, ``R_solver``).  Here W_fin is the
+minimiser itself, by Newton's method in an orthonormal basis of S_fin (exact Hessians by
+torch.autograd, dim S_fin <= d^2), to a gradient norm of 1e-12.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from .data import NTPData
+from .graph import graph_rows
+
+__all__ = ["FinResult", "w_fin", "s_fin_basis", "decompose", "reduced_mask"]
+
+
+def reduced_mask(data: NTPData, scc: np.ndarray) -> np.ndarray:
+    """(n, T) bool: positions whose token is in the SCC of the sample's (first) label in
+    G_{k_i}; a sample whose mask holds only label tokens contributes nothing."""
+    k = data.query
+    y0 = data.labels[:, 0]
+    return scc[k[:, None], data.seqs] == scc[k, y0][:, None]
+
+
+def s_fin_basis(data: NTPData, rows=None, tol: float = 1e-10) -> np.ndarray:
+    """Orthonormal basis (p, d, d) of S_fin (p = 0 when no tie exists), from the SVD of
+    the vectorised tie rows (e_a - e_b) e_k^T (rank at ``tol`` relative)."""
+    rows = graph_rows(data.seqs, data.y, data.K) if rows is None else rows
+    m = rows.eq
+    d = data.d
+    if not m.any():
+        return np.zeros((0, d, d))
+    A = np.einsum("ra,rb->rab", data.E[rows.y[m]] - data.E[rows.j[m]], data.E[rows.k[m]])
+    A = A.reshape(int(m.sum()), -1)
+    _, s, Vt = np.linalg.svd(A, full_matrices=False)
+    r = int((s > tol * s[0]).sum()) if s.size and s[0] > 0 else 0
+    return Vt[:r].reshape(r, d, d)
+
+
+@dataclass
+class FinResult:
+    """W_fin (d, d), the S_fin basis (p, d, d), the reduced mask (n, T), the reduced loss
+    at W_fin, the final gradient norm, Newton iterations, and whether it converged."""
+
+    W: np.ndarray
+    basis: np.ndarray
+    mask: np.ndarray
+    loss: float
+    grad_norm: float
+    n_iter: int
+    converged: bool
+
+
+def _reduced_loss(W, X, Z, ymask, rmask, E, yid, head):
+    a = torch.einsum("ntd,de,ne->nt", X, W, Z)
+    a = a.masked_fill(~rmask, float("-inf"))
+    if head == "iden":
+        lab = a.masked_fill(~ymask, float("-inf"))
+        li = torch.logsumexp(a, -1) - torch.logsumexp(lab, -1)
+    else:
+        s = torch.softmax(a, -1)
+        u = torch.einsum("nt,ntd->nd", s, X)
+        o = u @ E.T
+        li = torch.logsumexp(o, -1) - o.gather(-1, yid[:, None])[:, 0]
+    return li.sum() / X.shape[0]
+
+
+def w_fin(data: NTPData, head: str = "iden", tol: float = 1e-10, max_iter: int = 200, *,
+          graph_labels=None, exclude=None) -> FinResult:
+    """W_fin of ``data`` for the model head ("iden" or "gen", :class:`NTPModel`): the
+    minimiser over S_fin of the reduced loss (module docstring), by damped Newton, of
+    least norm (directions of S_fin that leave every reduced logit difference unchanged
+    are left out, as GD from zero leaves them).  Converged: gradient norm <= tol
+    (relative to max(1, loss)).
+
+    ``graph_labels`` (n, L) / ``exclude`` (n, T): build the priority graphs (hence the
+    SCCs, S_fin and the reduced positions) from these labels and exclusions instead of
+    data.y, the loss keeping data.y (the public code's local W_fin: the graph of the
+    tokens a run selected, the loss of the training labels)."""
+    if head not in ("iden", "gen"):
+        raise ValueError(f"head must be 'iden' or 'gen'; got {head!r}")
+    gl = data.y if graph_labels is None else graph_labels
+    rows = graph_rows(data.seqs, gl, data.K, exclude=exclude)
+    Bs = s_fin_basis(data, rows)
+    rmask = reduced_mask(data, rows.scc)
+    if exclude is not None:
+        rmask &= ~np.asarray(exclude, bool)
+    d = data.d
+    Y = data.labels
+    ymask = ((data.seqs[:, None, :] == Y[:, :, None]) & (Y[:, :, None] >= 0)).any(1)
+    active = (rmask & ~ymask).any(1)  # samples with a tie: the others add a constant 0
+    if Bs.shape[0] == 0 or not active.any():
+        return FinResult(np.zeros((d, d)), Bs, rmask, 0.0, 0.0, 0, True)
+    t = lambda a, **k: torch.as_tensor(a, **k)  # noqa: E731
+    X = t(data.X[active], dtype=torch.float64)
+    Z = X[:, -1]
+    E = t(data.E, dtype=torch.float64)
+    ym = t(ymask[active])
+    rm = t(rmask[active])
+    yid = t(Y[active, 0])
+    # keep the directions of S_fin that move some reduced logit difference: along the
+    # others the reduced loss is flat, and GD from zero (the public code's W_fin) never
+    # moves there, so W_fin is the minimiser of least norm
+    Xa, ra = data.X[active], rmask[active]
+    A = np.einsum("ntd,pde,ne->ntp", Xa, Bs, Xa[:, -1])
+    cnt = ra.sum(1, keepdims=True)
+    A = np.where(ra[..., None], A - (A * ra[..., None]).sum(1, keepdims=True) / cnt[..., None], 0.0)
+    _, sv, Vt = np.linalg.svd(A.reshape(-1, Bs.shape[0]), full_matrices=False)
+    r = int((sv > 1e-10 * sv[0]).sum()) if sv.size and sv[0] > 0 else 0
+    if r == 0:
+        return FinResult(np.zeros((d, d)), Bs, rmask, 0.0, 0.0, 0, True)
+    Bt = t(np.einsum("rp,pde->rde", Vt[:r], Bs), dtype=torch.float64)
+    n_all = data.n
+
+    def f(c):
+        W = torch.einsum("p,pde->de", c, Bt)
+        return _reduced_loss(W, X, Z, ym, rm, E, yid, head) * (X.shape[0] / n_all)
+
+    c = torch.zeros(r, dtype=torch.float64)
+    conv = False
+    it = 0
+    gn = np.inf
+    while it < max_iter:
+        it += 1
+        cc = c.clone().requires_grad_(True)
+        val = f(cc)
+        g = torch.autograd.grad(val, cc)[0]
+        gn = float(g.norm())
+        if gn <= tol * max(1.0, float(val)):
+            conv = True
+            break
+        H = torch.autograd.functional.hessian(f, c)
+        ev = torch.linalg.eigvalsh(H)
+        shift = max(0.0, -float(ev.min())) + 1e-14 * max(1.0, float(ev.abs().max()))
+        step = torch.linalg.solve(H + shift * torch.eye(len(c), dtype=H.dtype), g)
+        lr, f0 = 1.0, float(val)
+        while lr > 1e-12:
+            cn = c - lr * step
+            with torch.no_grad():
+                fn = float(f(cn))
+            if fn <= f0 - 1e-4 * lr * float(g @ step) or fn <= f0:
+                break
+            lr *= 0.5
+        if lr <= 1e-12:  # no decrease left in float64: stationary to rounding
+            conv = gn <= 1e3 * tol * max(1.0, float(val))
+            break
+        c = cn
+    with torch.no_grad():
+        W = torch.einsum("p,pde->de", c, Bt).numpy()
+        loss = float(f(c))
+    return FinResult(W, Bs, rmask, loss, gn, it, conv)
+
+
+def decompose(W_t: np.ndarray, W_svm: np.ndarray, fin: FinResult) -> dict:
+    """The paper's measures along a run, W_t (R, d, d) (or (d, d)):
+
+    corr_svm   <W_t, W_svm> / (||W_t|| ||W_svm||)
+    R          the least-squares R_t = <W_t - W_fin, D>, D = W_svm / ||W_svm||
+    fin_diff   ||P_Sfin(W_t) - W_fin||  (the public code's "norm of difference")
+    resid      ||W_t - R_t D - W_fin|| / ||W_t||  (relative residual of the decomposition)
+    corr_dec   corr(W_t, R_T D + W_fin) with R_T fitted at the last step (the code's
+               second correlation curve)
+    Each an array of length R."""
+    Wt = np.asarray(W_t, float)
+    Wt = Wt[None] if Wt.ndim == 2 else Wt
+    D = np.asarray(W_svm, float)
+    D = D / np.linalg.norm(D)
+    Wf = fin.W
+    Rt = np.einsum("rde,de->r", Wt - Wf, D)
+    nt = np.linalg.norm(Wt.reshape(len(Wt), -1), axis=1)
+    corr = np.einsum("rde,de->r", Wt, D) / np.where(nt > 0, nt, 1.0)
+    if fin.basis.shape[0]:
+        coef = np.einsum("rde,pde->rp", Wt, fin.basis)
+        P = np.einsum("rp,pde->rde", coef, fin.basis)
+    else:
+        P = np.zeros_like(Wt)
+    fin_diff = np.linalg.norm((P - Wf).reshape(len(Wt), -1), axis=1)
+    res = np.linalg.norm((Wt - Rt[:, None, None] * D - Wf).reshape(len(Wt), -1), axis=1)
+    ref = Rt[-1] * D + Wf
+    corr_dec = np.einsum("rde,de->r", Wt, ref) / np.where(nt > 0, nt, 1.0) / max(np.linalg.norm(ref), 1e-300)
+    return {"corr_svm": corr, "R": Rt, "fin_diff": fin_diff,
+            "resid": res / np.where(nt > 0, nt, 1.0), "corr_dec": corr_dec}
