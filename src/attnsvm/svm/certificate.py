@@ -138,10 +138,13 @@ def margin_enclosure(cs, W: np.ndarray):
     d, e = cs.d, cs.e
     eD = _data_err(cs)[:, None, None]
     with np.errstate(over="ignore", invalid="ignore", under="ignore"):
-        m = cs.margins(W)
+        bs, (n_, T_) = cs.batch_shape, cs.shape
+        Dr = cs.Delta.reshape(bs + (n_ * T_, d))  # (one product per problem: its n T rows)
+        m = ((Dr @ W).reshape(bs + (n_, T_, e)) * cs.Z[..., :, None, :]).sum(-1)
+        m = np.where(cs.valid, m, 0.0)  # (cs.margins(W), the same sums)
         aW = np.abs(W)
         aZ = np.abs(cs.Z)
-        DW = np.abs(cs.Delta) @ aW[..., None, :, :]  # (B, n, T, e)
+        DW = (np.abs(Dr) @ aW).reshape(bs + (n_, T_, e))  # (B, n, T, e)
         E = (DW * aZ[..., :, None, :]).sum(-1)
         wz = (aW @ np.swapaxes(aZ, -1, -2)).sum(-2)[..., :, None]  # sum_cf |W_cf| |z_f|
         zs = aZ.sum(-1)[..., :, None]  # sum_f |z_f|
@@ -402,12 +405,12 @@ def farkas_enclosure(cs, lam: np.ndarray, which: np.ndarray | None = None) -> np
     order = np.argsort(~flat, axis=1, kind="stable")[:, :K]
     km = np.take_along_axis(flat, order, 1)  # (b', K) the support, padded
     n, T = cs.shape
-    ii, tt = order // T, order % T
-    bi = ix[:, None]
-    Dk = cs.Delta[bi, ii, tt] * km[..., None]  # (b', K, d)
-    Zk = cs.Z[bi, ii] * km[..., None]  # (b', K, e)
-    lk = np.where(km, lam[bi, ii, tt], 0.0)
-    bk = np.where(km, cs.b[bi, ii, tt], 0.0)
+    fk = ix[:, None] * (n * T) + order  # flat (problem, i, t) indices of the support
+    fi = ix[:, None] * n + order // T  # flat (problem, i)
+    Dk = cs.Delta.reshape(-1, cs.d)[fk] * km[..., None]  # (b', K, d)
+    Zk = cs.Z.reshape(-1, cs.e)[fi] * km[..., None]  # (b', K, e)
+    lk = np.where(km, lam.reshape(-1)[fk], 0.0)
+    bk = np.where(km, np.asarray(cs.b, float).reshape(-1)[fk], 0.0)
     with np.errstate(all="ignore"):
         M = np.einsum("bkd,bke->bdek", Dk, Zk).reshape(len(ix), p, K)
         aM = np.abs(M)
