@@ -381,3 +381,15 @@ def test_farkas_enclosure_batch_equals_one_by_one():
     bad[0, 0, 0] *= 1.5  # far from any exact null vector: refused, batched and alone
     assert not certificate.farkas_enclosure(cs, bad)[0]
     assert not certificate.farkas_enclosure(cs.take([0]), bad[:1])[0]
+
+
+def test_abs_matmul_chunks_equal_the_full_product():
+    """|A| @ C formed in chunks of problems equals the full-size product bit for bit (and
+    broadcasts an unbatched C)."""
+    rng = np.random.default_rng(7)
+    A = rng.standard_normal((150, 12, 5))
+    C = rng.standard_normal((150, 5, 3))
+    for c in (C, C[0]):
+        full = np.abs(A) @ c
+        got = certificate._abs_matmul(A, c, chunk=16)
+        assert got.shape == full.shape and np.array_equal(got, full)

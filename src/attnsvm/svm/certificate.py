@@ -144,7 +144,7 @@ def margin_enclosure(cs, W: np.ndarray):
         m = np.where(cs.valid, m, 0.0)  # (cs.margins(W), the same sums)
         aW = np.abs(W)
         aZ = np.abs(cs.Z)
-        DW = (np.abs(Dr) @ aW).reshape(bs + (n_, T_, e))  # (B, n, T, e)
+        DW = _abs_matmul(Dr, aW).reshape(bs + (n_, T_, e))  # (B, n, T, e) |Delta| |W|
         E = (DW * aZ[..., :, None, :]).sum(-1)
         wz = (aW @ np.swapaxes(aZ, -1, -2)).sum(-2)[..., :, None]  # sum_cf |W_cf| |z_f|
         zs = aZ.sum(-1)[..., :, None]  # sum_f |z_f|
@@ -154,6 +154,20 @@ def margin_enclosure(cs, W: np.ndarray):
             err = err + (eD * (wz + DW.sum(-1) + eD * aW.sum((-2, -1))[:, None, None])
                          * (1 + 1e-8))
     return m, np.where(cs.valid, err, np.inf)
+
+
+def _abs_matmul(A: np.ndarray, C: np.ndarray, chunk: int = 64) -> np.ndarray:
+    """|A| @ C for A (B, r, d), C (B, d, e) or (d, e), |A| formed chunk problems at a time in
+    one small buffer (a full-size |A| is a large fresh allocation per call)."""
+    if A.ndim != 3 or len(A) <= chunk or (C.ndim == 3 and len(C) != len(A)) or C.ndim > 3:
+        return np.abs(A) @ C
+    out = np.empty(A.shape[:2] + C.shape[-1:])
+    buf = np.empty((chunk,) + A.shape[1:])
+    for s in range(0, len(A), chunk):
+        k = min(chunk, len(A) - s)
+        np.abs(A[s:s + k], out=buf[:k])
+        np.matmul(buf[:k], C[s:s + k] if C.ndim == 3 else C, out=out[s:s + k])
+    return out
 
 
 def _dyadic(a) -> tuple[list, int]:
