@@ -416,13 +416,19 @@ def farkas_enclosure(cs, lam: np.ndarray, which: np.ndarray | None = None) -> np
         return ok
     K = int(k[ix].max())
     flat = supp[ix].reshape(len(ix), -1)
-    order = np.argsort(~flat, axis=1, kind="stable")[:, :K]
-    km = np.take_along_axis(flat, order, 1)  # (b', K) the support, padded
+    if (k[ix] == K).all():  # every support of size K: its positions in ascending order
+        order = np.nonzero(flat)[1].reshape(len(ix), K)
+        km = np.ones((len(ix), K), bool)
+    else:
+        order = np.argsort(~flat, axis=1, kind="stable")[:, :K]
+        km = np.take_along_axis(flat, order, 1)  # (b', K) the support, padded
     n, T = cs.shape
     fk = ix[:, None] * (n * T) + order  # flat (problem, i, t) indices of the support
     fi = ix[:, None] * n + order // T  # flat (problem, i)
-    Dk = cs.Delta.reshape(-1, cs.d)[fk] * km[..., None]  # (b', K, d)
-    Zk = cs.Z.reshape(-1, cs.e)[fi] * km[..., None]  # (b', K, e)
+    Dk = np.take(cs.Delta.reshape(-1, cs.d), fk, axis=0)  # (b', K, d)
+    Zk = np.take(cs.Z.reshape(-1, cs.e), fi, axis=0)  # (b', K, e)
+    if not km.all():  # (padding: zero rows)
+        Dk, Zk = Dk * km[..., None], Zk * km[..., None]
     lk = np.where(km, lam.reshape(-1)[fk], 0.0)
     bk = np.where(km, np.asarray(cs.b, float).reshape(-1)[fk], 0.0)
     with np.errstate(all="ignore"):
