@@ -327,3 +327,69 @@ def test_relaxed_margins_proven_where_b_is_one(norm):
             m = sum((a * b for a, b in zip(r, w)), Fraction(0))
             assert m >= 1 if S[i] else m >= -FEAS_TOL
     assert n_opt >= 2
+
+
+def test_margin_enclosure_holds_on_batches():
+    """|m_k(W) - m^_k| <= err_k against the exact margins (Fractions), on a batch of
+    problems with e > 1, masked constraints and cancelling W (the batched products of
+    margin_enclosure over each problem's n T rows)."""
+    rng = np.random.default_rng(5)
+    B, n, T, d, e = 4, 3, 4, 5, 3
+    D = rng.standard_normal((B, n, T, d)) * 2.0 ** rng.integers(-30, 30, (B, n, T, 1))
+    Z = rng.standard_normal((B, n, e))
+    valid = rng.random((B, n, T)) < 0.8
+    cs = ConstraintSet(D, Z, valid, np.ones((B, n, T)))
+    W = rng.standard_normal((B, d, e)) * 2.0 ** rng.integers(-20, 20, (B, 1, e))
+    W[1, 1] = -W[1, 0]  # cancellation within a product
+    m, err = certificate.margin_enclosure(cs, W)
+    assert np.isinf(err[~valid]).all()
+    for b in range(B):
+        idx = [tuple(int(v) for v in p) for p in np.argwhere(valid[b])]
+        for (i, t), mk in zip(idx, certificate.exact_margins(cs, b, W[b], idx)):
+            assert abs(Fraction(float(m[b, i, t])) - mk) <= Fraction(float(err[b, i, t]))
+
+
+def test_farkas_enclosure_batch_equals_one_by_one():
+    """The batched enclosure (supports gathered by flat index over the batch) gives each
+    problem the verdict it gets alone, for e > 1, differently sized supports and problems
+    left out by ``which``; infeasible by construction (pairs Delta, -Delta on the same z:
+    equal multipliers cancel exactly), candidates perturbed by 1e-13."""
+    rng = np.random.default_rng(6)
+    d, e, B = 2, 2, 6
+    p = d * e
+    nmax = p + 2
+    D = np.zeros((B, nmax, 3, d))
+    Z = np.zeros((B, nmax, e))
+    valid = np.zeros((B, nmax, 3), bool)
+    lam = np.zeros((B, nmax, 3))
+    for b in range(B):
+        P = p + b % 3  # pairs: K = 2 P >= 2 p > p + 1 constraints spanning R^{d x e}
+        a, z = rng.standard_normal((P, d)), rng.standard_normal((P, e))
+        w = rng.random(P) + 0.05
+        D[b, :P, 0], D[b, :P, 2], Z[b, :P] = a, -a, z  # (token 1 masked)
+        D[b, :P, 1] = rng.standard_normal((P, d))
+        valid[b, :P, 0] = valid[b, :P, 2] = True
+        for t in (0, 2):
+            lam[b, :P, t] = w * (1 + 1e-13 * rng.standard_normal(P))
+    cs = ConstraintSet(D, Z, valid, valid.astype(float))
+    which = np.arange(B) != 2
+    ok = certificate.farkas_enclosure(cs, lam, which)
+    one = [bool(certificate.farkas_enclosure(cs.take([b]), lam[b:b + 1])[0]) for b in range(B)]
+    assert list(ok) == [o and w for o, w in zip(one, which)]
+    assert sum(one) >= 4 and not ok[2]
+    bad = lam.copy()
+    bad[0, 0, 0] *= 1.5  # far from any exact null vector: refused, batched and alone
+    assert not certificate.farkas_enclosure(cs, bad)[0]
+    assert not certificate.farkas_enclosure(cs.take([0]), bad[:1])[0]
+
+
+def test_abs_matmul_chunks_equal_the_full_product():
+    """|A| @ C formed in chunks of problems equals the full-size product bit for bit (and
+    broadcasts an unbatched C)."""
+    rng = np.random.default_rng(7)
+    A = rng.standard_normal((150, 12, 5))
+    C = rng.standard_normal((150, 5, 3))
+    for c in (C, C[0]):
+        full = np.abs(A) @ c
+        got = certificate._abs_matmul(A, c, chunk=16)
+        assert got.shape == full.shape and np.array_equal(got, full)

@@ -138,10 +138,13 @@ def margin_enclosure(cs, W: np.ndarray):
     d, e = cs.d, cs.e
     eD = _data_err(cs)[:, None, None]
     with np.errstate(over="ignore", invalid="ignore", under="ignore"):
-        m = cs.margins(W)
+        bs, (n_, T_) = cs.batch_shape, cs.shape
+        Dr = cs.Delta.reshape(bs + (n_ * T_, d))  # (one product per problem: its n T rows)
+        m = ((Dr @ W).reshape(bs + (n_, T_, e)) * cs.Z[..., :, None, :]).sum(-1)
+        m = np.where(cs.valid, m, 0.0)  # (cs.margins(W), the same sums)
         aW = np.abs(W)
         aZ = np.abs(cs.Z)
-        DW = np.abs(cs.Delta) @ aW[..., None, :, :]  # (B, n, T, e)
+        DW = _abs_matmul(Dr, aW).reshape(bs + (n_, T_, e))  # (B, n, T, e) |Delta| |W|
         E = (DW * aZ[..., :, None, :]).sum(-1)
         wz = (aW @ np.swapaxes(aZ, -1, -2)).sum(-2)[..., :, None]  # sum_cf |W_cf| |z_f|
         zs = aZ.sum(-1)[..., :, None]  # sum_f |z_f|
@@ -151,6 +154,20 @@ def margin_enclosure(cs, W: np.ndarray):
             err = err + (eD * (wz + DW.sum(-1) + eD * aW.sum((-2, -1))[:, None, None])
                          * (1 + 1e-8))
     return m, np.where(cs.valid, err, np.inf)
+
+
+def _abs_matmul(A: np.ndarray, C: np.ndarray, chunk: int = 64) -> np.ndarray:
+    """|A| @ C for A (B, r, d), C (B, d, e) or (d, e), |A| formed chunk problems at a time in
+    one small buffer (a full-size |A| is a large fresh allocation per call)."""
+    if A.ndim != 3 or len(A) <= chunk or (C.ndim == 3 and len(C) != len(A)) or C.ndim > 3:
+        return np.abs(A) @ C
+    out = np.empty(A.shape[:2] + C.shape[-1:])
+    buf = np.empty((chunk,) + A.shape[1:])
+    for s in range(0, len(A), chunk):
+        k = min(chunk, len(A) - s)
+        np.abs(A[s:s + k], out=buf[:k])
+        np.matmul(buf[:k], C[s:s + k] if C.ndim == 3 else C, out=out[s:s + k])
+    return out
 
 
 def _dyadic(a) -> tuple[list, int]:
@@ -399,15 +416,21 @@ def farkas_enclosure(cs, lam: np.ndarray, which: np.ndarray | None = None) -> np
         return ok
     K = int(k[ix].max())
     flat = supp[ix].reshape(len(ix), -1)
-    order = np.argsort(~flat, axis=1, kind="stable")[:, :K]
-    km = np.take_along_axis(flat, order, 1)  # (b', K) the support, padded
+    if (k[ix] == K).all():  # every support of size K: its positions in ascending order
+        order = np.nonzero(flat)[1].reshape(len(ix), K)
+        km = np.ones((len(ix), K), bool)
+    else:
+        order = np.argsort(~flat, axis=1, kind="stable")[:, :K]
+        km = np.take_along_axis(flat, order, 1)  # (b', K) the support, padded
     n, T = cs.shape
-    ii, tt = order // T, order % T
-    bi = ix[:, None]
-    Dk = cs.Delta[bi, ii, tt] * km[..., None]  # (b', K, d)
-    Zk = cs.Z[bi, ii] * km[..., None]  # (b', K, e)
-    lk = np.where(km, lam[bi, ii, tt], 0.0)
-    bk = np.where(km, cs.b[bi, ii, tt], 0.0)
+    fk = ix[:, None] * (n * T) + order  # flat (problem, i, t) indices of the support
+    fi = ix[:, None] * n + order // T  # flat (problem, i)
+    Dk = np.take(cs.Delta.reshape(-1, cs.d), fk, axis=0)  # (b', K, d)
+    Zk = np.take(cs.Z.reshape(-1, cs.e), fi, axis=0)  # (b', K, e)
+    if not km.all():  # (padding: zero rows)
+        Dk, Zk = Dk * km[..., None], Zk * km[..., None]
+    lk = np.where(km, lam.reshape(-1)[fk], 0.0)
+    bk = np.where(km, np.asarray(cs.b, float).reshape(-1)[fk], 0.0)
     with np.errstate(all="ignore"):
         M = np.einsum("bkd,bke->bdek", Dk, Zk).reshape(len(ix), p, K)
         aM = np.abs(M)

@@ -134,11 +134,12 @@ def _user_constraints(X, z, alpha, valid, io) -> ConstraintSet:
     ``exact`` False); entries at alpha and masked tokens are invalid (their values are not
     read by the bounds)."""
     if io is not None:
-        X, z, alpha, valid = X[io], z[io], alpha[io], valid[io]
+        X, z, alpha, valid = X[io], z[io], alpha[io], valid[io]  # (copies)
     B, n = alpha.shape
-    with np.errstate(over="ignore", invalid="ignore"):
-        D = np.take_along_axis(X, alpha[:, :, None, None], 2) - X
-    v = valid.copy()
+    sel = np.take_along_axis(X, alpha[:, :, None, None], 2)  # (B, n, 1, d) x_{i,alpha_i}
+    with np.errstate(over="ignore", invalid="ignore"):  # (into X's copy: one allocation)
+        D = np.subtract(sel, X, out=X if io is not None else None)
+    v = valid if io is not None else valid.copy()
     v[np.arange(B)[:, None], np.arange(n)[None, :], alpha] = False
     return ConstraintSet(D, z, v, v.astype(float), None, np.zeros(B, np.int64), exact=False)
 
@@ -218,7 +219,6 @@ def batch_lean(X: np.ndarray, z: np.ndarray, alpha: np.ndarray, valid: np.ndarra
         # in the caller's units (no normalisation: the bounds hold at any scale), X as given
         # here (the caller's tokens divided by 2^xexp), so W 2^xexp (exact where it maps
         # back bit for bit; elsewhere the engine decides)
-        cs = _user_constraints(X, z, alpha, valid, None if len(io) == B else io)
         o, f = opt[io], inf[io]
         good = np.zeros(len(io), bool)
         Wx = Wo[io[o]]
@@ -227,9 +227,11 @@ def batch_lean(X: np.ndarray, z: np.ndarray, alpha: np.ndarray, valid: np.ndarra
             back = np.all(_ldexp(Wx, -xexp[io[o]]) == Wo[io[o]], (1, 2))
         else:
             back = True
-        good[o] = prove_margins(cs.take(np.nonzero(o)[0]), Wx) & back
+        if o.any():  # (each subset's constraints built directly: no copy of a full set)
+            good[o] = prove_margins(_user_constraints(X, z, alpha, valid, io[o]), Wx) & back
         if f.any():
-            good[f] = farkas_prove(cs.take(np.nonzero(f)[0]), fko[io[f]])[0]
+            good[f] = farkas_prove(_user_constraints(X, z, alpha, valid, io[f]),
+                                   fko[io[f]])[0]
         if not good.all():  # (e.g. tokens at 2^600: over/underflow) once more, normalised
             j = np.nonzero(~good)[0]
             cn = engine.build_constraints(X[io[j]], z[io[j]], alpha[io[j]], valid[io[j]],
