@@ -18,7 +18,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from .extract import AttentionCall, find_attention
+from .extract import AttentionCall, _mha_weights_kwargs, find_attention, torch_mha
 from .heads import TrackConfig, analyse_call
 
 __all__ = ["Tracker", "track", "log_steps"]
@@ -131,15 +131,22 @@ class Tracker:
         def post(name):
             def hook(module, args, kwargs, output):
                 call = got.get(name)
-                if call is not None and call.attn is None and isinstance(output, tuple) \
-                        and len(output) > 1 and torch.is_tensor(output[1]) and output[1].dim() == 4:
-                    call.attn = output[1].detach()
+                if call is None or call.attn is not None or not isinstance(output, tuple):
+                    return
+                want = (call.hidden.shape[0], call.n_heads, call.hidden.shape[1],
+                        call.key_tokens.shape[1])
+                cands = [o for o in output[1:] if torch.is_tensor(o) and tuple(o.shape) == want]
+                if cands:  # T5 also returns its position bias (1, H, T, S): shape tells apart
+                    call.attn = cands[-1].detach()
             return hook
 
         was_training = self.model.training
         self.model.eval()
+        restore = self._eager()
         try:
             for name, mod, ext in self.attention:
+                if ext is torch_mha and self.config.check:
+                    handles.append(mod.register_forward_pre_hook(_mha_weights_kwargs, with_kwargs=True))
                 handles.append(mod.register_forward_pre_hook(pre(name, ext), with_kwargs=True))
                 handles.append(mod.register_forward_hook(post(name), with_kwargs=True))
             with torch.no_grad():
@@ -152,12 +159,25 @@ class Tracker:
         finally:
             for h in handles:
                 h.remove()
+            restore()
             self.model.train(was_training)
         missing = [n for n, _, _ in self.attention if n not in got]
         if missing:
             raise ValueError(f"attention module {missing[0]!r} was not called by the forward pass "
                              "on the probe inputs")
         return [(n, got[n]) for n, _, _ in self.attention]
+
+    def _eager(self):
+        """Switch a Hugging Face model to eager attention for the probe pass (so that its own
+        attention probabilities are returned and every extraction is checked against them);
+        returns the function restoring the user's implementation (SDPA, flash...)."""
+        cfg = getattr(self.model, "config", None)
+        impl = getattr(cfg, "_attn_implementation", None)
+        setter = getattr(self.model, "set_attn_implementation", None)
+        if not self.config.check or impl in (None, "eager") or setter is None:
+            return lambda: None
+        setter("eager")
+        return lambda: setter(impl)
 
     def record(self, step: int | None = None, inputs=None, **tags) -> pd.DataFrame:
         """Record now (whatever the schedule); returns this step's rows (also kept in ``table``)."""
@@ -167,7 +187,7 @@ class Tracker:
         for layer, (name, call) in enumerate(self.capture(inputs)):
             rows, sel, mats = analyse_call(call, self.config, key=(s, layer),
                                            selections=self.keep_selections,
-                                           matrices=self.keep_matrices)
+                                           matrices=self.keep_matrices, where=f"module {name!r}")
             f = pd.DataFrame(rows)
             f.insert(0, "module", name)
             f.insert(0, "layer", layer)
