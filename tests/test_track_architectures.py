@@ -117,3 +117,77 @@ def test_unsupported_model_refused_before_its_weights_are_read(tmp_path):
     (tmp_path / "model.safetensors").write_bytes(b"not a safetensors file")
     with pytest.raises(UnsupportedModelError, match="'falcon' is not supported"):
         load_model(tmp_path)
+
+
+def _train_llama(steps, tracker_steps=None):
+    """A tiny Llama (GQA, RoPE, SDPA) trained by NTP with AdamW on sequences whose second half
+    repeats the first (a copy task); optionally tracked. Returns (model, losses, tracker)."""
+    model = transformers.LlamaForCausalLM(tiny_config("llama")).double()
+    torch.manual_seed(0)
+    for p in model.parameters():  # seeded init independent of the config's init order
+        torch.nn.init.normal_(p, std=0.1)
+    g = torch.Generator().manual_seed(1)
+    half = torch.randint(3, 64, (64, 6), generator=g)
+    data = torch.cat([half, half], 1)
+    tr = None
+    if tracker_steps is not None:
+        tr = Tracker(model.model, dict(input_ids=data[:4]), steps=tracker_steps, config=FAST,
+                     optimizer="adamw")
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    losses = []
+    for step in range(steps):
+        if tr is not None:
+            tr.step(step)
+        ids = data[(step * 8) % 64:(step * 8) % 64 + 8]
+        loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        losses.append(float(loss.detach()))
+    return model, losses, tr
+
+
+def test_tracker_follows_a_llama_decoder_through_training():
+    model, losses, tr = _train_llama(41, tracker_steps=[0, 20, 40])
+    tab = tr.table
+    assert sorted(tab.step.unique()) == [0, 20, 40] and len(tab) == 3 * 2 * 4
+    assert (tab.recompute_err <= 1e-6).all() and (tab.lift_dim == 8).all()
+    assert tab.feasible.all() and (tab.optimizer == "adamw").all()
+    assert (tab.kind == "causal").all() and model.config._attn_implementation == "sdpa"
+    assert losses[-1] < 0.8 * losses[0]
+    # the heads change as training goes (their key-query norms move)
+    n = tab.groupby("step").wqk_norm.mean()
+    assert abs(n[40] - n[0]) > 1e-3 * n[0]
+    # tracking never perturbs training: the untracked run ends in the same weights, bit for bit
+    plain, _, _ = _train_llama(41)
+    for (k, a), b in zip(model.state_dict().items(), plain.state_dict().values()):
+        assert torch.equal(a, b), k
+
+
+def test_default_schedule_keeps_to_its_time_budget(monkeypatch):
+    """The default schedule records at the first call, then only while the recording time is
+    at most `budget` of the elapsed time (a fake clock: each record costs 1 s, a step 0.1 s)."""
+    import attnsvm.track.tracker as trk
+
+    model = tiny_model("gpt2")
+    clock = [0.0]
+    monkeypatch.setattr(trk.time, "perf_counter", lambda: clock[0])
+    tr = Tracker(model, probe_inputs(model), config=TrackConfig(svm=False), budget=0.1)
+    real_capture = tr.capture
+
+    def capture(*a, **k):
+        clock[0] += 1.0  # the record's cost, seen by the tracker's own timing
+        return real_capture(*a, **k)
+
+    monkeypatch.setattr(tr, "capture", capture)
+    got = []
+    for step in range(400):
+        if tr.step(step) is not None:
+            got.append(step)
+        clock[0] += 0.1
+    assert got[0] == 0 and len(got) >= 3
+    # at every record the time already spent was within the budget of the elapsed time
+    total = 400 * 0.1 + len(got)
+    assert len(got) <= 0.1 * total + 1
+    with pytest.raises(ValueError, match="budget"):
+        Tracker(model, probe_inputs(model), budget=0)

@@ -299,12 +299,16 @@ def rotary_basis(R, rtol: float = 1e-10):
     """
     R = np.asarray(R, np.float64)
     N, T, dh, _ = R.shape
-    G0 = np.einsum("kca,tcb->ktab", R[0], R[0]).reshape(T * T, dh * dh)
-    _, sv, Vt = np.linalg.svd(G0, full_matrices=False)
+    # the span is found from the pairs (0, t) and (k, 0) of the first sequence (RoPE: every
+    # offset -(T-1)..T-1); analyse_call checks the lifted logits of every SVM pair
+    rows = np.concatenate([np.matmul(R[0, :1].transpose(0, 2, 1), R[0]),
+                           np.matmul(R[0].transpose(0, 2, 1), R[0, :1])]).reshape(2 * T, dh * dh)
+    _, sv, Vt = np.linalg.svd(rows, full_matrices=False)
     B = Vt[sv > rtol * sv.max()].reshape(-1, dh, dh)
-    P = np.einsum("nkac,lcb->nklab", R, B)
-    g = np.einsum("nklab,ntab->nktl", P, R)
-    return B, g
+    L = len(B)
+    P = np.matmul(R[:, :, None], B[None, None])  # (N, T, L, dh, dh): R_k B_l
+    g = np.matmul(P.reshape(N, T * L, dh * dh), R.reshape(N, T, dh * dh).transpose(0, 2, 1))
+    return B, g.reshape(N, T, L, T).transpose(0, 1, 3, 2)
 
 
 def rotary_subspace(W_q, W_k, b_q, b_k, scale, B, bias: str = "augment") -> dict:
@@ -331,8 +335,9 @@ def rotary_subspace(W_q, W_k, b_q, b_k, scale, B, bias: str = "augment") -> dict
     if bias == "augment":
         Wq, Wk = np.concatenate([Wq, bq[:, None]], 1), np.concatenate([Wk, bk[:, None]], 1)
     U_Q, U_K = _orth(Wq.T), _orth(Wk.T)
-    Ms = [U_K.T @ (scale * Wk.T @ Bl.T @ Wq) @ U_Q for Bl in np.asarray(B, np.float64)]
-    return dict(W=W, u=u, U_Q=U_Q, U_K=U_K, M=np.concatenate(Ms, 0), d_head=dh, L=len(Ms),
+    Kt, Qt = U_K.T @ Wk.T, Wq @ U_Q  # (r_k, d_h), (d_h, r_q)
+    Ms = scale * np.matmul(np.matmul(Kt[None], np.asarray(B, np.float64).transpose(0, 2, 1)), Qt[None])
+    return dict(W=W, u=u, U_Q=U_Q, U_K=U_K, M=Ms.reshape(-1, Ms.shape[-1]), d_head=dh, L=len(Ms),
                 homogeneous=bias == "augment", rotary=True)
 
 

@@ -11,6 +11,7 @@ the matrices (``matrices``).
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
@@ -53,8 +54,14 @@ class Tracker:
     inputs:  the probe batch: a dict (``model(**inputs)``), a tuple (``model(*inputs)``), a
              tensor (``model(inputs)``) or a callable ``inputs(model)``. Same batch at every
              step, on the model's device.
-    every / steps: record when ``step % every == 0`` or when ``step in steps``; neither: at
-             every call of :meth:`step`.
+    every / steps: record when ``step % every == 0`` or when ``step in steps``.
+    budget:  neither given (the default schedule): record at the first call of :meth:`step`
+             and then whenever the time spent recording is at most ``budget`` (default 0.05)
+             of the wall time since that first call: the tracker's overhead stays near
+             ``budget`` of the training time whatever the model and step cost (records land
+             log-like: dense while recording is cheap relative to the elapsed time).
+             Steps depend on timing; pass ``steps=log_steps(...)`` for reproducible ones.
+             ``budget=None``: every call of :meth:`step` records.
     config:  :class:`~attnsvm.track.heads.TrackConfig` (SVM sizes, nulls, bias handling).
     modules, extractors: restrict to module names / supply extractors
              ({name or class: fn(module, args, kwargs) -> AttentionCall}).
@@ -73,9 +80,14 @@ class Tracker:
                  steps: Iterable[int] | None = None, config: TrackConfig | None = None,
                  modules=None, extractors=None, matrices: bool = False,
                  selections: bool = True, out: str | Path | None = None, progress: Callable | None = None,
-                 **tags):
+                 budget: float | None = 0.05, **tags):
         if every is not None and every < 1:
             raise ValueError(f"every must be >= 1; got {every}")
+        if budget is not None and not 0 < budget <= 1:
+            raise ValueError(f"budget must be in (0, 1] or None; got {budget}")
+        self.budget = budget
+        self._t0: float | None = None  # first step() call (budget schedule)
+        self.spent = 0.0  # seconds spent recording
         self.model = model
         self.inputs = inputs
         self.every = every
@@ -99,13 +111,17 @@ class Tracker:
             return int(step) in self.steps
         if self.every is not None:
             return int(step) % self.every == 0
-        return True
+        if self.budget is None or self._t0 is None or not self._rows:
+            return True  # budget schedule: the first call records (the initialisation)
+        return self.spent <= self.budget * (time.perf_counter() - self._t0)
 
     def step(self, step: int | None = None, **tags) -> pd.DataFrame | None:
         """Call once per training step (``step``: your counter; default an internal one).
         Records and returns that step's rows when it is due, else None."""
         s = self._count if step is None else int(step)
         self._count = s + 1
+        if self._t0 is None:
+            self._t0 = time.perf_counter()
         return self.record(s, **tags) if self.due(s) else None
 
     # ------------------------------------------------------------------ recording
@@ -181,6 +197,7 @@ class Tracker:
 
     def record(self, step: int | None = None, inputs=None, **tags) -> pd.DataFrame:
         """Record now (whatever the schedule); returns this step's rows (also kept in ``table``)."""
+        t_start = time.perf_counter()
         s = self._count if step is None else int(step)
         tags = {**self.tags, **tags}
         frames, sels = [], []
@@ -211,6 +228,7 @@ class Tracker:
             for k, v in tags.items():
                 sel[k] = v
             self._sel.append(sel)
+        self.spent += time.perf_counter() - t_start
         return tab
 
     # ------------------------------------------------------------------ results
