@@ -191,3 +191,22 @@ def test_default_schedule_keeps_to_its_time_budget(monkeypatch):
     assert len(got) <= 0.1 * total + 1
     with pytest.raises(ValueError, match="budget"):
         Tracker(model, probe_inputs(model), budget=0)
+
+
+def test_rope_lift_of_a_trained_factored_head():
+    """docs/theory.md: a RoPE head's logit is linear in the lifted Theta (its own rotations
+    reproduce it, else rope_head_study raises); the three SVMs are solved and compared."""
+    pytest.importorskip("cvxpy")
+    from attnsvm.track.rope import plane_basis, rope_head_study, rope_rotations
+
+    B = plane_basis(4)
+    np.testing.assert_allclose(np.einsum("lab,mab->lm", B, B), np.eye(4), atol=1e-15)
+    R, theta = rope_rotations(6, 4)
+    for k, t in ((1, 4), (5, 2)):  # R_k^T R_t = R_{t-k} = sum_l g_l B_l with sqrt2 (cos, sin)
+        G = R[k].T @ R[t]
+        want = sum(np.sqrt(2) * (np.cos((t - k) * th) * B[2 * b] + np.sin((t - k) * th) * B[2 * b + 1])
+                   for b, th in enumerate(theta))
+        np.testing.assert_allclose(G, want, atol=1e-12)
+    res = rope_head_study(seed=0, steps=60)
+    for c in ("corr_fro", "corr_group_nuclear", "corr_no_lift"):
+        assert -1 <= res[c] <= 1
