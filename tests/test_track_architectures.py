@@ -210,3 +210,12 @@ def test_rope_lift_of_a_trained_factored_head():
     res = rope_head_study(seed=0, steps=60)
     for c in ("corr_fro", "corr_group_nuclear", "corr_no_lift"):
         assert -1 <= res[c] <= 1
+
+
+def test_probe_refuses_an_image_model_from_its_config(tmp_path):
+    from attnsvm.realdata.probe import load_model
+
+    tiny_config("vit").save_pretrained(tmp_path)
+    (tmp_path / "model.safetensors").write_bytes(b"garbage")
+    with pytest.raises(UnsupportedModelError, match="ViT.*feeds text"):
+        load_model(tmp_path)

@@ -212,6 +212,12 @@ def check_model_dir(path: Path) -> str:
     if not isinstance(cfg, dict):
         raise ModelNotFoundError(f"model directory {str(path)!r}: config.json is not a JSON object")
     family = check_config(cfg)
+    if cfg.get("model_type") == "vit":
+        from attnsvm.track import UnsupportedModelError
+
+        raise UnsupportedModelError(f"model directory {str(path)!r} is a ViT (images): the probe "
+                                    "feeds text; track it from Python (attnsvm.track.Tracker) or "
+                                    "see `attnsvm vit`")
     if not any((path / f).is_file() for f in WEIGHT_FILES):
         pickles = sorted({p.name for pat in PICKLED_WEIGHTS for p in path.glob(pat)})
         if pickles:
