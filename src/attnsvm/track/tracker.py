@@ -22,7 +22,12 @@ import torch
 from .extract import AttentionCall, _mha_weights_kwargs, find_attention, torch_mha
 from .heads import TrackConfig, analyse_call
 
-__all__ = ["Tracker", "track", "log_steps"]
+__all__ = ["Tracker", "track", "log_steps", "TRACKER_DEFAULT"]
+
+# the tracker's default per-record work: 8 queries per head SVM and no random-selection SVMs
+# (the rotation null costs no solve); light enough for the default time budget on rotary
+# decoders (a full TrackConfig() record of a d = 128 rotary decoder costs ~8 000 training steps)
+TRACKER_DEFAULT = TrackConfig(max_queries=8, null_draws=0)
 
 
 def log_steps(last: int, n: int = 20, first: int = 0) -> list[int]:
@@ -62,7 +67,9 @@ class Tracker:
              log-like: dense while recording is cheap relative to the elapsed time).
              Steps depend on timing; pass ``steps=log_steps(...)`` for reproducible ones.
              ``budget=None``: every call of :meth:`step` records.
-    config:  :class:`~attnsvm.track.heads.TrackConfig` (SVM sizes, nulls, bias handling).
+    config:  :class:`~attnsvm.track.heads.TrackConfig` (SVM sizes, nulls, bias handling);
+             default ``TRACKER_DEFAULT`` = TrackConfig(max_queries=8, null_draws=0) (pass
+             ``config=TrackConfig()`` for 32 queries and 2 random-selection SVMs per head).
     modules, extractors: restrict to module names / supply extractors
              ({name or class: fn(module, args, kwargs) -> AttentionCall}).
     matrices: keep W, u, W_mm per (step, layer, head) in ``self.matrices`` (float64; d x d each).
@@ -92,7 +99,7 @@ class Tracker:
         self.inputs = inputs
         self.every = every
         self.steps = None if steps is None else {int(s) for s in steps}
-        self.config = config or TrackConfig()
+        self.config = config or TRACKER_DEFAULT
         self.keep_matrices = matrices
         self.keep_selections = selections
         self.out = None if out is None else Path(out)
