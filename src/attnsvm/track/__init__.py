@@ -10,6 +10,11 @@
 
     trainer = Trainer(..., callbacks=[tr.callback()])   # Hugging Face Trainer
 
+Verified families (tests/test_track_architectures.py, ``python -m attnsvm.track.verify``):
+GPT-2, BERT, RoBERTa, DistilBERT, ViT, Llama, Qwen2, Mistral, Gemma, Phi, GPT-NeoX, OPT, BART,
+T5 (rotary, grouped-query, cross-attention, relative position bias), under SDPA; every record
+checks the extraction against the model's own eager attention (RecomputeError past tolerance).
+
 Per head: attention soft-sparsity, W = scale W_k^T W_q (scale = 1/sqrt(d_h)) and its norm,
 the selected tokens, the seq-to-seq ATT-SVM of that selection in the head's subspace (causal
 for decoders) with its certificate, corr(W, W_mm), the margin ratio and the nulls
@@ -19,14 +24,18 @@ for decoders) with its certificate, corr(W, W_mm), the margin ratio and the null
 
 from .extract import (
     SUPPORTED,
+    SUPPORTED_MODEL_TYPES,
     AttentionCall,
+    UnsupportedModelError,
     allowed_from_mask,
     builtin_extractor,
+    check_config,
     find_attention,
     register_extractor,
     split_heads,
 )
 from .heads import (
+    RecomputeError,
     TrackConfig,
     analyse_call,
     attention_stats,
@@ -59,4 +68,8 @@ __all__ = [
     "subspace_tokens",
     "log_steps",
     "SUPPORTED",
+    "SUPPORTED_MODEL_TYPES",
+    "UnsupportedModelError",
+    "RecomputeError",
+    "check_config",
 ]

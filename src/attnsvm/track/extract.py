@@ -1,23 +1,32 @@
-"""Extractors: what a self-attention module computes, in the library's convention.
+"""Extractors: what an attention module computes, in the library's convention.
 
 An extractor is a function ``extract(module, args, kwargs) -> AttentionCall`` called in a
-forward pre-hook of an attention module with the arguments of that call. It returns the
-hidden states entering the attention and the head's query/key maps:
+forward pre-hook of an attention module with the arguments of that call. It reads the
+projections from the module's weights and returns the hidden states entering the attention,
+the per-head query / key maps and the position terms, so that the head's logits are
 
-    q_h(x) = W_q[h] x + b_q[h],   k_h(x) = W_k[h] x + b_k[h]          (W_q[h], W_k[h]: (d_h, d))
-    logit of query token k for key token t:  scale * q_h(x_k) . k_h(x_t)   (scale = 1/sqrt(d_h))
+    q_h(x) = W_q[h] x + b_q[h],   k_h(y) = W_k[h] y + b_k[h]          (W_q[h], W_k[h]: (d_h, d))
+    logit of query k for key t:  scale * (R_k q_h(x_k)) . (R_t k_h(y_t)) + b_h(k, t)
 
-Dropping the terms that do not depend on the key t (they cancel in the softmax), in the
-keys-on-the-left convention of docs/theory.md §2 (a_{kt} = x_t^T W z with z = x_k):
+with y = x (self-attention) or the encoder outputs (cross-attention), R_p the rotary
+rotation of position p (identity without RoPE), b_h an additive position bias (T5) and
+scale = 1/sqrt(d_h) unless the module says otherwise. Grouped-query attention: the key head
+of query head h is h // (H / H_kv); ``W_k`` is returned expanded to H heads. Nothing here needs
+the attention matrix, so extraction works under SDPA / flash attention; the tracker checks
+every extraction against the model's own eager attention (:func:`attnsvm.track.heads.analyse_call`).
+
+Without rotation or bias, dropping the terms that do not depend on the key t (they cancel in
+the softmax), in the keys-on-the-left convention of docs/theory.md §2 (a_{kt} = x_t^T W z):
 
     a_{kt} = x_t^T W_h x_k + u_h^T x_t + const(k),
     W_h = scale * W_k[h]^T W_q[h]   (d x d, rank <= d_h),   u_h = scale * W_k[h]^T b_q[h].
 
-(b_k never matters.) Built in: ``torch.nn.MultiheadAttention`` (self-attention calls),
-Hugging Face BERT / RoBERTa / DistilBERT (``nn.Linear`` q/k, rows = output features),
-GPT-2 (``Conv1D`` c_attn: ``x @ weight + bias``, weight (d, 3d), so W_q = weight[:, :d]^T;
-causal) and ViT. :func:`register_extractor` adds a class; a ``Tracker`` also accepts
-extractors per module name.
+Built in (``SUPPORTED_MODEL_TYPES``, verified by tests/test_track_architectures.py):
+``torch.nn.MultiheadAttention``; Hugging Face GPT-2, BERT, RoBERTa, DistilBERT, ViT, Llama,
+Qwen2, Mistral, Gemma, Phi, GPT-NeoX, OPT, BART and T5 (self-, causal and cross-attention).
+:func:`register_extractor` adds a class; a ``Tracker`` also accepts extractors per module
+name. :func:`check_config` refuses an unsupported Hugging Face config before any weight is
+loaded.
 """
 
 from __future__ import annotations
@@ -37,6 +46,11 @@ __all__ = [
     "split_heads",
     "allowed_from_mask",
     "MASKED_BELOW",
+    "SUPPORTED",
+    "SUPPORTED_MODEL_TYPES",
+    "UnsupportedModelError",
+    "check_config",
+    "rotary_matrices",
 ]
 
 # additive masks: entries <= this are "masked" (HF uses finfo.min, older code -10000)
@@ -47,17 +61,25 @@ Extractor = Callable[[torch.nn.Module, tuple, dict], "AttentionCall"]
 
 @dataclass
 class AttentionCall:
-    """One call of a self-attention module (tensors detached; any dtype / device).
+    """One call of an attention module (tensors detached; any dtype / device).
 
-    hidden:  (N, T, d) tokens entering the attention (queries = keys = hidden).
-    W_q, W_k: (H, d_h, d) per-head query / key maps (q_h = W_q[h] x + b_q[h]).
+    hidden:  (N, T, d) tokens entering the attention (the queries; also the keys unless
+             ``keys`` is given).
+    W_q, W_k: (H, d_h, d) per-head query / key maps (q_h = W_q[h] x + b_q[h]); for
+             grouped-query attention W_k[h] is the key head shared by query head h.
     b_q, b_k: (H, d_h) or None.
     scale:   logits = scale * q . k; None means 1 / sqrt(d_h).
     causal:  query k sees keys t <= k only.
-    allowed: (N, T, T) bool [query, key] (padding etc.) or None (all); ``causal`` is applied
-             on top. A query is valid iff it may attend to itself (padded queries may not).
-    attn:    (N, H, T, T) the probabilities the module itself returned, if any (filled by the
-             tracker from the module's output; used only to check the recomputation).
+    allowed: (N, T, S) bool [query, key] (padding etc.) or None (all); ``causal`` is applied
+             on top. A self-attention query is valid iff it may attend to itself (padded
+             queries may not); a cross-attention query iff it may attend to some key.
+    attn:    (N, H, T, S) the probabilities the module itself returned, if any (filled by the
+             tracker from the module's eager output; used only to check the recomputation).
+    keys:    (N, S, d) key tokens of a cross-attention call (encoder outputs), None for
+             self-attention.
+    rotary:  (N, T, d_h, d_h) rotation R_p of each position (rotary embeddings): the head
+             compares R_k q_h(x_k) with R_t k_h(x_t); None = no rotation.
+    pos_bias: (N or 1, H, T, S) additive position bias b_h(k, t) (T5), or None.
     """
 
     hidden: torch.Tensor
@@ -69,6 +91,9 @@ class AttentionCall:
     causal: bool = False
     allowed: torch.Tensor | None = None
     attn: torch.Tensor | None = None
+    keys: torch.Tensor | None = None
+    rotary: torch.Tensor | None = None
+    pos_bias: torch.Tensor | None = None
 
     @property
     def n_heads(self) -> int:
@@ -85,6 +110,16 @@ class AttentionCall:
         """The logit scale: ``scale`` when given, else 1 / sqrt(d_head)."""
         return float(self.scale) if self.scale is not None else 1.0 / math.sqrt(self.d_head)
 
+    @property
+    def kind(self) -> str:
+        """'cross', 'causal' or 'self'."""
+        return "cross" if self.keys is not None else ("causal" if self.causal else "self")
+
+    @property
+    def key_tokens(self) -> torch.Tensor:
+        """(N, S, d): ``keys`` for cross-attention, else ``hidden``."""
+        return self.hidden if self.keys is None else self.keys
+
     def detached(self) -> AttentionCall:
         """A copy whose tensors are detached from autograd (what the tracker stores)."""
         from dataclasses import replace
@@ -93,7 +128,8 @@ class AttentionCall:
             return t.detach() if torch.is_tensor(t) else t
 
         return replace(self, **{f: det(getattr(self, f)) for f in
-                                ("hidden", "W_q", "W_k", "b_q", "b_k", "allowed", "attn")})
+                                ("hidden", "W_q", "W_k", "b_q", "b_k", "allowed", "attn", "keys",
+                                 "rotary", "pos_bias")})
 
     def validate(self, where: str = "extractor") -> AttentionCall:
         """Check shapes (clear errors for user-written extractors); returns self."""
@@ -102,6 +138,13 @@ class AttentionCall:
             raise ValueError(f"{where}: hidden must be a (N, T, d) tensor; got "
                              f"{tuple(x.shape) if torch.is_tensor(x) else type(x).__name__}")
         N, T, d = x.shape
+        S = T
+        if self.keys is not None:
+            if not torch.is_tensor(self.keys) or self.keys.dim() != 3 or \
+                    self.keys.shape[0] != N or self.keys.shape[2] != d:
+                raise ValueError(f"{where}: keys must have shape ({N}, S, {d}); got "
+                                 f"{tuple(getattr(self.keys, 'shape', ()))}")
+            S = self.keys.shape[1]
         for name in ("W_q", "W_k"):
             w = getattr(self, name)
             if not torch.is_tensor(w) or w.dim() != 3 or w.shape[2] != d:
@@ -115,9 +158,19 @@ class AttentionCall:
             b = getattr(self, name)
             if b is not None and tuple(b.shape) != (H, dh):
                 raise ValueError(f"{where}: {name} must have shape ({H}, {dh}); got {tuple(b.shape)}")
-        if self.allowed is not None and tuple(self.allowed.shape) != (N, T, T):
-            raise ValueError(f"{where}: allowed must have shape ({N}, {T}, {T}); got "
+        if self.allowed is not None and tuple(self.allowed.shape) != (N, T, S):
+            raise ValueError(f"{where}: allowed must have shape ({N}, {T}, {S}); got "
                              f"{tuple(self.allowed.shape)}")
+        if self.rotary is not None:
+            if self.keys is not None:
+                raise ValueError(f"{where}: rotary embeddings in cross-attention are not supported")
+            if tuple(self.rotary.shape) != (N, T, dh, dh):
+                raise ValueError(f"{where}: rotary must have shape ({N}, {T}, {dh}, {dh}); got "
+                                 f"{tuple(self.rotary.shape)}")
+        if self.pos_bias is not None and (self.pos_bias.dim() != 4 or self.pos_bias.shape[0] not in (1, N)
+                                          or tuple(self.pos_bias.shape[1:]) != (H, T, S)):
+            raise ValueError(f"{where}: pos_bias must have shape (1 or {N}, {H}, {T}, {S}); got "
+                             f"{tuple(self.pos_bias.shape)}")
         return self
 
 
@@ -143,8 +196,10 @@ def _hidden(args, kwargs, names=("hidden_states", "x", "query")):
     raise ValueError("could not find the hidden states (first argument) of the attention call")
 
 
-def allowed_from_mask(mask, N: int, T: int, *, true_means_masked: bool = False) -> torch.Tensor:
-    """(N, T, T) bool [query, key] from a Hugging Face / PyTorch attention mask.
+def allowed_from_mask(mask, N: int, T: int, *, true_means_masked: bool = False,
+                      S: int | None = None) -> torch.Tensor:
+    """(N, T, S) bool [query, key] from a Hugging Face / PyTorch attention mask (S = T unless
+    given: cross-attention).
 
     Accepted: None (all allowed); bool (True = attend, or True = masked when
     ``true_means_masked``, PyTorch's convention); additive float masks (0 = attend,
@@ -154,30 +209,32 @@ def allowed_from_mask(mask, N: int, T: int, *, true_means_masked: bool = False) 
     """
     if mask is None:
         return None
+    S = T if S is None else S
     m = mask
     if m.dtype == torch.bool:
         a = ~m if true_means_masked else m
-    elif m.dim() == 2 and m.shape == (N, T) and not m.is_floating_point():
+    elif m.dim() == 2 and m.shape == (N, S) and not m.is_floating_point():
         a = m != 0  # HF-style 2-D key-padding mask of 0 / 1
     else:
         mf = m.to(torch.float64)
         a = mf > MASKED_BELOW
         bad = a & (mf != 0)
         if bool(bad.any()):
-            raise ValueError("additive attention bias other than a 0 / -inf mask (e.g. ALiBi or "
-                             "relative positions) is not supported: the logits are not "
-                             "x_t^T W x_k + u^T x_t")
-    if a.dim() == 2 and a.shape == (N, T):
-        a = a[:, None, :].expand(N, T, T)
+            raise ValueError("additive attention bias other than a 0 / -inf mask (e.g. ALiBi) "
+                             "is not supported: the logits are not x_t^T W x_k + u^T x_t")
+    if a.dim() == 2 and a.shape == (N, S):
+        a = a[:, None, :].expand(N, T, S)
     elif a.dim() == 2:
-        a = a[None].expand(N, T, T)
+        a = a[None].expand(N, T, S)
     elif a.dim() == 4:
         if a.shape[1] > 1 and not bool((a == a[:, :1]).all()):
             raise ValueError("attention masks that differ between heads are not supported")
         a = a[:, 0]
-    a = a.expand(N, T, T) if a.shape[0] == 1 else a
-    if tuple(a.shape) != (N, T, T):
-        raise ValueError(f"attention mask of shape {tuple(mask.shape)} does not fit N={N}, T={T}")
+    if a.dim() == 3 and a.shape[1] == 1:  # (N, 1, S) key padding broadcast over queries
+        a = a.expand(a.shape[0], T, S)
+    a = a.expand(N, T, S) if a.shape[0] == 1 else a
+    if tuple(a.shape) != (N, T, S):
+        raise ValueError(f"attention mask of shape {tuple(mask.shape)} does not fit N={N}, T={T}, S={S}")
     return a
 
 
@@ -185,14 +242,101 @@ def _n_heads(module) -> int:
     for name in ("num_attention_heads", "num_heads", "n_heads", "n_head"):
         if isinstance(getattr(module, name, None), int):
             return getattr(module, name)
+    cfg = getattr(module, "config", None)
+    for name in ("num_attention_heads", "num_heads", "n_head"):
+        if isinstance(getattr(cfg, name, None), int):
+            return getattr(cfg, name)
     raise ValueError(f"{type(module).__name__}: no head count attribute (num_attention_heads / "
                      "num_heads / n_heads)")
+
+
+def _bound(module, args, kwargs) -> dict:
+    """The call's arguments by name (positional ones bound to the forward's signature)."""
+    import inspect
+
+    try:
+        ba = inspect.signature(module.forward).bind_partial(*args, **kwargs)
+    except TypeError:
+        return dict(kwargs)
+    out = dict(ba.arguments)
+    out.update(out.pop("kwargs", {}) or {})
+    return out
 
 
 def _no_cross(kwargs, module):
     if kwargs.get("encoder_hidden_states") is not None or getattr(module, "is_cross_attention", False):
         raise ValueError(f"{type(module).__name__}: cross-attention calls are not supported "
-                         "(the tracker follows self-attention)")
+                         "for this module (the tracker follows its self-attention)")
+
+
+def rotary_matrices(module, cos: torch.Tensor, sin: torch.Tensor, d_head: int) -> torch.Tensor:
+    """(N, T, d_h, d_h) rotation R_p of every position, obtained by applying the module's own
+    ``apply_rotary_pos_emb`` (from the module's source file, so its convention: rotate-half or
+    interleaved pairs) to the identity. cos, sin: (N or 1, T, D), D = rotated dimensions; with
+    D < d_h (partial rotary: Phi, GPT-NeoX) the first D coordinates are rotated, the rest kept.
+    """
+    import sys
+
+    apply = getattr(sys.modules.get(type(module).__module__), "apply_rotary_pos_emb", None)
+    if apply is None:
+        raise ValueError(f"{type(module).__name__}: rotary embeddings but no apply_rotary_pos_emb "
+                         "in its module")
+    n, T, D = cos.shape
+    eye = torch.eye(D, dtype=cos.dtype, device=cos.device)
+    basis = eye[None, :, None, :].expand(n, D, T, D).contiguous()  # "heads" = basis vectors
+    rot, _ = apply(basis, basis, cos, sin)  # rot[n, j, p] = R_p e_j
+    R = rot.permute(0, 2, 3, 1)  # (n, T, D, D): column j = R_p e_j
+    if D < d_head:
+        full = torch.eye(d_head, dtype=R.dtype, device=R.device).repeat(n, T, 1, 1)
+        full[..., :D, :D] = R
+        R = full
+    elif D != d_head:
+        raise ValueError(f"{type(module).__name__}: rotary dimension {D} > head dimension {d_head}")
+    return R
+
+
+def _expand_kv(w, H):
+    """(H_kv, ...) -> (H, ...): query head h uses key head h // (H / H_kv) (grouped-query)."""
+    if w is None or w.shape[0] == H:
+        return w
+    if H % w.shape[0]:
+        raise ValueError(f"{H} query heads are not a multiple of {w.shape[0]} key heads")
+    return w.repeat_interleave(H // w.shape[0], dim=0)
+
+
+def _lin(lin):
+    return lin.weight, lin.bias
+
+
+def _hf_call(module, kw, Wq, bq, Wk, bk, *, mask_name="attention_mask", cross_name=None,
+             causal=None, rotary=True, scale=None) -> AttentionCall:
+    """An AttentionCall from output-major projection weights Wq (H d_h, d), Wk (H_kv d_h, d)."""
+    x = kw.get("hidden_states", kw.get("x"))
+    if not torch.is_tensor(x):
+        x = next((v for v in kw.values() if torch.is_tensor(v) and v.dim() == 3), None)
+    if x is None:
+        raise ValueError("could not find the hidden states of the attention call")
+    keys = kw.get(cross_name) if cross_name else None
+    keys = keys if torch.is_tensor(keys) else None
+    N, T, _ = x.shape
+    S = T if keys is None else keys.shape[1]
+    H = _n_heads(module)
+    dh = Wq.shape[0] // H
+    W_q, W_k = split_heads(Wq, H), _expand_kv(split_heads(Wk, Wk.shape[0] // dh), H)
+    b_q = _bias(bq, H)
+    b_k = _expand_kv(None if bk is None else bk.reshape(-1, dh), H)
+    R = None
+    pe = kw.get("position_embeddings")
+    if rotary and isinstance(pe, (tuple, list)) and len(pe) == 2 and torch.is_tensor(pe[0]):
+        R = rotary_matrices(module, pe[0], pe[1], dh)
+        R = R.expand(N, *R.shape[1:]) if R.shape[0] == 1 else R
+    mask = kw.get(mask_name)
+    is_causal = bool(getattr(module, "is_causal", False)) if causal is None else causal
+    return AttentionCall(
+        hidden=x, W_q=W_q, W_k=W_k, b_q=b_q, b_k=b_k,
+        scale=float(getattr(module, "scaling", 1.0 / math.sqrt(dh))) if scale is None else scale,
+        causal=is_causal and keys is None, keys=keys, rotary=R,
+        allowed=allowed_from_mask(mask if torch.is_tensor(mask) else None, N, T, S=S))
 
 
 # ---------------------------------------------------------------------------- built-ins
@@ -202,42 +346,90 @@ def hf_linear(q_name: str, k_name: str) -> Extractor:
 
     def extract(module, args, kwargs) -> AttentionCall:
         _no_cross(kwargs, module)
-        x = _hidden(args, kwargs)
-        N, T, _ = x.shape
-        H = _n_heads(module)
+        kw = _bound(module, args, kwargs)
         q, k = getattr(module, q_name), getattr(module, k_name)
-        mask = kwargs.get("attention_mask", args[1] if len(args) > 1 else None)
-        dh = q.weight.shape[0] // H
-        return AttentionCall(
-            hidden=x, W_q=split_heads(q.weight, H), W_k=split_heads(k.weight, H),
-            b_q=_bias(q.bias, H), b_k=_bias(k.bias, H),
-            scale=float(getattr(module, "scaling", 1.0 / math.sqrt(dh))),
-            causal=bool(getattr(module, "is_causal", False)),
-            allowed=allowed_from_mask(mask if torch.is_tensor(mask) else None, N, T))
+        return _hf_call(module, kw, *_lin(q), *_lin(k), rotary=False)
 
     return extract
+
+
+def hf_decoder(module, args, kwargs) -> AttentionCall:
+    """Llama, Qwen2, Mistral, Gemma, Phi, OPT (``q_proj`` / ``k_proj``; grouped-query key
+    heads expanded; rotary rotations from the call's ``position_embeddings`` (cos, sin) through
+    the module's own apply_rotary_pos_emb; OPT scales q, bias included, by ``scaling``, which is
+    the same logit)."""
+    for norm in ("q_layernorm", "q_norm", "k_layernorm", "k_norm"):
+        if isinstance(getattr(module, norm, None), torch.nn.Module):
+            raise ValueError(f"{type(module).__name__}: a normalisation of q / k ({norm}) makes the "
+                             "logit non-bilinear in the tokens: not supported")
+    kw = _bound(module, args, kwargs)
+    return _hf_call(module, kw, *_lin(module.q_proj), *_lin(module.k_proj))
+
+
+def hf_bart(module, args, kwargs) -> AttentionCall:
+    """BART attention: encoder self-attention, causal decoder self-attention, and decoder
+    cross-attention (``key_value_states`` = the encoder outputs: the papers' cross-attention)."""
+    kw = _bound(module, args, kwargs)
+    return _hf_call(module, kw, *_lin(module.q_proj), *_lin(module.k_proj),
+                    cross_name="key_value_states", rotary=False)
+
+
+def hf_t5(module, args, kwargs) -> AttentionCall:
+    """T5 attention: no 1/sqrt(d_h) (scaling 1), no q / k bias, a learned relative position
+    bias b_h(t - k) (bucketed) added to the logits: taken from the call's ``position_bias``
+    (layers after the first reuse the first one's) or computed by the module; encoder
+    self-attention, causal decoder self-attention and cross-attention (``key_value_states``)."""
+    kw = _bound(module, args, kwargs)
+    call = _hf_call(module, kw, module.q.weight, None, module.k.weight, None, mask_name="mask",
+                    cross_name="key_value_states", rotary=False,
+                    causal=bool(getattr(module, "is_decoder", False)),
+                    scale=float(getattr(module, "scaling", 1.0)))
+    N, T, _ = call.hidden.shape
+    S = call.key_tokens.shape[1]
+    pb = kw.get("position_bias")
+    if not torch.is_tensor(pb):
+        if getattr(module, "has_relative_attention_bias", False):
+            pb = module.compute_bias(T, S, device=call.hidden.device)
+        else:
+            pb = None
+    if pb is not None:
+        pb = pb[..., -T:, :S]
+        call.pos_bias = pb
+    return call
 
 
 def hf_gpt2(module, args, kwargs) -> AttentionCall:
     """GPT-2 ``GPT2Attention``: c_attn is a ``Conv1D`` computing ``x @ weight + bias`` with
     weight (d, 3d) = [W_q^T | W_k^T | W_v^T]; causal."""
     _no_cross(kwargs, module)
-    x = _hidden(args, kwargs)
-    N, T, d = x.shape
-    H = _n_heads(module)
+    kw = _bound(module, args, kwargs)
+    x = kw.get("hidden_states")
+    x = x if torch.is_tensor(x) else args[0]
+    d = x.shape[-1]
     w, b = module.c_attn.weight, module.c_attn.bias
-    dh = d // H
     if hasattr(module, "scaling"):
         scale = float(module.scaling)
     else:  # older transformers
-        scale = 1.0 / math.sqrt(dh) if getattr(module, "scale_attn_weights", True) else 1.0
+        scale = 1.0 / math.sqrt(d // _n_heads(module)) if getattr(module, "scale_attn_weights", True) else 1.0
         if getattr(module, "scale_attn_by_inverse_layer_idx", False):
             scale /= float(module.layer_idx + 1)
-    mask = kwargs.get("attention_mask")
-    return AttentionCall(
-        hidden=x, W_q=split_heads(w[:, :d].T, H), W_k=split_heads(w[:, d:2 * d].T, H),
-        b_q=_bias(b[:d], H), b_k=_bias(b[d:2 * d], H), scale=scale, causal=True,
-        allowed=allowed_from_mask(mask if torch.is_tensor(mask) else None, N, T))
+    kw["hidden_states"] = x
+    return _hf_call(module, kw, w[:, :d].T, b[:d], w[:, d:2 * d].T, b[d:2 * d], causal=True,
+                    rotary=False, scale=scale)
+
+
+def hf_neox(module, args, kwargs) -> AttentionCall:
+    """GPT-NeoX: fused ``query_key_value`` whose output is per head [q_h | k_h | v_h] (3 d_h
+    rows each); partial rotary embeddings (the first rotary_ndims coordinates)."""
+    kw = _bound(module, args, kwargs)
+    H = _n_heads(module)
+    w = module.query_key_value.weight
+    b = module.query_key_value.bias
+    dh = w.shape[0] // (3 * H)
+    w3 = w.reshape(H, 3, dh, -1)
+    b3 = None if b is None else b.reshape(H, 3, dh)
+    return _hf_call(module, kw, w3[:, 0].reshape(H * dh, -1), None if b3 is None else b3[:, 0].reshape(-1),
+                    w3[:, 1].reshape(H * dh, -1), None if b3 is None else b3[:, 1].reshape(-1))
 
 
 _MHA_ARGS = ("query", "key", "value", "key_padding_mask", "need_weights", "attn_mask",
@@ -282,6 +474,19 @@ def torch_mha(module, args, kwargs) -> AttentionCall:
         scale=1.0 / math.sqrt(E // H), causal=bool(call.get("is_causal") or False), allowed=allowed)
 
 
+def _mha_weights_kwargs(module, args, kwargs):
+    """Pre-hook rewrite for nn.MultiheadAttention: ask for per-head weights (need_weights=True,
+    average_attn_weights=False) so that the extraction can be checked against them."""
+    kwargs = dict(kwargs)
+    names = _MHA_ARGS[:len(args)]
+    for i, n in enumerate(names):
+        if n in ("need_weights", "average_attn_weights"):
+            args = args[:i]
+            break
+    kwargs.update(need_weights=True, average_attn_weights=False)
+    return args, kwargs
+
+
 # class name -> (required attributes, extractor); a class matches when it has the attributes
 _BUILTIN: dict[str, tuple[tuple[str, ...], Extractor]] = {
     "BertSelfAttention": (("query", "key"), hf_linear("query", "key")),
@@ -290,12 +495,56 @@ _BUILTIN: dict[str, tuple[tuple[str, ...], Extractor]] = {
     "ViTAttention": (("q_proj", "k_proj"), hf_linear("q_proj", "k_proj")),
     "DistilBertSelfAttention": (("q_lin", "k_lin"), hf_linear("q_lin", "k_lin")),
     "GPT2Attention": (("c_attn",), hf_gpt2),
+    "LlamaAttention": (("q_proj", "k_proj"), hf_decoder),
+    "Qwen2Attention": (("q_proj", "k_proj"), hf_decoder),
+    "MistralAttention": (("q_proj", "k_proj"), hf_decoder),
+    "GemmaAttention": (("q_proj", "k_proj"), hf_decoder),
+    "PhiAttention": (("q_proj", "k_proj"), hf_decoder),
+    "OPTAttention": (("q_proj", "k_proj"), hf_decoder),
+    "GPTNeoXAttention": (("query_key_value",), hf_neox),
+    "BartAttention": (("q_proj", "k_proj"), hf_bart),
+    "T5Attention": (("q", "k"), hf_t5),
 }
 _USER: dict[type, Extractor] = {}
 
-SUPPORTED = ("torch.nn.MultiheadAttention", "transformers BERT (BertSelfAttention)",
-             "RoBERTa (RobertaSelfAttention)", "DistilBERT (DistilBertSelfAttention)",
-             "GPT-2 (GPT2Attention, causal)", "ViT (ViTAttention / ViTSelfAttention)")
+# Hugging Face model_type -> family name (what tests/test_track_architectures.py verifies)
+SUPPORTED_MODEL_TYPES: dict[str, str] = {
+    "gpt2": "GPT-2", "bert": "BERT", "roberta": "RoBERTa", "distilbert": "DistilBERT",
+    "vit": "ViT", "llama": "Llama", "qwen2": "Qwen2", "mistral": "Mistral", "gemma": "Gemma",
+    "phi": "Phi", "gpt_neox": "GPT-NeoX", "opt": "OPT", "bart": "BART", "t5": "T5",
+}
+
+SUPPORTED = ("torch.nn.MultiheadAttention",
+             *(f"{v} ({k})" for k, v in SUPPORTED_MODEL_TYPES.items()))
+
+
+class UnsupportedModelError(ValueError):
+    """A model whose attention the tracker cannot express exactly (named before loading)."""
+
+
+def _families() -> str:
+    return ", ".join(f"{v} ({k})" for k, v in SUPPORTED_MODEL_TYPES.items())
+
+
+def check_config(config) -> str:
+    """Refuse an unsupported Hugging Face config (a ``PretrainedConfig`` or its dict) before any
+    weight is loaded; returns the family name. Raises :class:`UnsupportedModelError` naming
+    the model type, what is wrong and the supported families."""
+    get = config.get if isinstance(config, dict) else (lambda k, d=None: getattr(config, k, d))
+    mt = get("model_type")
+    if mt not in SUPPORTED_MODEL_TYPES:
+        raise UnsupportedModelError(
+            f"model type {mt!r} is not supported by attnsvm's attention extractors; supported "
+            f"families: {_families()} (or register an extractor, docs/tracking.md)")
+    pet = get("position_embedding_type", "absolute")
+    if mt in ("bert", "roberta") and pet not in (None, "absolute"):
+        raise UnsupportedModelError(
+            f"{mt} with position_embedding_type={pet!r}: relative-key logits are not bilinear "
+            "in the tokens; only 'absolute' is supported")
+    if mt == "phi" and get("qk_layernorm", False):
+        raise UnsupportedModelError("phi with qk_layernorm=True: normalised q / k make the logit "
+                                    "non-bilinear in the tokens; not supported")
+    return SUPPORTED_MODEL_TYPES[mt]
 
 
 def register_extractor(cls: type, extract: Extractor) -> None:
@@ -322,8 +571,6 @@ def builtin_extractor(module) -> Extractor | None:
 def _looks_like_attention(name: str, module) -> bool:
     s = (name.rsplit(".", 1)[-1] + " " + type(module).__name__).lower()
     return "attn" in s or "attention" in s
-
-
 def find_attention(model: torch.nn.Module, modules=None, extractors=None) -> list[tuple[str, torch.nn.Module, Extractor]]:
     """[(name, module, extractor)] of the self-attention modules to track, in model order.
 
@@ -333,6 +580,9 @@ def find_attention(model: torch.nn.Module, modules=None, extractors=None) -> lis
     no extractor.
     """
     extractors = dict(extractors or {})
+    cfg = getattr(model, "config", None)
+    if not extractors and modules is None and getattr(cfg, "model_type", None) in SUPPORTED_MODEL_TYPES:
+        check_config(cfg)  # family-specific options the extractors cannot express
     by_name = {k: v for k, v in extractors.items() if isinstance(k, str)}
     by_cls = {k: v for k, v in extractors.items() if isinstance(k, type)}
     named = dict(model.named_modules())
@@ -371,8 +621,10 @@ def find_attention(model: torch.nn.Module, modules=None, extractors=None) -> lis
                  if n and _looks_like_attention(n, m)]
         hint = (f"; modules that look like attention: {', '.join(cands[:6])}"
                 + (" ..." if len(cands) > 6 else "")) if cands else ""
-        raise ValueError(
-            f"no supported attention module in {type(model).__name__}{hint}. Supported: "
+        mt = getattr(cfg, "model_type", None)
+        raise UnsupportedModelError(
+            f"no supported attention module in {type(model).__name__}"
+            f"{f' (model type {mt!r})' if mt else ''}{hint}. Supported: "
             f"{', '.join(SUPPORTED)}; for another module pass extractors={{'name': fn}} or "
             "register_extractor(cls, fn) (docs/tracking.md)")
     return found

@@ -55,7 +55,14 @@ from .extract import AttentionCall
 
 __all__ = [
     "TrackConfig",
+    "RecomputeError",
+    "RECOMPUTE_TOL",
+    "head_logits",
     "recompute_attention",
+    "recompute_error",
+    "check_recompute",
+    "rotary_basis",
+    "rotary_subspace",
     "attention_stats",
     "head_subspace",
     "subspace_tokens",
@@ -78,6 +85,11 @@ class TrackConfig:
     bias:          "augment" (exact logits, constant-1 query coordinate) or "ignore".
     svm:           False skips the SVM and the nulls (sparsity and norms only).
     seed:          seeds the query sample and the nulls (with step, layer and head).
+    check:         raise RecomputeError when the recomputed attention differs from the model's
+                   own (eager) attention by more than ``recompute_tol`` (default by the dtype
+                   the model ran in: 1e-6 float64, 1e-3 float32, 3e-2 half precision).
+    max_unknowns:  a head SVM with more unknowns (entries of its matrix; rotary heads: the
+                   lifted L r_k x r_q matrix) is skipped with a status instead of solved.
     """
 
     min_attention: float = 0.0
@@ -87,6 +99,9 @@ class TrackConfig:
     bias: str = "augment"
     svm: bool = True
     seed: int = 0
+    check: bool = True
+    recompute_tol: float | None = None
+    max_unknowns: int = 250_000
 
     def __post_init__(self):
         if self.bias not in ("augment", "ignore"):
@@ -95,43 +110,101 @@ class TrackConfig:
             raise ValueError(f"min_attention must be in [0, 1]; got {self.min_attention}")
         if self.max_queries < 1 or self.null_draws < 0 or self.rot_draws < 0:
             raise ValueError("max_queries must be >= 1, null_draws and rot_draws >= 0")
+        if self.recompute_tol is not None and not self.recompute_tol > 0:
+            raise ValueError(f"recompute_tol must be > 0 or None; got {self.recompute_tol}")
 
 
 # ------------------------------------------------------------------------ attention
+class RecomputeError(ValueError):
+    """The extracted head does not reproduce the model's own (eager) attention: a wrong or
+    unsupported extractor. Raised instead of returning statistics of the wrong matrix."""
+
+
+# default recompute tolerance on the attention probabilities, by the dtype the model ran in
+RECOMPUTE_TOL = {torch.float64: 1e-6, torch.float32: 1e-3, torch.float16: 3e-2, torch.bfloat16: 3e-2}
+
+
 def _allowed(call: AttentionCall) -> torch.Tensor:
     N, T, _ = call.hidden.shape
+    S = call.key_tokens.shape[1]
     dev = call.hidden.device
     a = (call.allowed.to(dev).bool() if call.allowed is not None
-         else torch.ones(N, T, T, dtype=torch.bool, device=dev))
+         else torch.ones(N, T, S, dtype=torch.bool, device=dev))
     if call.causal:
-        a = a & torch.ones(T, T, dtype=torch.bool, device=dev).tril()
+        a = a & torch.ones(T, S, dtype=torch.bool, device=dev).tril(S - T)
     return a
+
+
+def _query_valid(call: AttentionCall, allowed: torch.Tensor) -> torch.Tensor:
+    if call.keys is None:
+        return allowed.diagonal(dim1=-2, dim2=-1)
+    return allowed.any(-1)
+
+
+@torch.no_grad()
+def head_logits(call: AttentionCall) -> torch.Tensor:
+    """(N, H, T, S) float64 logits [query, key] of every head, before masking:
+    scale (R_k (W_q x_k + b_q)) . (R_t (W_k y_t + b_k)) + b_h(k, t) (y = keys for cross-attention;
+    R = identity without rotary embeddings, b = 0 without a position bias)."""
+    x = call.hidden.detach().to(torch.float64)
+    y = call.key_tokens.detach().to(x.device, torch.float64)
+    Wq = call.W_q.detach().to(x.device, torch.float64)
+    Wk = call.W_k.detach().to(x.device, torch.float64)
+    q = torch.einsum("ntd,hrd->nhtr", x, Wq)
+    k = torch.einsum("ntd,hrd->nhtr", y, Wk)
+    if call.b_q is not None:
+        q = q + call.b_q.detach().to(x.device, torch.float64)[None, :, None, :]
+    if call.b_k is not None:
+        k = k + call.b_k.detach().to(x.device, torch.float64)[None, :, None, :]
+    if call.rotary is not None:
+        R = call.rotary.detach().to(x.device, torch.float64)
+        q = torch.einsum("ntab,nhtb->nhta", R, q)
+        k = torch.einsum("ntab,nhtb->nhta", R, k)
+    logits = call.scale_ * q @ k.transpose(-1, -2)
+    if call.pos_bias is not None:
+        logits = logits + call.pos_bias.detach().to(x.device, torch.float64)
+    return logits
 
 
 @torch.no_grad()
 def recompute_attention(call: AttentionCall):
     """(s, allowed, query_valid) in float64 on the call's device.
 
-    s (N, H, T, T) [query, key] = softmax_t(scale (W_q x_k + b_q) . (W_k x_t + b_k)) over the
-    allowed keys (0 on rows of invalid queries); allowed (N, T, T) with causality applied;
-    query_valid (N, T) = allowed[n, k, k] (a query is valid iff it may attend to itself).
+    s (N, H, T, S) [query, key] = softmax_t of :func:`head_logits` over the allowed keys (0 on
+    rows of invalid queries); allowed (N, T, S) with causality applied; query_valid (N, T) =
+    allowed[n, k, k] for self-attention (a query is valid iff it may attend to itself), any
+    allowed key for cross-attention.
     """
-    x = call.hidden.detach().to(torch.float64)
-    Wq = call.W_q.detach().to(x.device, torch.float64)
-    Wk = call.W_k.detach().to(x.device, torch.float64)
-    q = torch.einsum("ntd,hrd->nhtr", x, Wq)
-    k = torch.einsum("ntd,hrd->nhtr", x, Wk)
-    if call.b_q is not None:
-        q = q + call.b_q.detach().to(x.device, torch.float64)[None, :, None, :]
-    if call.b_k is not None:
-        k = k + call.b_k.detach().to(x.device, torch.float64)[None, :, None, :]
     allowed = _allowed(call)
-    logits = call.scale_ * q @ k.transpose(-1, -2)
-    logits = logits.masked_fill(~allowed[:, None], float("-inf"))
-    qv = allowed.diagonal(dim1=-2, dim2=-1)
+    logits = head_logits(call).masked_fill(~allowed[:, None], float("-inf"))
+    qv = _query_valid(call, allowed)
     s = torch.softmax(logits, -1)
     s = torch.where(qv[:, None, :, None], s, torch.zeros((), dtype=s.dtype, device=s.device))
     return s, allowed, qv
+
+
+def recompute_error(call: AttentionCall, s: np.ndarray, allowed: np.ndarray, qv: np.ndarray) -> float:
+    """max |s_recomputed - s_model| over valid queries and allowed keys (probabilities, so
+    absolute = relative to the row's mass 1); NaN when the model returned no attention."""
+    if call.attn is None or tuple(call.attn.shape) != s.shape:
+        return float("nan")
+    ref = call.attn.detach().to(torch.float64).cpu().numpy()
+    both = qv[:, None, :, None] & allowed[:, None]
+    return float(np.abs(np.where(both, s - ref, 0.0)).max()) if both.any() else 0.0
+
+
+def check_recompute(call: AttentionCall, err: float, tol: float | None = None, where: str = "") -> None:
+    """Raise :class:`RecomputeError` when ``err`` exceeds ``tol`` (default by the dtype the
+    model ran in: ``RECOMPUTE_TOL``)."""
+    if not np.isfinite(err):
+        return
+    if tol is None:
+        tol = RECOMPUTE_TOL.get(call.attn.dtype if call.attn is not None else torch.float64, 1e-3)
+    if err > tol:
+        raise RecomputeError(
+            f"{where or 'attention module'}: the extracted heads do not reproduce the model's own "
+            f"attention (max |recomputed - model| = {err:.3g} > tolerance {tol:g}): wrong or "
+            "unsupported extractor; no statistics were computed from it")
 
 
 def attention_stats(attn, allowed, query_valid=None) -> dict:
@@ -147,10 +220,10 @@ def attention_stats(attn, allowed, query_valid=None) -> dict:
     """
     attn = np.asarray(attn, dtype=np.float64)
     allowed = np.asarray(allowed, dtype=bool)
-    N, H, T, _ = attn.shape
+    N, H, T, S = attn.shape
     if allowed.ndim == 2:
         qv = allowed if query_valid is None else np.asarray(query_valid, bool)
-        allowed = np.broadcast_to(allowed[:, None, :], (N, T, T))
+        allowed = np.broadcast_to(allowed[:, None, :], (N, T, S))
     else:
         qv = (np.diagonal(allowed, axis1=1, axis2=2) if query_valid is None
               else np.asarray(query_valid, bool))
@@ -159,8 +232,9 @@ def attention_stats(attn, allowed, query_valid=None) -> dict:
     mx = attn.max(-1)
     am = attn.argmax(-1)
     first_key = allowed.argmax(-1)  # (N, T) first allowed key of each query
-    first_tok = qv.argmax(-1)
-    last_tok = T - 1 - qv[:, ::-1].argmax(-1)
+    kv = qv if allowed.shape[1] == allowed.shape[2] else allowed.any(1)  # valid keys (cross: S)
+    first_tok = kv.argmax(-1)
+    last_tok = kv.shape[-1] - 1 - kv[:, ::-1].argmax(-1)
     special = (am == first_tok[:, None, None]) | (am == last_tok[:, None, None])
     q = np.broadcast_to(qv[:, None, :], ss.shape)
     nq = np.maximum(q.sum((0, 2)), 1)
@@ -213,19 +287,99 @@ def subspace_tokens(hidden, U_Q, U_K, bias: str = "augment"):
     return keys, queries
 
 
+def rotary_basis(R, rtol: float = 1e-10):
+    """Lift of rotary embeddings into fixed matrices (docs/theory.md, "today's attention").
+
+    R: (N, T, d_h, d_h) rotation of each position. The head compares R_k q with R_t k, i.e.
+    q^T G(k, t) k with G(k, t) = R_k^T R_t. All G lie in a fixed L-dimensional space of
+    d_h x d_h matrices (RoPE: the 2x2 blocks' identities and rotation generators, L = d_h for
+    full rotary; + 1 identity block for partial rotary); with an orthonormal (Frobenius) basis
+    B_l of it, G(k, t) = sum_l g_l(k, t) B_l. Returns B (L, d_h, d_h) (from the SVD of the
+    first sequence's G) and g (N, T, T, L) = <R_k B_l, R_t>_F for every sequence.
+    """
+    R = np.asarray(R, np.float64)
+    N, T, dh, _ = R.shape
+    # the span is found from the pairs (0, t) and (k, 0) of the first sequence (RoPE: every
+    # offset -(T-1)..T-1); analyse_call checks the lifted logits of every SVM pair
+    rows = np.concatenate([np.matmul(R[0, :1].transpose(0, 2, 1), R[0]),
+                           np.matmul(R[0].transpose(0, 2, 1), R[0, :1])]).reshape(2 * T, dh * dh)
+    _, sv, Vt = np.linalg.svd(rows, full_matrices=False)
+    B = Vt[sv > rtol * sv.max()].reshape(-1, dh, dh)
+    L = len(B)
+    P = np.matmul(R[:, :, None], B[None, None])  # (N, T, L, dh, dh): R_k B_l
+    g = np.matmul(P.reshape(N, T * L, dh * dh), R.reshape(N, T, dh * dh).transpose(0, 2, 1))
+    return B, g.reshape(N, T, L, T).transpose(0, 1, 3, 2)
+
+
+def rotary_subspace(W_q, W_k, b_q, b_k, scale, B, bias: str = "augment") -> dict:
+    """One rotary head's lifted key-query algebra (float64 numpy).
+
+    With homogeneous tokens x^ = [x; 1] (bias="augment") or x^ = x ("ignore"), projections
+    Wq^ = [W_q | b_q], Wk^ = [W_k | b_k] (d_h, d + 1) and orthonormal bases U_Q, U_K of
+    span(Wq^T), span(Wk^T), the head's logit of query k for key t is exactly
+
+        sum_l g_l(k, t) (U_K^T x^_t)^T M_l (U_Q^T x^_k),   M_l = U_K^T (scale Wk^T B_l^T Wq^) U_Q,
+
+    i.e. x~_t^T M z with the lifted key x~_t = [g_l(k, t) U_K^T x^_t]_l (L r_k) and the stacked
+    matrix M = [M_1; ...; M_L] (L r_k x r_q): the papers' ATT-SVM in the lifted key space.
+    Also returns W = scale W_k^T W_q and u = scale W_k^T b_q (the offset-0 content matrix).
+    """
+    Wq = np.asarray(W_q, np.float64)
+    Wk = np.asarray(W_k, np.float64)
+    dh = Wq.shape[0]
+    scale = 1.0 / math.sqrt(dh) if scale is None else float(scale)
+    W = scale * Wk.T @ Wq
+    bq = np.zeros(dh) if b_q is None else np.asarray(b_q, np.float64)
+    bk = np.zeros(dh) if b_k is None else np.asarray(b_k, np.float64)
+    u = scale * Wk.T @ bq
+    if bias == "augment":
+        Wq, Wk = np.concatenate([Wq, bq[:, None]], 1), np.concatenate([Wk, bk[:, None]], 1)
+    U_Q, U_K = _orth(Wq.T), _orth(Wk.T)
+    Kt, Qt = U_K.T @ Wk.T, Wq @ U_Q  # (r_k, d_h), (d_h, r_q)
+    Ms = scale * np.matmul(np.matmul(Kt[None], np.asarray(B, np.float64).transpose(0, 2, 1)), Qt[None])
+    return dict(W=W, u=u, U_Q=U_Q, U_K=U_K, M=Ms.reshape(-1, Ms.shape[-1]), d_head=dh, L=len(Ms),
+                homogeneous=bias == "augment", rotary=True)
+
+
+def _pairs(allowed, attn_h, qv, min_attention, max_queries, rng):
+    a = np.where(allowed, np.asarray(attn_h, np.float64), -1.0)
+    mx, am = a.max(-1), a.argmax(-1)
+    pairs = np.argwhere(qv & (mx >= min_attention))  # (n, 2): sentence, query
+    n_elig = len(pairs)
+    if max_queries is not None and len(pairs) > max_queries:
+        rng = rng if rng is not None else np.random.default_rng(0)
+        pairs = pairs[np.sort(rng.choice(len(pairs), max_queries, replace=False))]
+    return pairs, n_elig, mx, am
+
+
 def selection_problem(hidden, allowed, attn_h, sub, bias="augment", min_attention=0.0,
-                      max_queries=None, rng=None, query_valid=None) -> dict:
+                      max_queries=None, rng=None, query_valid=None, keys_hidden=None,
+                      lift=None) -> dict:
     """The head's selections as a cross-attention ATT-SVM instance in its subspace.
 
-    hidden: (N, T, d) input of the attention; allowed: (N, T, T) bool [query, key] (or (N, T)
-    key padding); attn_h: (N, T, T) the head's attention [query, key]; sub: :func:`head_subspace`.
-    Returns dict X (n, T, r) keys, z (n, r or r + 1) queries, alpha (n,) selected keys,
-    mask (n, T) keys each query may see (keys identical to the selected one in the head's key
+    hidden: (N, T, d) input of the attention (queries); keys_hidden: (N, S, d) key tokens of a
+    cross-attention call (default: hidden); allowed: (N, T, S) bool [query, key] (or (N, T)
+    key padding); attn_h: (N, T, S) the head's attention [query, key]; sub:
+    :func:`head_subspace`, or :func:`rotary_subspace` with ``lift`` = g (N, T, T, L) from
+    :func:`rotary_basis` (keys lifted per query: x~_t = [g_l(k, t) U_K^T x^_t]_l).
+    Returns dict X (n, S, r) keys, z (n, r or r + 1) queries, alpha (n,) selected keys,
+    mask (n, S) keys each query may see (keys identical to the selected one in the head's key
     space excluded: no W separates them), pairs (n, 2) = (sentence, query), n_eligible (queries
     passing the threshold before subsampling), sel_prob (n,) attention on alpha and n_tied
     (excluded identical keys).
     """
-    keys, queries = subspace_tokens(np.asarray(hidden, np.float64), sub["U_Q"], sub["U_K"], bias)
+    x = np.asarray(hidden, np.float64)
+    y = x if keys_hidden is None else np.asarray(keys_hidden, np.float64)
+    if sub.get("homogeneous"):
+        def hom(a):
+            return np.concatenate([a, np.ones(a.shape[:-1] + (1,))], -1)
+
+        keys, queries = hom(y) @ sub["U_K"], hom(x) @ sub["U_Q"]
+    elif sub.get("rotary"):
+        keys, queries = y @ sub["U_K"], x @ sub["U_Q"]
+    else:
+        keys, _ = subspace_tokens(y, sub["U_Q"], sub["U_K"], bias)
+        _, queries = subspace_tokens(x, sub["U_Q"], sub["U_K"], bias)
     allowed = np.asarray(allowed, bool)
     N, T = allowed.shape[:2]
     if allowed.ndim == 2:
@@ -234,15 +388,11 @@ def selection_problem(hidden, allowed, attn_h, sub, bias="augment", min_attentio
     else:
         qv = (np.diagonal(allowed, axis1=1, axis2=2) if query_valid is None
               else np.asarray(query_valid, bool))
-    a = np.where(allowed, np.asarray(attn_h, np.float64), -1.0)
-    mx, am = a.max(-1), a.argmax(-1)
-    pairs = np.argwhere(qv & (mx >= min_attention))  # (n, 2): sentence, query
-    n_elig = len(pairs)
-    if max_queries is not None and len(pairs) > max_queries:
-        rng = rng if rng is not None else np.random.default_rng(0)
-        pairs = pairs[np.sort(rng.choice(len(pairs), max_queries, replace=False))]
+    pairs, n_elig, mx, am = _pairs(allowed, attn_h, qv, min_attention, max_queries, rng)
     i, k = pairs[:, 0], pairs[:, 1]
     X, alpha, mask = keys[i], am[i, k], allowed[i, k]
+    if lift is not None:  # rotary: (n, S, L, r) -> (n, S, L r)
+        X = (np.asarray(lift)[i, k][..., None] * X[:, :, None, :]).reshape(len(i), X.shape[1], -1)
     # keys equal to the selected one in the head's key space (a repeated token without position
     # information) get the same logit from every W: they are not constraints
     n = len(alpha)
@@ -287,14 +437,18 @@ def _haar(rng, D, r):
     return Q * np.sign(np.diagonal(R, axis1=1, axis2=2))[:, None, :]
 
 
-def rotation_null(M, W_mm, draws: int, rng, bias: str = "augment") -> np.ndarray:
-    """corr(R_K M R_Q^T (bias column R_K b), W_mm) for ``draws`` Haar rotations: (draws,)."""
-    r = M.shape[0]
+def rotation_null(M, W_mm, draws: int, rng, bias: str = "augment", blocks: int = 1) -> np.ndarray:
+    """corr(R_K M R_Q^T (bias column R_K b), W_mm) for ``draws`` Haar rotations: (draws,).
+    ``blocks`` > 1 (rotary lift, M = [M_1; ...; M_L]): the same R_K rotates every block's key
+    coordinates, R_K M_l R_Q^T."""
+    r = M.shape[0] // blocks
     rq = M.shape[1] - (1 if bias == "augment" else 0)
     RK, RQ = _haar(rng, draws, r), _haar(rng, draws, rq)
-    rot = RK @ M[:, :rq] @ RQ.transpose(0, 2, 1)
+    Mb = M.reshape(blocks, r, M.shape[1])
+    rot = np.einsum("dab,lbc->dlac", RK, Mb[:, :, :rq]) @ RQ.transpose(0, 2, 1)[:, None]
     if bias == "augment":
-        rot = np.concatenate([rot, RK @ M[:, rq:]], axis=2)
+        rot = np.concatenate([rot, np.einsum("dab,lbc->dlac", RK, Mb[:, :, rq:])], axis=3)
+    rot = rot.reshape(draws, blocks * r, M.shape[1])
     return np.asarray(correlation(rot, W_mm[None]), np.float64)
 
 
@@ -306,7 +460,7 @@ _SVM_EMPTY = dict(feasible=False, status="", corr_mm=np.nan, margin_ratio=np.nan
                   corr_rot_max=np.nan, svm_seconds=0.0)
 
 
-def _svm_row(M, prob, cfg: TrackConfig, rng):
+def _svm_row(M, prob, cfg: TrackConfig, rng, bias=None, blocks=1):
     """SVM of the head's selection, its certificate, and both nulls."""
     t0 = time.perf_counter()
     row = dict(_SVM_EMPTY)
@@ -320,7 +474,7 @@ def _svm_row(M, prob, cfg: TrackConfig, rng):
             svm_violation=float(sol.violation_), svm_gap=float(sol.gap_),
             svm_kkt=float(sol.kkt_residual_), n_support=int(np.sum(sol.support_)))
         if cfg.rot_draws:
-            rc = rotation_null(M, Wmm, cfg.rot_draws, rng, cfg.bias)
+            rc = rotation_null(M, Wmm, cfg.rot_draws, rng, cfg.bias if bias is None else bias, blocks)
             row.update(corr_rot_mean=float(rc.mean()), corr_rot_std=float(rc.std()),
                        corr_rot_q95=float(np.quantile(rc, 0.95)), corr_rot_max=float(rc.max()))
     nc, nr = [], []
@@ -340,14 +494,17 @@ def _svm_row(M, prob, cfg: TrackConfig, rng):
 
 
 def analyse_call(call: AttentionCall, cfg: TrackConfig | None = None, *, key=(0,),
-                 selections: bool = True, matrices: bool = False):
+                 selections: bool = True, matrices: bool = False, where: str = ""):
     """All per-head statistics of one attention call.
 
     key: integers seeding this call's sample and nulls (with cfg.seed), e.g. (step, layer).
+    The recomputed attention is first checked against the probabilities the model returned
+    (``call.attn``): past ``cfg.recompute_tol`` (default by dtype, ``RECOMPUTE_TOL``) a
+    :class:`RecomputeError` is raised (``where`` names the module).
     Returns (rows, selections, matrices): rows a list of dicts, one per head (columns in
     docs/tracking.md); selections a DataFrame (head, seq, query, key, prob, in_svm) of every
     valid query's argmax key or None; matrices {head: {W, u, W_mm, u_mm}} (full d-space, W_mm
-    mapped back: U_K W_mm U_Q^T) or None.
+    mapped back: U_K W_mm U_Q^T; rotary heads: the lifted M and W_mm instead) or None.
     """
     import pandas as pd
 
@@ -355,51 +512,79 @@ def analyse_call(call: AttentionCall, cfg: TrackConfig | None = None, *, key=(0,
     finite = all(bool(torch.isfinite(t).all()) for t in (call.hidden, call.W_q, call.W_k, call.b_q)
                  if t is not None)
     if not finite:  # a diverged run: say so in every row instead of failing inside an SVD
-        rows = [dict(head=h, causal=bool(call.causal), status="non-finite inputs or weights",
-                     feasible=False) for h in range(call.n_heads)]
+        rows = [dict(head=h, causal=bool(call.causal), kind=call.kind,
+                     status="non-finite inputs or weights", feasible=False)
+                for h in range(call.n_heads)]
         return rows, None, ({} if matrices else None)
     s_t, allowed_t, qv_t = recompute_attention(call)
     s = s_t.cpu().numpy()
     allowed = allowed_t.cpu().numpy()
     qv = qv_t.cpu().numpy()
+    err = recompute_error(call, s, allowed, qv)
+    if cfg.check:
+        check_recompute(call, err, cfg.recompute_tol, where)
     x = call.hidden.detach().to(torch.float64).cpu().numpy()
-    err = np.nan
-    if call.attn is not None and tuple(call.attn.shape) == s.shape:
-        ref = call.attn.detach().to(torch.float64).cpu().numpy()
-        both = qv[:, None, :, None] & allowed[:, None]
-        err = float(np.abs(np.where(both, s - ref, 0.0)).max())
+    y = None if call.keys is None else call.keys.detach().to(torch.float64).cpu().numpy()
     st = attention_stats(s, allowed, qv)
     Wq = call.W_q.detach().to(torch.float64).cpu().numpy()
     Wk = call.W_k.detach().to(torch.float64).cpu().numpy()
     bq = None if call.b_q is None else call.b_q.detach().to(torch.float64).cpu().numpy()
+    bk = None if call.b_k is None else call.b_k.detach().to(torch.float64).cpu().numpy()
+    lift = B = None
+    if call.rotary is not None:
+        B, lift = rotary_basis(call.rotary.detach().cpu().numpy())
+        logits_all = head_logits(call).cpu().numpy()
     H = call.n_heads
     rows, mats = [], {}
     in_svm = np.zeros((x.shape[0], H, x.shape[1]), bool)
     for h in range(H):
         rng = np.random.default_rng((cfg.seed, *[int(k) for k in key], h))
-        sub = head_subspace(Wq[h], Wk[h], None if bq is None else bq[h], call.scale_, cfg.bias)
+        if lift is None:
+            sub = head_subspace(Wq[h], Wk[h], None if bq is None else bq[h], call.scale_, cfg.bias)
+        else:
+            sub = rotary_subspace(Wq[h], Wk[h], None if bq is None else bq[h],
+                                  None if bk is None else bk[h], call.scale_, B, cfg.bias)
         M, r = sub["M"], sub["U_K"].shape[1]
-        ub = np.linalg.norm(sub["U_K"].T @ sub["u"])
-        row = dict(head=h, causal=bool(call.causal), n_queries=int(qv.sum()),
+        ub = np.linalg.norm(sub["U_K"].T @ sub["u"]) if lift is None else np.linalg.norm(sub["u"])
+        row = dict(head=h, causal=bool(call.causal), kind=call.kind, n_queries=int(qv.sum()),
                    **{k: float(v[h]) for k, v in st.items()},
                    wqk_norm=float(np.linalg.norm(sub["W"])),
                    bias_share=float(ub / math.hypot(np.linalg.norm(sub["W"]), ub)) if ub > 0 else 0.0,
-                   rank=int(r), recompute_err=err)
+                   rank=int(r), lift_dim=int(sub.get("L", 1)), lifted_norm=float(np.linalg.norm(M)),
+                   recompute_err=err)
         if cfg.svm:
             prob = selection_problem(x, allowed, s[:, h], sub, cfg.bias, cfg.min_attention,
-                                     cfg.max_queries, rng, qv)
+                                     cfg.max_queries, rng, qv, keys_hidden=y, lift=lift)
             n = len(prob["alpha"])
             in_svm[prob["pairs"][:, 0], h, prob["pairs"][:, 1]] = True
             row.update(n_eligible=int(prob["n_eligible"]), n_svm=n, n_tied=prob["n_tied"],
                        sel_prob=float(prob["sel_prob"].mean()) if n else np.nan)
-            if n >= 1:
-                svm, sol = _svm_row(M, prob, cfg, rng)
+            if lift is not None and n:  # the lift reproduces the head's logits (self-check)
+                lg = np.einsum("nsd,de,ne->ns", prob["X"], M, prob["z"])
+                ref = logits_all[prob["pairs"][:, 0], h, prob["pairs"][:, 1]]
+                ia = np.arange(n)
+                d = (lg - lg[ia, prob["alpha"]][:, None]) - (ref - ref[ia, prob["alpha"]][:, None])
+                bad = np.abs(np.where(allowed[prob["pairs"][:, 0], prob["pairs"][:, 1]], d, 0)).max()
+                if bad > 1e-8 * max(1.0, np.abs(ref).max()):
+                    raise RecomputeError(f"{where or 'attention module'}: the rotary lift does not "
+                                         f"reproduce head {h}'s logits (error {bad:.3g})")
+            unknowns = M.size
+            if n >= 1 and unknowns > cfg.max_unknowns:
+                svm, sol = dict(_SVM_EMPTY, status=f"SVM too large ({unknowns} unknowns > "
+                                f"max_unknowns={cfg.max_unknowns})"), None
+            elif n >= 1:
+                svm, sol = _svm_row(M, prob, cfg, rng, None if lift is None else "ignore",
+                                    1 if lift is None else sub["L"])
             else:
                 svm, sol = dict(_SVM_EMPTY, status="no query passes min_attention"), None
             row.update(svm, null_draws=cfg.null_draws, rot_draws=cfg.rot_draws)
             if matrices:
                 mats[h] = dict(W=sub["W"], u=sub["u"])
-                if sol is not None and sol.feasible_:
+                if lift is not None:
+                    mats[h]["M"] = M
+                    if sol is not None and sol.feasible_:
+                        mats[h]["W_mm_lifted"] = np.asarray(sol.W_)
+                elif sol is not None and sol.feasible_:
                     Wmm = np.asarray(sol.W_)
                     mats[h]["W_mm"] = sub["U_K"] @ Wmm[:, :sub["U_Q"].shape[1]] @ sub["U_Q"].T
                     if cfg.bias == "augment":

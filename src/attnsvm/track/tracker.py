@@ -11,6 +11,7 @@ the matrices (``matrices``).
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
@@ -18,10 +19,15 @@ import numpy as np
 import pandas as pd
 import torch
 
-from .extract import AttentionCall, find_attention
+from .extract import AttentionCall, _mha_weights_kwargs, find_attention, torch_mha
 from .heads import TrackConfig, analyse_call
 
-__all__ = ["Tracker", "track", "log_steps"]
+__all__ = ["Tracker", "track", "log_steps", "TRACKER_DEFAULT"]
+
+# the tracker's default per-record work: 8 queries per head SVM and no random-selection SVMs
+# (the rotation null costs no solve); light enough for the default time budget on rotary
+# decoders (a full TrackConfig() record of a d = 128 rotary decoder costs ~8 000 training steps)
+TRACKER_DEFAULT = TrackConfig(max_queries=8, null_draws=0)
 
 
 def log_steps(last: int, n: int = 20, first: int = 0) -> list[int]:
@@ -53,9 +59,17 @@ class Tracker:
     inputs:  the probe batch: a dict (``model(**inputs)``), a tuple (``model(*inputs)``), a
              tensor (``model(inputs)``) or a callable ``inputs(model)``. Same batch at every
              step, on the model's device.
-    every / steps: record when ``step % every == 0`` or when ``step in steps``; neither: at
-             every call of :meth:`step`.
-    config:  :class:`~attnsvm.track.heads.TrackConfig` (SVM sizes, nulls, bias handling).
+    every / steps: record when ``step % every == 0`` or when ``step in steps``.
+    budget:  neither given (the default schedule): record at the first call of :meth:`step`
+             and then whenever the time spent recording is at most ``budget`` (default 0.05)
+             of the wall time since that first call: the tracker's overhead stays near
+             ``budget`` of the training time whatever the model and step cost (records land
+             log-like: dense while recording is cheap relative to the elapsed time).
+             Steps depend on timing; pass ``steps=log_steps(...)`` for reproducible ones.
+             ``budget=None``: every call of :meth:`step` records.
+    config:  :class:`~attnsvm.track.heads.TrackConfig` (SVM sizes, nulls, bias handling);
+             default ``TRACKER_DEFAULT`` = TrackConfig(max_queries=8, null_draws=0) (pass
+             ``config=TrackConfig()`` for 32 queries and 2 random-selection SVMs per head).
     modules, extractors: restrict to module names / supply extractors
              ({name or class: fn(module, args, kwargs) -> AttentionCall}).
     matrices: keep W, u, W_mm per (step, layer, head) in ``self.matrices`` (float64; d x d each).
@@ -73,14 +87,19 @@ class Tracker:
                  steps: Iterable[int] | None = None, config: TrackConfig | None = None,
                  modules=None, extractors=None, matrices: bool = False,
                  selections: bool = True, out: str | Path | None = None, progress: Callable | None = None,
-                 **tags):
+                 budget: float | None = 0.05, **tags):
         if every is not None and every < 1:
             raise ValueError(f"every must be >= 1; got {every}")
+        if budget is not None and not 0 < budget <= 1:
+            raise ValueError(f"budget must be in (0, 1] or None; got {budget}")
+        self.budget = budget
+        self._t0: float | None = None  # first step() call (budget schedule)
+        self.spent = 0.0  # seconds spent recording
         self.model = model
         self.inputs = inputs
         self.every = every
         self.steps = None if steps is None else {int(s) for s in steps}
-        self.config = config or TrackConfig()
+        self.config = config or TRACKER_DEFAULT
         self.keep_matrices = matrices
         self.keep_selections = selections
         self.out = None if out is None else Path(out)
@@ -99,13 +118,17 @@ class Tracker:
             return int(step) in self.steps
         if self.every is not None:
             return int(step) % self.every == 0
-        return True
+        if self.budget is None or self._t0 is None or not self._rows:
+            return True  # budget schedule: the first call records (the initialisation)
+        return self.spent <= self.budget * (time.perf_counter() - self._t0)
 
     def step(self, step: int | None = None, **tags) -> pd.DataFrame | None:
         """Call once per training step (``step``: your counter; default an internal one).
         Records and returns that step's rows when it is due, else None."""
         s = self._count if step is None else int(step)
         self._count = s + 1
+        if self._t0 is None:
+            self._t0 = time.perf_counter()
         return self.record(s, **tags) if self.due(s) else None
 
     # ------------------------------------------------------------------ recording
@@ -131,15 +154,22 @@ class Tracker:
         def post(name):
             def hook(module, args, kwargs, output):
                 call = got.get(name)
-                if call is not None and call.attn is None and isinstance(output, tuple) \
-                        and len(output) > 1 and torch.is_tensor(output[1]) and output[1].dim() == 4:
-                    call.attn = output[1].detach()
+                if call is None or call.attn is not None or not isinstance(output, tuple):
+                    return
+                want = (call.hidden.shape[0], call.n_heads, call.hidden.shape[1],
+                        call.key_tokens.shape[1])
+                cands = [o for o in output[1:] if torch.is_tensor(o) and tuple(o.shape) == want]
+                if cands:  # T5 also returns its position bias (1, H, T, S): shape tells apart
+                    call.attn = cands[-1].detach()
             return hook
 
         was_training = self.model.training
         self.model.eval()
+        restore = self._eager()
         try:
             for name, mod, ext in self.attention:
+                if ext is torch_mha and self.config.check:
+                    handles.append(mod.register_forward_pre_hook(_mha_weights_kwargs, with_kwargs=True))
                 handles.append(mod.register_forward_pre_hook(pre(name, ext), with_kwargs=True))
                 handles.append(mod.register_forward_hook(post(name), with_kwargs=True))
             with torch.no_grad():
@@ -152,6 +182,7 @@ class Tracker:
         finally:
             for h in handles:
                 h.remove()
+            restore()
             self.model.train(was_training)
         missing = [n for n, _, _ in self.attention if n not in got]
         if missing:
@@ -159,15 +190,28 @@ class Tracker:
                              "on the probe inputs")
         return [(n, got[n]) for n, _, _ in self.attention]
 
+    def _eager(self):
+        """Switch a Hugging Face model to eager attention for the probe pass (so that its own
+        attention probabilities are returned and every extraction is checked against them);
+        returns the function restoring the user's implementation (SDPA, flash...)."""
+        cfg = getattr(self.model, "config", None)
+        impl = getattr(cfg, "_attn_implementation", None)
+        setter = getattr(self.model, "set_attn_implementation", None)
+        if not self.config.check or impl in (None, "eager") or setter is None:
+            return lambda: None
+        setter("eager")
+        return lambda: setter(impl)
+
     def record(self, step: int | None = None, inputs=None, **tags) -> pd.DataFrame:
         """Record now (whatever the schedule); returns this step's rows (also kept in ``table``)."""
+        t_start = time.perf_counter()
         s = self._count if step is None else int(step)
         tags = {**self.tags, **tags}
         frames, sels = [], []
         for layer, (name, call) in enumerate(self.capture(inputs)):
             rows, sel, mats = analyse_call(call, self.config, key=(s, layer),
                                            selections=self.keep_selections,
-                                           matrices=self.keep_matrices)
+                                           matrices=self.keep_matrices, where=f"module {name!r}")
             f = pd.DataFrame(rows)
             f.insert(0, "module", name)
             f.insert(0, "layer", layer)
@@ -191,6 +235,7 @@ class Tracker:
             for k, v in tags.items():
                 sel[k] = v
             self._sel.append(sel)
+        self.spent += time.perf_counter() - t_start
         return tab
 
     # ------------------------------------------------------------------ results
