@@ -1,4 +1,4 @@
-"""Which max-margin problem does a trained rotary (RoPE) head approach? (docs/theory.md, "The
+"""Which max-margin problem does a trained rotary (RoPE) head approach? (docs/theory.md §11, "The
 attention SVM of today's models").
 
 One factored RoPE head, q = W_Q z, k_t = W_K x_t (W_Q, W_K: d_h x d), the query at position T
