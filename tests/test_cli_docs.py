@@ -18,13 +18,16 @@ PENDING: set[str] = set()  # pages or names documented ahead of their code (none
 
 SECTIONS = ["1. Data", "2. Models", "3. Losses", "4. Token scores and optimality",
             "5. Max-margin problems", "6. Optimisers", "7. Metrics along a run",
-            "8. Numerical stability", "9. Predictions the papers make"]
+            "8. Numerical stability", "9. Predictions the papers make",
+            "10. Next-token prediction: the Graph-SVM",
+            "11. The attention SVM of today's models (multi-head, grouped-query, rotary, T5, "
+            "cross-attention)"]
 
 
 def test_theory_keeps_the_section_numbers_the_docstrings_cite():
     text = (DOCS / "theory.md").read_text()
-    assert re.findall(r"^## (\d\. .*)$", text, flags=re.M) == SECTIONS
-    subsections = set(re.findall(r"^### (\d\.\d+) ", text, flags=re.M))
+    assert re.findall(r"^## (\d+\. .*)$", text, flags=re.M) == SECTIONS
+    subsections = set(re.findall(r"^### (\d+\.\d+) ", text, flags=re.M))
     cited = set()
     for path in SRC.rglob("*.py"):
         for ref in re.findall(r"(?:THEORY(?:\.md)?|theory(?:\.md)?) (§[\d.,§ -]+)",
@@ -32,7 +35,7 @@ def test_theory_keeps_the_section_numbers_the_docstrings_cite():
             cited |= set(re.findall(r"\d+(?:\.\d+)?", ref))
     for page in PAGES:
         cited |= set(re.findall(r"theory §(\d+(?:\.\d+)?)", page.read_text()))
-        cited |= set(re.findall(r"§(\d\.\d+)", page.read_text()))
+        cited |= set(re.findall(r"§(\d+\.\d+)", page.read_text()))
     assert cited, "no citation found: the pattern is wrong"
     missing = {c for c in cited if ("." in c and c not in subsections)
                or ("." not in c and not 1 <= int(c) <= len(SECTIONS))}
