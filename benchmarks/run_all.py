@@ -2,7 +2,9 @@
 
     python benchmarks/run_all.py [--quick] [NAME ...]
 
-NAME: train, svm, fig9 (the default set), fig9-scale (mmts-fig9 at 100,000 trials per d in
+NAME: train, svm, fig9, graph (the NTP Graph-SVM), tracker (the tracker's overhead per
+training step; these five are the default set), cuda (the CUDA engine against the CPU
+engines; prints that there is no device and exits without one), fig9-scale (mmts-fig9 at 100,000 trials per d in
 chunks of 10,000, then as a Dask sweep on 2 local workers: about an hour on a 2-core
 machine, so only when named). Each benchmark measures its own baseline in the same run and
 prints the ratio; ``--quick`` runs the small versions (a smoke test of the scripts, not
@@ -24,11 +26,14 @@ BENCHMARKS = {  # name: (script, arguments, arguments with --quick)
     "train": ("bench_train.py", [], ["--quick"]),
     "svm": ("bench_svm.py", [], ["--quick"]),
     "fig9": ("bench_fig9.py", [], ["--trials", "50", "--steps", "200", "--baseline-trials", "1"]),
+    "graph": ("bench_graph_svm.py", [], ["--quick"]),
+    "tracker": ("bench_tracker.py", [], ["--quick"]),
+    "cuda": ("bench_cuda.py", [], ["--B", "1000", "--d", "10", "--steps", "20"]),
     "fig9-scale": ("bench_fig9.py", ["--scale", "100000", "--chunk", "10000", "--threads", "2",
                                      "--dask", "2"],
                    ["--scale", "600", "--chunk", "300", "--steps", "200", "--dask", "2"]),
 }
-DEFAULT = ["train", "svm", "fig9"]
+DEFAULT = ["train", "svm", "fig9", "graph", "tracker"]
 
 
 def main(argv=None) -> int:
