@@ -34,6 +34,7 @@ from .extract import (
     register_extractor,
     split_heads,
 )
+from .graph import graph_problem
 from .heads import (
     RecomputeError,
     TrackConfig,
@@ -67,6 +68,7 @@ __all__ = [
     "solve_selection",
     "subspace_tokens",
     "log_steps",
+    "graph_problem",
     "SUPPORTED",
     "SUPPORTED_MODEL_TYPES",
     "UnsupportedModelError",

@@ -90,6 +90,11 @@ class TrackConfig:
                    the model ran in: 1e-6 float64, 1e-3 float32, 3e-2 half precision).
     max_unknowns:  a head SVM with more unknowns (entries of its matrix; rotary heads: the
                    lifted L r_k x r_q matrix) is skipped with a status instead of solved.
+    graph:         also solve the Graph-SVM of the head's own tokens at the last query of each
+                   sequence (next-token prediction; :mod:`attnsvm.track.graph`): graph_* columns.
+    graph_norms:   the Graph-SVM norms, ("fro",) by default (add "nuc" for (K, Q)'s geometry).
+    graph_mass:    None: each sequence's label is the token id of largest attention mass at its
+                   last query; a float: every id with mass > graph_mass (ntp-local's rule).
     """
 
     min_attention: float = 0.0
@@ -102,8 +107,17 @@ class TrackConfig:
     check: bool = True
     recompute_tol: float | None = None
     max_unknowns: int = 250_000
+    graph: bool = False
+    graph_norms: tuple = ("fro",)
+    graph_mass: float | None = None
 
     def __post_init__(self):
+        norms = (self.graph_norms,) if isinstance(self.graph_norms, str) else tuple(self.graph_norms)
+        if not norms or any(n not in ("fro", "nuc") for n in norms) or len(set(norms)) < len(norms):
+            raise ValueError(f"graph_norms must be distinct names among 'fro', 'nuc'; got {self.graph_norms!r}")
+        object.__setattr__(self, "graph_norms", norms)
+        if self.graph_mass is not None and not 0 < self.graph_mass < 1:
+            raise ValueError(f"graph_mass must be None or in (0, 1); got {self.graph_mass}")
         if self.bias not in ("augment", "ignore"):
             raise ValueError(f"bias must be 'augment' or 'ignore'; got {self.bias!r}")
         if not 0 <= self.min_attention <= 1:
@@ -530,9 +544,10 @@ def analyse_call(call: AttentionCall, cfg: TrackConfig | None = None, *, key=(0,
     Wk = call.W_k.detach().to(torch.float64).cpu().numpy()
     bq = None if call.b_q is None else call.b_q.detach().to(torch.float64).cpu().numpy()
     bk = None if call.b_k is None else call.b_k.detach().to(torch.float64).cpu().numpy()
-    lift = B = None
+    lift = B = logits_all = None
     if call.rotary is not None:
         B, lift = rotary_basis(call.rotary.detach().cpu().numpy())
+    if call.rotary is not None or cfg.graph:
         logits_all = head_logits(call).cpu().numpy()
     H = call.n_heads
     rows, mats = [], {}
@@ -591,6 +606,13 @@ def analyse_call(call: AttentionCall, cfg: TrackConfig | None = None, *, key=(0,
                         mats[h]["u_mm"] = sub["U_K"] @ Wmm[:, -1]
         elif matrices:
             mats[h] = dict(W=sub["W"], u=sub["u"])
+        if cfg.graph:
+            from .graph import graph_head
+
+            check = cfg.bias == "augment" or not np.any(sub["u"])
+            row.update(graph_head(x, s[:, h], allowed, qv, sub, cfg,
+                                  np.random.default_rng((cfg.seed, *[int(k) for k in key], h, 1)),
+                                  call, logits_all[:, h] if check else None))
         rows.append(row)
     sel = None
     if selections:
