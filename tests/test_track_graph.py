@@ -129,20 +129,24 @@ def test_graph_mass_threshold_takes_every_token_above_it():
         assert set(tok[prob["y"][i][prob["y"][i] >= 0]]) == want
 
 
-def test_the_logit_self_check_fails_on_tokens_that_do_not_reproduce_the_head():
+def test_the_logit_self_check_fails_on_tokens_that_do_not_reproduce_the_head(monkeypatch):
+    import attnsvm.track.heads as H
     from attnsvm.track.graph import graph_head
-    from attnsvm.track.heads import RecomputeError, head_logits, head_subspace, recompute_attention
 
     D = ntp_random(4, 6, 8, 8, seed=2)
     call = _ntp_call(D, np.random.default_rng(1).standard_normal((8, 8)))
-    s, allowed, qv = (t.numpy() for t in recompute_attention(call))
+    s, allowed, qv = (t.numpy() for t in H.recompute_attention(call))
     cfg = TrackConfig(graph=True)
-    sub = head_subspace(call.W_q[0].numpy(), call.W_k[0].numpy(), None, 1.0, cfg.bias)
-    lg = head_logits(call).numpy()[:, 0]
+    sub = H.head_subspace(call.W_q[0].numpy(), call.W_k[0].numpy(), None, 1.0, cfg.bias)
+    lg = H.head_logits(call).numpy()[:, 0]
     args = (call.hidden.numpy(), s[:, 0], allowed, qv, sub, cfg)
     ok = graph_head(*args, np.random.default_rng(0), call, lg)
-    assert ok["graph_status"] == "optimal" and np.isfinite(ok["graph_corr"])
+    assert ok["graph_status"] == "optimal" and ok["graph_logit_err"] < 1e-12
     bad = lg.copy()
     bad[0, -1, 0] += 1e-3  # one logit the tokens do not reproduce
-    with pytest.raises(RecomputeError, match="do not reproduce its logits"):
-        graph_head(*args, np.random.default_rng(0), call, bad)
+    assert graph_head(*args, np.random.default_rng(0), call, bad)["graph_logit_err"] > 1e-4
+    analyse_call(call, cfg, selections=False)  # passes as it is
+    real = H.head_logits
+    monkeypatch.setattr(H, "head_logits", lambda c: real(c) + 1e-3 * torch.rand(real(c).shape))
+    with pytest.raises(H.RecomputeError, match="do not reproduce its logits"):
+        analyse_call(call, cfg, selections=False)

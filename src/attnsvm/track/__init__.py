@@ -34,12 +34,12 @@ from .extract import (
     register_extractor,
     split_heads,
 )
-from .graph import graph_problem
 from .heads import (
     RecomputeError,
     TrackConfig,
     analyse_call,
     attention_stats,
+    graph_problem,
     head_subspace,
     recompute_attention,
     rotation_null,

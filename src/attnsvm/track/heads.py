@@ -71,6 +71,8 @@ __all__ = [
     "solve_selection",
     "rotation_null",
     "analyse_call",
+    "graph_problem",
+    "GRAPH_LOGIT_TOL",
 ]
 
 
@@ -134,6 +136,8 @@ class RecomputeError(ValueError):
     unsupported extractor. Raised instead of returning statistics of the wrong matrix."""
 
 
+# the Graph-SVM tokens reproduce the head's logits to this (relative to max(1, |logit|))
+GRAPH_LOGIT_TOL = 1e-8
 # default recompute tolerance on the attention probabilities, by the dtype the model ran in
 RECOMPUTE_TOL = {torch.float64: 1e-6, torch.float32: 1e-3, torch.float16: 3e-2, torch.bfloat16: 3e-2}
 
@@ -507,6 +511,39 @@ def _svm_row(M, prob, cfg: TrackConfig, rng, bias=None, blocks=1):
     return row, sol
 
 
+def graph_problem(call: AttentionCall, head: int, config: TrackConfig | None = None) -> dict:
+    """The Graph-SVM data of head ``head`` of an attention call, at the last query of each
+    sequence (next-token prediction; the formulas in :mod:`attnsvm.track.graph`).
+
+    call: an :class:`~attnsvm.track.extract.AttentionCall` (self-attention, no rotary
+    embedding or position bias); config: a :class:`TrackConfig` (``bias``, ``graph_mass``,
+    ``max_queries``, ``seed``). Returns dict: E (K', p') the distinct token vectors in the
+    head's space, seqs (N, T') token ids (query last), y (N, L) labels (-1 padding), exclude
+    (N, T') bool, W (p', p') the head's matrix in these coordinates (e_t^T W e_k = the head's
+    logit up to a per-query constant), basis U (d, p), sequences (N,) and query (N,) the probe
+    positions used; ``graph_svm(E, seqs, y, norm, exclude=exclude)`` is the head's Graph-SVM.
+    Raises ValueError naming the reason for a call without one.
+    """
+    from .graph import graph_data, unsupported
+
+    cfg = config or TrackConfig()
+    why = unsupported(call)
+    if why:
+        raise ValueError(f"no Graph-SVM for this call: {why}")
+    if isinstance(head, bool) or not 0 <= int(head) < call.n_heads:
+        raise ValueError(f"head must be an integer in [0, {call.n_heads}); got {head!r}")
+    s, allowed, qv = (t.cpu().numpy() for t in recompute_attention(call))
+    x = call.hidden.detach().double().cpu().numpy()
+    bq = None if call.b_q is None else call.b_q[head].detach().double().cpu().numpy()
+    sub = head_subspace(call.W_q[head].detach().double().cpu().numpy(),
+                        call.W_k[head].detach().double().cpu().numpy(), bq, call.scale_, cfg.bias)
+    rng = np.random.default_rng((cfg.seed, int(head)))
+    prob, why = graph_data(x, s[:, head], allowed, qv, sub, cfg.bias, cfg.graph_mass, cfg.max_queries, rng)
+    if prob is None:
+        raise ValueError(f"no Graph-SVM for this call: {why}")
+    return prob
+
+
 def analyse_call(call: AttentionCall, cfg: TrackConfig | None = None, *, key=(0,),
                  selections: bool = True, matrices: bool = False, where: str = ""):
     """All per-head statistics of one attention call.
@@ -609,10 +646,15 @@ def analyse_call(call: AttentionCall, cfg: TrackConfig | None = None, *, key=(0,
         if cfg.graph:
             from .graph import graph_head
 
-            check = cfg.bias == "augment" or not np.any(sub["u"])
+            check = cfg.bias == "augment" or not np.any(sub["u"])  # "ignore" drops u: no check
             row.update(graph_head(x, s[:, h], allowed, qv, sub, cfg,
                                   np.random.default_rng((cfg.seed, *[int(k) for k in key], h, 1)),
                                   call, logits_all[:, h] if check else None))
+            if row["graph_logit_err"] > GRAPH_LOGIT_TOL:
+                raise RecomputeError(
+                    f"{where or 'attention module'}: head {h}'s Graph-SVM tokens do not reproduce "
+                    f"its logits at the last query (error {row['graph_logit_err']:.3g} > "
+                    f"{GRAPH_LOGIT_TOL:g}): equal token vectors merged wrongly")
         rows.append(row)
     sel = None
     if selections:
