@@ -218,10 +218,18 @@ def judge(tables, cfg):
     checks = []
     for name, r in runs.groupby("optimizer", sort=False):
         share = float(r.saturated.mean())
+        pred = r.predicted.iloc[0]
+        a = atlas[atlas.optimizer == name].set_index("column")
+        sat = r[r.saturated]
+        med = {c: float(a.loc[c, "corr_median"]) if c in a.index else np.nan for c in COLUMNS}
+        measured = ("Median corr: " + ", ".join(f"{c} {med[c]:.4f}" for c in COLUMNS)
+                    + f"; Frobenius nearer in {float((sat.nearest == 'fro').mean()):.0%} of "
+                      f"{len(sat)} saturated runs")
         checks.append(CLAIMS["saturate"].check(
             f"{share:.0%} of {len(r)} runs saturated after {int(r.steps.iloc[0])} steps",
             bool(share >= 0.9), claim=_saturate_text(name),
-            note="a run that has not saturated has no converged direction; it is left out below"))
+            note="a run that has not saturated has no converged direction; it is left out below"
+                 + ("" if pred else f". No prediction for this row; measured: {measured}")))
         st = pd.concat([r.status_fro, r.status_nuc])
         okc = float(st.eq("optimal").mean())
         checks.append(CLAIMS["certified"].check(
@@ -230,16 +238,9 @@ def judge(tables, cfg):
         sep = float(r.fro_vs_nuc.median())
         checks.append(CLAIMS["differs"].check(f"median corr(W_fro, W_nuc) {sep:.4f}", bool(sep < CORR),
                                               claim=_differs_text(name)))
-        pred = r.predicted.iloc[0]
         if not pred:
             continue
-        a = atlas[atlas.optimizer == name].set_index("column")
-        sat = r[r.saturated]
-        med = {c: float(a.loc[c, "corr_median"]) if c in a.index else np.nan for c in COLUMNS}
-        note = (f"{next(x.source for x in ROWS if x.name == name)}. Median corr: "
-                + ", ".join(f"{c} {med[c]:.4f}" for c in COLUMNS)
-                + f"; Frobenius nearer in {float((sat.nearest == 'fro').mean()):.0%} of "
-                  f"{len(sat)} saturated runs")
+        note = f"{next(x.source for x in ROWS if x.name == name)}. {measured}"
         if pred == NEITHER:
             top = max(med.values()) if len(sat) else np.nan
             checks.append(CLAIMS["neither"].check(
