@@ -109,6 +109,9 @@ def test_graph_columns_off_by_default_and_unsupported_calls_get_a_status():
     call.keys = call.hidden.clone()
     (r,), _, _ = analyse_call(call, TrackConfig(svm=False, graph=True), selections=False)
     assert r["graph_status"].startswith("no Graph-SVM: cross-attention") and np.isnan(r["graph_corr"])
+    (r,), _, _ = analyse_call(call, TrackConfig(svm=False, graph=True, graph_norms=("fro", "nuc")),
+                              selections=False)
+    assert r["graph_status_nuc"].startswith("no Graph-SVM: cross-attention") and np.isnan(r["graph_norm_nuc"])
     with pytest.raises(ValueError, match="cross-attention"):
         graph_problem(call, 0)
     with pytest.raises(ValueError, match="graph_norms"):

@@ -42,8 +42,8 @@ from attnsvm.metrics import correlation
 
 __all__ = ["graph_data", "graph_head", "unsupported", "GRAPH_EMPTY"]
 
-GRAPH_EMPTY = dict(graph_status="", graph_logit_err=np.nan, graph_corr=np.nan, graph_norm=np.nan, graph_gap=np.nan,
-                   graph_tokens=0, graph_rows=0, graph_ties=0, graph_labels=0)
+GRAPH_EMPTY = dict(graph_status="", graph_logit_err=np.nan, graph_corr=np.nan, graph_norm=np.nan,
+                   graph_gap=np.nan, graph_tokens=0, graph_rows=0, graph_ties=0, graph_labels=0)
 
 
 def _basis(sub: dict) -> np.ndarray:
@@ -67,6 +67,8 @@ def graph_data(x, s_h, allowed, qv, sub, bias, mass, max_queries, rng):
         W_head = np.block([[W_head, (U.T @ sub["u"])[:, None]], [np.zeros((1, p + 1))]])
         e = np.concatenate([e, np.ones(e.shape[:-1] + (1,))], -1)
     seq_ok = np.nonzero(qv.any(1))[0]
+    if not len(seq_ok):
+        return None, "no valid query"
     if len(seq_ok) > max_queries:
         seq_ok = np.sort(rng.choice(seq_ok, max_queries, replace=False))
     qpos = np.array([np.nonzero(qv[n])[0][-1] for n in seq_ok], dtype=int)
@@ -130,17 +132,22 @@ def graph_head(x, s_h, allowed, qv, sub, cfg, rng, call=None, ref_logits=None) -
     ``ref_logits`` (N, T, T) the head's logits [query, key]: the self-check."""
     from attnsvm.svm import graph_svm
 
-    row = {}
     norms = tuple(cfg.graph_norms)
-    why = unsupported(call) if call is not None else ""
-    if why:
+
+    def empty(why):  # every column of every norm, with the reason as the status
+        out = dict(GRAPH_EMPTY)
         for i, nm in enumerate(norms):
             sfx = "" if i == 0 else f"_{nm}"
-            row.update({f"graph_corr{sfx}": np.nan, f"graph_status{sfx}": f"no Graph-SVM: {why}"})
-        return {**GRAPH_EMPTY, **row, "graph_status": f"no Graph-SVM: {why}"}
+            out.update({f"graph_corr{sfx}": np.nan, f"graph_norm{sfx}": np.nan,
+                        f"graph_gap{sfx}": np.nan, f"graph_status{sfx}": f"no Graph-SVM: {why}"})
+        return out
+
+    why = unsupported(call) if call is not None else ""
+    if why:
+        return empty(why)
     prob, why = graph_data(x, s_h, allowed, qv, sub, cfg.bias, cfg.graph_mass, cfg.max_queries, rng)
     if prob is None:
-        return {**GRAPH_EMPTY, "graph_status": f"no Graph-SVM: {why}"}
+        return empty(why)
     err = 0.0
     if ref_logits is not None:  # the tokens reproduce the head's logits (up to a constant per query)
         for i, (n, k, kk) in enumerate(zip(prob["sequences"], prob["query"], prob["keys"])):
