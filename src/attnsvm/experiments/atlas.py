@@ -225,9 +225,10 @@ def compute(cfg):
             "curves": pd.DataFrame(curves)}
 
 
-def atlas_table(runs: pd.DataFrame, cells: pd.DataFrame) -> pd.DataFrame:
+def atlas_table(runs: pd.DataFrame, cells: pd.DataFrame, rows=ROWS, columns=COLUMNS) -> pd.DataFrame:
     """Per (optimiser, column) over the saturated runs: median / quartiles of corr, median
-    distance in the column's norm, share of runs where the column is the nearest."""
+    distance in the column's norm, share of runs where the column is the nearest (ordered
+    by ``rows`` and ``columns``: the atlas's, or another atlas's such as atlas-ntp's)."""
     sat = cells[cells.saturated].assign(
         is_nearest=lambda c: [col in near.split("|") for col, near in zip(c.column, c.nearest)])
     g = sat.groupby(["optimizer", "column"])
@@ -240,9 +241,9 @@ def atlas_table(runs: pd.DataFrame, cells: pd.DataFrame) -> pd.DataFrame:
     out = out.reset_index()
     pred = runs.groupby("optimizer").predicted.first()
     out["predicted"] = out.column == out.optimizer.map(pred)
-    order = {r.name: i for i, r in enumerate(ROWS)}
+    order = {r.name: i for i, r in enumerate(rows)}
     out["_o"] = out.optimizer.map(order)
-    out["_c"] = out.column.map({c: i for i, c in enumerate(COLUMNS)})
+    out["_c"] = out.column.map({c: i for i, c in enumerate(columns)})
     return out.sort_values(["_o", "_c"]).drop(columns=["_o", "_c"]).reset_index(drop=True)
 
 
@@ -326,14 +327,22 @@ def judge(tables, cfg):
 
 
 def plot(tables, cfg, out):
+    return [heatmap(tables["atlas"], ROWS, COLUMNS, LABEL, out, "atlas", "W_mm")]
+
+
+def heatmap(atlas: pd.DataFrame, rows, columns, labels: dict, out, name: str, svm: str = "W_mm"):
+    """The atlas figure: median corr (log10(1 - corr)) and the share of runs where each
+    column is the nearest, per (optimiser, column); a red box on the predicted column."""
     import matplotlib.colors as mcolors
 
-    atlas = tables["atlas"]
-    names = [r.name for r in ROWS if r.name in set(atlas.optimizer)]
-    corr = atlas.pivot(index="optimizer", columns="column", values="corr_median").loc[names, list(COLUMNS)]
-    share = atlas.pivot(index="optimizer", columns="column", values="share_nearest").loc[names, list(COLUMNS)]
+    COLUMNS, LABEL = tuple(columns), labels
+    names = [r.name for r in rows if r.name in set(atlas.optimizer)]
+    corr = atlas.pivot(index="optimizer", columns="column", values="corr_median").reindex(
+        index=names, columns=list(COLUMNS))
+    share = atlas.pivot(index="optimizer", columns="column", values="share_nearest").reindex(
+        index=names, columns=list(COLUMNS))
     pred = atlas[atlas.predicted].set_index("optimizer").column
-    fig, ax = P.subplots(2, width=6.4, height=0.42 * len(names) + 1.6)
+    fig, ax = P.subplots(2, width=max(4.2, 0.55 * len(COLUMNS) + 2.6), height=0.42 * len(names) + 1.6)
     gap = np.clip(1 - corr.to_numpy(), 1e-6, 1)
     im = ax[0].imshow(np.log10(gap), cmap="viridis_r", vmin=-6, vmax=0, aspect="auto")
     fig.colorbar(im, ax=ax[0], shrink=0.8, label="log10(1 - median corr)")
@@ -352,10 +361,13 @@ def plot(tables, cfg, out):
         a.set_xticks(range(len(COLUMNS)), [LABEL[c] for c in COLUMNS], rotation=35, ha="right")
         a.set_yticks(range(len(names)), names)
         a.grid(False)
-    ax[0].set_title("median corr(W, W_mm) of the saturated runs\n(red box: the predicted SVM)")
-    ax[1].set_title("share of runs where the column is the nearest SVM")
+    wide = len(COLUMNS) > 3
+    ax[0].set_title(f"median corr(W, {svm}) of the saturated runs\n(red box: the predicted SVM)"
+                    if wide else f"median corr(W, {svm}),\nsaturated runs (red: predicted)")
+    ax[1].set_title("share of runs where the column is the nearest SVM" if wide
+                    else "share of runs where\nthe column is the nearest")
     ax[1].set_yticks(range(len(names)), [""] * len(names))
-    return [P.save(fig, out, "atlas")]
+    return P.save(fig, out, name)
 
 
 _C = dict(lr=0.1, lr_gd=10.0, lr_sign=0.01, lr_adam=0.1, lr_adam_decay=0.1414, lr_spec=0.05, rel=0.01, init_scale=0.01)

@@ -71,6 +71,8 @@ __all__ = [
     "solve_selection",
     "rotation_null",
     "analyse_call",
+    "graph_problem",
+    "GRAPH_LOGIT_TOL",
 ]
 
 
@@ -90,6 +92,11 @@ class TrackConfig:
                    the model ran in: 1e-6 float64, 1e-3 float32, 3e-2 half precision).
     max_unknowns:  a head SVM with more unknowns (entries of its matrix; rotary heads: the
                    lifted L r_k x r_q matrix) is skipped with a status instead of solved.
+    graph:         also solve the Graph-SVM of the head's own tokens at the last query of each
+                   sequence (next-token prediction; :mod:`attnsvm.track.graph`): graph_* columns.
+    graph_norms:   the Graph-SVM norms, ("fro",) by default (add "nuc" for (K, Q)'s geometry).
+    graph_mass:    None: each sequence's label is the token id of largest attention mass at its
+                   last query; a float: every id with mass > graph_mass (ntp-local's rule).
     """
 
     min_attention: float = 0.0
@@ -102,8 +109,17 @@ class TrackConfig:
     check: bool = True
     recompute_tol: float | None = None
     max_unknowns: int = 250_000
+    graph: bool = False
+    graph_norms: tuple = ("fro",)
+    graph_mass: float | None = None
 
     def __post_init__(self):
+        norms = (self.graph_norms,) if isinstance(self.graph_norms, str) else tuple(self.graph_norms)
+        if not norms or any(n not in ("fro", "nuc") for n in norms) or len(set(norms)) < len(norms):
+            raise ValueError(f"graph_norms must be distinct names among 'fro', 'nuc'; got {self.graph_norms!r}")
+        object.__setattr__(self, "graph_norms", norms)
+        if self.graph_mass is not None and not 0 < self.graph_mass < 1:
+            raise ValueError(f"graph_mass must be None or in (0, 1); got {self.graph_mass}")
         if self.bias not in ("augment", "ignore"):
             raise ValueError(f"bias must be 'augment' or 'ignore'; got {self.bias!r}")
         if not 0 <= self.min_attention <= 1:
@@ -120,6 +136,8 @@ class RecomputeError(ValueError):
     unsupported extractor. Raised instead of returning statistics of the wrong matrix."""
 
 
+# the Graph-SVM tokens reproduce the head's logits to this (relative to max(1, |logit|))
+GRAPH_LOGIT_TOL = 1e-8
 # default recompute tolerance on the attention probabilities, by the dtype the model ran in
 RECOMPUTE_TOL = {torch.float64: 1e-6, torch.float32: 1e-3, torch.float16: 3e-2, torch.bfloat16: 3e-2}
 
@@ -493,6 +511,39 @@ def _svm_row(M, prob, cfg: TrackConfig, rng, bias=None, blocks=1):
     return row, sol
 
 
+def graph_problem(call: AttentionCall, head: int, config: TrackConfig | None = None) -> dict:
+    """The Graph-SVM data of head ``head`` of an attention call, at the last query of each
+    sequence (next-token prediction; the formulas in :mod:`attnsvm.track.graph`).
+
+    call: an :class:`~attnsvm.track.extract.AttentionCall` (self-attention, no rotary
+    embedding or position bias); config: a :class:`TrackConfig` (``bias``, ``graph_mass``,
+    ``max_queries``, ``seed``). Returns dict: E (K', p') the distinct token vectors in the
+    head's space, seqs (N, T') token ids (query last), y (N, L) labels (-1 padding), exclude
+    (N, T') bool, W (p', p') the head's matrix in these coordinates (e_t^T W e_k = the head's
+    logit up to a per-query constant), basis U (d, p), sequences (N,) and query (N,) the probe
+    positions used; ``graph_svm(E, seqs, y, norm, exclude=exclude)`` is the head's Graph-SVM.
+    Raises ValueError naming the reason for a call without one.
+    """
+    from .graph import graph_data, unsupported
+
+    cfg = config or TrackConfig()
+    why = unsupported(call)
+    if why:
+        raise ValueError(f"no Graph-SVM for this call: {why}")
+    if isinstance(head, bool) or not 0 <= int(head) < call.n_heads:
+        raise ValueError(f"head must be an integer in [0, {call.n_heads}); got {head!r}")
+    s, allowed, qv = (t.cpu().numpy() for t in recompute_attention(call))
+    x = call.hidden.detach().double().cpu().numpy()
+    bq = None if call.b_q is None else call.b_q[head].detach().double().cpu().numpy()
+    sub = head_subspace(call.W_q[head].detach().double().cpu().numpy(),
+                        call.W_k[head].detach().double().cpu().numpy(), bq, call.scale_, cfg.bias)
+    rng = np.random.default_rng((cfg.seed, int(head)))
+    prob, why = graph_data(x, s[:, head], allowed, qv, sub, cfg.bias, cfg.graph_mass, cfg.max_queries, rng)
+    if prob is None:
+        raise ValueError(f"no Graph-SVM for this call: {why}")
+    return prob
+
+
 def analyse_call(call: AttentionCall, cfg: TrackConfig | None = None, *, key=(0,),
                  selections: bool = True, matrices: bool = False, where: str = ""):
     """All per-head statistics of one attention call.
@@ -530,9 +581,10 @@ def analyse_call(call: AttentionCall, cfg: TrackConfig | None = None, *, key=(0,
     Wk = call.W_k.detach().to(torch.float64).cpu().numpy()
     bq = None if call.b_q is None else call.b_q.detach().to(torch.float64).cpu().numpy()
     bk = None if call.b_k is None else call.b_k.detach().to(torch.float64).cpu().numpy()
-    lift = B = None
+    lift = B = logits_all = None
     if call.rotary is not None:
         B, lift = rotary_basis(call.rotary.detach().cpu().numpy())
+    if call.rotary is not None or cfg.graph:
         logits_all = head_logits(call).cpu().numpy()
     H = call.n_heads
     rows, mats = [], {}
@@ -591,6 +643,18 @@ def analyse_call(call: AttentionCall, cfg: TrackConfig | None = None, *, key=(0,
                         mats[h]["u_mm"] = sub["U_K"] @ Wmm[:, -1]
         elif matrices:
             mats[h] = dict(W=sub["W"], u=sub["u"])
+        if cfg.graph:
+            from .graph import graph_head
+
+            check = cfg.bias == "augment" or not np.any(sub["u"])  # "ignore" drops u: no check
+            row.update(graph_head(x, s[:, h], allowed, qv, sub, cfg,
+                                  np.random.default_rng((cfg.seed, *[int(k) for k in key], h, 1)),
+                                  call, logits_all[:, h] if check else None))
+            if row["graph_logit_err"] > GRAPH_LOGIT_TOL:
+                raise RecomputeError(
+                    f"{where or 'attention module'}: head {h}'s Graph-SVM tokens do not reproduce "
+                    f"its logits at the last query (error {row['graph_logit_err']:.3g} > "
+                    f"{GRAPH_LOGIT_TOL:g}): equal token vectors merged wrongly")
         rows.append(row)
     sel = None
     if selections:
