@@ -207,38 +207,36 @@ def _nuc_dual(M: np.ndarray, eq: np.ndarray, d: int, e: int, eps: float):
     return None if lam.value is None else np.asarray(lam.value, float)
 
 
-def _nuc_polish(cs: ConstraintSet, M: np.ndarray, lam: np.ndarray, top_tol: float = 1e-6):
-    """Primal from dual multipliers by complementary slackness.  At an optimum,
-    S = vec^-1(M^T lam) / ||.||_2 has top singular subspaces U_k, V_k (singular value 1,
+def _nuc_polish(D: np.ndarray, Z: np.ndarray, b: np.ndarray, eq: np.ndarray, lam: np.ndarray,
+                top_tol: float = 1e-6, act_tol: float = 1e-6):
+    """Primal from dual multipliers by complementary slackness (rows A_r = D_r Z_r^T,
+    D (N, p), Z (N, q), targets b (N,), equality mask eq (N,)).  At an optimum,
+    S = sum_r lam_r A_r / ||.||_2 has top singular subspaces U_k, V_k (singular value 1,
     multiplicity k) and W = U_k P V_k^T with P symmetric PSD, <A_r, W> = b_r on every row
-    with lam_r != 0 (and every equality): a small linear system in P (k(k+1)/2
-    unknowns), solved by least squares.  Returns W or None (system not consistent to
-    1e-6, or P not PSD: the multipliers were far off); the caller projects W onto the
-    equalities and proves it."""
-    d, e = cs.d, cs.e
-    S = (M.T @ lam).reshape(d, e)
+    with lam_r > ``act_tol`` max |lam| (and every equality): a small linear system in P
+    (k(k+1)/2 unknowns), solved by least squares.  Any such W with P PSD is optimal
+    (||W||_* = tr P = <S, W> = sum lam_r b_r meets weak duality), and a feasible W on a
+    top subspace off by eps is off the optimum by O(eps^2) only (the active rows are met
+    exactly).  Returns W (p, q) or None (system not consistent to 1e-6, or P not PSD:
+    the multipliers were far off); the caller proves it."""
+    S = D.T @ (lam[:, None] * Z)
     Uu, sv, Vt = np.linalg.svd(S)
-    if not sv.size or sv[0] <= 0:
+    if not sv.size or not sv[0] > 0:
         return None
     k = int((sv >= (1 - top_tol) * sv[0]).sum())
     Uk, Vk = Uu[:, :k], Vt[:k].T
-    eq = cs.eq[:, 0]
-    lmax = float(np.abs(lam).max())
-    act = eq | (~eq & (lam > 1e-7 * lmax))
-    a = cs.Delta[act, 0] @ Uk  # (na, k)
-    z = cs.Z[act] @ Vk  # (na, k)
+    lmax = float(np.abs(lam[~eq]).max(initial=0.0))
+    act = eq | (~eq & (lam > act_tol * lmax))
+    a = D[act] @ Uk  # (na, k)
+    z = Z[act] @ Vk  # (na, k)
     iu = np.triu_indices(k)
-    C = np.einsum("ri,rj->rij", a, z)
-    C = C + np.swapaxes(C, 1, 2) * (iu[0] != iu[1]).any()  # symmetric parameterisation
-    Cs = np.einsum("rij->rij", C)[:, iu[0], iu[1]]
     # P_ij = P_ji: <a, P z> = sum_{i<=j} p_ij (a_i z_j + a_j z_i) (i < j), a_i z_i (i = j)
-    diag = iu[0] == iu[1]
-    Cs[:, diag] = (a * z)
-    off = ~diag
-    Cs[:, off] = a[:, iu[0][off]] * z[:, iu[1][off]] + a[:, iu[1][off]] * z[:, iu[0][off]]
-    b = cs.b[act, 0]
-    p, *_ = np.linalg.lstsq(Cs, b, rcond=None)
-    if not np.all(np.isfinite(p)) or np.abs(Cs @ p - b).max() > 1e-6 * max(1.0, np.abs(b).max()):
+    Cs = a[:, iu[0]] * z[:, iu[1]]
+    off = iu[0] != iu[1]
+    Cs[:, off] += a[:, iu[1][off]] * z[:, iu[0][off]]
+    bb = b[act]
+    p, *_ = np.linalg.lstsq(Cs, bb, rcond=None)
+    if not np.all(np.isfinite(p)) or np.abs(Cs @ p - bb).max() > 1e-6 * max(1.0, np.abs(bb).max()):
         return None
     P = np.zeros((k, k))
     P[iu] = p
@@ -249,11 +247,130 @@ def _nuc_polish(cs: ConstraintSet, M: np.ndarray, lam: np.ndarray, top_tol: floa
     return Uk @ P @ Vk.T
 
 
+def _nuc_polish_dual(D: np.ndarray, Z: np.ndarray, eq: np.ndarray, W: np.ndarray,
+                     lam: np.ndarray, act_tol: float = 1e-6):
+    """Multipliers from a primal answer by complementary slackness (rows as in
+    :func:`_nuc_polish`).  With W = U_W diag(s) V_W^T (rank k), an optimal S = sum_r lam_r
+    A_r is U_W V_W^T + T with T orthogonal to U_W and V_W and ||T||_2 <= 1, i.e. the linear
+    conditions S V_W = U_W and S^T U_W = V_W on the multipliers of the support (rows with
+    lam_r > ``act_tol`` max lam, and every equality); lam + the least-norm correction
+    that meets them (least squares).  Then ||S||_2 = 1 when ||T||_2 < 1, and the bound
+    sum lam / ||S||_2 is off the optimum by O(eps^2) for W off by eps.  Returns lam (N,) or
+    None (W = 0, or the conditions not consistent to 1e-6)."""
+    Uw, sw, Vwt = np.linalg.svd(W, full_matrices=False)
+    if not sw.size or not sw[0] > 0:
+        return None
+    k = int((sw > 1e-8 * sw[0]).sum())
+    Uw, Vw = Uw[:, :k], Vwt[:k].T
+    lmax = float(np.abs(lam[~eq]).max(initial=0.0))
+    act = eq | (~eq & (lam > act_tol * lmax))
+    Da, Za = D[act], Z[act]
+    zv, du = Za @ Vw, Da @ Uw  # (na, k)
+    M = np.concatenate([np.einsum("ra,rj->ajr", Da, zv).reshape(-1, len(Da)),
+                        np.einsum("rb,rj->bjr", Za, du).reshape(-1, len(Da))])
+    rhs = np.concatenate([Uw.reshape(-1), Vw.reshape(-1)])
+    l0 = lam[act]
+    corr, *_ = np.linalg.lstsq(M, rhs - M @ l0, rcond=None)
+    la = l0 + corr
+    if not np.all(np.isfinite(la)) or np.abs(M @ la - rhs).max() > 1e-6:
+        return None
+    out = np.zeros_like(lam)
+    out[act] = la
+    return out
+
+
+def _independent_rows(M: np.ndarray, tol: float = 1e-12) -> np.ndarray:
+    """Indices of a maximal linearly independent subset of the rows of M (QR with column
+    pivoting of M^T, rank at ``tol`` of the largest diagonal entry): equality rows of one
+    SCC are often exactly dependent (e_a - e_c = (e_a - e_b) + (e_b - e_c))."""
+    from scipy.linalg import qr
+
+    if M.shape[0] == 0:
+        return np.zeros(0, int)
+    _, R, piv = qr(M.T, mode="economic", pivoting=True)
+    dg = np.abs(np.diag(R))
+    r = int((dg > tol * max(dg[0], 1e-300)).sum()) if dg.size else 0
+    return np.sort(piv[:r])
+
+
+def _nuc_reduce(D: np.ndarray, Z: np.ndarray):
+    """Orthonormal bases U (d, r1) of span{Delta_r} and V (e, r2) of span{z_r} (SVD, rank
+    at 1e-12 of the largest singular value).  Every constraint reads <A_r, W> =
+    Delta_r^T (U U^T W V V^T) z_r and ||U U^T W V V^T||_* <= ||W||_*, so the optimum is
+    W = U C V^T with C (r1, r2) the optimum of the problem on Delta_r U, z_r V, and
+    ||W||_* = ||C||_* (U, V orthonormal)."""
+    def basis(A):
+        Q, sv, _ = np.linalg.svd(A.T, full_matrices=False)
+        return Q[:, sv > 1e-12 * max(float(sv.max(initial=0.0)), 1e-300)]
+
+    return basis(D), basis(Z)
+
+
+def _nuc_ipm(cs: ConstraintSet, tol: float = 1e-10):
+    """Nuclear Graph-SVM candidates (W (d, e), lam (N,), name) by the project's primal-dual
+    SDP interior-point method (:func:`attnsvm.svm.fast.nuclear_ipm`, Nesterov-Todd
+    direction) with the equality rows as free-multiplier rows, on the reduced problem of
+    :func:`_nuc_reduce` (C (r1, r2), r1 <= min(d, K - 1), r2 <= the number of distinct
+    queries) and an independent subset of the equality rows (:func:`_independent_rows`;
+    the others are implied and get multiplier 0).  The method's floor is a relative gap
+    ~1e-10 (its primal residual drifts there): C is corrected (least norm, in the tangent
+    space of the rank-k matrices at C) to meet the equalities and the near-tight rows with
+    a multiplier exactly (yielded first), then
+    the raw C projected onto the equalities' null space.  W = U C V^T, lam with
+    ||S(lam)||_2 ~ 1; (None, None, name) when the method finds no answer (e.g. infeasible).
+    """
+    from .fast import nuclear_ipm
+
+    D, Z = cs.Delta[:, 0], cs.Z
+    eq = cs.eq[:, 0]
+    b = cs.b[:, 0]
+    U, V = _nuc_reduce(D, Z)
+    Dr, Zr = D @ U, Z @ V
+    ie = np.nonzero(eq)[0]
+    keep = ~eq
+    Mr_eq = np.einsum("ra,rb->rab", Dr[ie], Zr[ie]).reshape(len(ie), Dr.shape[1] * Zr.shape[1])
+    sel_eq = ie[_independent_rows(Mr_eq)] if ie.size else ie
+    keep[sel_eq] = True
+    C, y, status, _ = nuclear_ipm(Dr[keep], Zr[keep], b[keep], tol=tol, eq=eq[keep], refine=2)
+    if C is None or status == "infeasible" or not np.all(np.isfinite(C)):
+        yield None, None, f"ipm-sdp ({status})"
+        return
+    lam = np.zeros(len(b))
+    lam[keep] = y
+    # rows the answer must meet exactly: the (independent) equalities and the inequalities
+    # with a multiplier; C + the least-norm correction that does (the method leaves a
+    # primal residual ~1e-10, and the norm moves by sum_r lam_r (b_r - m_r) only)
+    name = "ipm-sdp" if status == "optimal" else f"ipm-sdp ({status})"
+    M = np.einsum("ra,rb->rab", Dr, Zr).reshape(len(b), -1)
+    c = C.reshape(-1)
+    m = M @ c
+    act = np.zeros(len(b), bool)
+    act[sel_eq] = True
+    act |= ~eq & (lam > 1e-6 * float(lam[~eq].max(initial=0.0))) & (m < 1 + 1e-6)
+    # in the tangent space {Uc A + B Vc^T} of the rank-k matrices at C = Uc s Vc^T (a
+    # step off it costs its full nuclear norm; on it, <Uc Vc^T, step> to first order)
+    Uc, sc, Vct = np.linalg.svd(C, full_matrices=False)
+    k = int((sc > 1e-8 * sc[0]).sum()) if sc.size and sc[0] > 0 else 0
+    du, zv = Dr[act] @ Uc[:, :k], Zr[act] @ Vct[:k].T  # (na, k)
+    T = np.concatenate([np.einsum("ri,rb->rib", du, Zr[act]).reshape(len(du), -1),
+                        np.einsum("ra,ri->rai", Dr[act], zv).reshape(len(du), -1)], axis=1)
+    p, *_ = np.linalg.lstsq(T, b[act] - m[act], rcond=None)
+    r1, r2 = C.shape
+    Cr = (C + Uc[:, :k] @ p[:k * r2].reshape(k, r2)
+          + p[k * r2:].reshape(r1, k) @ Vct[:k])
+    yield U @ Cr @ V.T, lam, name + "+rows"
+    if sel_eq.size:  # the raw answer, projected onto the equalities' null space
+        Me = M[sel_eq]
+        c = c - Me.T @ np.linalg.solve(Me @ Me.T, Me @ c)
+    yield U @ c.reshape(C.shape) @ V.T, lam, name
+
+
 def _solve_nuc(cs: ConstraintSet):
     """Nuclear Graph-SVM candidates, yielded one at a time (the caller proves each and
     stops as soon as the proven gap is small): (W or None, lam or None, name).
 
-    1. no equality: the project's nuclear working-set IPM (:mod:`attnsvm.svm.engine`);
+    1. the project's SDP interior-point method on the reduced problem, equalities as
+       free-multiplier rows (:func:`_nuc_ipm`);
     2. the dual SDP (:func:`_nuc_dual`, cvxpy + Clarabel) and the primal recovered from
        it by complementary slackness (:func:`_nuc_polish`);
     3. the primal SDP by cvxpy + Clarabel, then by cvxpy + SCS at eps 1e-11.
@@ -262,25 +379,20 @@ def _solve_nuc(cs: ConstraintSet):
     Primal answers are projected onto the equalities' null space (a conic answer meets
     them to ~1e-9 only).  Any primal pairs with any multipliers in the proof (weak
     duality holds for every lam), so the best of each side is kept."""
-    from ..norms import NUC
-    from .engine import FAST
-
     eq = cs.eq[:, 0]
     d, e = cs.d, cs.e
+    yield from _nuc_ipm(cs)
     M = _rows_dense(cs)
     Nb = _null_basis(M[eq], M.shape[1]) if eq.any() else None
 
     def proj(W):
         return W if (Nb is None or W is None) else (Nb @ (Nb.T @ W.reshape(-1))).reshape(W.shape)
 
-    if not eq.any():
-        r = FAST[NUC](cs.batched().take(0) if cs.batch_shape else cs, None)
-        if r is not None and r.W is not None:
-            yield r.W, (None if r.lam is None else r.lam[:, 0]), r.solver
     ld = _nuc_dual(M, eq, d, e, 1e-12)
     if ld is not None:
         ld = np.where(eq, ld, np.maximum(ld, 0.0))
-        yield proj(_nuc_polish(cs, M, ld)), ld, "clarabel-dual+slackness"
+        Wd = _nuc_polish(cs.Delta[:, 0], cs.Z, cs.b[:, 0], eq, ld)
+        yield proj(Wd), ld, "clarabel-dual+slackness"
     for solver in ("CLARABEL", "SCS"):
         W, lam = _nuc_primal(M, eq, d, e, solver)
         yield proj(W), lam, f"{solver.lower()}-primal"
