@@ -26,9 +26,11 @@ from __future__ import annotations
 import numpy as np
 from scipy.linalg import cho_factor, cho_solve
 
+from .._optional import OptionalImport
 from .solution import ConstraintSet
 
-__all__ = ["primal_ipm", "polish_fro", "batched_mnp", "nuclear_barrier", "nuclear_ipm"]
+__all__ = ["primal_ipm", "polish_fro", "batched_mnp", "nuclear_barrier", "nuclear_ipm",
+           "nuclear_ipm_small"]
 
 
 def _max_step(x: np.ndarray, dx: np.ndarray, mask: np.ndarray) -> float:
@@ -659,3 +661,33 @@ def nuclear_ipm(Delta: np.ndarray, Zk: np.ndarray, b: np.ndarray, *, tol: float 
     y_all = np.zeros(n_all)
     y_all[ib] = yb
     return W, y_all, "optimal" if status in ("optimal", "stalled") else status, it
+
+
+_nuc_kernels = OptionalImport("._nuc_kernels", __package__)  # the numba kernel, or None
+NUC_KERNEL_MAX_N = 400  # the compiled kernel up to this many rows (its Schur complement is
+# formed and factorised in plain loops: beyond, the reference's BLAS calls win)
+
+
+def nuclear_ipm_small(Delta: np.ndarray, Zk: np.ndarray, b: np.ndarray, *, tol: float = 1e-9,
+                      max_iter: int = 100, stall_tol: float = 1e-7, eq: np.ndarray | None = None,
+                      refine: int = 0, compiled: bool | None = None):
+    """:func:`nuclear_ipm` without constraint generation, by its numba kernel
+    (:mod:`attnsvm.svm._nuc_kernels`: the same iteration, without the interpreter's cost
+    per array operation) where numba is importable and N <= NUC_KERNEL_MAX_N, else by
+    :func:`nuclear_ipm` itself; ``compiled`` forces the choice (True without numba
+    raises).  Same arguments and returns as :func:`nuclear_ipm`."""
+    N = Delta.shape[0]
+    kern = _nuc_kernels() if compiled is not False else None
+    if compiled and kern is None:
+        raise RuntimeError("nuclear_ipm_small(compiled=True) needs numba")
+    if kern is None or (compiled is None and N > NUC_KERNEL_MAX_N):
+        return nuclear_ipm(Delta, Zk, b, tol=tol, max_iter=max_iter, stall_tol=stall_tol,
+                           eq=eq, refine=refine)
+    ineq = np.ones(N, bool) if eq is None else ~np.asarray(eq, bool)
+    W, y, code, it = kern.nuc_ipm_kernel(
+        np.ascontiguousarray(Delta, float), np.ascontiguousarray(Zk, float),
+        np.ascontiguousarray(b, float), ineq, float(tol), int(max_iter), int(refine),
+        float(stall_tol))
+    status = {kern.OPTIMAL: "optimal", kern.STALLED: "optimal",
+              kern.INFEASIBLE: "infeasible"}.get(int(code), "failed")
+    return W, y, status, int(it)

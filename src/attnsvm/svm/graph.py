@@ -308,7 +308,7 @@ def _nuc_reduce(D: np.ndarray, Z: np.ndarray):
 
 def _nuc_ipm(cs: ConstraintSet, tol: float = 1e-10):
     """Nuclear Graph-SVM candidates (W (d, e), lam (N,), name) by the project's primal-dual
-    SDP interior-point method (:func:`attnsvm.svm.fast.nuclear_ipm`, Nesterov-Todd
+    SDP interior-point method (:func:`attnsvm.svm.fast.nuclear_ipm`, compiled: :func:`~attnsvm.svm.fast.nuclear_ipm_small`; Nesterov-Todd
     direction) with the equality rows as free-multiplier rows, on the reduced problem of
     :func:`_nuc_reduce` (C (r1, r2), r1 <= min(d, K - 1), r2 <= the number of distinct
     queries) and an independent subset of the equality rows (:func:`_independent_rows`;
@@ -319,7 +319,7 @@ def _nuc_ipm(cs: ConstraintSet, tol: float = 1e-10):
     the raw C projected onto the equalities' null space.  W = U C V^T, lam with
     ||S(lam)||_2 ~ 1; (None, None, name) when the method finds no answer (e.g. infeasible).
     """
-    from .fast import nuclear_ipm
+    from .fast import nuclear_ipm_small
 
     D, Z = cs.Delta[:, 0], cs.Z
     eq = cs.eq[:, 0]
@@ -331,7 +331,8 @@ def _nuc_ipm(cs: ConstraintSet, tol: float = 1e-10):
     Mr_eq = np.einsum("ra,rb->rab", Dr[ie], Zr[ie]).reshape(len(ie), Dr.shape[1] * Zr.shape[1])
     sel_eq = ie[_independent_rows(Mr_eq)] if ie.size else ie
     keep[sel_eq] = True
-    C, y, status, _ = nuclear_ipm(Dr[keep], Zr[keep], b[keep], tol=tol, eq=eq[keep], refine=2)
+    C, y, status, _ = nuclear_ipm_small(Dr[keep], Zr[keep], b[keep], tol=tol, eq=eq[keep],
+                                        refine=2)
     if C is None or status == "infeasible" or not np.all(np.isfinite(C)):
         yield None, None, f"ipm-sdp ({status})"
         return
