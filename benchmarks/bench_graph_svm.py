@@ -1,7 +1,7 @@
 """Benchmark: the NTP Graph-SVM, the public code's path vs vectorised cvxpy + Clarabel vs
 attnsvm.svm.graph_svm, in one run, with the accuracy of each.
 
-    python benchmarks/bench_graph_svm.py [--quick] [--instances N] [--norms fro,nuc]
+    python benchmarks/bench_graph_svm.py [--quick] [--instances N] [--norms fro,nuc] [--repeat R]
 
 Instances: ``attnsvm.ntp.ntp_random`` at the published sizes n4T6K8d8, n6T4K6d8,
 n10T6K8d8, cyclic and acyclic priority graphs (N instances each, default 10).
@@ -11,8 +11,12 @@ n10T6K8d8, cyclic and acyclic priority graphs (N instances each, default 10).
     the SCC table) to W (the SCCs are given to it: the code's own Tarjan is not run);
 (b) vectorised: one matrix constraint per kind (inequalities, equalities) over the
     distinct rows, cvxpy + Clarabel at its defaults;
-(c) attnsvm: graph_svm(E, seqs, y, norm) end to end (SCCs included), certified.
-For each: median time per instance, the worst constraint violation of the returned W
+(c) attnsvm: graph_svm(E, seqs, y, norm) end to end (SCCs included), certified (the
+    nuclear norm: the compiled SDP interior-point method on the reduced problem; the
+    warm-up compiles or loads the numba kernel; which solver answered is counted).
+For each: the median over instances of the fastest of ``--repeat`` interleaved runs (the
+machine is shared: the minimum is the run least disturbed, as timeit advises), the worst
+constraint violation of the returned W
 (max over rows of (1 - m)^+ on inequalities and |m| on equalities, in float64 from W) and
 the worst relative objective (||W|| - ||W*||) / ||W*|| against graph_svm's certified W*.
 Prints the time ratios (a) / (c) and (b) / (c) per size and norm.
@@ -43,7 +47,10 @@ def public_path(E, seqs, y, scc, norm):
             cons.append(m == 0 if scc[k, y[i]] == scc[k, j] else m >= 1)
     obj = cp.norm(W, "fro") if norm == "fro" else cp.norm(W, "nuc")
     prob = cp.Problem(cp.Minimize(obj), cons)
-    prob.solve(solver=cp.SCS)
+    try:
+        prob.solve(solver=cp.SCS)
+    except cp.error.SolverError:  # (counted: no W, violation inf)
+        return None
     return None if W.value is None else np.asarray(W.value)
 
 
@@ -62,7 +69,10 @@ def vectorised(E, rows, norm):
         cons.append(M[rows.eq] @ w == 0)
     obj = cp.norm(W, "fro") if norm == "fro" else cp.normNuc(W)
     prob = cp.Problem(cp.Minimize(obj), cons)
-    prob.solve(solver=cp.CLARABEL)
+    try:
+        prob.solve(solver=cp.CLARABEL)
+    except cp.error.SolverError:  # (Clarabel fails on a few instances: no W, violation inf)
+        return None
     return None if W.value is None else np.asarray(W.value)
 
 
@@ -87,6 +97,8 @@ def main(argv=None):
     ap.add_argument("--quick", action="store_true", help="2 instances, n4T6K8d8 only")
     ap.add_argument("--instances", type=int, default=10)
     ap.add_argument("--norms", default="fro,nuc")
+    ap.add_argument("--repeat", type=int, default=3,
+                    help="runs of each path per instance, interleaved; the fastest counts")
     args = ap.parse_args(argv)
     sizes = ["n4T6K8d8"] if args.quick else list(PUBLISHED_SIZES)
     N = 2 if args.quick else args.instances
@@ -103,22 +115,28 @@ def main(argv=None):
             viol = {k: [] for k in times}
             rel = {k: [] for k in times}
             cert = 0
+            answered = {}
             for graph in ("cyclic", "acyclic"):
                 for s in range(N):
                     D = ntp_random(*PUBLISHED_SIZES[nm], graph=graph, seed=[7, s])
                     rows = graph_rows(D.seqs, D.y, D.K)
                     scc = scc_table(D.seqs, D.y, D.K)
-                    t0 = time.perf_counter()
-                    sol = graph_svm(D.E, D.seqs, D.y, norm)
-                    times["attnsvm"].append(time.perf_counter() - t0)
+                    best = dict.fromkeys(times, np.inf)
+                    for _ in range(args.repeat):  # interleaved: a busy spell hits every path
+                        t0 = time.perf_counter()
+                        sol = graph_svm(D.E, D.seqs, D.y, norm)
+                        best["attnsvm"] = min(best["attnsvm"], time.perf_counter() - t0)
+                        t0 = time.perf_counter()
+                        Wp = public_path(D.E, D.seqs, D.y, scc, norm)
+                        best["public"] = min(best["public"], time.perf_counter() - t0)
+                        t0 = time.perf_counter()
+                        Wv = vectorised(D.E, rows, norm)
+                        best["vectorised"] = min(best["vectorised"], time.perf_counter() - t0)
+                    for k in times:
+                        times[k].append(best[k])
                     cert += sol.status_ == "optimal"
+                    answered[sol.solver_] = answered.get(sol.solver_, 0) + 1
                     ref = _norm(sol.W_, norm)
-                    t0 = time.perf_counter()
-                    Wp = public_path(D.E, D.seqs, D.y, scc, norm)
-                    times["public"].append(time.perf_counter() - t0)
-                    t0 = time.perf_counter()
-                    Wv = vectorised(D.E, rows, norm)
-                    times["vectorised"].append(time.perf_counter() - t0)
                     for k, W in (("public", Wp), ("vectorised", Wv), ("attnsvm", sol.W_)):
                         viol[k].append(violation(D.E, rows, W))
                         rel[k].append(np.inf if W is None else (_norm(W, norm) - ref) / ref)
@@ -128,6 +146,8 @@ def main(argv=None):
                 print(f"{nm:10s} {norm:4s} {k:10s} {1e3 * med:10.2f} {max(viol[k]):9.1e} "
                       f"{max(rel[k], key=abs):11.1e} {med / base:7.1f}x "
                       f"{(f'{cert}/{2 * N}' if k == 'attnsvm' else ''):>9s}")
+            print(f"{'':10s} {norm:4s} attnsvm answered by: "
+                  + ", ".join(f"{k} {v}" for k, v in sorted(answered.items(), key=lambda t: -t[1])))
 
 
 if __name__ == "__main__":

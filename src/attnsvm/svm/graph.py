@@ -14,8 +14,14 @@ Solvers (one matrix constraint each, no Python loop of scalar constraints):
   (G_kl = <A_k, A_l> = (Delta_k . Delta_l)(z_k . z_l), A_k = Delta_k z_k^T, Delta_k = e_y - e_j,
   z_k = e_k), solved by Clarabel, W = sum_k lam_k A_k, then the exact active-set polish
   (:func:`attnsvm.svm.fast.polish_fro`: a KKT solve on the support);
-* ``norm="nuc"``: min ||W||_* by cvxpy + Clarabel's SDP cone (vectorised rows), at tight
-  tolerances; multipliers from its duals.
+* ``norm="nuc"``: the SDP pair min ||W||_* / max sum_ineq lam s.t. ||S(lam)||_2 <= 1 by
+  the project's primal-dual interior-point method (:func:`attnsvm.svm.fast.nuclear_ipm`,
+  its numba kernel :func:`~attnsvm.svm.fast.nuclear_ipm_small`) with the equalities as
+  free-multiplier rows, on the reduced problem W = U C V^T (U, V orthonormal bases of
+  span{Delta_r}, span{z_r}: ||W||_* = ||C||_*, C at most min(d, K - 1) x (distinct
+  queries)), the answer corrected onto its tight rows in the tangent space of its rank
+  (:func:`_nuc_ipm`); cvxpy + Clarabel / SCS (vectorised rows) only where that is not
+  proven.
 
 Proof (:func:`prove`), computed from the returned W and multipliers on the ORIGINAL data
 with a rounding-error bound for every floating-point step (gamma_n = n u / (1 - n u),
