@@ -664,8 +664,9 @@ def nuclear_ipm(Delta: np.ndarray, Zk: np.ndarray, b: np.ndarray, *, tol: float 
 
 
 _nuc_kernels = OptionalImport("._nuc_kernels", __package__)  # the numba kernel, or None
-NUC_KERNEL_MAX_N = 400  # the compiled kernel up to this many rows (its Schur complement is
-# formed and factorised in plain loops: beyond, the reference's BLAS calls win)
+NUC_KERNEL_MAX_N = 160  # the compiled kernel up to this many rows (its Schur complement is
+# factorised in plain loops: beyond, the reference's LAPACK wins; measured crossover
+# N ~ 150-250 with one BLAS thread)
 
 
 def nuclear_ipm_small(Delta: np.ndarray, Zk: np.ndarray, b: np.ndarray, *, tol: float = 1e-9,

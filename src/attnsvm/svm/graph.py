@@ -53,7 +53,14 @@ import warnings
 import numpy as np
 
 from ..norms import get_norm
-from .solution import FEAS_TOL, GAP_INACCURATE, ConstraintSet, Solution, farkas_verify
+from .solution import (
+    FEAS_TOL,
+    GAP_INACCURATE,
+    ConstraintSet,
+    Solution,
+    farkas_verify,
+    single_thread,
+)
 
 __all__ = ["graph_svm", "graph_svm_batch", "prove", "GAP_GRAPH", "graph_constraints"]
 
@@ -640,6 +647,7 @@ def _pow2_scale(E: np.ndarray) -> tuple[np.ndarray, int]:
     return np.ldexp(E, -e), e
 
 
+@single_thread  # (small factorisations: BLAS threads only cost, badly under oversubscription)
 def graph_svm(E, seqs, y, norm="fro", *, exclude=None, tol: float = 1e-6) -> Solution:
     """The Graph-SVM of a next-token-prediction dataset, certified (module docstring).
 
