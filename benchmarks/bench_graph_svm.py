@@ -15,11 +15,16 @@ n10T6K8d8, cyclic and acyclic priority graphs (N instances each, default 10).
     nuclear norm: the compiled SDP interior-point method on the reduced problem; the
     warm-up compiles or loads the numba kernel; which solver answered is counted).
 For each: the median over instances of the fastest of ``--repeat`` interleaved runs (the
-machine is shared: the minimum is the run least disturbed, as timeit advises), the worst
-constraint violation of the returned W
+machine is shared: the minimum is the run least disturbed, as timeit advises), in wall
+time and in the process's CPU time (time.process_time: what the run computed, without
+the time it waited for a core on a loaded machine), the worst constraint violation of the returned W
 (max over rows of (1 - m)^+ on inequalities and |m| on equalities, in float64 from W) and
 the worst relative objective (||W|| - ||W*||) / ||W*|| against graph_svm's certified W*.
-Prints the time ratios (a) / (c) and (b) / (c) per size and norm.
+Prints the time ratios (a) / (c) and (b) / (c) per size and norm, wall and CPU.  BLAS runs on
+``--blas-threads`` (default 1) threads for every path: these problems are too small to
+gain from BLAS threads, and on a shared machine the worker threads one path leaves
+spinning slow down the next (measured on 2 cores: the peers are as fast or faster on one
+thread; graph_svm limits itself to one thread in any case).
 """
 
 from __future__ import annotations
@@ -99,7 +104,13 @@ def main(argv=None):
     ap.add_argument("--norms", default="fro,nuc")
     ap.add_argument("--repeat", type=int, default=3,
                     help="runs of each path per instance, interleaved; the fastest counts")
+    ap.add_argument("--blas-threads", type=int, default=1,
+                    help="BLAS threads for every path (0: the library's default)")
     args = ap.parse_args(argv)
+    if args.blas_threads:  # every path alike: BLAS workers a peer leaves spinning slow the next
+        from threadpoolctl import threadpool_limits
+
+        threadpool_limits(args.blas_threads, user_api="blas")
     sizes = ["n4T6K8d8"] if args.quick else list(PUBLISHED_SIZES)
     N = 2 if args.quick else args.instances
     warnings.simplefilter("ignore")
@@ -107,11 +118,12 @@ def main(argv=None):
     for norm in args.norms.split(","):  # warm-up (imports, first cvxpy compile)
         graph_svm(W0.E, W0.seqs, W0.y, norm)
         public_path(W0.E, W0.seqs, W0.y, scc_table(W0.seqs, W0.y, W0.K), norm)
-    print(f"{'size':10s} {'norm':4s} {'path':10s} {'median ms':>10s} {'max viol':>9s} "
-          f"{'max rel obj':>11s} {'ratio':>7s} {'certified':>9s}")
+    print(f"{'size':10s} {'norm':4s} {'path':10s} {'median ms':>10s} {'ratio':>7s} "
+          f"{'cpu ms':>8s} {'ratio':>7s} {'max viol':>9s} {'max rel obj':>11s} {'certified':>9s}")
     for nm in sizes:
         for norm in args.norms.split(","):
             times = {"public": [], "vectorised": [], "attnsvm": []}
+            cpu = {k: [] for k in times}
             viol = {k: [] for k in times}
             rel = {k: [] for k in times}
             cert = 0
@@ -122,18 +134,21 @@ def main(argv=None):
                     rows = graph_rows(D.seqs, D.y, D.K)
                     scc = scc_table(D.seqs, D.y, D.K)
                     best = dict.fromkeys(times, np.inf)
+                    best_cpu = dict.fromkeys(times, np.inf)
+                    paths = {"attnsvm": (graph_svm, (D.E, D.seqs, D.y, norm)),
+                             "public": (public_path, (D.E, D.seqs, D.y, scc, norm)),
+                             "vectorised": (vectorised, (D.E, rows, norm))}
+                    out = {}
                     for _ in range(args.repeat):  # interleaved: a busy spell hits every path
-                        t0 = time.perf_counter()
-                        sol = graph_svm(D.E, D.seqs, D.y, norm)
-                        best["attnsvm"] = min(best["attnsvm"], time.perf_counter() - t0)
-                        t0 = time.perf_counter()
-                        Wp = public_path(D.E, D.seqs, D.y, scc, norm)
-                        best["public"] = min(best["public"], time.perf_counter() - t0)
-                        t0 = time.perf_counter()
-                        Wv = vectorised(D.E, rows, norm)
-                        best["vectorised"] = min(best["vectorised"], time.perf_counter() - t0)
+                        for k, (fn, fargs) in paths.items():
+                            c0, t0 = time.process_time(), time.perf_counter()
+                            out[k] = fn(*fargs)
+                            best[k] = min(best[k], time.perf_counter() - t0)
+                            best_cpu[k] = min(best_cpu[k], time.process_time() - c0)
+                    sol, Wp, Wv = out["attnsvm"], out["public"], out["vectorised"]
                     for k in times:
                         times[k].append(best[k])
+                        cpu[k].append(best_cpu[k])
                     cert += sol.status_ == "optimal"
                     answered[sol.solver_] = answered.get(sol.solver_, 0) + 1
                     ref = _norm(sol.W_, norm)
@@ -141,10 +156,12 @@ def main(argv=None):
                         viol[k].append(violation(D.E, rows, W))
                         rel[k].append(np.inf if W is None else (_norm(W, norm) - ref) / ref)
             base = np.median(times["attnsvm"])
+            base_cpu = np.median(cpu["attnsvm"])
             for k in times:
-                med = np.median(times[k])
-                print(f"{nm:10s} {norm:4s} {k:10s} {1e3 * med:10.2f} {max(viol[k]):9.1e} "
-                      f"{max(rel[k], key=abs):11.1e} {med / base:7.1f}x "
+                med, mc = np.median(times[k]), np.median(cpu[k])
+                print(f"{nm:10s} {norm:4s} {k:10s} {1e3 * med:10.2f} {med / base:6.1f}x "
+                      f"{1e3 * mc:8.2f} {mc / base_cpu:6.1f}x {max(viol[k]):9.1e} "
+                      f"{max(rel[k], key=abs):11.1e} "
                       f"{(f'{cert}/{2 * N}' if k == 'attnsvm' else ''):>9s}")
             print(f"{'':10s} {norm:4s} attnsvm answered by: "
                   + ", ".join(f"{k} {v}" for k, v in sorted(answered.items(), key=lambda t: -t[1])))

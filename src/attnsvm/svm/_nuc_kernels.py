@@ -100,8 +100,80 @@ def _sym(A):
 
 
 @njit(cache=True)
+def _lmin(A):
+    """Smallest eigenvalue of the symmetric A: Householder reduction to tridiagonal form,
+    then bisection on Sturm counts to the rounding level (the eigenvalue LAPACK's
+    eigvalsh gives, to ~eps ||A||, without its workspace queries and copies)."""
+    n = A.shape[0]
+    a = A.copy()
+    v = np.empty(n)
+    p = np.empty(n)
+    for k in range(n - 2):
+        m = n - k - 1
+        alpha = 0.0
+        for i in range(m):
+            alpha += a[k + 1 + i, k] * a[k + 1 + i, k]
+        alpha = np.sqrt(alpha)
+        if alpha == 0.0:
+            continue
+        if a[k + 1, k] > 0:
+            alpha = -alpha
+        vv = 0.0
+        for i in range(m):
+            v[i] = a[k + 1 + i, k]
+        v[0] -= alpha
+        for i in range(m):
+            vv += v[i] * v[i]
+        if vv == 0.0:
+            continue
+        beta = 2.0 / vv
+        vp = 0.0
+        for i in range(m):  # p = beta B v, B = a[k+1:, k+1:]
+            t = 0.0
+            for j in range(m):
+                t += a[k + 1 + i, k + 1 + j] * v[j]
+            p[i] = beta * t
+            vp += v[i] * p[i]
+        c = 0.5 * beta * vp
+        for i in range(m):  # w = p - c v (in p)
+            p[i] -= c * v[i]
+        for i in range(m):
+            for j in range(m):
+                a[k + 1 + i, k + 1 + j] -= v[i] * p[j] + p[i] * v[j]
+        a[k + 1, k] = alpha
+    lo = np.inf
+    hi = -np.inf
+    for i in range(n):
+        r = 0.0
+        if i > 0:
+            r += abs(a[i, i - 1])
+        if i < n - 1:
+            r += abs(a[i + 1, i])
+        lo = min(lo, a[i, i] - r)
+        hi = max(hi, a[i, i] + r)
+    tol = 2.2e-16 * max(abs(lo), abs(hi))  # (eigvalsh's accuracy: ~eps ||A||)
+    for _ in range(200):  # invariant: no eigenvalue below lo; at least one below hi
+        mid = 0.5 * (lo + hi)
+        if mid <= lo or mid >= hi or hi - lo <= tol:
+            break
+        q = a[0, 0] - mid
+        cnt = 1 if q < 0 else 0
+        for i in range(1, n):
+            if q == 0.0:
+                q = 1e-300
+            q = a[i, i] - mid - a[i, i - 1] * a[i, i - 1] / q
+            if q < 0:
+                cnt += 1
+        if cnt >= 1:
+            hi = mid
+        else:
+            lo = mid
+    return 0.5 * (lo + hi)
+
+
+@njit(cache=True)
 def _unit_step(T):
-    lmin = np.linalg.eigvalsh(_sym(T))[0]
+    lmin = _lmin(_sym(T))
     return 1.0 if lmin >= -1.0 else -1.0 / lmin
 
 
@@ -146,7 +218,7 @@ def _schur_chol(Delta, Zk, Wn, diag, d, L):
 
 
 @njit(cache=True)
-def nuc_ipm_kernel(Delta, Zk, b, ineq, tol, max_iter, refine, stall_tol):
+def nuc_ipm_kernel(Delta, Zk, b, ineq, tol, max_iter, refine, refine_below, stall_tol):
     """:func:`attnsvm.svm.fast.nuclear_ipm` (no ``check`` / ``drop_tol``): returns
     (W (d, e), y (N,), status code, n_iter) with the codes OPTIMAL, STALLED (the best
     iterate at the rounding floor), FAILED (the best iterate), INFEASIBLE."""
@@ -228,6 +300,7 @@ def nuc_ipm_kernel(Delta, Zk, b, ineq, tol, max_iter, refine, stall_tol):
                 Dsum[i, j] = sv[i] + sv[j]
                 rs[i, j] = 1.0 / np.sqrt(sv[i] * sv[j])
         r0 = -rp - _A(Delta, Zk, Wn @ Rd @ Wn, d)
+        nref = refine if res <= refine_below else 0
         fin = ineq.astype(np.float64)
 
         # predictor (affine scaling), then Mehrotra's corrector: two directions
@@ -251,11 +324,11 @@ def nuc_ipm_kernel(Delta, Zk, b, ineq, tol, max_iter, refine, stall_tol):
                 rc = (sigma * mu - s * y - ds * dy) * fin
             GRG = G @ Rt @ G.T
             dy = _cho_solve(LM, r0 - _A(Delta, Zk, GRG, d) + rc / yin)
-            for r in range(refine + 1):
+            for r in range(nref + 1):
                 dZ = -Rd - _Bs(Delta, Zk, dy, d)
                 dX = _sym(GRG - Wn @ dZ @ Wn)
                 ds = (rc - s * dy) / yin
-                if r == refine:
+                if r == nref:
                     break
                 dy = dy - _cho_solve(LM, _A(Delta, Zk, dX, d) - ds + rp)
             dXt = Gi @ dX @ Gi.T

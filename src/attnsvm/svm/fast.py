@@ -471,7 +471,8 @@ def _chol_reg(build):
 def nuclear_ipm(Delta: np.ndarray, Zk: np.ndarray, b: np.ndarray, *, tol: float = 1e-9,
                 max_iter: int = 100, check=None, check_tol: float = 1e-1,
                 check_min: float = 0.0, stall_tol: float = 1e-7, drop_tol: float = 0.0,
-                drop_slack: float = 0.05, eq: np.ndarray | None = None, refine: int = 0):
+                drop_slack: float = 0.05, eq: np.ndarray | None = None, refine: int = 0,
+                refine_below: float = 1e-5):
     """Primal-dual interior-point method (Mehrotra predictor-corrector, Nesterov-Todd
     direction) for the nuclear-norm SVM over N constraints, as the SDP pair
 
@@ -508,7 +509,9 @@ def nuclear_ipm(Delta: np.ndarray, Zk: np.ndarray, b: np.ndarray, *, tol: float 
     must be linearly independent of each other); appended rows are inequalities.
     ``refine``: steps of iterative refinement of each Newton direction, on the residual
     of its linearised primal rows computed through the operator (the N x N Schur
-    complement's condition grows as the iterates approach the optimum).
+    complement's condition grows as the iterates approach the optimum), at the iterates
+    whose residual max(gap, primal, dual) is <= ``refine_below`` (before, the directions
+    are accurate enough).
     Returns (W = X12 (d, e), y (N_final,) for the rows in order (given, then appended),
     status "optimal" | "failed" | "infeasible", n_iter); "failed" returns the best
     iterate.  y >= 0; ||S(y)||_op <= 1 up to the dual residual (a lower bound on the
@@ -617,17 +620,18 @@ def nuclear_ipm(Delta: np.ndarray, Zk: np.ndarray, b: np.ndarray, *, tol: float 
         Dsum = sv[:, None] + sv[None, :]
         rs = 1.0 / np.sqrt(np.outer(sv, sv))
         r0 = -rp - A(Wn @ Rd @ Wn)
+        nref = refine if res <= refine_below else 0
 
-        def direction(Rt, rc, F=F, r0=r0, G=G, Wn=Wn, Rd=Rd, s=s, yin=yin, rp=rp):
+        def direction(Rt, rc, F=F, r0=r0, G=G, Wn=Wn, Rd=Rd, s=s, yin=yin, rp=rp, nref=nref):
             # scaled: dXt + dZt = Rt;  dX = G Rt G^T - Wn dZ Wn,  dZ = -Rd - sum_k dy_k B_k
             # (rc = 0 and s = 0 on equality rows: ds = 0 there)
             GRG = G @ Rt @ G.T
             dy = cho_solve(F, r0 - A(GRG) + rc / yin, check_finite=False)
-            for _ in range(refine + 1):
+            for _ in range(nref + 1):
                 dZ = -Rd - Bs(dy)
                 dX = _sym(GRG - Wn @ dZ @ Wn)
                 ds = (rc - s * dy) / yin
-                if _ == refine:
+                if _ == nref:
                     break
                 # residual of the linearised primal rows A(dX) - ds = -rp, through the
                 # operator itself (not the factorised, possibly regularised M)
@@ -671,7 +675,8 @@ NUC_KERNEL_MAX_N = 160  # the compiled kernel up to this many rows (its Schur co
 
 def nuclear_ipm_small(Delta: np.ndarray, Zk: np.ndarray, b: np.ndarray, *, tol: float = 1e-9,
                       max_iter: int = 100, stall_tol: float = 1e-7, eq: np.ndarray | None = None,
-                      refine: int = 0, compiled: bool | None = None):
+                      refine: int = 0, refine_below: float = 1e-5,
+                      compiled: bool | None = None):
     """:func:`nuclear_ipm` without constraint generation, by its numba kernel
     (:mod:`attnsvm.svm._nuc_kernels`: the same iteration, without the interpreter's cost
     per array operation) where numba is importable and N <= NUC_KERNEL_MAX_N, else by
@@ -683,12 +688,12 @@ def nuclear_ipm_small(Delta: np.ndarray, Zk: np.ndarray, b: np.ndarray, *, tol: 
         raise RuntimeError("nuclear_ipm_small(compiled=True) needs numba")
     if kern is None or (compiled is None and N > NUC_KERNEL_MAX_N):
         return nuclear_ipm(Delta, Zk, b, tol=tol, max_iter=max_iter, stall_tol=stall_tol,
-                           eq=eq, refine=refine)
+                           eq=eq, refine=refine, refine_below=refine_below)
     ineq = np.ones(N, bool) if eq is None else ~np.asarray(eq, bool)
     W, y, code, it = kern.nuc_ipm_kernel(
         np.ascontiguousarray(Delta, float), np.ascontiguousarray(Zk, float),
         np.ascontiguousarray(b, float), ineq, float(tol), int(max_iter), int(refine),
-        float(stall_tol))
+        float(refine_below), float(stall_tol))
     status = {kern.OPTIMAL: "optimal", kern.STALLED: "optimal",
               kern.INFEASIBLE: "infeasible"}.get(int(code), "failed")
     return W, y, status, int(it)
