@@ -291,3 +291,26 @@ def test_nuclear_proof_refuses_perturbed_answers(monkeypatch):
     monkeypatch.setattr(G, "_farkas", lambda cs: None)
     out = graph_svm(D.E, D.seqs, D.y, norm="nuc")
     assert out.status_ == "uncertified" and not out.feasible_
+
+
+def test_infeasible_by_an_exact_relation_of_differences(monkeypatch):
+    """An instance (d = 3 < K = 4) whose infeasibility is an exact linear relation among the
+    tokens' differences E_y - E_j: the Farkas certificate holds on the exact differences
+    (graph_constraints keeps their rounding error, Delta_lo), not on the rounded ones, so
+    both norms say "infeasible" only with it; without it the verdict is "uncertified",
+    never a wrong one."""
+    from attnsvm.svm import graph as G
+
+    D = ntp_random(8, 4, 4, 3, graph="any", seed=991255540)
+    for norm in ("fro", "nuc"):
+        sol = graph_svm(D.E, D.seqs, D.y, norm=norm)
+        assert sol.status_ == "infeasible" and sol.conflict_, (norm, sol.status_)
+    real = G.graph_constraints
+
+    def rounded(E, rows):
+        cs = real(E, rows)
+        cs.Delta_lo = None
+        return cs
+
+    monkeypatch.setattr(G, "graph_constraints", rounded)
+    assert graph_svm(D.E, D.seqs, D.y, norm="fro").status_ == "uncertified"

@@ -77,13 +77,19 @@ def _gamma(n) -> float:
 # ----------------------------------------------------------------- constraints
 def graph_constraints(E: np.ndarray, rows) -> ConstraintSet:
     """The unbatched :class:`ConstraintSet` of the rows (layout (N, 1): one row per
-    "sequence"): Delta_r = e_y - e_j, z_r = e_k, b_r = 0 on equalities, 1 otherwise."""
-    Delta = (E[rows.y] - E[rows.j])[:, None, :]
+    "sequence"): Delta_r = e_y - e_j, z_r = e_k, b_r = 0 on equalities, 1 otherwise.
+    The rounding error of each difference is kept (``Delta_lo``, by TwoSum), so the exact
+    checks (Farkas certificates) see the exact E_y - E_j: infeasibility that comes from an
+    exact linear relation among the tokens' differences is provable only on those."""
+    from .certificate import two_diff
+
+    Delta, lo = two_diff(E[rows.y], E[rows.j])
     Z = E[rows.k]
     N = len(rows)
     valid = np.ones((N, 1), bool)
     b = np.where(rows.eq, 0.0, 1.0)[:, None]
-    return ConstraintSet(Delta, Z, valid, b, rows.eq[:, None].copy(), 0)
+    return ConstraintSet(Delta[:, None, :], Z, valid, b, rows.eq[:, None].copy(), 0,
+                         Delta_lo=lo[:, None, :])
 
 
 def _validate(E, seqs, y, norm):
