@@ -102,8 +102,9 @@ def _sym(A):
 @njit(cache=True)
 def _lmin(A):
     """Smallest eigenvalue of the symmetric A: Householder reduction to tridiagonal form,
-    then bisection on Sturm counts to the rounding level (the eigenvalue LAPACK's
-    eigvalsh gives, to ~eps ||A||, without its workspace queries and copies)."""
+    then bisection on Sturm counts to 1e-12 ||A|| (the reference's eigvalsh: ~eps ||A||;
+    the step lengths it feeds are scaled by 0.9-0.99 anyway), without LAPACK's workspace
+    queries and copies."""
     n = A.shape[0]
     a = A.copy()
     v = np.empty(n)
@@ -151,7 +152,7 @@ def _lmin(A):
             r += abs(a[i + 1, i])
         lo = min(lo, a[i, i] - r)
         hi = max(hi, a[i, i] + r)
-    tol = 2.2e-16 * max(abs(lo), abs(hi))  # (eigvalsh's accuracy: ~eps ||A||)
+    tol = 1e-12 * max(abs(lo), abs(hi))  # (a step length needs no more; eigvalsh: ~eps ||A||)
     for _ in range(200):  # invariant: no eigenvalue below lo; at least one below hi
         mid = 0.5 * (lo + hi)
         if mid <= lo or mid >= hi or hi - lo <= tol:

@@ -531,13 +531,14 @@ def _lam_matrix(rows, lam: np.ndarray, K: int):
     return Lam.reshape(K, K), Labs.reshape(K, K)
 
 
-def _kkt(E, rows, W, lam, norm, margins, tol):
+def _kkt(E, rows, W, lam, norm, margins, tol, nrm=None):
     """(lam scaled for min 1/2||W||^2: sum_ineq lam = ||W||^2, kkt residual, support):
     stationarity ||W - S||_F / ||W||_F (Frobenius) or max(| ||S||_2 / ||W||_* - 1 |,
     |<S, W> / ||W||_*^2 - 1|) (nuclear), S = sum_r lam_r A_r; complementarity
-    max_r |lam_r (m_r - b_r)| / ||W||^2.  Informative numbers (the proof is gap_)."""
+    max_r |lam_r (m_r - b_r)| / ||W||^2.  Informative numbers (the proof is gap_).
+    ``nrm``: ||W|| where the caller has it."""
     ineq = ~rows.eq
-    nrm = _norm_value(W, norm)
+    nrm = _norm_value(W, norm) if nrm is None else nrm
     tot = float(lam[ineq].sum())
     lam = lam * (nrm ** 2 / tot) if tot > 0 and nrm > 0 else lam
     Lam, _ = _lam_matrix(rows, lam, E.shape[0])
@@ -737,9 +738,11 @@ def graph_svm(E, seqs, y, norm="fro", *, exclude=None, tol: float = 1e-6) -> Sol
         extra["proof"] = pr
         extra["tried"] = names
         if st != "uncertified":
-            lam_out, kkt, support = _kkt(data.E, rows, Wout, lam_out, N.name, pr["margins"], tol)
+            nrm = _norm_value(Wout, N.name)
+            lam_out, kkt, support = _kkt(data.E, rows, Wout, lam_out, N.name, pr["margins"], tol,
+                                         nrm)
             return Solution(
-                W_=Wout, norm_=_norm_value(Wout, N.name), margin_=pr["margin_lo"],
+                W_=Wout, norm_=nrm, margin_=pr["margin_lo"],
                 violation_=pr["violation_hi"], kkt_residual_=kkt,
                 gap_=pr["gap_hi"], dual_=lam_out[:, None], support_=support[:, None],
                 margins_=pr["margins"][:, None], status_=st,
