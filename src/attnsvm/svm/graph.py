@@ -363,9 +363,7 @@ def _nuc_ipm(cs: ConstraintSet, tol: float = 3e-10):
     # with a multiplier; C + the least-norm correction that does (the method leaves a
     # primal residual ~1e-10, and the norm moves by sum_r lam_r (b_r - m_r) only)
     name = "ipm-sdp" if status == "optimal" else f"ipm-sdp ({status})"
-    M = np.einsum("ra,rb->rab", Dr, Zr).reshape(len(b), -1)
-    c = C.reshape(-1)
-    m = M @ c
+    m = ((Dr @ C) * Zr).sum(1)  # margins of C
     act = np.zeros(len(b), bool)
     act[sel_eq] = True
     act |= ~eq & (lam > 1e-6 * float(lam[~eq].max(initial=0.0))) & (m < 1 + 1e-6)
@@ -381,8 +379,9 @@ def _nuc_ipm(cs: ConstraintSet, tol: float = 3e-10):
     Cr = (C + Uc[:, :k] @ p[:k * r2].reshape(k, r2)
           + p[k * r2:].reshape(r1, k) @ Vct[:k])
     yield U @ Cr @ V.T, lam, name + "+rows"
+    c = C.reshape(-1)
     if sel_eq.size:  # the raw answer, projected onto the equalities' null space
-        Me = M[sel_eq]
+        Me = Mr_eq[np.searchsorted(ie, sel_eq)]
         c = c - Me.T @ np.linalg.solve(Me @ Me.T, Me @ c)
     yield U @ c.reshape(C.shape) @ V.T, lam, name
 
