@@ -194,8 +194,8 @@ def test_nuclear_equals_clarabel_reference(n, T, K, d, graph, seed):
         return
     assert sol.status_ == "optimal", (sol.status_, sol.solver_, sol.gap_)
     assert sol.gap_ <= GAP_GRAPH and sol.violation_ <= 1e-9
-    ref, acc = ref  # (a proven answer may beat an inaccurate reference, never lose to it)
-    assert ref * (1 - acc) <= sol.norm_ <= ref * (1 + 1e-8)
+    ref, acc = ref  # (an inaccurate reference may sit on either side of the optimum)
+    assert abs(sol.norm_ - ref) <= acc * ref
 
 
 def _graph_ipm_rows(seed, graph):
