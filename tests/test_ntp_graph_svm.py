@@ -3,9 +3,13 @@ infeasible verdicts."""
 
 from __future__ import annotations
 
+import warnings
+
 import cvxpy as cp
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from attnsvm.ntp import graph_rows, ntp_random
 from attnsvm.svm import graph_svm, graph_svm_batch
@@ -136,3 +140,177 @@ def test_bad_input_and_batch():
     assert len(sols) == 2 and np.allclose(sols[0].W_, sols[1].W_)
     with pytest.raises(ValueError, match=r"problems\[1\]"):
         graph_svm_batch([D, (D.E, D.seqs)])
+
+
+# ------------------------------------------------------------- the nuclear solver
+def _reference_tight(E, rows, norm="nuc", reduce=None):
+    """The Graph-SVM on its distinct rows by cvxpy + Clarabel at tight tolerances (an
+    independent solver; ``reduce`` = (U, V): on C with W = U C V^T instead): (optimal
+    value, its relative accuracy: 1e-8, or 1e-5 where Clarabel says "inaccurate" or fails
+    and SCS answers), or None (infeasible)."""
+    D = E[rows.y] - E[rows.j]
+    Z = E[rows.k]
+    if reduce is not None:
+        D, Z = D @ reduce[0], Z @ reduce[1]
+    W = cp.Variable((D.shape[1], Z.shape[1]))
+    m = cp.sum(cp.multiply(D @ W, Z), axis=1)
+    cons = [m[np.nonzero(~rows.eq)[0]] >= 1]
+    if rows.eq.any():
+        cons.append(m[np.nonzero(rows.eq)[0]] == 0)
+    obj = cp.normNuc(W) if norm == "nuc" else cp.norm(W, "fro")
+    prob = cp.Problem(cp.Minimize(obj), cons)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            prob.solve(solver="CLARABEL", tol_gap_abs=1e-10, tol_gap_rel=1e-10, tol_feas=1e-10)
+            acc = 1e-8 if prob.status == "optimal" else 1e-5
+        except cp.error.SolverError:  # (Clarabel can fail on these: SCS then, to 1e-5)
+            prob.solve(solver="SCS", eps_abs=1e-10, eps_rel=1e-10, max_iters=100_000)
+            acc = 1e-5
+    if prob.status not in ("optimal", "optimal_inaccurate"):
+        return None
+    return prob.value, acc
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.integers(2, 8), st.integers(2, 6), st.integers(3, 8), st.integers(1, 8),
+       st.sampled_from(["cyclic", "acyclic", "any"]), st.integers(0, 2**31))
+def test_nuclear_equals_clarabel_reference(n, T, K, d, graph, seed):
+    """A property over random sizes (d = 1 and K > d included): graph_svm(nuc) is proven
+    optimal and its norm is Clarabel's optimum at high accuracy (or both find it
+    infeasible)."""
+    try:
+        D = ntp_random(n, T, K, d, graph=graph, seed=seed, max_tries=200)
+    except RuntimeError:  # no draw of that kind at that size
+        return
+    sol = graph_svm(D.E, D.seqs, D.y, norm="nuc")
+    rows = graph_rows(D.seqs, D.y, D.K)
+    if not (~rows.eq).any():
+        assert sol.status_ == "optimal" and sol.norm_ == 0.0
+        return
+    ref = _reference_tight(D.E, rows)
+    if ref is None:
+        assert sol.status_ == "infeasible", sol
+        return
+    assert sol.status_ == "optimal", (sol.status_, sol.solver_, sol.gap_)
+    assert sol.gap_ <= GAP_GRAPH and sol.violation_ <= 1e-9
+    ref, acc = ref  # (an inaccurate reference may sit on either side of the optimum)
+    assert abs(sol.norm_ - ref) <= acc * ref
+
+
+def _graph_ipm_rows(seed, graph):
+    from attnsvm.svm import graph as G
+
+    D = ntp_random(10, 6, 8, 8, graph=graph, seed=seed)
+    rows = graph_rows(D.seqs, D.y, D.K)
+    cs = G.graph_constraints(D.E, rows)
+    return D, rows, cs.Delta[:, 0], cs.Z, cs.b[:, 0], cs.eq[:, 0]
+
+
+@pytest.mark.parametrize("seed, graph", [(0, "cyclic"), (1, "cyclic"), (2, "acyclic")])
+def test_nuclear_ipm_equalities_and_reduction(seed, graph):
+    """fast.nuclear_ipm with equality rows (free multipliers), in full dimension d x d and on
+    the reduced C (W = U C V^T, U, V bases of span{Delta_r}, span{z_r}): the same optimum,
+    Clarabel's (full and reduced), with ||S(y)||_2 <= 1 and y >= 0 on inequalities."""
+    from attnsvm.svm import graph as G
+    from attnsvm.svm.fast import nuclear_ipm
+
+    D, rows, Dd, Z, b, eq = _graph_ipm_rows(seed, graph)
+    U, V = G._nuc_reduce(Dd, Z)
+    assert U.shape[1] < D.E.shape[1] or V.shape[1] < D.E.shape[1]  # the reduction reduces
+    sel = np.ones(len(b), bool)
+    ie = np.nonzero(eq)[0]
+    if ie.size:  # an independent subset of the equalities (dependent ones are implied)
+        Me = np.einsum("ra,rb->rab", Dd[ie], Z[ie]).reshape(len(ie), -1)
+        sel[ie] = False
+        sel[ie[G._independent_rows(Me)]] = True
+    ref = _reference_tight(D.E, rows)[0]
+    assert abs(_reference_tight(D.E, rows, reduce=(U, V))[0] - ref) <= 1e-8 * ref
+    for A, B in ((Dd, Z), (Dd @ U, Z @ V)):
+        W, y, status, _ = nuclear_ipm(A[sel], B[sel], b[sel], eq=eq[sel], tol=1e-10, refine=2)
+        assert status == "optimal"
+        S = A[sel].T @ (y[:, None] * B[sel])
+        assert np.linalg.norm(S, 2) <= 1 + 1e-9 and np.all(y[~eq[sel]] >= 0)
+        assert abs(b[sel] @ y - ref) <= 1e-8 * ref  # the dual value
+        m = np.einsum("ra,ab,rb->r", A, W, B)
+        scale = min(1.0, m[~eq].min())
+        assert np.abs(m[eq]).max(initial=0) <= 1e-8
+        assert abs(np.linalg.svd(W, compute_uv=False).sum() / scale - ref) <= 1e-8 * ref
+
+
+@pytest.mark.parametrize("seed, graph", [(0, "cyclic"), (3, "acyclic")])
+def test_nuclear_kernel_equals_reference(seed, graph):
+    """The numba kernel (fast.nuclear_ipm_small) against the plain reference
+    fast.nuclear_ipm on the same data: the same verdict, primal and dual values to 1e-9,
+    iterates within rounding of each other (W to 1e-4: the optimum is flat to second
+    order along some directions, so W at a gap of 1e-10 is fixed to ~1e-5 only)."""
+    pytest.importorskip("numba")
+    from attnsvm.svm.fast import nuclear_ipm, nuclear_ipm_small
+
+    _, _, Dd, Z, b, eq = _graph_ipm_rows(seed, graph)
+    ineq = ~eq
+    args = (Dd[ineq], Z[ineq], b[ineq])  # (no equality: full dimension, the rows as they are)
+    W1, y1, s1, i1 = nuclear_ipm_small(*args, tol=1e-10, refine=2, compiled=True)
+    W2, y2, s2, i2 = nuclear_ipm(*args, tol=1e-10, refine=2)
+    assert s1 == s2 == "optimal"  # (iteration counts may differ by rounding near the end)
+    n1, n2 = (np.linalg.svd(W, compute_uv=False).sum() for W in (W1, W2))
+    assert abs(n1 - n2) <= 1e-9 * n2 and abs(b[ineq] @ (y1 - y2)) <= 1e-9 * n2
+    assert np.abs(W1 - W2).max() <= 1e-4 * np.abs(W2).max()
+    # and the plain path of nuclear_ipm_small is the reference itself
+    W3, y3, s3, _ = nuclear_ipm_small(*args, tol=1e-10, refine=2, compiled=False)
+    assert np.array_equal(W3, W2) and np.array_equal(y3, y2)
+
+
+def test_nuclear_proof_refuses_perturbed_answers(monkeypatch):
+    """The nuclear certificate fails on violating answers: margins 1 - 1e-6, a broken tie,
+    a 1%-too-long W, poor multipliers; and graph_svm given only such a candidate does not
+    call it optimal."""
+    from attnsvm.svm import graph as G
+
+    D = ntp_random(6, 4, 6, 8, graph="cyclic", seed=0)
+    sol = graph_svm(D.E, D.seqs, D.y, norm="nuc")
+    assert sol.status_ == "optimal"
+    rows = sol.extra["rows"]
+    lam = sol.dual_[:, 0]
+    ok = prove(D.E, rows, sol.W_, lam, "nuc")
+    assert ok["violation_hi"] <= 1e-9 and ok["gap_hi"] <= GAP_GRAPH
+    assert prove(D.E, rows, sol.W_ * (1 - 1e-6), lam, "nuc")["violation_hi"] > 1e-9
+    far = prove(D.E, rows, sol.W_ * 1.01, lam, "nuc")
+    assert far["violation_hi"] <= 1e-9 and 0.009 < far["gap_hi"] < 0.011
+    tie = sol.W_ + 1e-6 * np.outer(D.E[rows.y[rows.eq][0]], D.E[rows.k[rows.eq][0]])
+    assert prove(D.E, rows, tie, lam, "nuc")["violation_hi"] > 1e-9
+    weak = prove(D.E, rows, sol.W_, lam * np.where(rows.eq, 1.0, 0.5), "nuc")
+    assert weak["gap_hi"] > 1e-3
+    # end to end: the solver's only candidate breaks a tie -> not certified
+    scale = 2.0 ** (-2 * G._pow2_scale(D.E)[1])  # graph_svm solves on E scaled by a power of 2
+
+    def bad(cs):
+        yield tie / scale, lam / scale, "perturbed"
+
+    monkeypatch.setattr(G, "_solve_nuc", bad)
+    monkeypatch.setattr(G, "_farkas", lambda cs: None)
+    out = graph_svm(D.E, D.seqs, D.y, norm="nuc")
+    assert out.status_ == "uncertified" and not out.feasible_
+
+
+def test_infeasible_by_an_exact_relation_of_differences(monkeypatch):
+    """An instance (d = 3 < K = 4) whose infeasibility is an exact linear relation among the
+    tokens' differences E_y - E_j: the Farkas certificate holds on the exact differences
+    (graph_constraints keeps their rounding error, Delta_lo), not on the rounded ones, so
+    both norms say "infeasible" only with it; without it the verdict is "uncertified",
+    never a wrong one."""
+    from attnsvm.svm import graph as G
+
+    D = ntp_random(8, 4, 4, 3, graph="any", seed=991255540)
+    for norm in ("fro", "nuc"):
+        sol = graph_svm(D.E, D.seqs, D.y, norm=norm)
+        assert sol.status_ == "infeasible" and sol.conflict_, (norm, sol.status_)
+    real = G.graph_constraints
+
+    def rounded(E, rows):
+        cs = real(E, rows)
+        cs.Delta_lo = None
+        return cs
+
+    monkeypatch.setattr(G, "graph_constraints", rounded)
+    assert graph_svm(D.E, D.seqs, D.y, norm="fro").status_ == "uncertified"

@@ -26,9 +26,11 @@ from __future__ import annotations
 import numpy as np
 from scipy.linalg import cho_factor, cho_solve
 
+from .._optional import OptionalImport
 from .solution import ConstraintSet
 
-__all__ = ["primal_ipm", "polish_fro", "batched_mnp", "nuclear_barrier", "nuclear_ipm"]
+__all__ = ["primal_ipm", "polish_fro", "batched_mnp", "nuclear_barrier", "nuclear_ipm",
+           "nuclear_ipm_small"]
 
 
 def _max_step(x: np.ndarray, dx: np.ndarray, mask: np.ndarray) -> float:
@@ -469,7 +471,8 @@ def _chol_reg(build):
 def nuclear_ipm(Delta: np.ndarray, Zk: np.ndarray, b: np.ndarray, *, tol: float = 1e-9,
                 max_iter: int = 100, check=None, check_tol: float = 1e-1,
                 check_min: float = 0.0, stall_tol: float = 1e-7, drop_tol: float = 0.0,
-                drop_slack: float = 0.05):
+                drop_slack: float = 0.05, eq: np.ndarray | None = None, refine: int = 0,
+                refine_below: float = 1e-5):
     """Primal-dual interior-point method (Mehrotra predictor-corrector, Nesterov-Todd
     direction) for the nuclear-norm SVM over N constraints, as the SDP pair
 
@@ -501,6 +504,14 @@ def nuclear_ipm(Delta: np.ndarray, Zk: np.ndarray, b: np.ndarray, *, tol: float 
     ``drop_tol`` > 0: once, at the first iterate with gap and residuals <= ``drop_tol``,
     the rows with slack s_k > ``drop_slack`` |b_k| and y_k < 1e-3 max y leave the method
     (their y_k is reported as 0; the caller checks them at the end).
+    ``eq`` (N,) bool: equality rows <B_k, X> = b_k (no slack, s_k = 0; y_k free, no sign
+    constraint and no complementarity term: their Schur diagonal s_k / y_k is 0, so they
+    must be linearly independent of each other); appended rows are inequalities.
+    ``refine``: steps of iterative refinement of each Newton direction, on the residual
+    of its linearised primal rows computed through the operator (the N x N Schur
+    complement's condition grows as the iterates approach the optimum), at the iterates
+    whose residual max(gap, primal, dual) is <= ``refine_below`` (before, the directions
+    are accurate enough).
     Returns (W = X12 (d, e), y (N_final,) for the rows in order (given, then appended),
     status "optimal" | "failed" | "infeasible", n_iter); "failed" returns the best
     iterate.  y >= 0; ||S(y)||_op <= 1 up to the dual residual (a lower bound on the
@@ -511,7 +522,8 @@ def nuclear_ipm(Delta: np.ndarray, Zk: np.ndarray, b: np.ndarray, *, tol: float 
     m = d + e
     eye = np.eye(m)
     bmax = max(float(np.abs(b).max()), 1e-300)
-    s1 = max(float(np.linalg.norm(Delta.T @ Zk, 2)), 1e-300)
+    ineq = np.ones(N, bool) if eq is None else ~np.asarray(eq, bool)
+    s1 = max(float(np.linalg.norm(Delta[ineq].T @ Zk[ineq], 2)), 1e-300)
 
     def A(R):  # <B_k, R> for a symmetric m x m R
         return ((Delta @ R[:d, d:]) * Zk).sum(1)
@@ -523,10 +535,10 @@ def nuclear_ipm(Delta: np.ndarray, Zk: np.ndarray, b: np.ndarray, *, tol: float 
         out[d:, :d] = 0.5 * S.T
         return out
 
-    y = np.full(N, 0.5 / s1)
+    y = np.where(ineq, 0.5 / s1, 0.0)
     Zm = 0.5 * eye - Bs(y)
     X = max(1.0, 2.0 * float(b @ y) / m) * eye
-    s = np.full(N, max(1.0, bmax))
+    s = np.where(ineq, max(1.0, bmax), 0.0)
     schur = _Schur(N)
     status = "failed"
     ids = np.arange(N)  # the rows in the method, among all given / appended so far
@@ -548,7 +560,7 @@ def nuclear_ipm(Delta: np.ndarray, Zk: np.ndarray, b: np.ndarray, *, tol: float 
         rinf = float(np.abs(rp).max()) / bmax
         res = max(rgap, rinf, 2.0 * float(np.abs(Rd).max()))
         conv = res <= tol
-        mu = (float((X * Zm).sum()) + float(s @ y)) / (m + len(y))
+        mu = (float((X * Zm).sum()) + float(s @ y)) / (m + int(ineq.sum()))
         if check is not None and (conv or check_min < res <= check_tol):
             new = check(X[:d, d:], conv)
             if new is not None and len(new[2]):
@@ -560,6 +572,7 @@ def nuclear_ipm(Delta: np.ndarray, Zk: np.ndarray, b: np.ndarray, *, tol: float 
                 b = np.concatenate([b, bn])
                 y = np.concatenate([y, yn])
                 s = np.concatenate([s, sn])
+                ineq = np.concatenate([ineq, np.ones(len(bn), bool)])
                 ids = np.concatenate([ids, np.arange(n_all, n_all + len(bn))])
                 n_all += len(bn)
                 bmax = max(bmax, float(np.abs(bn).max()))
@@ -569,9 +582,10 @@ def nuclear_ipm(Delta: np.ndarray, Zk: np.ndarray, b: np.ndarray, *, tol: float 
                 continue
         if drop_tol and res <= drop_tol:  # once: rows far from active leave the method
             drop_tol = 0.0
-            keep = (s <= drop_slack * np.maximum(np.abs(b), 1e-300)) | (y >= 1e-3 * y.max())
+            keep = ((s <= drop_slack * np.maximum(np.abs(b), 1e-300)) | (y >= 1e-3 * y.max())
+                    | ~ineq)
             if not keep.all():
-                Delta, Zk, b, y, s, ids = (a[keep] for a in (Delta, Zk, b, y, s, ids))
+                Delta, Zk, b, y, s, ids, ineq = (a[keep] for a in (Delta, Zk, b, y, s, ids, ineq))
                 schur = _Schur(len(y))
                 continue
         if res < best[0]:
@@ -598,38 +612,48 @@ def nuclear_ipm(Delta: np.ndarray, Zk: np.ndarray, b: np.ndarray, *, tol: float 
         G = LX @ (Vt.T / np.sqrt(sv))
         Gi = (U_ / np.sqrt(sv)).T @ LZ.T  # G^-1 = D^-1/2 U^T L_Z^T
         Wn = G @ G.T
-        F = _chol_reg(lambda delta, Delta=Delta, Zk=Zk, Wn=Wn, s=s, y=y, schur=schur:
-                      schur(Delta, Zk, Wn, s / y, delta))
+        yin = np.where(ineq, y, 1.0)
+        F = _chol_reg(lambda delta, Delta=Delta, Zk=Zk, Wn=Wn, s=s, yin=yin, schur=schur:
+                      schur(Delta, Zk, Wn, s / yin, delta))
         if F is None:
             break
         Dsum = sv[:, None] + sv[None, :]
         rs = 1.0 / np.sqrt(np.outer(sv, sv))
         r0 = -rp - A(Wn @ Rd @ Wn)
+        nref = refine if res <= refine_below else 0
 
-        def direction(Rt, rc, F=F, r0=r0, G=G, Wn=Wn, Rd=Rd, s=s, y=y):
+        def direction(Rt, rc, F=F, r0=r0, G=G, Wn=Wn, Rd=Rd, s=s, yin=yin, rp=rp, nref=nref):
             # scaled: dXt + dZt = Rt;  dX = G Rt G^T - Wn dZ Wn,  dZ = -Rd - sum_k dy_k B_k
+            # (rc = 0 and s = 0 on equality rows: ds = 0 there)
             GRG = G @ Rt @ G.T
-            dy = cho_solve(F, r0 - A(GRG) + rc / y, check_finite=False)
-            dZ = -Rd - Bs(dy)
-            dX = _sym(GRG - Wn @ dZ @ Wn)
-            return dX, dy, dZ, (rc - s * dy) / y
+            dy = cho_solve(F, r0 - A(GRG) + rc / yin, check_finite=False)
+            for _ in range(nref + 1):
+                dZ = -Rd - Bs(dy)
+                dX = _sym(GRG - Wn @ dZ @ Wn)
+                ds = (rc - s * dy) / yin
+                if _ == nref:
+                    break
+                # residual of the linearised primal rows A(dX) - ds = -rp, through the
+                # operator itself (not the factorised, possibly regularised M)
+                dy = dy - cho_solve(F, A(dX) - ds + rp, check_finite=False)
+            return dX, dy, dZ, ds
 
-        def steps(dX, dy, dZ, ds, G=G, Gi=Gi, rs=rs, s=s, y=y):
+        def steps(dX, dy, dZ, ds, G=G, Gi=Gi, rs=rs, s=s, y=y, ineq=ineq):
             # X + a dX = G (D + a dXt) G^T, Z + a dZ = G^-T (D + a dZt) G^-1 (scaled
             # directions dXt = G^-1 dX G^-T, dZt = G^T dZ G): PSD iff I + a D^-1/2 (.) D^-1/2 is
             dXt = Gi @ dX @ Gi.T
             dZt = G.T @ dZ @ G
-            return (min(_unit_step(dXt * rs), _pos_step(s, ds)),
-                    min(_unit_step(dZt * rs), _pos_step(y, dy)), dXt, dZt)
+            return (min(_unit_step(dXt * rs), _pos_step(s[ineq], ds[ineq])),
+                    min(_unit_step(dZt * rs), _pos_step(y[ineq], dy[ineq])), dXt, dZt)
 
-        dX, dy, dZ, ds = direction(-np.diag(sv), -s * y)  # predictor (affine scaling)
+        dX, dy, dZ, ds = direction(-np.diag(sv), -s * y * ineq)  # predictor (affine scaling)
         ap, ad, dXt, dZt = steps(dX, dy, dZ, ds)
         mu_aff = (float(((X + ap * dX) * (Zm + ad * dZ)).sum())
-                  + float((s + ap * ds) @ (y + ad * dy))) / (m + len(y))
+                  + float((s + ap * ds) @ (y + ad * dy))) / (m + int(ineq.sum()))
         sigma = min(1.0, (mu_aff / mu) ** 3)
         # Mehrotra's second-order term from the scaled affine directions
         Rc = sigma * mu * eye - np.diag(sv * sv) - _sym(dXt @ dZt)
-        dX, dy, dZ, ds = direction(2.0 * Rc / Dsum, sigma * mu - s * y - ds * dy)  # corrector
+        dX, dy, dZ, ds = direction(2.0 * Rc / Dsum, (sigma * mu - s * y - ds * dy) * ineq)
         ap, ad, _, _ = steps(dX, dy, dZ, ds)
         gamma = 0.9 + 0.09 * min(ap, ad)
         ap, ad = min(1.0, gamma * ap), min(1.0, gamma * ad)
@@ -641,3 +665,35 @@ def nuclear_ipm(Delta: np.ndarray, Zk: np.ndarray, b: np.ndarray, *, tol: float 
     y_all = np.zeros(n_all)
     y_all[ib] = yb
     return W, y_all, "optimal" if status in ("optimal", "stalled") else status, it
+
+
+_nuc_kernels = OptionalImport("._nuc_kernels", __package__)  # the numba kernel, or None
+NUC_KERNEL_MAX_N = 160  # the compiled kernel up to this many rows (its Schur complement is
+# factorised in plain loops: beyond, the reference's LAPACK wins; measured crossover
+# N ~ 150-250 with one BLAS thread)
+
+
+def nuclear_ipm_small(Delta: np.ndarray, Zk: np.ndarray, b: np.ndarray, *, tol: float = 1e-9,
+                      max_iter: int = 100, stall_tol: float = 1e-7, eq: np.ndarray | None = None,
+                      refine: int = 0, refine_below: float = 1e-5,
+                      compiled: bool | None = None):
+    """:func:`nuclear_ipm` without constraint generation, by its numba kernel
+    (:mod:`attnsvm.svm._nuc_kernels`: the same iteration, without the interpreter's cost
+    per array operation) where numba is importable and N <= NUC_KERNEL_MAX_N, else by
+    :func:`nuclear_ipm` itself; ``compiled`` forces the choice (True without numba
+    raises).  Same arguments and returns as :func:`nuclear_ipm`."""
+    N = Delta.shape[0]
+    kern = _nuc_kernels() if compiled is not False else None
+    if compiled and kern is None:
+        raise RuntimeError("nuclear_ipm_small(compiled=True) needs numba")
+    if kern is None or (compiled is None and N > NUC_KERNEL_MAX_N):
+        return nuclear_ipm(Delta, Zk, b, tol=tol, max_iter=max_iter, stall_tol=stall_tol,
+                           eq=eq, refine=refine, refine_below=refine_below)
+    ineq = np.ones(N, bool) if eq is None else ~np.asarray(eq, bool)
+    W, y, code, it = kern.nuc_ipm_kernel(
+        np.ascontiguousarray(Delta, float), np.ascontiguousarray(Zk, float),
+        np.ascontiguousarray(b, float), ineq, float(tol), int(max_iter), int(refine),
+        float(refine_below), float(stall_tol))
+    status = {kern.OPTIMAL: "optimal", kern.STALLED: "optimal",
+              kern.INFEASIBLE: "infeasible"}.get(int(code), "failed")
+    return W, y, status, int(it)

@@ -14,8 +14,14 @@ Solvers (one matrix constraint each, no Python loop of scalar constraints):
   (G_kl = <A_k, A_l> = (Delta_k . Delta_l)(z_k . z_l), A_k = Delta_k z_k^T, Delta_k = e_y - e_j,
   z_k = e_k), solved by Clarabel, W = sum_k lam_k A_k, then the exact active-set polish
   (:func:`attnsvm.svm.fast.polish_fro`: a KKT solve on the support);
-* ``norm="nuc"``: min ||W||_* by cvxpy + Clarabel's SDP cone (vectorised rows), at tight
-  tolerances; multipliers from its duals.
+* ``norm="nuc"``: the SDP pair min ||W||_* / max sum_ineq lam s.t. ||S(lam)||_2 <= 1 by
+  the project's primal-dual interior-point method (:func:`attnsvm.svm.fast.nuclear_ipm`,
+  its numba kernel :func:`~attnsvm.svm.fast.nuclear_ipm_small`) with the equalities as
+  free-multiplier rows, on the reduced problem W = U C V^T (U, V orthonormal bases of
+  span{Delta_r}, span{z_r}: ||W||_* = ||C||_*, C at most min(d, K - 1) x (distinct
+  queries)), the answer corrected onto its tight rows in the tangent space of its rank
+  (:func:`_nuc_ipm`); cvxpy + Clarabel / SCS (vectorised rows) only where that is not
+  proven.
 
 Proof (:func:`prove`), computed from the returned W and multipliers on the ORIGINAL data
 with a rounding-error bound for every floating-point step (gamma_n = n u / (1 - n u),
@@ -47,7 +53,14 @@ import warnings
 import numpy as np
 
 from ..norms import get_norm
-from .solution import FEAS_TOL, GAP_INACCURATE, ConstraintSet, Solution, farkas_verify
+from .solution import (
+    FEAS_TOL,
+    GAP_INACCURATE,
+    ConstraintSet,
+    Solution,
+    farkas_verify,
+    single_thread,
+)
 
 __all__ = ["graph_svm", "graph_svm_batch", "prove", "GAP_GRAPH", "graph_constraints"]
 
@@ -64,13 +77,19 @@ def _gamma(n) -> float:
 # ----------------------------------------------------------------- constraints
 def graph_constraints(E: np.ndarray, rows) -> ConstraintSet:
     """The unbatched :class:`ConstraintSet` of the rows (layout (N, 1): one row per
-    "sequence"): Delta_r = e_y - e_j, z_r = e_k, b_r = 0 on equalities, 1 otherwise."""
-    Delta = (E[rows.y] - E[rows.j])[:, None, :]
+    "sequence"): Delta_r = e_y - e_j, z_r = e_k, b_r = 0 on equalities, 1 otherwise.
+    The rounding error of each difference is kept (``Delta_lo``, by TwoSum), so the exact
+    checks (Farkas certificates) see the exact E_y - E_j: infeasibility that comes from an
+    exact linear relation among the tokens' differences is provable only on those."""
+    from .certificate import two_diff
+
+    Delta, lo = two_diff(E[rows.y], E[rows.j])
     Z = E[rows.k]
     N = len(rows)
     valid = np.ones((N, 1), bool)
     b = np.where(rows.eq, 0.0, 1.0)[:, None]
-    return ConstraintSet(Delta, Z, valid, b, rows.eq[:, None].copy(), 0)
+    return ConstraintSet(Delta[:, None, :], Z, valid, b, rows.eq[:, None].copy(), 0,
+                         Delta_lo=lo[:, None, :])
 
 
 def _validate(E, seqs, y, norm):
@@ -207,38 +226,37 @@ def _nuc_dual(M: np.ndarray, eq: np.ndarray, d: int, e: int, eps: float):
     return None if lam.value is None else np.asarray(lam.value, float)
 
 
-def _nuc_polish(cs: ConstraintSet, M: np.ndarray, lam: np.ndarray, top_tol: float = 1e-6):
-    """Primal from dual multipliers by complementary slackness.  At an optimum,
-    S = vec^-1(M^T lam) / ||.||_2 has top singular subspaces U_k, V_k (singular value 1,
+def _nuc_polish(D: np.ndarray, Z: np.ndarray, b: np.ndarray, eq: np.ndarray, lam: np.ndarray,
+                top_tol: float = 1e-6, act_tol: float = 1e-6):
+    """Primal from dual multipliers by complementary slackness (rows A_r = D_r Z_r^T,
+    D (N, p), Z (N, q), targets b (N,), equality mask eq (N,)).  At an optimum,
+    S = sum_r lam_r A_r / ||.||_2 has top singular subspaces U_k, V_k (singular value 1,
     multiplicity k) and W = U_k P V_k^T with P symmetric PSD, <A_r, W> = b_r on every row
-    with lam_r != 0 (and every equality): a small linear system in P (k(k+1)/2
-    unknowns), solved by least squares.  Returns W or None (system not consistent to
-    1e-6, or P not PSD: the multipliers were far off); the caller projects W onto the
-    equalities and proves it."""
-    d, e = cs.d, cs.e
-    S = (M.T @ lam).reshape(d, e)
+    with lam_r > ``act_tol`` max |lam| (and every equality): a small linear system in P
+    (k(k+1)/2 unknowns), solved by least squares.  Any such W with P PSD is optimal
+    (||W||_* = tr P = <S, W> = sum lam_r b_r meets weak duality).  It needs accurate
+    top subspaces: multipliers at a gap eps can leave them off by ~sqrt(eps) where the
+    optimum is flat to second order (measured on Graph-SVMs of rank r2: residuals ~1e-5
+    at eps ~1e-9).  Returns W (p, q) or None (system not consistent to 1e-6, or P not
+    PSD); the caller proves it."""
+    S = D.T @ (lam[:, None] * Z)
     Uu, sv, Vt = np.linalg.svd(S)
-    if not sv.size or sv[0] <= 0:
+    if not sv.size or not sv[0] > 0:
         return None
     k = int((sv >= (1 - top_tol) * sv[0]).sum())
     Uk, Vk = Uu[:, :k], Vt[:k].T
-    eq = cs.eq[:, 0]
-    lmax = float(np.abs(lam).max())
-    act = eq | (~eq & (lam > 1e-7 * lmax))
-    a = cs.Delta[act, 0] @ Uk  # (na, k)
-    z = cs.Z[act] @ Vk  # (na, k)
+    lmax = float(np.abs(lam[~eq]).max(initial=0.0))
+    act = eq | (~eq & (lam > act_tol * lmax))
+    a = D[act] @ Uk  # (na, k)
+    z = Z[act] @ Vk  # (na, k)
     iu = np.triu_indices(k)
-    C = np.einsum("ri,rj->rij", a, z)
-    C = C + np.swapaxes(C, 1, 2) * (iu[0] != iu[1]).any()  # symmetric parameterisation
-    Cs = np.einsum("rij->rij", C)[:, iu[0], iu[1]]
     # P_ij = P_ji: <a, P z> = sum_{i<=j} p_ij (a_i z_j + a_j z_i) (i < j), a_i z_i (i = j)
-    diag = iu[0] == iu[1]
-    Cs[:, diag] = (a * z)
-    off = ~diag
-    Cs[:, off] = a[:, iu[0][off]] * z[:, iu[1][off]] + a[:, iu[1][off]] * z[:, iu[0][off]]
-    b = cs.b[act, 0]
-    p, *_ = np.linalg.lstsq(Cs, b, rcond=None)
-    if not np.all(np.isfinite(p)) or np.abs(Cs @ p - b).max() > 1e-6 * max(1.0, np.abs(b).max()):
+    Cs = a[:, iu[0]] * z[:, iu[1]]
+    off = iu[0] != iu[1]
+    Cs[:, off] += a[:, iu[1][off]] * z[:, iu[0][off]]
+    bb = b[act]
+    p, *_ = np.linalg.lstsq(Cs, bb, rcond=None)
+    if not np.all(np.isfinite(p)) or np.abs(Cs @ p - bb).max() > 1e-6 * max(1.0, np.abs(bb).max()):
         return None
     P = np.zeros((k, k))
     P[iu] = p
@@ -249,11 +267,100 @@ def _nuc_polish(cs: ConstraintSet, M: np.ndarray, lam: np.ndarray, top_tol: floa
     return Uk @ P @ Vk.T
 
 
+def _independent_rows(M: np.ndarray, tol: float = 1e-12) -> np.ndarray:
+    """Indices of a maximal linearly independent subset of the rows of M (QR with column
+    pivoting of M^T, rank at ``tol`` of the largest diagonal entry): equality rows of one
+    SCC are often exactly dependent (e_a - e_c = (e_a - e_b) + (e_b - e_c))."""
+    from scipy.linalg import qr
+
+    if M.shape[0] == 0:
+        return np.zeros(0, int)
+    _, R, piv = qr(M.T, mode="economic", pivoting=True)
+    dg = np.abs(np.diag(R))
+    r = int((dg > tol * max(dg[0], 1e-300)).sum()) if dg.size else 0
+    return np.sort(piv[:r])
+
+
+def _nuc_reduce(D: np.ndarray, Z: np.ndarray):
+    """Orthonormal bases U (d, r1) of span{Delta_r} and V (e, r2) of span{z_r} (SVD, rank
+    at 1e-12 of the largest singular value).  Every constraint reads <A_r, W> =
+    Delta_r^T (U U^T W V V^T) z_r and ||U U^T W V V^T||_* <= ||W||_*, so the optimum is
+    W = U C V^T with C (r1, r2) the optimum of the problem on Delta_r U, z_r V, and
+    ||W||_* = ||C||_* (U, V orthonormal)."""
+    def basis(A):
+        Q, sv, _ = np.linalg.svd(A.T, full_matrices=False)
+        return Q[:, sv > 1e-12 * max(float(sv.max(initial=0.0)), 1e-300)]
+
+    return basis(D), basis(Z)
+
+
+def _nuc_ipm(cs: ConstraintSet, tol: float = 3e-10):
+    """Nuclear Graph-SVM candidates (W (d, e), lam (N,), name) by the project's primal-dual
+    SDP interior-point method (:func:`attnsvm.svm.fast.nuclear_ipm`; compiled:
+    :func:`~attnsvm.svm.fast.nuclear_ipm_small`; Nesterov-Todd direction) with the equality
+    rows as free-multiplier rows, on the reduced problem of :func:`_nuc_reduce` (C (r1, r2),
+    r1 <= min(d, K - 1), r2 <= the number of distinct queries) and an independent subset of
+    the equality rows (:func:`_independent_rows`; the others are implied and get
+    multiplier 0).  The method's floor is a relative gap ~1e-10 (its primal residual
+    drifts there; ``tol`` 3e-10: measured on 120 instances at the published sizes, proven
+    gaps <= 1.8e-10): C is corrected (least norm, in the tangent space of the rank-k
+    matrices at C) to meet the equalities and the near-tight rows with a multiplier
+    exactly (yielded first), then the raw C projected onto the equalities' null space.
+    W = U C V^T, lam with ||S(lam)||_2 ~ 1; (None, None, name) when the method finds no
+    answer (e.g. infeasible).
+    """
+    from .fast import nuclear_ipm_small
+
+    D, Z = cs.Delta[:, 0], cs.Z
+    eq = cs.eq[:, 0]
+    b = cs.b[:, 0]
+    U, V = _nuc_reduce(D, Z)
+    Dr, Zr = D @ U, Z @ V
+    ie = np.nonzero(eq)[0]
+    keep = ~eq
+    Mr_eq = np.einsum("ra,rb->rab", Dr[ie], Zr[ie]).reshape(len(ie), Dr.shape[1] * Zr.shape[1])
+    sel_eq = ie[_independent_rows(Mr_eq)] if ie.size else ie
+    keep[sel_eq] = True
+    C, y, status, _ = nuclear_ipm_small(Dr[keep], Zr[keep], b[keep], tol=tol, eq=eq[keep],
+                                        refine=2)
+    if C is None or status == "infeasible" or not np.all(np.isfinite(C)):
+        yield None, None, f"ipm-sdp ({status})"
+        return
+    lam = np.zeros(len(b))
+    lam[keep] = y
+    # rows the answer must meet exactly: the (independent) equalities and the inequalities
+    # with a multiplier; C + the least-norm correction that does (the method leaves a
+    # primal residual ~1e-10, and the norm moves by sum_r lam_r (b_r - m_r) only)
+    name = "ipm-sdp" if status == "optimal" else f"ipm-sdp ({status})"
+    m = ((Dr @ C) * Zr).sum(1)  # margins of C
+    act = np.zeros(len(b), bool)
+    act[sel_eq] = True
+    act |= ~eq & (lam > 1e-6 * float(lam[~eq].max(initial=0.0))) & (m < 1 + 1e-6)
+    # in the tangent space {Uc A + B Vc^T} of the rank-k matrices at C = Uc s Vc^T (a
+    # step off it costs its full nuclear norm; on it, <Uc Vc^T, step> to first order)
+    Uc, sc, Vct = np.linalg.svd(C, full_matrices=False)
+    k = int((sc > 1e-8 * sc[0]).sum()) if sc.size and sc[0] > 0 else 0
+    du, zv = Dr[act] @ Uc[:, :k], Zr[act] @ Vct[:k].T  # (na, k)
+    T = np.concatenate([np.einsum("ri,rb->rib", du, Zr[act]).reshape(len(du), -1),
+                        np.einsum("ra,ri->rai", Dr[act], zv).reshape(len(du), -1)], axis=1)
+    p, *_ = np.linalg.lstsq(T, b[act] - m[act], rcond=None)
+    r1, r2 = C.shape
+    Cr = (C + Uc[:, :k] @ p[:k * r2].reshape(k, r2)
+          + p[k * r2:].reshape(r1, k) @ Vct[:k])
+    yield U @ Cr @ V.T, lam, name + "+rows"
+    c = C.reshape(-1)
+    if sel_eq.size:  # the raw answer, projected onto the equalities' null space
+        Me = Mr_eq[np.searchsorted(ie, sel_eq)]
+        c = c - Me.T @ np.linalg.solve(Me @ Me.T, Me @ c)
+    yield U @ c.reshape(C.shape) @ V.T, lam, name
+
+
 def _solve_nuc(cs: ConstraintSet):
     """Nuclear Graph-SVM candidates, yielded one at a time (the caller proves each and
     stops as soon as the proven gap is small): (W or None, lam or None, name).
 
-    1. no equality: the project's nuclear working-set IPM (:mod:`attnsvm.svm.engine`);
+    1. the project's SDP interior-point method on the reduced problem, equalities as
+       free-multiplier rows (:func:`_nuc_ipm`);
     2. the dual SDP (:func:`_nuc_dual`, cvxpy + Clarabel) and the primal recovered from
        it by complementary slackness (:func:`_nuc_polish`);
     3. the primal SDP by cvxpy + Clarabel, then by cvxpy + SCS at eps 1e-11.
@@ -262,25 +369,20 @@ def _solve_nuc(cs: ConstraintSet):
     Primal answers are projected onto the equalities' null space (a conic answer meets
     them to ~1e-9 only).  Any primal pairs with any multipliers in the proof (weak
     duality holds for every lam), so the best of each side is kept."""
-    from ..norms import NUC
-    from .engine import FAST
-
     eq = cs.eq[:, 0]
     d, e = cs.d, cs.e
+    yield from _nuc_ipm(cs)
     M = _rows_dense(cs)
     Nb = _null_basis(M[eq], M.shape[1]) if eq.any() else None
 
     def proj(W):
         return W if (Nb is None or W is None) else (Nb @ (Nb.T @ W.reshape(-1))).reshape(W.shape)
 
-    if not eq.any():
-        r = FAST[NUC](cs.batched().take(0) if cs.batch_shape else cs, None)
-        if r is not None and r.W is not None:
-            yield r.W, (None if r.lam is None else r.lam[:, 0]), r.solver
     ld = _nuc_dual(M, eq, d, e, 1e-12)
     if ld is not None:
         ld = np.where(eq, ld, np.maximum(ld, 0.0))
-        yield proj(_nuc_polish(cs, M, ld)), ld, "clarabel-dual+slackness"
+        Wd = _nuc_polish(cs.Delta[:, 0], cs.Z, cs.b[:, 0], eq, ld)
+        yield proj(Wd), ld, "clarabel-dual+slackness"
     for solver in ("CLARABEL", "SCS"):
         W, lam = _nuc_primal(M, eq, d, e, solver)
         yield proj(W), lam, f"{solver.lower()}-primal"
@@ -397,13 +499,14 @@ def _lam_matrix(rows, lam: np.ndarray, K: int):
     return Lam.reshape(K, K), Labs.reshape(K, K)
 
 
-def _kkt(E, rows, W, lam, norm, margins, tol):
+def _kkt(E, rows, W, lam, norm, margins, tol, nrm=None):
     """(lam scaled for min 1/2||W||^2: sum_ineq lam = ||W||^2, kkt residual, support):
     stationarity ||W - S||_F / ||W||_F (Frobenius) or max(| ||S||_2 / ||W||_* - 1 |,
     |<S, W> / ||W||_*^2 - 1|) (nuclear), S = sum_r lam_r A_r; complementarity
-    max_r |lam_r (m_r - b_r)| / ||W||^2.  Informative numbers (the proof is gap_)."""
+    max_r |lam_r (m_r - b_r)| / ||W||^2.  Informative numbers (the proof is gap_).
+    ``nrm``: ||W|| where the caller has it."""
     ineq = ~rows.eq
-    nrm = _norm_value(W, norm)
+    nrm = _norm_value(W, norm) if nrm is None else nrm
     tot = float(lam[ineq].sum())
     lam = lam * (nrm ** 2 / tot) if tot > 0 and nrm > 0 else lam
     Lam, _ = _lam_matrix(rows, lam, E.shape[0])
@@ -521,6 +624,7 @@ def _pow2_scale(E: np.ndarray) -> tuple[np.ndarray, int]:
     return np.ldexp(E, -e), e
 
 
+@single_thread  # (small factorisations: BLAS threads only cost, badly under oversubscription)
 def graph_svm(E, seqs, y, norm="fro", *, exclude=None, tol: float = 1e-6) -> Solution:
     """The Graph-SVM of a next-token-prediction dataset, certified (module docstring).
 
@@ -602,9 +706,11 @@ def graph_svm(E, seqs, y, norm="fro", *, exclude=None, tol: float = 1e-6) -> Sol
         extra["proof"] = pr
         extra["tried"] = names
         if st != "uncertified":
-            lam_out, kkt, support = _kkt(data.E, rows, Wout, lam_out, N.name, pr["margins"], tol)
+            nrm = _norm_value(Wout, N.name)
+            lam_out, kkt, support = _kkt(data.E, rows, Wout, lam_out, N.name, pr["margins"], tol,
+                                         nrm)
             return Solution(
-                W_=Wout, norm_=_norm_value(Wout, N.name), margin_=pr["margin_lo"],
+                W_=Wout, norm_=nrm, margin_=pr["margin_lo"],
                 violation_=pr["violation_hi"], kkt_residual_=kkt,
                 gap_=pr["gap_hi"], dual_=lam_out[:, None], support_=support[:, None],
                 margins_=pr["margins"][:, None], status_=st,

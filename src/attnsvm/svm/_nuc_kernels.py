@@ -1,0 +1,348 @@
+"""numba kernel of the nuclear-norm SDP interior-point method :func:`attnsvm.svm.fast.nuclear_ipm`
+(imported only when numba is; the maths, the notation and the stopping rules are there).
+
+The same iteration step for step (Mehrotra predictor-corrector, Nesterov-Todd scaling,
+the N x N Schur complement M = 1/2 (Wn_uu o Wn_vv + Wn_uv o Wn_uv^T) + diag(s / y), its
+Cholesky factor regularised as :func:`attnsvm.svm.fast._chol_reg` does, ``refine`` steps
+of iterative refinement of each direction, equality rows with free multipliers), without
+the constraint-generation hooks (``check``, ``drop_tol``): for the small problems where
+the reference's cost is the interpreter's (the Graph-SVM at the published sizes: m = d + e
+<= 16, N <= 50, ~20 iterations of ~60 array operations).  tests/test_ntp_graph_svm.py holds
+its answers equal to the reference's.  No fastmath.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+OPTIMAL, STALLED, FAILED, INFEASIBLE = 0, 1, 2, 3
+
+
+@njit(cache=True)
+def _chol(A, L):
+    """Lower Cholesky factor of the symmetric A into L; False if A is not (numerically)
+    positive definite."""
+    n = A.shape[0]
+    for j in range(n):
+        s = A[j, j]
+        for k in range(j):
+            s -= L[j, k] * L[j, k]
+        if not s > 0.0:
+            return False
+        ljj = np.sqrt(s)
+        L[j, j] = ljj
+        for i in range(j + 1, n):
+            t = A[i, j]
+            for k in range(j):
+                t -= L[i, k] * L[j, k]
+            L[i, j] = t / ljj
+        for i in range(j):
+            L[i, j] = 0.0
+    return True
+
+
+@njit(cache=True)
+def _cho_solve(L, r):
+    """(L L^T)^{-1} r."""
+    n = L.shape[0]
+    x = r.copy()
+    for i in range(n):
+        t = x[i]
+        for k in range(i):
+            t -= L[i, k] * x[k]
+        x[i] = t / L[i, i]
+    for i in range(n - 1, -1, -1):
+        t = x[i]
+        for k in range(i + 1, n):
+            t -= L[k, i] * x[k]
+        x[i] = t / L[i, i]
+    return x
+
+
+@njit(cache=True)
+def _A(Delta, Zk, R, d):
+    """<B_k, R> = Delta_k^T R[:d, d:] z_k for every row k."""
+    N = Delta.shape[0]
+    e = Zk.shape[1]
+    out = np.zeros(N)
+    for k in range(N):
+        t = 0.0
+        for a in range(d):
+            u = 0.0
+            for c in range(e):
+                u += R[a, d + c] * Zk[k, c]
+            t += Delta[k, a] * u
+        out[k] = t
+    return out
+
+
+@njit(cache=True)
+def _Bs(Delta, Zk, v, d):
+    """sum_k v_k B_k (m x m)."""
+    N = Delta.shape[0]
+    e = Zk.shape[1]
+    out = np.zeros((d + e, d + e))
+    for k in range(N):
+        for a in range(d):
+            da = 0.5 * v[k] * Delta[k, a]
+            for c in range(e):
+                out[a, d + c] += da * Zk[k, c]
+    for a in range(d):
+        for c in range(e):
+            out[d + c, a] = out[a, d + c]
+    return out
+
+
+@njit(cache=True)
+def _sym(A):
+    return 0.5 * (A + A.T)
+
+
+@njit(cache=True)
+def _lmin(A):
+    """Smallest eigenvalue of the symmetric A: Householder reduction to tridiagonal form,
+    then bisection on Sturm counts to 1e-12 ||A|| (the reference's eigvalsh: ~eps ||A||;
+    the step lengths it feeds are scaled by 0.9-0.99 anyway), without LAPACK's workspace
+    queries and copies."""
+    n = A.shape[0]
+    a = A.copy()
+    v = np.empty(n)
+    p = np.empty(n)
+    for k in range(n - 2):
+        m = n - k - 1
+        alpha = 0.0
+        for i in range(m):
+            alpha += a[k + 1 + i, k] * a[k + 1 + i, k]
+        alpha = np.sqrt(alpha)
+        if alpha == 0.0:
+            continue
+        if a[k + 1, k] > 0:
+            alpha = -alpha
+        vv = 0.0
+        for i in range(m):
+            v[i] = a[k + 1 + i, k]
+        v[0] -= alpha
+        for i in range(m):
+            vv += v[i] * v[i]
+        if vv == 0.0:
+            continue
+        beta = 2.0 / vv
+        vp = 0.0
+        for i in range(m):  # p = beta B v, B = a[k+1:, k+1:]
+            t = 0.0
+            for j in range(m):
+                t += a[k + 1 + i, k + 1 + j] * v[j]
+            p[i] = beta * t
+            vp += v[i] * p[i]
+        c = 0.5 * beta * vp
+        for i in range(m):  # w = p - c v (in p)
+            p[i] -= c * v[i]
+        for i in range(m):
+            for j in range(m):
+                a[k + 1 + i, k + 1 + j] -= v[i] * p[j] + p[i] * v[j]
+        a[k + 1, k] = alpha
+    lo = np.inf
+    hi = -np.inf
+    for i in range(n):
+        r = 0.0
+        if i > 0:
+            r += abs(a[i, i - 1])
+        if i < n - 1:
+            r += abs(a[i + 1, i])
+        lo = min(lo, a[i, i] - r)
+        hi = max(hi, a[i, i] + r)
+    tol = 1e-12 * max(abs(lo), abs(hi))  # (a step length needs no more; eigvalsh: ~eps ||A||)
+    for _ in range(200):  # invariant: no eigenvalue below lo; at least one below hi
+        mid = 0.5 * (lo + hi)
+        if mid <= lo or mid >= hi or hi - lo <= tol:
+            break
+        q = a[0, 0] - mid
+        cnt = 1 if q < 0 else 0
+        for i in range(1, n):
+            if q == 0.0:
+                q = 1e-300
+            q = a[i, i] - mid - a[i, i - 1] * a[i, i - 1] / q
+            if q < 0:
+                cnt += 1
+        if cnt >= 1:
+            hi = mid
+        else:
+            lo = mid
+    return 0.5 * (lo + hi)
+
+
+@njit(cache=True)
+def _unit_step(T):
+    lmin = _lmin(_sym(T))
+    return 1.0 if lmin >= -1.0 else -1.0 / lmin
+
+
+@njit(cache=True)
+def _pos_step(x, dx, mask):
+    a = 1.0
+    for k in range(x.shape[0]):
+        if mask[k] and dx[k] < 0:
+            r = -x[k] / dx[k]
+            if r < a:
+                a = r
+    return a
+
+
+@njit(cache=True)
+def _schur_chol(Delta, Zk, Wn, diag, d, L):
+    """Cholesky factor of M (:class:`attnsvm.svm.fast._Schur`) into L, with delta max(diag M)
+    added for delta = 0, 1e-14, 1e-12, 1e-10 until it factorises; False if none does."""
+    N = Delta.shape[0]
+    W11 = np.ascontiguousarray(Wn[:d, :d])
+    W22 = np.ascontiguousarray(Wn[d:, d:])
+    W12 = np.ascontiguousarray(Wn[:d, d:])
+    DW = Delta @ W11
+    ZW = Zk @ W22
+    RW = Delta @ W12
+    P = DW @ Delta.T
+    Q = ZW @ Zk.T
+    R = RW @ Zk.T
+    M = 0.5 * (P * Q + R * R.T)
+    for k in range(N):
+        M[k, k] += diag[k]
+    mx = 0.0
+    for k in range(N):
+        mx = max(mx, M[k, k])
+    for delta in (0.0, 1e-14, 1e-12, 1e-10):
+        Mr = M.copy()
+        for k in range(N):
+            Mr[k, k] += delta * mx
+        if _chol(Mr, L):
+            return True
+    return False
+
+
+@njit(cache=True)
+def nuc_ipm_kernel(Delta, Zk, b, ineq, tol, max_iter, refine, refine_below, stall_tol):
+    """:func:`attnsvm.svm.fast.nuclear_ipm` (no ``check`` / ``drop_tol``): returns
+    (W (d, e), y (N,), status code, n_iter) with the codes OPTIMAL, STALLED (the best
+    iterate at the rounding floor), FAILED (the best iterate), INFEASIBLE."""
+    N, d = Delta.shape
+    e = Zk.shape[1]
+    m = d + e
+    eye = np.eye(m)
+    bmax = max(np.abs(b).max(), 1e-300)
+    nin = 0
+    S1 = np.zeros((d, e))
+    for k in range(N):
+        if ineq[k]:
+            nin += 1
+            for a in range(d):
+                for c in range(e):
+                    S1[a, c] += Delta[k, a] * Zk[k, c]
+    s1 = max(np.linalg.svd(S1)[1][0], 1e-300)
+    y = np.zeros(N)
+    s = np.zeros(N)
+    for k in range(N):
+        if ineq[k]:
+            y[k] = 0.5 / s1
+            s[k] = max(1.0, bmax)
+    Zm = 0.5 * eye - _Bs(Delta, Zk, y, d)
+    X = max(1.0, 2.0 * (b @ y) / m) * eye
+    LZ = np.zeros((m, m))
+    LX = np.zeros((m, m))
+    LM = np.zeros((N, N))
+    status = FAILED
+    best_res = np.inf
+    best_W = np.ascontiguousarray(X[:d, d:])
+    best_y = y.copy()
+    since = 0
+    it = 0
+    while it < max_iter:
+        it += 1
+        if not _chol(Zm, LZ) or not _chol(X, LX):
+            break
+        rp = _A(Delta, Zk, X, d) - s - b
+        Rd = _Bs(Delta, Zk, y, d) + Zm - 0.5 * eye
+        dobj = b @ y
+        rgap = (0.5 * np.trace(X) - dobj) / max(abs(dobj), 1e-300)
+        rinf = np.abs(rp).max() / bmax
+        res = max(rgap, rinf, 2.0 * np.abs(Rd).max())
+        conv = res <= tol
+        mu = ((X * Zm).sum() + s @ y) / (m + nin)
+        if res < best_res:
+            if res < 0.5 * best_res:
+                since = 0
+            best_res = res
+            best_W = np.ascontiguousarray(X[:d, d:])
+            best_y = y.copy()
+        since += 1
+        if conv:
+            status = OPTIMAL
+            break
+        if since > 4 and best_res <= stall_tol:
+            status = STALLED
+            break
+        if since > 15:
+            break
+        if dobj > 1e12 * bmax / s1:
+            status = INFEASIBLE
+            break
+        U_, sv, Vt = np.linalg.svd(LZ.T @ LX)
+        if sv[-1] <= 0:
+            break
+        rsv = 1.0 / np.sqrt(sv)
+        G = LX @ (Vt.T * rsv)
+        Gi = (U_ * rsv).T @ LZ.T
+        Wn = G @ G.T
+        yin = np.where(ineq, y, 1.0)
+        if not _schur_chol(Delta, Zk, Wn, s / yin, d, LM):
+            break
+        Dsum = np.empty((m, m))
+        rs = np.empty((m, m))
+        for i in range(m):
+            for j in range(m):
+                Dsum[i, j] = sv[i] + sv[j]
+                rs[i, j] = 1.0 / np.sqrt(sv[i] * sv[j])
+        r0 = -rp - _A(Delta, Zk, Wn @ Rd @ Wn, d)
+        nref = refine if res <= refine_below else 0
+        fin = ineq.astype(np.float64)
+
+        # predictor (affine scaling), then Mehrotra's corrector: two directions
+        dX = np.zeros((m, m))
+        dZ = np.zeros((m, m))
+        dy = np.zeros(N)
+        ds = np.zeros(N)
+        dXt = np.zeros((m, m))
+        dZt = np.zeros((m, m))
+        ap = ad = 1.0
+        for phase in range(2):
+            if phase == 0:
+                Rt = -np.diag(sv)
+                rc = -s * y * fin
+            else:
+                mu_aff = (((X + ap * dX) * (Zm + ad * dZ)).sum()
+                          + (s + ap * ds) @ (y + ad * dy)) / (m + nin)
+                sigma = min(1.0, (mu_aff / mu) ** 3)
+                Rc = sigma * mu * eye - np.diag(sv * sv) - _sym(dXt @ dZt)
+                Rt = 2.0 * Rc / Dsum
+                rc = (sigma * mu - s * y - ds * dy) * fin
+            GRG = G @ Rt @ G.T
+            dy = _cho_solve(LM, r0 - _A(Delta, Zk, GRG, d) + rc / yin)
+            for r in range(nref + 1):
+                dZ = -Rd - _Bs(Delta, Zk, dy, d)
+                dX = _sym(GRG - Wn @ dZ @ Wn)
+                ds = (rc - s * dy) / yin
+                if r == nref:
+                    break
+                dy = dy - _cho_solve(LM, _A(Delta, Zk, dX, d) - ds + rp)
+            dXt = Gi @ dX @ Gi.T
+            dZt = G.T @ dZ @ G
+            ap = min(_unit_step(dXt * rs), _pos_step(s, ds, ineq))
+            ad = min(_unit_step(dZt * rs), _pos_step(y, dy, ineq))
+        gamma = 0.9 + 0.09 * min(ap, ad)
+        ap = min(1.0, gamma * ap)
+        ad = min(1.0, gamma * ad)
+        X = _sym(X + ap * dX)
+        s = s + ap * ds
+        y = y + ad * dy
+        Zm = _sym(Zm + ad * dZ)
+    if status == OPTIMAL:
+        return np.ascontiguousarray(X[:d, d:]), y, status, it
+    return best_W, best_y, status, it
