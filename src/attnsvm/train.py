@@ -26,6 +26,14 @@ to rounding; "auto" (default) takes "fused" when numba is importable and the
 configuration is supported, else "torch". ``traj.extra["engine"]`` says which ran.
 ``chunk=c`` trains the trials c at a time (memory bounded by the chunk; the result is
 the same as one run: trials are independent).
+
+``train`` is a short pipeline: the NTP route (an NTP model trains itself,
+:meth:`NTPModel.fit`); the arguments against ``TRAIN_CONSTRAINTS``, then against the data
+and the memory; the initial parameters; chunks (:func:`_train_chunked`, a wrapper that
+calls ``train`` on each chunk of trials); then one engine's :class:`~attnsvm.steppers.Stepper`
+(:func:`~attnsvm.steppers.make_stepper`) run in segments between records
+(:func:`~attnsvm.steppers.run_segments`), the stops kept by
+:class:`~attnsvm.steppers.Stops` and the metrics by :class:`~attnsvm.recorder.Recorder`.
 """
 
 from __future__ import annotations
