@@ -30,7 +30,7 @@ the same as one run: trials are independent).
 ``train`` is a short pipeline: the NTP route (an NTP model trains itself,
 :meth:`NTPModel.fit`); the arguments against ``TRAIN_CONSTRAINTS``, then against the data
 and the memory; the initial parameters; chunks (:func:`_train_chunked`, a wrapper that
-calls ``train`` on each chunk of trials); then one engine's :class:`~attnsvm.steppers.Stepper`
+calls ``train`` on each chunk of trials); then the run (:func:`_train_one`): one engine's :class:`~attnsvm.steppers.Stepper`
 (:func:`~attnsvm.steppers.make_stepper`) run in segments between records
 (:func:`~attnsvm.steppers.run_segments`), the stops kept by
 :class:`~attnsvm.steppers.Stops` and the metrics by :class:`~attnsvm.recorder.Recorder`.
@@ -441,6 +441,44 @@ def _train_chunked(model, tdata, params, chunk, k, alpha_t, refs, seed, kw) -> T
     )
 
 
+def _train_one(model, tdata, lossf, optimizer, params, engine, *, steps, every, Q, batch_size,
+               seed, autograd, alpha_t, refs, record_params, progress, copy) -> Trajectory:
+    """The run of checked arguments: the objective at the start (checked finite), the
+    engine's stepper, run in segments of ``every`` steps with its stops and its recorder,
+    assembled into a Trajectory. ``copy``: the initial parameters may be the caller's."""
+    B = next(iter(params.values())).shape[0]
+    a0 = model._logits(params, tdata)
+    first = model.evaluate(params, tdata, lossf, grad=True, autograd=autograd, logits=a0)
+    _check_start(a0, first, tdata)
+    stepper = make_stepper(model, tdata, lossf, optimizer, engine, first=first, Q=Q, B=B,
+                           batch_size=batch_size, seed=seed, autograd=autograd, copy=copy)
+    stops = Stops(B, tdata["X"].device)
+    # the record at step 0 reuses the initial logits, and the closed form's L and gaps
+    # (those of grad=False; the autograd paths compute them another way)
+    recorder = Recorder(model, tdata, lossf, alpha_t, refs, Q, record_params,
+                        start=(a0, first if not autograd and model.head == "linear" else None))
+    stepper.init(params)
+    steps_run = run_segments(stepper, steps, every,
+                             lambda t: recorder.record(t, stepper.params, stops.active), stops,
+                             progress)
+    params, state = stepper.result()
+    recorder.close(steps_run, params, stops.active)
+    return Trajectory(
+        params={kk: v.detach() for kk, v in params.items()},
+        metrics=recorder.metrics(),
+        W=model.W(params).detach().cpu().numpy(),
+        steps_run=steps_run,
+        record_steps=np.asarray(recorder.steps),
+        stop_step=stops.stop_step.numpy(),
+        param_history=recorder.history(),
+        alpha=None if alpha_t is None else alpha_t.cpu().numpy(),
+        stop_reason=stops.reason.astype(str),
+        state=state,
+        extra={"engine": stepper.engine},
+        source=(model, tdata, optimizer),
+    )
+
+
 def train(model: AttentionModel, data, loss="logistic", optimizer: Optimizer | None = None,
           steps: int = 1000, B: int | None = None, seed: int = 0, init="random",
           scale: float = 0.1, record_every: int | None = None, references: dict | None = None,
@@ -500,33 +538,6 @@ def train(model: AttentionModel, data, loss="logistic", optimizer: Optimizer | N
         traj.source = (model, tdata, optimizer)
         return traj
 
-    a0 = model._logits(params, tdata)
-    first = model.evaluate(params, tdata, lossf, grad=True, autograd=autograd, logits=a0)
-    _check_start(a0, first, tdata)
-    stepper = make_stepper(model, tdata, lossf, optimizer, engine, first=first, Q=Q, B=B,
-                           batch_size=bs, seed=seed, autograd=autograd,
-                           copy=isinstance(init, dict))
-    stops = Stops(B, tdata["X"].device)
-    # the record at step 0 reuses the initial logits, and the closed form's L and gaps
-    # (those of grad=False; the autograd paths compute them another way)
-    recorder = Recorder(model, tdata, lossf, alpha_t, refs, Q, record_params,
-                        start=(a0, first if not autograd and model.head == "linear" else None))
-    stepper.init(params)
-    steps_run = run_segments(stepper, steps, k, lambda t: recorder.record(t, stepper.params, stops.active),
-                             stops, progress)
-    params, state = stepper.result()
-    recorder.close(steps_run, params, stops.active)
-    return Trajectory(
-        params={kk: v.detach() for kk, v in params.items()},
-        metrics=recorder.metrics(),
-        W=model.W(params).detach().cpu().numpy(),
-        steps_run=steps_run,
-        record_steps=np.asarray(recorder.steps),
-        stop_step=stops.stop_step.numpy(),
-        param_history=recorder.history(),
-        alpha=None if alpha_t is None else alpha_t.cpu().numpy(),
-        stop_reason=stops.reason.astype(str),
-        state=state,
-        extra={"engine": stepper.engine},
-        source=(model, tdata, optimizer),
-    )
+    return _train_one(model, tdata, lossf, optimizer, params, engine, steps=steps, every=k, Q=Q,
+                      batch_size=bs, seed=seed, autograd=autograd, alpha_t=alpha_t, refs=refs,
+                      record_params=record_params, progress=progress, copy=isinstance(init, dict))
