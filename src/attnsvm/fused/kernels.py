@@ -16,12 +16,14 @@ OpenMP runtime whose spinning threads would slow torch down between calls;
 :func:`attnsvm._parallel.thread_pool`).
 
 Structure. A trial's run (_trial_run) is a loop over named steps, each the compiled
-counterpart of one step of the torch reference and held to it on its own in
-tests/test_fused_steps.py: the forward pass (_query_vectors, _logits, _softmax_rows), the
-objective's row terms (_fixed_head_rows, _trained_head_rows, _log_gap_rows), the gradient
-(_row_factors, _logit_grads, _token_grads, _param_grads, _head_grad; together _gradient),
-the trainer's stop rules (_gradient_stop, _update_stop) and the rule's step (_apply_rule,
-_apply_generic: attnsvm.optim's transforms; the saturation-safe update _step_checked).
+counterpart of a step of the torch reference: the forward pass (_query_vectors, _logits,
+_softmax_rows), the objective's row terms (_fixed_head_rows, _trained_head_rows,
+_log_gap_rows), the gradient (_row_factors, _logit_grads, _token_grads, _param_grads,
+_head_grad; together _gradient), the trainer's stop rules (_gradient_stop, _update_stop)
+and the rule's step (_apply_rule, _apply_generic: attnsvm.optim's transforms; the
+saturation-safe update _step_checked). tests/test_fused_steps.py holds the forward steps,
+the stop rules and the rule's step each to its reference on its own, and the gradient
+steps together (_gradient, through grad_batch) to model.evaluate.
 
 Layout. Parameters of a trial are flat float64 rows in three slots P0 (B, s0), P1 (B, s1),
 P2 (B, s2), in the order of the model's parameter dict: W | K, Q | k, q | p, then the
@@ -700,7 +702,7 @@ def _apply_rule(ic, fc, P, G, N, so, gm, ls, lgap, D, work):
 # ------------------------------------------------------------ one trial's gradient
 #: the named steps of a trial's run: inlined into _trial_run at numba's IR level (a call
 #: would pass each array as seven words and count a reference to it), and callable on their
-#: own, which is how tests/test_fused_steps.py holds each to its torch reference
+#: own (from Python too: tests/test_fused_steps.py)
 _STEP = dict(cache=True, error_model="numpy", inline="always")
 
 # The scaled gradient of one trial in named steps, each the compiled counterpart of a
@@ -713,8 +715,9 @@ _STEP = dict(cache=True, error_model="numpy", inline="always")
 #   _logit_grads    dL/da_rt         (times exp(-top))
 #   _token_grads    GX_r = sum_t dL/da_rt x_it
 #   _param_grads    dL/dW, dK, dQ, dk, dq, dp (+ the ridge term), _head_grad dL/dv
-# tests/test_fused_steps.py holds each one to its torch reference on its own; the whole
-# run is held to the torch engine in tests/test_fused.py.
+# tests/test_fused_steps.py holds the forward steps to their references on their own and
+# the gradient as a whole to model.evaluate; whole runs are held to the torch engine in
+# tests/test_fused.py.
 # aux blocks (R each): u_r | a_j - a_k | x = e_j sum r | w_r (the query weights, linear) |
 # the anchor k | e_j / (1 + x)
 @njit(**_STEP)
