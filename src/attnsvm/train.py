@@ -26,6 +26,14 @@ to rounding; "auto" (default) takes "fused" when numba is importable and the
 configuration is supported, else "torch". ``traj.extra["engine"]`` says which ran.
 ``chunk=c`` trains the trials c at a time (memory bounded by the chunk; the result is
 the same as one run: trials are independent).
+
+``train`` is a short pipeline: the NTP route (an NTP model trains itself,
+:meth:`NTPModel.fit`); the arguments against ``TRAIN_CONSTRAINTS``, then against the data
+and the memory; the initial parameters; chunks (:func:`_train_chunked`, a wrapper that
+calls ``train`` on each chunk of trials); then the run (:func:`_train_one`): one engine's :class:`~attnsvm.steppers.Stepper`
+(:func:`~attnsvm.steppers.make_stepper`) run in segments between records
+(:func:`~attnsvm.steppers.run_segments`), the stops kept by
+:class:`~attnsvm.steppers.Stops` and the metrics by :class:`~attnsvm.recorder.Recorder`.
 """
 
 from __future__ import annotations
@@ -37,7 +45,6 @@ import numpy as np
 import pandas as pd
 import torch
 
-from . import fused
 from ._validation import (
     INT64_MAX,
     InstanceOf,
@@ -49,14 +56,14 @@ from ._validation import (
     validate_params,
 )
 from .fused import ENGINES
-from .metrics import correlation
 from .models import AttentionModel, prepare
 from .optim import Optimizer, ngd
+from .recorder import LN10, Recorder  # noqa: F401  (LN10: re-exported)
+from .steppers import Stops, make_stepper, minibatch, run_segments
 
 __all__ = ["train", "Trajectory", "minibatch", "STOP_REASONS", "ENGINES"]
 
 STOP_REASONS = ("zero gradient", "non-finite step", "no change in float64")
-LN10 = math.log(10.0)
 
 
 @dataclass
@@ -359,82 +366,6 @@ def _check_start(a0, first, tdata) -> None:
                      "the max-margin direction does not depend on the scale of the tokens")
 
 
-# ------------------------------------------------------------------ mini-batches
-_M32 = 0xFFFFFFFF
-
-
-def _mul32(x: torch.Tensor, c: int) -> torch.Tensor:
-    """(x * c) mod 2^32 for int64 x in [0, 2^32) without int64 overflow (16-bit halves)."""
-    cl, ch = c & 0xFFFF, c >> 16
-    xl, xh = x & 0xFFFF, x >> 16
-    return (xl * cl + (((xh * cl + xl * ch) & 0xFFFF) << 16)) & _M32
-
-
-def _hash32(x: torch.Tensor) -> torch.Tensor:
-    """A 32-bit integer hash (Wellons' lowbias32) of int64 tensors in [0, 2^32)."""
-    x = x & _M32
-    x = x ^ (x >> 16)
-    x = _mul32(x, 0x7FEB352D)
-    x = x ^ (x >> 15)
-    x = _mul32(x, 0x846CA68B)
-    return x ^ (x >> 16)
-
-
-def minibatch(tdata: dict, batch_size: int, seeds: torch.Tensor, step: int) -> dict:
-    """Per-trial random subsets of ``batch_size`` sequences (without replacement).
-
-    Trial b's subset at a step is a function of (seeds[b], step) only (a counter-based
-    hash, vectorised over trials): a batched run of B trials draws the same batches as B
-    separate runs with those seeds. Every field gets a leading B = len(seeds)."""
-    X = tdata["X"]
-    B, n = len(seeds), X.shape[1]
-    s = _hash32(seeds.to(torch.int64) & _M32)
-    s = _hash32(s ^ _hash32(torch.full_like(s, int(step) & _M32) ^ 0x9E3779B9))
-    keys = _hash32(s[:, None] ^ _mul32(torch.arange(n, dtype=torch.int64), 0x85EBCA6B)[None])
-    idx = keys.argsort(dim=1, stable=True)[:, :batch_size].to(X.device)
-    out = {}
-    for k, t in tdata.items():
-        if k.startswith("_"):  # caches of the full data
-            continue
-        if t is None or k == "v":
-            out[k] = None if t is None else t.expand(B, *t.shape[1:])
-            continue
-        t = t.expand(B, *t.shape[1:])
-        ix = idx.reshape(B, batch_size, *([1] * (t.ndim - 2))).expand(B, batch_size, *t.shape[2:])
-        out[k] = t.gather(1, ix)
-    return out
-
-
-# ---------------------------------------------------------------------- records
-def _record(model, params, tdata, lossf, alpha, refs, Q, start=None):
-    """Per-trial metrics (B, n_metrics) and their names. ``start``: (logits, objective or
-    None) already computed at these parameters (the objective's L and gaps being those of
-    ``evaluate(grad=False)``): they are not computed again."""
-    a, ev = (None, None) if start is None else start
-    with torch.no_grad():
-        if a is None:
-            a = model._logits(params, tdata)
-        if ev is None:
-            ev = model.evaluate(params, tdata, lossf, grad=False, logits=a)
-        s = torch.softmax(a, dim=-1)  # (B, n, Q, T)
-        B = s.shape[0]
-        cols = {"loss": ev.loss, "loss_gap": ev.gap, "log10_gap": ev.log_gap / LN10}
-        cols.update(model.norms(params))
-        if alpha is not None:
-            ix = alpha.expand(B, *alpha.shape[1:])[..., None]
-            psel = s.gather(-1, ix)[..., 0].reshape(B, -1)
-            cols["p_sel_mean"] = psel.mean(1)
-            cols["p_sel_min"] = psel.min(1).values
-        flat = s.reshape(B, -1, s.shape[-1])
-        cols["p_max"] = flat.max(-1).values.mean(1)
-        cols["soft_sparsity"] = (1.0 / flat.pow(2).sum(-1)).mean(1)
-        Wc = model.W(params)
-        for name, R in refs.items():
-            cols[f"corr_{name}"] = correlation(Wc, R, vector=Wc.ndim == 2)
-    names = list(cols)
-    return names, torch.stack([cols[k].to(torch.float64).reshape(B) for k in names], dim=1)
-
-
 def _all_finite(t: torch.Tensor) -> bool:
     """Every entry of t is finite (no NaN, no inf): its min and max are, in one pass
     without a temporary (min and max propagate NaN)."""
@@ -442,48 +373,6 @@ def _all_finite(t: torch.Tensor) -> bool:
         return True
     lo, hi = torch.aminmax(t)
     return bool(torch.isfinite(lo) & torch.isfinite(hi))
-
-
-def _freeze(active: torch.Tensor, new: dict, old: dict) -> dict:
-    return {k: torch.where(active.reshape(-1, *([1] * (v.ndim - 1))), new[k], v)
-            for k, v in old.items()}
-
-
-def _run_fused(plan, steps, k, record, stop, progress) -> int:
-    """The step loop of ``train`` for a rule that runs inside the kernel: segments of at
-    most k steps between two metric records (recorded by the same torch code). Returns
-    steps_run with the torch loop's semantics: when the last trials stop at step t, the
-    run ends at t if they all stopped on a zero gradient (checked before the update),
-    else at t + 1."""
-    B = plan.B
-    active = np.ones(B, dtype=np.uint8)
-    stop_at = np.full(B, -1, dtype=np.int64)
-    code = np.zeros(B, dtype=np.int64)
-    bar = None
-    if progress:
-        from .progress import progress_bar
-
-        bar = progress_bar(total=steps, desc="train (fused)", unit="step")
-    t = 0
-    try:
-        while t < steps:
-            if t % k == 0:
-                record(t)
-            t1 = min(steps, (t // k + 1) * k)
-            plan.run(t, t1, active, stop_at, code)
-            for c, why in fused.STOP_CODES.items():
-                for s in np.unique(stop_at[(code == c) & (stop_at >= t)]):
-                    stop(torch.from_numpy((code == c) & (stop_at == s)), int(s), why)
-            if bar is not None:
-                bar.update(t1 - t)
-            if not active.any():
-                last = int(stop_at.max())
-                return last if bool((code[stop_at == last] == 1).all()) else last + 1
-            t = t1
-    finally:
-        if bar is not None:
-            bar.close()
-    return steps
 
 
 def _train_chunked(model, tdata, params, chunk, k, alpha_t, refs, seed, kw) -> Trajectory:
@@ -552,6 +441,44 @@ def _train_chunked(model, tdata, params, chunk, k, alpha_t, refs, seed, kw) -> T
     )
 
 
+def _train_one(model, tdata, lossf, optimizer, params, engine, *, steps, every, Q, batch_size,
+               seed, autograd, alpha_t, refs, record_params, progress, copy) -> Trajectory:
+    """The run of checked arguments: the objective at the start (checked finite), the
+    engine's stepper, run in segments of ``every`` steps with its stops and its recorder,
+    assembled into a Trajectory. ``copy``: the initial parameters may be the caller's."""
+    B = next(iter(params.values())).shape[0]
+    a0 = model._logits(params, tdata)
+    first = model.evaluate(params, tdata, lossf, grad=True, autograd=autograd, logits=a0)
+    _check_start(a0, first, tdata)
+    stepper = make_stepper(model, tdata, lossf, optimizer, engine, first=first, Q=Q, B=B,
+                           batch_size=batch_size, seed=seed, autograd=autograd, copy=copy)
+    stops = Stops(B, tdata["X"].device)
+    # the record at step 0 reuses the initial logits, and the closed form's L and gaps
+    # (those of grad=False; the autograd paths compute them another way)
+    recorder = Recorder(model, tdata, lossf, alpha_t, refs, Q, record_params,
+                        start=(a0, first if not autograd and model.head == "linear" else None))
+    stepper.init(params)
+    steps_run = run_segments(stepper, steps, every,
+                             lambda t: recorder.record(t, stepper.params, stops.active), stops,
+                             progress)
+    params, state = stepper.result()
+    recorder.close(steps_run, params, stops.active)
+    return Trajectory(
+        params={kk: v.detach() for kk, v in params.items()},
+        metrics=recorder.metrics(),
+        W=model.W(params).detach().cpu().numpy(),
+        steps_run=steps_run,
+        record_steps=np.asarray(recorder.steps),
+        stop_step=stops.stop_step.numpy(),
+        param_history=recorder.history(),
+        alpha=None if alpha_t is None else alpha_t.cpu().numpy(),
+        stop_reason=stops.reason.astype(str),
+        state=state,
+        extra={"engine": stepper.engine},
+        source=(model, tdata, optimizer),
+    )
+
+
 def train(model: AttentionModel, data, loss="logistic", optimizer: Optimizer | None = None,
           steps: int = 1000, B: int | None = None, seed: int = 0, init="random",
           scale: float = 0.1, record_every: int | None = None, references: dict | None = None,
@@ -610,138 +537,7 @@ def train(model: AttentionModel, data, loss="logistic", optimizer: Optimizer | N
                  batch_size=batch_size, autograd=autograd, engine=engine))
         traj.source = (model, tdata, optimizer)
         return traj
-    a0 = model._logits(params, tdata)
-    first = model.evaluate(params, tdata, lossf, grad=True, autograd=autograd, logits=a0)
-    _check_start(a0, first, tdata)
-    seeds = torch.arange(B, dtype=torch.int64) + seed
-    plan = None
-    if engine != "torch":
-        why = fused.unsupported(model, lossf, optimizer, tdata, bs, autograd)
-        if why is None:
-            plan = fused.Plan(model, tdata, lossf, optimizer, Q, B,
-                              check_stall=bs is None and not optimizer.stateful)
-        elif engine == "fused":
-            raise ValueError(f"engine='fused' does not support {why}")
-    engine_used = "torch" if plan is None else ("fused" if plan.in_kernel else "fused-gradient")
-    if isinstance(init, dict) and not (plan is not None and plan.in_kernel):
-        params = {kk: v.clone() for kk, v in params.items()}  # never the caller's memory
 
-    state = optimizer.init(params)
-    check_stall = bs is None and not optimizer.stateful
-    active = torch.ones(B, dtype=torch.bool, device=tdata["X"].device)
-    stop_step = torch.full((B,), -1, dtype=torch.long)
-    reason = np.full(B, "", dtype=object)
-    rec_steps, rec_vals, hist, names = [], [], [], None
-
-    # A record at step 0 sees the initial parameters (nothing has been applied yet): it
-    # reuses their logits, and the closed form's L and gaps (those of grad=False; the
-    # autograd paths compute them another way).
-    start = (a0, first if not autograd and model.head == "linear" else None)
-
-    def record(t):
-        nonlocal names
-        names, vals = _record(model, params, tdata, lossf, alpha_t, refs, Q,
-                              start if t == 0 else None)
-        rec_steps.append(t)
-        rec_vals.append(torch.cat([vals, (~active).to(vals.dtype)[:, None]], dim=1))
-        if record_params:
-            hist.append({kk: v.detach().cpu().clone() for kk, v in params.items()})
-
-    def stop(mask, t, why):
-        nonlocal active
-        mask = mask & active
-        if bool(mask.any()):
-            mc = mask.cpu()
-            stop_step[mc] = t
-            reason[mc.numpy()] = why
-            active = active & ~mask
-            return True
-        return False
-
-    if plan is not None and plan.in_kernel:
-        params = plan.load(params)
-        steps_run = _run_fused(plan, steps, k, record, stop, progress)
-        params, state = plan.params(), plan.state(state)
-    else:
-        steps_run = None
-    it = range(steps if steps_run is None else 0)
-    if progress and steps_run is None:
-        from .progress import progress_bar
-
-        it = progress_bar(it, desc="train", unit="step")
-    t = 0
-    all_active = True
-    ev = first
-    prev = prev_state = None
-    for t in it:
-        if plan is not None:
-            ev = plan.evaluate(params, optimizer.needs_gap)
-        elif t > 0 or bs is not None:
-            batch = tdata if bs is None else minibatch(tdata, bs, seeds, t)
-            ev = model.evaluate(params, batch, lossf, autograd=autograd, need_gap=optimizer.needs_gap)
-        grads = ev.grads
-        if prev is not None:  # the last step overflowed the objective (logits, W): undo it
-            bad = grads.nonfinite() & active
-            if stop(bad, t - 1, "non-finite step"):
-                params = _freeze(bad, prev, params)
-                state = _freeze(bad, prev_state, state) if state else state
-                all_active = False
-                if not bool(active.any()):
-                    break
-        if t % k == 0:
-            record(t)
-        if stop(~grads.nonzero(), t, "zero gradient"):
-            all_active = False
-            if not bool(active.any()):
-                break
-        new, new_state = optimizer.update(grads, state, params, ev.log_gap)
-        # non-finite (or overflowing) parameters, or effective W = K Q^T, freeze the trial
-        if stop(~model.finite(new), t, "non-finite step"):
-            all_active = False
-        if check_stall:
-            same = torch.stack([(new[kk] == v).reshape(B, -1).all(1) for kk, v in params.items()]).all(0)
-            if stop(same, t, "no change in float64"):
-                all_active = False
-        prev, prev_state = params, state
-        if all_active:
-            params, state = new, new_state
-        else:
-            params = _freeze(active, new, params)
-            state = _freeze(active, new_state, state) if state else state
-            if not bool(active.any()):
-                t += 1
-                break
-    else:
-        t = steps
-    if steps_run is None:
-        steps_run = t
-    if rec_steps and rec_steps[-1] == steps_run:  # re-record: stop flags may have changed
-        rec_steps.pop()
-        rec_vals.pop()
-        if record_params:
-            hist.pop()
-    record(steps_run)
-
-    vals = torch.stack(rec_vals).cpu().numpy()  # (R, B, M)
-    R = len(rec_steps)
-    df = pd.DataFrame(vals.transpose(1, 0, 2).reshape(B * R, -1), columns=[*names, "stopped"])
-    df.insert(0, "step", np.tile(np.asarray(rec_steps), B))
-    df.insert(0, "trial", np.repeat(np.arange(B), R))
-    df["stopped"] = df["stopped"].astype(bool)
-    history = None
-    if record_params:
-        history = {kk: np.stack([h[kk].numpy() for h in hist]) for kk in params}
-    return Trajectory(
-        params={kk: v.detach() for kk, v in params.items()},
-        metrics=df,
-        W=model.W(params).detach().cpu().numpy(),
-        steps_run=steps_run,
-        record_steps=np.asarray(rec_steps),
-        stop_step=stop_step.numpy(),
-        param_history=history,
-        alpha=None if alpha_t is None else alpha_t.cpu().numpy(),
-        stop_reason=reason.astype(str),
-        state=state,
-        extra={"engine": engine_used},
-        source=(model, tdata, optimizer),
-    )
+    return _train_one(model, tdata, lossf, optimizer, params, engine, steps=steps, every=k, Q=Q,
+                      batch_size=bs, seed=seed, autograd=autograd, alpha_t=alpha_t, refs=refs,
+                      record_params=record_params, progress=progress, copy=isinstance(init, dict))

@@ -32,6 +32,7 @@ import numpy as np
 import torch
 
 from attnsvm._optional import OptionalImport
+from attnsvm._parallel import thread_pool
 from attnsvm.optim.kernel_ops import Op
 
 from . import codes as C
@@ -226,8 +227,8 @@ class Plan:
                 for nm, s in self.slots.items()}
 
     def _map(self, fn, *args):
-        """fn(*args, b0, b1) over slices of the trials, in torch.get_num_threads() threads."""
-        _parallel(fn, self.B, *args)
+        """fn(*args, b0, b1) over slices of the trials (:func:`attnsvm._parallel.thread_pool`)."""
+        thread_pool(fn, self.B, *args)
 
     # -------------------------------------------------------------- kernels
     def evaluate(self, params: dict, need_gap: bool):
@@ -274,27 +275,9 @@ class Plan:
 STOP_CODES = {C.STOP_ZERO: "zero gradient", C.STOP_NONFINITE: "non-finite step",
               C.STOP_NOCHANGE: "no change in float64"}
 
-_POOL = None
-
-
-def _parallel(fn, B: int, *args, per_thread: int = 1) -> None:
-    """Run fn(*args, b0, b1) on contiguous slices of range(B), ``per_thread`` per thread
-    (torch.get_num_threads(), so a worker limited to one thread stays on one); more than
-    one slice per thread balances the load where problems (or cores) differ in speed."""
-    global _POOL
-    nt = max(1, min(torch.get_num_threads(), B))
-    if nt == 1:
-        fn(*args, 0, B)
-        return
-    if _POOL is None or _POOL._max_workers < nt:
-        from concurrent.futures import ThreadPoolExecutor
-
-        _POOL = ThreadPoolExecutor(max_workers=nt, thread_name_prefix="attnsvm-fused")
-    k = max(1, min(nt * per_thread, B))
-    cuts = np.linspace(0, B, k + 1).astype(np.int64)
-    futs = [_POOL.submit(fn, *args, int(cuts[i]), int(cuts[i + 1])) for i in range(k)]
-    for f in futs:
-        f.result()
+#: the shared thread pool (:func:`attnsvm._parallel.thread_pool`), under the name svm/
+#: imported it by before it moved out of this engine (kept until svm/ imports it directly)
+_parallel = thread_pool
 
 
 def warmup() -> bool:

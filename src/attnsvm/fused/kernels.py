@@ -6,13 +6,24 @@ stateless rules of :mod:`attnsvm.optim.rules`, written as loops over one trial. 
 formulas follow the torch reference term by term (same anchor, same log-domain scales,
 same branches of the losses' stable forms), with one exception: the fixed head's row
 factors are evaluated in the linear domain while they are far from underflow and
-overflow (PLAIN_MIN, PLAIN_MAX; _trial_run), which saves two log1p and an exp per
+overflow (PLAIN_MIN, PLAIN_MAX; _row_factors), which saves two log1p and an exp per
 row. Only the rounding differs, so the two paths agree to 1e-12 relative
 (tests/test_fused.py, also at both switches and far past saturation).
 No fastmath: every sum is evaluated in a fixed order, and trials are independent, so a
 run gives the same bits for any number of threads. The drivers are serial over a slice
 of trials and release the GIL; :mod:`attnsvm.fused` runs slices in a thread pool (no
-OpenMP runtime whose spinning threads would slow torch down between calls).
+OpenMP runtime whose spinning threads would slow torch down between calls;
+:func:`attnsvm._parallel.thread_pool`).
+
+Structure. A trial's run (_trial_run) is a loop over named steps, each the compiled
+counterpart of a step of the torch reference: the forward pass (_query_vectors, _logits,
+_softmax_rows), the objective's row terms (_fixed_head_rows, _trained_head_rows,
+_log_gap_rows), the gradient (_row_factors, _logit_grads, _token_grads, _param_grads,
+_head_grad; together _gradient), the trainer's stop rules (_gradient_stop, _update_stop)
+and the rule's step (_apply_rule, _apply_generic: attnsvm.optim's transforms; the
+saturation-safe update _step_checked). tests/test_fused_steps.py holds the forward steps,
+the stop rules and the rule's step each to its reference on its own, and the gradient
+steps together (_gradient, through grad_batch) to model.evaluate.
 
 Layout. Parameters of a trial are flat float64 rows in three slots P0 (B, s0), P1 (B, s1),
 P2 (B, s2), in the order of the model's parameter dict: W | K, Q | k, q | p, then the
@@ -84,7 +95,7 @@ _U = np.uint64  # an index cast to unsigned: no negative-index wrap-around in nu
 LOG_GAP_SWITCH = -35.0
 # the fixed head's row factors lam_r are evaluated in the linear domain while the largest
 # lies in [PLAIN_MIN, PLAIN_MAX] (2^-900, 2^900: normal floats with 2^122 to spare), in the
-# log domain otherwise (_trial_run)
+# log domain otherwise (_row_factors)
 PLAIN_MIN = 2.0 ** -900
 PLAIN_MAX = 2.0 ** 900
 
@@ -688,14 +699,489 @@ def _apply_rule(ic, fc, P, G, N, so, gm, ls, lgap, D, work):
     return fin | (chg << 1) | (cap << 2)
 
 
+# ------------------------------------------------------------ one trial's gradient
+#: the named steps of a trial's run: inlined into _trial_run at numba's IR level (a call
+#: would pass each array as seven words and count a reference to it), and callable on their
+#: own (from Python too: tests/test_fused_steps.py)
+_STEP = dict(cache=True, error_model="numpy", inline="always")
+
+# The scaled gradient of one trial in named steps, each the compiled counterpart of a
+# step of the torch reference (attnsvm.models.objective, docs/theory.md §8):
+#   _query_vectors  W z_r           (model.W applied to the queries)
+#   _logits         a_rt             (model._logits)
+#   _softmax_rows   anchored softmax (attention.softmax_terms)
+#   _fixed_head_rows / _trained_head_rows   the loss terms of the rows (u_r, -loss'(u_r), gaps)
+#   _row_factors    lam_r / max lam  (the scaled form: optim.base.Scaled)
+#   _logit_grads    dL/da_rt         (times exp(-top))
+#   _token_grads    GX_r = sum_t dL/da_rt x_it
+#   _param_grads    dL/dW, dK, dQ, dk, dq, dp (+ the ridge term), _head_grad dL/dv
+# tests/test_fused_steps.py holds the forward steps to their references on their own and
+# the gradient as a whole to model.evaluate; whole runs are held to the torch engine in
+# tests/test_fused.py.
+# aux blocks (R each): u_r | a_j - a_k | x = e_j sum r | w_r (the query weights, linear) |
+# the anchor k | e_j / (1 + x)
+@njit(**_STEP)
+def _trial_setup(X, logw, XT, aux, n, T, d, R):
+    """Once per trial: aux[3R + r] = w_r = exp(log w_r) for the R query rows, and XT
+    (n, d, T) = X (n, T, d) transposed, so that the logits run over contiguous tokens."""
+    for r in range(R):
+        aux[_U(3 * R + r)] = math.exp(logw[_U(r)])
+    for i in range(n):  # XT[i, j, t] = X[i, t, j]
+        for t in range(T):
+            xo = (i * T + t) * d
+            for j in range(d):
+                XT[_U(i * d * T + j * T + t)] = X[_U(xo + j)]
+
+
+@njit(**_STEP)
+def _query_vectors(ic, Z, P, Wf, o1, KT, ZQ, WZ, acc):
+    """WZ (R, d) = (W z)_r for every query row r, W the model's effective matrix
+    (attnsvm.models.params): W (P holds W^T: W z = sum_l z_l (row l of W^T)); K Q^T
+    (ZQ (R, m) = Q^T z_r, then sum_c ZQ_rc (row c of K^T), KT scratch); diag(k q) z;
+    the prompt's W_fixed p (the same for every row; W = I when ic[IC_WID]). o1: offset of
+    the second tensor in P (Q, q)."""
+    model = ic[IC_MODEL]
+    R = ic[IC_N] * ic[IC_Q]
+    d = ic[IC_D]
+    m = ic[IC_M]
+    if model == W_MODEL:  # W z_r = sum_l z_rl (row l of W^T)
+        _vecmat_rows(Z, 0, d, 1, P, 0, 0, WZ, 0, d, R, d, d)
+    elif model == KQ_MODEL:  # K (Q^T z_r): ZQ (R, m), then sum_c ZQ_rc (row c of K^T)
+        for j in range(d):
+            for c in range(m):
+                KT[_U(c * d + j)] = P[_U(j * m + c)]
+        _vecmat_rows(Z, 0, d, 1, P, o1, 0, ZQ, 0, m, R, d, m)
+        _vecmat_rows(ZQ, 0, m, 1, KT, 0, 0, WZ, 0, d, R, m, d)
+    elif model == DIAG_MODEL:
+        for r in range(R):
+            zo = r * d
+            for j in range(d):
+                WZ[_U(zo + j)] = Z[_U(zo + j)] * (P[_U(j)] * P[_U(o1 + j)])
+    else:  # prompt: W p, the same for every row
+        if ic[IC_WID]:
+            for j in range(d):
+                acc[j] = P[j]
+        else:
+            for j in range(d):
+                acc[j] = 0.0
+            for l in range(d):  # W p = sum_l p_l (row l of W^T)
+                pl = P[l]
+                base = l * d
+                for j in range(d):
+                    acc[j] += pl * Wf[0, base + j]
+        for r in range(R):
+            for j in range(d):
+                WZ[_U(r * d + j)] = acc[_U(j)]
+
+
+@njit(**_STEP)
+def _logits(ic, WZ, XT, mask, A):
+    """A (R, T): a_rt = x_it . (W z)_r = sum_j (W z)_rj XT[i, j, t] (over j in order),
+    -inf at masked keys (ic[IC_MASK]; mask (R, T) uint8); returns whether some logit is
+    +inf or NaN (the parameters left float64: the trainer's overflow test)."""
+    n = ic[IC_N]
+    Qn = ic[IC_Q]
+    T = ic[IC_T]
+    d = ic[IC_D]
+    R = n * Qn
+    if Qn == 1:
+        _vecmat_rows(WZ, 0, d, 1, XT, 0, d * T, A, 0, T, R, d, T)
+    else:
+        for i in range(n):
+            _vecmat_rows(WZ, i * Qn * d, d, 1, XT, i * d * T, 0, A, i * Qn * T, T, Qn, d, T)
+    if ic[IC_MASK]:
+        for x in range(R * T):
+            if mask[_U(x)] == 0:
+                A[_U(x)] = NINF
+    for x in range(R * T):
+        ax = A[_U(x)]
+        if ax != ax or ax == np.inf:
+            return True
+    return False
+
+
+@njit(**_STEP)
+def _softmax_rows(A, R, T, Rr, S, aux):
+    """The softmax of every row a = A[r T : (r + 1) T] around its anchor k (the first
+    maximiser), with a_j the largest other key (attnsvm.models.attention.softmax_terms,
+    one exp per key): r_t = exp(a_t - a_j) (r_k = 0) into Rr, e_j = exp(a_j - a_k),
+    x = e_j sum r, s_t = r_t e_j / (1 + x) (t != k), s_k = 1 / (1 + x) into S; exact where
+    e_j underflows (then s_t = 0 off the anchor); one admissible key: r = 0, s = e_k.
+    Per row into aux: k (block 4), a_j - a_k (1), x (2), e_j / (1 + x) (5); then
+    log s_j = (a_j - a_k) - log1p(x) (_log_s_j)."""
+    for r in range(R):
+        ro = r * T
+        k = 0
+        mx = A[_U(ro)]
+        aj = NINF
+        for t in range(1, T):
+            at = A[_U(ro + t)]
+            if at > mx:
+                aj = mx
+                mx = at
+                k = t
+            elif at > aj:
+                aj = at
+        eM = 0.0  # exp(M) = e_j / (1 + e_j sum r)
+        x = 0.0
+        if aj == NINF:  # the anchor is the only admissible key
+            for t in range(T):
+                Rr[_U(ro + t)] = 0.0
+                S[_U(ro + t)] = 0.0
+            S[_U(ro + k)] = 1.0
+        else:
+            sr = 0.0
+            for t in range(T):
+                e = math.exp(A[_U(ro + t)] - aj)
+                if t == k:
+                    e = 0.0
+                Rr[_U(ro + t)] = e
+                sr += e
+            ej = math.exp(aj - mx)
+            x = ej * sr
+            eM = ej / (1.0 + x)
+            for t in range(T):
+                S[_U(ro + t)] = Rr[_U(ro + t)] * eM
+            S[_U(ro + k)] = 1.0 / (1.0 + x)
+        aux[_U(4 * R + r)] = k
+        aux[_U(R + r)] = aj - mx
+        aux[_U(2 * R + r)] = x
+        aux[_U(5 * R + r)] = eM
+
+
+@njit(**_STEP)
+def _fixed_head_rows(ic, gam, gopt, logw, Rr, C, dr, aux, rho, rlg):
+    """The loss terms of every row with the fixed head (scores gamma;
+    attnsvm.models.objective): c_t = gamma_k - gamma_t into C, dr_r = sum_t r_t c_t, the
+    margin deficit D = (gopt - gamma_k) + s_j dr_r, u_r = gopt - D (the row's output, into
+    aux block 0), the row factor lam_r = w_r (-loss'(u_r)) s_j in the linear domain (into
+    rho); with ic[IC_NEEDGAP], rlg[r] = log w_r + log(loss(u_r) - loss(gopt))
+    (attnsvm.losses.log_gap). Returns vtop = max_r lam_r (nan when some lam_r is not
+    finite or exceeds PLAIN_MAX: _row_factors then takes the log domain)."""
+    R = ic[IC_N] * ic[IC_Q]
+    T = ic[IC_T]
+    loss = ic[IC_LOSS]
+    need_gap = ic[IC_NEEDGAP]
+    vtop = 0.0
+    for r in range(R):
+        ro = r * T
+        k = int(aux[_U(4 * R + r)])
+        eM = aux[_U(5 * R + r)]
+        gk = gam[_U(ro + k)]
+        s_ = 0.0
+        for t in range(T):
+            c = gk - gam[_U(ro + t)]
+            C[_U(ro + t)] = c
+            s_ += Rr[_U(ro + t)] * c
+        dr[_U(r)] = s_
+        go = gopt[_U(r)]
+        D = (go - gk) + eM * s_
+        u = go - D
+        aux[_U(r)] = u
+        lam = (aux[_U(3 * R + r)] * _neg_deriv(loss, u)) * eM
+        rho[_U(r)] = lam
+        if not lam <= PLAIN_MAX:  # nan, inf or too large: the log domain
+            vtop = np.nan
+        elif lam > vtop:
+            vtop = lam
+        if need_gap:
+            M = _log_s_j(aux[_U(R + r)], aux[_U(2 * R + r)])
+            logD = M + _log(s_) if gk >= go else _log(D)
+            rlg[_U(r)] = logw[_U(r)] + _log_gap(loss, go, logD, D)
+    return vtop
+
+
+@njit(**_STEP)
+def _trained_head_rows(ic, P, ov, XT, mask, yl, logw, acc, Rr, C, dr, aux, rho, rhov, rlg):
+    """The loss terms of every row with a trained head v (P[ov : ov + d]): c_t = v . x_t
+    (into acc), c_t - c_k into C (0 at masked keys), dr_r = sum_t r_t (c_t - c_k), the
+    output u_r = y_r (c_k + s_j dr_r), rhov[r] = log w_r + log(-loss'(u_r)) (-inf for
+    NaN), rho[r] = rhov[r] + log s_j (log lam_r); with ic[IC_NEEDGAP], rlg[r] =
+    log w_r + log loss(u_r)."""
+    Qn = ic[IC_Q]
+    R = ic[IC_N] * Qn
+    T = ic[IC_T]
+    d = ic[IC_D]
+    loss = ic[IC_LOSS]
+    hasmask = ic[IC_MASK]
+    need_gap = ic[IC_NEEDGAP]
+    for r in range(R):
+        ro = r * T
+        k = int(aux[_U(4 * R + r)])
+        eM = aux[_U(5 * R + r)]
+        lw = logw[_U(r)]
+        # c_t = v . x_t
+        _vecmat_rows(P, ov, 0, 1, XT, (r // Qn) * d * T, 0, acc, 0, 0, 1, d, T)
+        ck = acc[_U(k)]
+        s_ = 0.0
+        for t in range(T):
+            cd = acc[_U(t)] - ck
+            if hasmask and mask[_U(ro + t)] == 0:
+                cd = 0.0
+            C[_U(ro + t)] = cd
+            s_ += Rr[_U(ro + t)] * cd
+        dr[_U(r)] = s_
+        u = yl[_U(r)] * (ck + eM * s_)
+        rv = lw + _log_neg_deriv(loss, u)
+        rhov[_U(r)] = rv if rv == rv else NINF
+        rho[_U(r)] = rv + _log_s_j(aux[_U(R + r)], aux[_U(2 * R + r)])
+        if need_gap:
+            rlg[_U(r)] = lw + _log_value(loss, u)
+
+
+@njit(**_STEP)
+def _log_gap_rows(rlg, R):
+    """log(L - L*) = logsumexp_r rlg[r] (NaN rows count as -inf; attnsvm.losses.log_gap
+    summed over rows with their weights)."""
+    for r in range(R):
+        if rlg[r] != rlg[r]:
+            rlg[r] = NINF
+    return _logsumexp(rlg, R)
+
+
+@njit(**_STEP)
+def _row_factors(ic, vtop, logw, aux, rho):
+    """rho[r] = lam_r / max_r lam_r in place; returns top = log max_r lam_r (the scale of
+    the gradient: optim.base.Scaled).
+
+    Fixed head: lam_r = w_r (-loss'(u_r)) s_j,r (the gradient is dL/da_rt = -lam_r
+    (s_t dr_r - r_t c_rt)). Two regimes, per step: while the largest lam_r lies in
+    [PLAIN_MIN, PLAIN_MAX] (far from underflow and overflow), rho holds lam_r in the
+    linear domain (_fixed_head_rows) and lam_r / max lam divides; otherwise (the softmax or
+    the loss saturated: the plain lam underflows) log lam_r = log w_r + log(-loss'(u_r))
+    + log s_j,r in the log domain and exp(log lam_r - top), as the torch reference does.
+    Both give the same numbers to rounding: in the linear regime a row whose lam_r
+    underflows weighs < 2^-122 next to the largest (it underflows in exp(log lam_r - top)
+    as well). Trained head: rho holds log lam_r already (_trained_head_rows)."""
+    R = ic[IC_N] * ic[IC_Q]
+    trained = ic[IC_TRAINED]
+    if trained == 0 and vtop >= PLAIN_MIN:  # linear (False for nan)
+        for r in range(R):
+            rho[_U(r)] = rho[_U(r)] / vtop
+        return math.log(vtop)
+    if trained == 0:  # log lam_r
+        loss = ic[IC_LOSS]
+        for r in range(R):
+            u = aux[_U(r)]
+            rho[_U(r)] = logw[_U(r)] + _log_neg_deriv(loss, u) \
+                + _log_s_j(aux[_U(R + r)], aux[_U(2 * R + r)])
+    top = NINF
+    for r in range(R):
+        if rho[r] != rho[r]:
+            rho[r] = NINF
+        if rho[r] > top:
+            top = rho[r]
+    topf = top if np.isfinite(top) else 0.0
+    for r in range(R):
+        rho[_U(r)] = math.exp(rho[_U(r)] - topf)
+    return top
+
+
+@njit(**_STEP)
+def _logit_grads(ic, rho, dr, S, Rr, C, yl, A):
+    """A (R, T) = dL/da_rt / exp(top): -rho_r (s_t dr_r - r_t c_rt) (fixed head),
+    -y_r rho_r (r_t c_rt - s_t dr_r) (trained head); NaN (0 * inf) entries are 0."""
+    R = ic[IC_N] * ic[IC_Q]
+    T = ic[IC_T]
+    for r in range(R):
+        ro = r * T
+        fac = rho[_U(r)]
+        sdr = dr[_U(r)]
+        if ic[IC_TRAINED] == 0:
+            for t in range(T):
+                g = -fac * (S[_U(ro + t)] * sdr - Rr[_U(ro + t)] * C[_U(ro + t)])
+                A[_U(ro + t)] = g if g == g else 0.0
+        else:
+            f = -yl[_U(r)] * fac
+            for t in range(T):
+                g = f * (Rr[_U(ro + t)] * C[_U(ro + t)] - S[_U(ro + t)] * sdr)
+                A[_U(ro + t)] = g if g == g else 0.0
+
+
+@njit(**_STEP)
+def _token_grads(ic, A, X, GX):
+    """GX (R, d): GX_r = sum_t (dL/da)_rt x_it (sums over t in order)."""
+    n = ic[IC_N]
+    Qn = ic[IC_Q]
+    T = ic[IC_T]
+    d = ic[IC_D]
+    if Qn == 1:  # R = n rows
+        _vecmat_rows(A, 0, T, 1, X, 0, T * d, GX, 0, d, n, T, d)
+    else:
+        for i in range(n):
+            _vecmat_rows(A, i * Qn * T, T, 1, X, i * T * d, 0, GX, i * Qn * d, d, Qn, T, d)
+
+
+@njit(**_STEP)
+def _param_grads(ic, fc, GX, Z, P, Wf, o1, G, ZQ, acc, tmp, gm, ls, top):
+    """The parameters' gradients from GX (raw, times exp(top)) into G (same layout as P),
+    with gm[k] = max|G_k| and ls[k] = log max|G_k| + top (_scale): W: G_W^T = sum_r z_r
+    GX_r^T; KQ: dK = G_W Q, dQ = G_W^T K (+ 2 reg K, 2 reg Q: the ridge, _scaled_add);
+    diag: dk = g q, dq = g k with g_j = sum_r GX_rj z_rj; prompt: dp = W^T sum_r GX_r."""
+    model = ic[IC_MODEL]
+    R = ic[IC_N] * ic[IC_Q]
+    d = ic[IC_D]
+    m = ic[IC_M]
+    if model == W_MODEL:  # G_W^T = sum_r z_r GX_r^T: row l = sum_r z_rl GX_r
+        _vecmat_rows(Z, 0, 1, d, GX, 0, 0, G, 0, d, d, R, d)
+        ls[0] = _scale(G, 0, d * d, top, gm, 0)
+    elif model == KQ_MODEL:
+        # dK = G_W Q: row j = sum_r GX_rj (Q^T z_r); dQ = G_W^T K: row l = sum_r z_rl (K^T GX_r)
+        _vecmat_rows(GX, 0, 1, d, ZQ, 0, 0, G, 0, m, d, R, m)
+        _vecmat_rows(GX, 0, d, 1, P, 0, 0, ZQ, 0, m, R, d, m)  # K^T GX_r into ZQ
+        _vecmat_rows(Z, 0, 1, d, ZQ, 0, 0, G, o1, m, d, R, m)
+        ls[0] = _scale(G, 0, d * m, top, gm, 0)
+        ls[1] = _scale(G, o1, d * m, top, gm, 1)
+        reg = fc[FC_REG]
+        if reg != 0.0:
+            for x in range(d * m):
+                tmp[x] = 2.0 * reg * P[x]
+            ls[0] = _scaled_add(G, 0, ls[0], gm[0], tmp, d * m)
+            for x in range(d * m):
+                tmp[x] = 2.0 * reg * P[o1 + x]
+            ls[1] = _scaled_add(G, o1, ls[1], gm[1], tmp, d * m)
+            gm[0] = 1.0
+            gm[1] = 1.0
+    elif model == DIAG_MODEL:  # g_j = sum_r GX_rj z_rj; dk = g q, dq = g k
+        for j in range(d):
+            acc[j] = 0.0
+        for r in range(R):
+            base = r * d
+            for j in range(d):
+                acc[_U(j)] += GX[_U(base + j)] * Z[_U(base + j)]
+        for j in range(d):
+            G[j] = acc[j] * P[o1 + j]
+            G[o1 + j] = acc[j] * P[j]
+        ls[0] = _scale(G, 0, d, top, gm, 0)
+        ls[1] = _scale(G, o1, d, top, gm, 1)
+    else:  # prompt: dp = W^T g = sum_l g_l (row l of W), g = sum_r GX_r
+        for j in range(d):
+            acc[j] = 0.0
+        for r in range(R):
+            base = r * d
+            for j in range(d):
+                acc[_U(j)] += GX[_U(base + j)]
+        if ic[IC_WID]:
+            for j in range(d):
+                G[j] = acc[j]
+        else:
+            for j in range(d):
+                G[j] = 0.0
+            for l in range(d):
+                g = acc[l]
+                base = l * d
+                for j in range(d):
+                    G[j] += g * Wf[1, base + j]
+        ls[0] = _scale(G, 0, d, top, gm, 0)
+
+
+@njit(**_STEP)
+def _head_grad(ic, rhov, yl, S, X, ov, na, G, acc, gm, ls):
+    """The trained head's gradient dv = sum_it (sum_q -y_iq lam_iq s_iqt) x_it, scaled by
+    max_r rho_v into G[ov : ov + d] (tensor na; gm[na], ls[na] as _scale)."""
+    n = ic[IC_N]
+    Qn = ic[IC_Q]
+    T = ic[IC_T]
+    d = ic[IC_D]
+    R = n * Qn
+    topv = NINF
+    for r in range(R):
+        if rhov[r] > topv:
+            topv = rhov[r]
+    topvf = topv if np.isfinite(topv) else 0.0
+    for j in range(d):
+        acc[j] = 0.0
+    for i in range(n):
+        for t in range(T):
+            s_ = 0.0
+            for q in range(Qn):
+                r = i * Qn + q
+                s_ += -yl[r] * math.exp(rhov[r] - topvf) * S[r * T + t]
+            if s_ != s_:
+                s_ = 0.0
+            base = (i * T + t) * d
+            for j in range(d):
+                acc[_U(j)] += s_ * X[_U(base + j)]
+    for j in range(d):
+        G[ov + j] = acc[j]
+    ls[na] = _scale(G, ov, d, topv, gm, na)
+
+
+@njit(**_STEP)
+def _gradient(ic, fc, X, Z, gam, gopt, yl, logw, mask, Wf, P, G, so, gm, ls,
+              KT, WZ, ZQ, A, S, Rr, C, dr, rho, rhov, rlg, acc, tmp, XT, aux):
+    """The scaled gradient of one trial at P (the compiled model.evaluate, stable form):
+    tensor k of the gradient is G_k / gm[k] times exp(ls[k]); returns (overflow, log(L - L*))
+    (the gap nan unless ic[IC_NEEDGAP]). overflow: a logit is +inf or NaN (the
+    parameters left float64); then ls = nan and nothing else is computed. The named steps:
+    see the comment above _trial_setup. WZ receives GX."""
+    model = ic[IC_MODEL]
+    na = 2 if (model == KQ_MODEL or model == DIAG_MODEL) else 1  # slot of the head v
+    o1 = so[1]  # offset of the second tensor (K, Q / k, q)
+    ov = so[na]  # offset of the head v
+    for k in range(3):
+        ls[k] = NINF
+    _query_vectors(ic, Z, P, Wf, o1, KT, ZQ, WZ, acc)
+    if _logits(ic, WZ, XT, mask, A):
+        for k in range(3):
+            ls[k] = np.nan
+        return True, np.nan
+    R = ic[IC_N] * ic[IC_Q]
+    _softmax_rows(A, R, ic[IC_T], Rr, S, aux)
+    vtop = 0.0
+    if ic[IC_TRAINED] == 0:
+        vtop = _fixed_head_rows(ic, gam, gopt, logw, Rr, C, dr, aux, rho, rlg)
+    else:
+        _trained_head_rows(ic, P, ov, XT, mask, yl, logw, acc, Rr, C, dr, aux, rho, rhov, rlg)
+    lgap = np.nan
+    if ic[IC_NEEDGAP]:
+        lgap = _log_gap_rows(rlg, R)
+    top = _row_factors(ic, vtop, logw, aux, rho)
+    _logit_grads(ic, rho, dr, S, Rr, C, yl, A)
+    _token_grads(ic, A, X, WZ)
+    _param_grads(ic, fc, WZ, Z, P, Wf, o1, G, ZQ, acc, tmp, gm, ls, top)
+    if ic[IC_TRAINED]:
+        _head_grad(ic, rhov, yl, S, X, ov, na, G, acc, gm, ls)
+    return False, lgap
+
+
+@njit(**_STEP)
+def _gradient_stop(ls, nP):
+    """Why the trainer stops a trial at this gradient (log scales ls of its nP tensors):
+    STOP_NONFINITE when some scale is NaN or +inf (the last step overflowed the
+    objective), STOP_ZERO when every tensor is exactly 0, else 0."""
+    for k in range(nP):
+        if ls[k] != ls[k] or ls[k] == np.inf:
+            return STOP_NONFINITE
+    for k in range(nP):
+        if np.isfinite(ls[k]):
+            return 0
+    return STOP_ZERO
+
+
+@njit(**_STEP)
+def _update_stop(flags, stall):
+    """Why the trainer refuses an update with _apply_rule's ``flags``: STOP_NONFINITE (a
+    parameter is not finite), STOP_NOCHANGE (``stall`` and no parameter changed), else 0."""
+    if not flags & 1:
+        return STOP_NONFINITE
+    if stall and not flags & 2:
+        return STOP_NOCHANGE
+    return 0
+
+
 # ------------------------------------------------------------ one trial's run
-@njit(cache=True, error_model="numpy")
+# _nrt=False: compiled without reference counting. _trial_run allocates nothing (its
+# scratch comes from the drivers) and only borrows arrays that outlive it; with counting,
+# every array argument of every inlined step costs an atomic increment and decrement per
+# call, ~30% of a small step (W model, (n, T, d) = (6, 8, 10)).
+@njit(cache=True, error_model="numpy", _nrt=False)
 def _trial_run(ic, fc, X, Z, gam, gopt, yl, logw, mask, Wf, P, G, N, so, gm, ls,
                KT, WZ, ZQ, A, S, Rr, C, dr, rho, rhov, rlg, acc, tmp, Dv, work, XT, aux,
                out, t0, t1):
-    """Steps t0 .. t1-1 of one trial (with ic[IC_RULE] == R_NONE: the gradient at P only),
-    the step loop and the gradient in one function (few calls per step: a call passes
-    each array as seven words).
+    """Steps t0 .. t1-1 of one trial (with ic[IC_RULE] == R_NONE: the gradient at P only):
+    per step the scaled gradient (_gradient), the trainer's checks (_gradient_stop), the
+    rule's step (_apply_rule) and its checks (_update_stop).
 
     Flat (1-d) arrays of one trial: X (n, T, d) tokens, Z (n, Q, d) queries, gam (n, Q, T)
     scores with masked keys 0, gopt (n, Q), yl (n, Q) labels, logw (n, Q) log query
@@ -703,358 +1189,47 @@ def _trial_run(ic, fc, X, Z, gam, gopt, yl, logw, mask, Wf, P, G, N, so, gm, ls,
     W: W^T in row 0, W in row 1 (unused when ic[IC_WID]: W = I). P: the parameters, one
     flat vector, tensor k at [so[k], so[k+1]) (the W model holds W^T: every product runs
     over contiguous rows); G, N: the gradient and the next parameters, same layout.
-    The gradient of a step: tensor k is G_k / gm[k] times exp(ls[k]) (G raw, gm = max|G|).
-    Scratch: XT (n, d, T) receives X transposed (the logits then run over contiguous
-    tokens), aux (4 R) the row terms of the fixed head.
+    Scratch: XT (n, d, T) receives X transposed, aux (6 R) the row terms (_softmax_rows).
 
-    Row factors (fixed head). dL/da_rt = -lam_r (s_t dr_r - r_t c_rt) with lam_r =
-    w_r (-loss'(u_r)) s_j,r (s_j the second-largest attention of row r, r_t = s_t / s_j off
-    the anchor, dr_r = sum_t r_t c_rt), and the gradient is exp(top) times the sum with
-    lam_r / exp(top), top = log max_r lam_r. Two regimes, per step: while the largest lam_r lies in [PLAIN_MIN,
-    PLAIN_MAX] (far from underflow and overflow), lam_r is evaluated in the linear domain
-    (-loss'(u) with one exp, s_j = e_j / (1 + x) already at hand) and lam_r / max lam
-    divides; otherwise (the softmax or the loss saturated: the plain lam underflows)
-    log lam_r = log w_r + log(-loss'(u_r)) + log s_j,r in the log domain and
-    exp(log lam_r - top), as the torch reference does. Both give the same numbers to
-    rounding: in the linear regime a row whose lam_r underflows weighs < 2^-122 next to
-    the largest (it underflows in exp(log lam_r - top) as well).
-
-    Per step (the trainer's semantics): a zero gradient stops the trial (code 1) before
-    the update; an update with a non-finite parameter (code 2) or, if ic[IC_STALL], that
-    leaves every parameter bit-identical (code 3) stops it and is not applied.
+    Per step (the trainer's semantics, attnsvm.steppers.TorchStepper): a zero gradient
+    stops the trial (code 1) before the update; an update with a non-finite parameter
+    (code 2) or, if ic[IC_STALL], that leaves every parameter bit-identical (code 3) stops
+    it and is not applied; a gradient that overflowed (the last step left float64) undoes
+    that step and stops the trial at it (code 2).
     out[0] = the stop step (-1: ran to t1), out[1] = the code, out[2] = log(L - L*) of
     the last gradient (nan unless ic[IC_NEEDGAP]), out[3] = the number of steps that took
     Polyak's range cap. P holds the parameters on return."""
-    model = ic[IC_MODEL]
-    trained = ic[IC_TRAINED]
-    loss = ic[IC_LOSS]
-    n = ic[IC_N]
-    Qn = ic[IC_Q]
-    T = ic[IC_T]
-    d = ic[IC_D]
-    m = ic[IC_M]
-    hasmask = ic[IC_MASK]
-    need_gap = ic[IC_NEEDGAP]
-    R = n * Qn
-    na = 2 if (model == KQ_MODEL or model == DIAG_MODEL) else 1  # slot of the head v
-    o1 = so[1]  # offset of the second tensor (K, Q / k, q)
-    ov = so[na]  # offset of the head v
     nP = ic[IC_NP]
-    # aux: u_r | a_j - a_k | x = e_j sum r | w_r (the query weights, linear)
-    AU = 0
-    AM = R
-    AX = 2 * R
-    AW = 3 * R
-    for r in range(R):
-        aux[_U(AW + r)] = math.exp(logw[_U(r)])
-    for i in range(n):  # XT[i, j, t] = X[i, t, j]
-        for t in range(T):
-            xo = (i * T + t) * d
-            for j in range(d):
-                XT[_U(i * d * T + j * T + t)] = X[_U(xo + j)]
+    _trial_setup(X, logw, XT, aux, ic[IC_N], ic[IC_T], ic[IC_D], ic[IC_N] * ic[IC_Q])
     out[0] = -1.0
     out[1] = 0.0
     out[3] = 0.0
     lgap = np.nan
     swapped = False
-    for step in range(t0, t1):  # (t is the token index below)
-        for k in range(3):
-            ls[k] = NINF
-        # ---- W z for every query row: WZ (R, d)
-        if model == W_MODEL:  # W z_r = sum_l z_rl (row l of W^T)
-            _vecmat_rows(Z, 0, d, 1, P, 0, 0, WZ, 0, d, R, d, d)
-        elif model == KQ_MODEL:  # K (Q^T z_r): ZQ (R, m), then sum_c ZQ_rc (row c of K^T)
-            for j in range(d):
-                for c in range(m):
-                    KT[_U(c * d + j)] = P[_U(j * m + c)]
-            _vecmat_rows(Z, 0, d, 1, P, o1, 0, ZQ, 0, m, R, d, m)
-            _vecmat_rows(ZQ, 0, m, 1, KT, 0, 0, WZ, 0, d, R, m, d)
-        elif model == DIAG_MODEL:
-            for r in range(R):
-                zo = r * d
-                for j in range(d):
-                    WZ[_U(zo + j)] = Z[_U(zo + j)] * (P[_U(j)] * P[_U(o1 + j)])
-        else:  # prompt: W p, the same for every row
-            if ic[IC_WID]:
-                for j in range(d):
-                    acc[j] = P[j]
-            else:
-                for j in range(d):
-                    acc[j] = 0.0
-                for l in range(d):  # W p = sum_l p_l (row l of W^T)
-                    pl = P[l]
-                    base = l * d
-                    for j in range(d):
-                        acc[j] += pl * Wf[0, base + j]
-            for r in range(R):
-                for j in range(d):
-                    WZ[_U(r * d + j)] = acc[_U(j)]
-
-        # ---- logits a_rt = x_it . (W z)_r = sum_j (W z)_rj XT[i, j, t] (over j in order)
-        if Qn == 1:
-            _vecmat_rows(WZ, 0, d, 1, XT, 0, d * T, A, 0, T, R, d, T)
-        else:
-            for i in range(n):
-                _vecmat_rows(WZ, i * Qn * d, d, 1, XT, i * d * T, 0, A, i * Qn * T, T, Qn, d, T)
-        if hasmask:
-            for x in range(R * T):
-                if mask[_U(x)] == 0:
-                    A[_U(x)] = NINF
-        ovf = False  # a logit overflowed (+inf or NaN): the last step left float64
-        for x in range(R * T):
-            ax = A[_U(x)]
-            if ax != ax or ax == np.inf:
-                ovf = True
-                break
-        if ovf:
-            for k in range(3):
-                ls[k] = np.nan
-            if ic[IC_RULE] == R_NONE:
-                break
-            if step > t0:  # undo that step: N still holds the parameters before it
-                P, N = N, P
-                swapped = not swapped
-            out[0] = max(step - 1, 0)
-            out[1] = STOP_NONFINITE
-            break
-
-        # ---- per row: anchor, softmax around it, the loss terms
-        vtop = 0.0  # the fixed head's largest lam_r, linear (nan: some lam_r is not finite)
-        for r in range(R):
-            ro = r * T
-            # anchor k: the first maximiser; with a_j the largest other key,
-            # r_t = exp(a_t - a_j) (t != k), s_t = r_t e_j / (1 + e_j sum r), e_j = exp(a_j - a_k),
-            # M = log s_j = (a_j - a_k) - log1p(e_j sum r): attention.softmax_terms with one exp
-            # per key (exact where e_j underflows: then s_t = 0 off the anchor, M = a_j - a_k).
-            k = 0
-            mx = A[_U(ro)]
-            aj = NINF
-            for t in range(1, T):
-                at = A[_U(ro + t)]
-                if at > mx:
-                    aj = mx
-                    mx = at
-                    k = t
-                elif at > aj:
-                    aj = at
-            eM = 0.0  # exp(M) = e_j / (1 + e_j sum r)
-            x = 0.0
-            if aj == NINF:  # the anchor is the only admissible key
-                for t in range(T):
-                    Rr[_U(ro + t)] = 0.0
-                    S[_U(ro + t)] = 0.0
-                S[_U(ro + k)] = 1.0
-            else:
-                sr = 0.0
-                for t in range(T):
-                    e = math.exp(A[_U(ro + t)] - aj)
-                    if t == k:
-                        e = 0.0
-                    Rr[_U(ro + t)] = e
-                    sr += e
-                ej = math.exp(aj - mx)
-                x = ej * sr
-                eM = ej / (1.0 + x)
-                for t in range(T):
-                    S[_U(ro + t)] = Rr[_U(ro + t)] * eM
-                S[_U(ro + k)] = 1.0 / (1.0 + x)
-            lw = logw[_U(r)]
-            if trained == 0:
-                gk = gam[_U(ro + k)]
-                s_ = 0.0
-                for t in range(T):
-                    c = gk - gam[_U(ro + t)]
-                    C[_U(ro + t)] = c
-                    s_ += Rr[_U(ro + t)] * c
-                dr[_U(r)] = s_
-                go = gopt[_U(r)]
-                D = (go - gk) + eM * s_
-                u = go - D
-                aux[_U(AU + r)] = u
-                aux[_U(AM + r)] = aj - mx
-                aux[_U(AX + r)] = x
-                lam = (aux[_U(AW + r)] * _neg_deriv(loss, u)) * eM
-                rho[_U(r)] = lam
-                if not lam <= PLAIN_MAX:  # nan, inf or too large: the log domain
-                    vtop = np.nan
-                elif lam > vtop:
-                    vtop = lam
-                if need_gap:
-                    M = _log_s_j(aj - mx, x)
-                    logD = M + _log(s_) if gk >= go else _log(D)
-                    rlg[_U(r)] = lw + _log_gap(loss, go, logD, D)
-            else:
-                # c_t = v . x_t
-                _vecmat_rows(P, ov, 0, 1, XT, (r // Qn) * d * T, 0, acc, 0, 0, 1, d, T)
-                ck = acc[_U(k)]
-                s_ = 0.0
-                for t in range(T):
-                    cd = acc[_U(t)] - ck
-                    if hasmask and mask[_U(ro + t)] == 0:
-                        cd = 0.0
-                    C[_U(ro + t)] = cd
-                    s_ += Rr[_U(ro + t)] * cd
-                dr[_U(r)] = s_
-                u = yl[_U(r)] * (ck + eM * s_)
-                rv = lw + _log_neg_deriv(loss, u)
-                rhov[_U(r)] = rv if rv == rv else NINF
-                rho[_U(r)] = rv + _log_s_j(aj - mx, x)
-                if need_gap:
-                    rlg[_U(r)] = lw + _log_value(loss, u)
-        lgap = np.nan
-        if need_gap:
-            for r in range(R):
-                if rlg[r] != rlg[r]:
-                    rlg[r] = NINF
-            lgap = _logsumexp(rlg, R)
-
-        # ---- row factors lam_r / max lam and dL/da (scaled), into A
-        linear = trained == 0 and vtop >= PLAIN_MIN  # (False for nan)
-        if linear:
-            top = math.log(vtop)
-            for r in range(R):
-                rho[_U(r)] = rho[_U(r)] / vtop
-        else:
-            if trained == 0:  # log lam_r
-                for r in range(R):
-                    u = aux[_U(AU + r)]
-                    rho[_U(r)] = logw[_U(r)] + _log_neg_deriv(loss, u) \
-                        + _log_s_j(aux[_U(AM + r)], aux[_U(AX + r)])
-            top = NINF
-            for r in range(R):
-                if rho[r] != rho[r]:
-                    rho[r] = NINF
-                if rho[r] > top:
-                    top = rho[r]
-            topf = top if np.isfinite(top) else 0.0
-            for r in range(R):
-                rho[_U(r)] = math.exp(rho[_U(r)] - topf)
-        for r in range(R):
-            ro = r * T
-            fac = rho[_U(r)]
-            sdr = dr[_U(r)]
-            if trained == 0:
-                for t in range(T):
-                    g = -fac * (S[_U(ro + t)] * sdr - Rr[_U(ro + t)] * C[_U(ro + t)])
-                    A[_U(ro + t)] = g if g == g else 0.0
-            else:
-                f = -yl[_U(r)] * fac
-                for t in range(T):
-                    g = f * (Rr[_U(ro + t)] * C[_U(ro + t)] - S[_U(ro + t)] * sdr)
-                    A[_U(ro + t)] = g if g == g else 0.0
-        # GX_r = sum_t Ga_rt x_it  (R, d), into WZ (sums over t in order)
-        if Qn == 1:
-            _vecmat_rows(A, 0, T, 1, X, 0, T * d, WZ, 0, d, R, T, d)
-        else:
-            for i in range(n):
-                _vecmat_rows(A, i * Qn * T, T, 1, X, i * T * d, 0, WZ, i * Qn * d, d, Qn, T, d)
-        GX = WZ
-
-        # ---- parameter gradients (raw, times exp(top))
-        if model == W_MODEL:  # G_W^T = sum_r z_r GX_r^T: row l = sum_r z_rl GX_r
-            _vecmat_rows(Z, 0, 1, d, GX, 0, 0, G, 0, d, d, R, d)
-            ls[0] = _scale(G, 0, d * d, top, gm, 0)
-        elif model == KQ_MODEL:
-            # dK = G_W Q: row j = sum_r GX_rj (Q^T z_r); dQ = G_W^T K: row l = sum_r z_rl (K^T GX_r)
-            _vecmat_rows(GX, 0, 1, d, ZQ, 0, 0, G, 0, m, d, R, m)
-            _vecmat_rows(GX, 0, d, 1, P, 0, 0, ZQ, 0, m, R, d, m)  # K^T GX_r into ZQ
-            _vecmat_rows(Z, 0, 1, d, ZQ, 0, 0, G, o1, m, d, R, m)
-            ls[0] = _scale(G, 0, d * m, top, gm, 0)
-            ls[1] = _scale(G, o1, d * m, top, gm, 1)
-            reg = fc[FC_REG]
-            if reg != 0.0:
-                for x in range(d * m):
-                    tmp[x] = 2.0 * reg * P[x]
-                ls[0] = _scaled_add(G, 0, ls[0], gm[0], tmp, d * m)
-                for x in range(d * m):
-                    tmp[x] = 2.0 * reg * P[o1 + x]
-                ls[1] = _scaled_add(G, o1, ls[1], gm[1], tmp, d * m)
-                gm[0] = 1.0
-                gm[1] = 1.0
-        elif model == DIAG_MODEL:  # g_j = sum_r GX_rj z_rj; dk = g q, dq = g k
-            for j in range(d):
-                acc[j] = 0.0
-            for r in range(R):
-                base = r * d
-                for j in range(d):
-                    acc[_U(j)] += GX[_U(base + j)] * Z[_U(base + j)]
-            for j in range(d):
-                G[j] = acc[j] * P[o1 + j]
-                G[o1 + j] = acc[j] * P[j]
-            ls[0] = _scale(G, 0, d, top, gm, 0)
-            ls[1] = _scale(G, o1, d, top, gm, 1)
-        else:  # prompt: dp = W^T g = sum_l g_l (row l of W), g = sum_r GX_r
-            for j in range(d):
-                acc[j] = 0.0
-            for r in range(R):
-                base = r * d
-                for j in range(d):
-                    acc[_U(j)] += GX[_U(base + j)]
-            if ic[IC_WID]:
-                for j in range(d):
-                    G[j] = acc[j]
-            else:
-                for j in range(d):
-                    G[j] = 0.0
-                for l in range(d):
-                    g = acc[l]
-                    base = l * d
-                    for j in range(d):
-                        G[j] += g * Wf[1, base + j]
-            ls[0] = _scale(G, 0, d, top, gm, 0)
-
-        # ---- trained head: dv = sum_it (sum_q lam_iq s_iqt) x_it (scaled by max rho_v)
-        if trained:
-            topv = NINF
-            for r in range(R):
-                if rhov[r] > topv:
-                    topv = rhov[r]
-            topvf = topv if np.isfinite(topv) else 0.0
-            for j in range(d):
-                acc[j] = 0.0
-            for i in range(n):
-                for t in range(T):
-                    s_ = 0.0
-                    for q in range(Qn):
-                        r = i * Qn + q
-                        s_ += -yl[r] * math.exp(rhov[r] - topvf) * S[r * T + t]
-                    if s_ != s_:
-                        s_ = 0.0
-                    base = (i * T + t) * d
-                    for j in range(d):
-                        acc[_U(j)] += s_ * X[_U(base + j)]
-            for j in range(d):
-                G[ov + j] = acc[j]
-            ls[na] = _scale(G, ov, d, topv, gm, na)
+    for step in range(t0, t1):
+        ovf, lg = _gradient(ic, fc, X, Z, gam, gopt, yl, logw, mask, Wf, P, G, so, gm, ls,
+                            KT, WZ, ZQ, A, S, Rr, C, dr, rho, rhov, rlg, acc, tmp, XT, aux)
+        if not ovf:
+            lgap = lg
         if ic[IC_RULE] == R_NONE:
             break
-        bad = False
-        for k in range(nP):
-            if ls[k] != ls[k] or ls[k] == np.inf:
-                bad = True
-        if bad:  # the last step overflowed the objective (logits, W = K Q^T): undo it
+        code = _gradient_stop(ls, nP)
+        if code == STOP_NONFINITE:  # the last step overflowed the objective: undo it
             if step > t0:
                 P, N = N, P  # N still holds the parameters before that step
                 swapped = not swapped
             out[0] = max(step - 1, 0)
             out[1] = STOP_NONFINITE
             break
-        nz = False
-        for k in range(nP):
-            if np.isfinite(ls[k]):
-                nz = True
-        if not nz:
+        if code == STOP_ZERO:
             out[0] = step
             out[1] = STOP_ZERO
             break
         flags = _apply_rule(ic, fc, P, G, N, so, gm, ls, lgap, Dv, work)
-        if not flags & 1:
+        code = _update_stop(flags, ic[IC_STALL])
+        if code != 0:
             out[0] = step
-            out[1] = STOP_NONFINITE
-            break
-        if ic[IC_STALL] and not flags & 2:
-            out[0] = step
-            out[1] = STOP_NOCHANGE
+            out[1] = code
             break
         if flags & 4:  # Polyak's range cap was taken (and the step applied)
             out[3] += 1.0
@@ -1090,7 +1265,7 @@ def _scratch(ic, sP):
             np.empty(R * max(m, 1)), np.empty(R * T), np.empty(R * T), np.empty(R * T),
             np.empty(R * T), np.empty(R), np.empty(R), np.empty(R), np.empty(R),
             np.empty(max(R * max(d, m), T, 1)), np.empty(big), np.empty(max(sP, 1)),
-            np.empty(4 * ic[IC_NP] + 4), np.empty(n * T * d), np.empty(4 * R))
+            np.empty(4 * ic[IC_NP] + 4), np.empty(n * T * d), np.empty(6 * R))
 
 
 @njit(cache=True, error_model="numpy")

@@ -1,0 +1,312 @@
+"""The step loop of :func:`attnsvm.train.train`: one interface, two engines.
+
+    stepper = TorchStepper(...) | FusedStepper(plan)
+    stepper.init(params, state)
+    steps_run = run_segments(stepper, steps, every, record, stops)
+    params, state = stepper.result()
+
+A run is cut into segments [t0, t1) between two metric records (t0 a multiple of
+``every``); :meth:`Stepper.step` runs one segment for the trials still running, calls
+``record(t0)`` at its start, stops trials through :class:`Stops` and returns the number
+of steps run once every trial has stopped (None while some run on). The engines:
+
+* :class:`TorchStepper`: the batched tensor program (the reference; every rule, device,
+  dtype, mini-batches), one ``optimizer.update`` per step; with a :class:`fused.Plan`
+  whose rule has no compiled counterpart, the scaled gradient comes from the kernel
+  ("fused-gradient");
+* :class:`FusedStepper`: the whole segment inside the compiled kernel
+  (:meth:`attnsvm.fused.Plan.run`) for a rule whose transforms all carry a compiled
+  counterpart.
+
+Both follow the same semantics (module docstring of :mod:`attnsvm.train`): a zero gradient
+stops a trial before its update; an update that makes a parameter non-finite, or (full
+batch, stateless rule) leaves every parameter bit-identical, stops it and is not applied;
+a step whose objective then overflows is undone. tests/test_fused.py holds the two equal.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+
+import numpy as np
+import torch
+
+from . import fused
+
+__all__ = ["Stops", "Stepper", "TorchStepper", "FusedStepper", "make_stepper", "run_segments",
+           "minibatch"]
+
+
+class Stops:
+    """Which trials still run, and when and why the others stopped.
+
+    active (B,) bool on the data's device; stop_step (B,) long (-1: running); reason (B,)
+    str ("" while running; :data:`attnsvm.train.STOP_REASONS`)."""
+
+    def __init__(self, B: int, device):
+        self.active = torch.ones(B, dtype=torch.bool, device=device)
+        self.stop_step = torch.full((B,), -1, dtype=torch.long)
+        self.reason = np.full(B, "", dtype=object)
+
+    def stop(self, mask: torch.Tensor, t: int, why: str) -> bool:
+        """Stop the running trials of ``mask`` at step t for ``why``; whether any did."""
+        mask = mask & self.active
+        if not bool(mask.any()):
+            return False
+        mc = mask.cpu()
+        self.stop_step[mc] = t
+        self.reason[mc.numpy()] = why
+        self.active = self.active & ~mask
+        return True
+
+    def running(self) -> bool:
+        """Whether some trial still runs."""
+        return bool(self.active.any())
+
+
+class Stepper(ABC):
+    """The step loop of one engine (module docstring). ``engine`` names it in
+    ``Trajectory.extra["engine"]``; ``params`` are the current parameters {name: (B, ...)}
+    (what ``record`` reads)."""
+
+    engine: str
+    params: dict
+
+    @abstractmethod
+    def init(self, params: dict) -> None:
+        """Start from ``params`` (the optimiser's state: ``optimizer.init(params)``)."""
+
+    @abstractmethod
+    def step(self, t0: int, t1: int, record: Callable[[int], None], stops: Stops) -> int | None:
+        """Steps t0 .. t1-1 (``record(t0)`` at the start, once the parameters are those
+        of step t0); returns the steps run when every trial has stopped, else None."""
+
+    @abstractmethod
+    def result(self) -> tuple[dict, dict]:
+        """(params, state) at the end of the run."""
+
+
+def run_segments(stepper: Stepper, steps: int, every: int, record: Callable[[int], None],
+                 stops: Stops, progress: bool = False) -> int:
+    """Run ``stepper`` for ``steps`` steps in segments of ``every`` steps (a record at the
+    start of each); returns the number of steps run (fewer when every trial stopped)."""
+    bar = None
+    if progress:
+        from .progress import progress_bar
+
+        desc = "train" if stepper.engine == "torch" else f"train ({stepper.engine})"
+        bar = progress_bar(total=steps, desc=desc, unit="step")
+    t = 0
+    try:
+        while t < steps:
+            t1 = min(steps, (t // every + 1) * every)
+            end = stepper.step(t, t1, record, stops)
+            if bar is not None:
+                bar.update((t1 if end is None else end) - t)
+            if end is not None:
+                return end
+            t = t1
+    finally:
+        if bar is not None:
+            bar.close()
+    return steps
+
+
+def _freeze(active: torch.Tensor, new: dict, old: dict) -> dict:
+    """new where ``active`` (B,), old elsewhere, tensor by tensor."""
+    return {k: torch.where(active.reshape(-1, *([1] * (v.ndim - 1))), new[k], v)
+            for k, v in old.items()}
+
+
+class TorchStepper(Stepper):
+    """The batched tensor program: per step t, (L, log(L - L*), G) = model.evaluate
+    (scaled gradient; ``plan.evaluate`` in the fused-gradient mode; a mini-batch of
+    ``batch_size`` sequences when given), the checks, then ``optimizer.update`` for the
+    trials still running. ``first``: the objective at the initial parameters (step 0 of a
+    full-batch run reuses it); ``copy``: clone the initial parameters (they may be the
+    caller's arrays)."""
+
+    def __init__(self, model, tdata, lossf, optimizer, *, first, batch_size=None, seed=0,
+                 autograd=False, plan=None, copy=False):
+        self.model, self.tdata, self.lossf, self.optimizer = model, tdata, lossf, optimizer
+        self.first, self.bs, self.autograd, self.plan, self.copy = first, batch_size, autograd, plan, copy
+        self.engine = "torch" if plan is None else "fused-gradient"
+        self.check_stall = batch_size is None and not optimizer.stateful
+        self.seed = seed
+
+    def init(self, params):
+        self.params = {k: v.clone() for k, v in params.items()} if self.copy else params
+        self.state = self.optimizer.init(self.params)
+        B = next(iter(params.values())).shape[0]
+        self.seeds = torch.arange(B, dtype=torch.int64) + self.seed
+        self.prev = self.prev_state = None  # the parameters before the last step
+        self.all_active = True
+
+    def result(self):
+        return self.params, self.state
+
+    def _evaluate(self, t):
+        if self.plan is not None:
+            return self.plan.evaluate(self.params, self.optimizer.needs_gap)
+        if t == 0 and self.bs is None:
+            return self.first
+        batch = self.tdata if self.bs is None else minibatch(self.tdata, self.bs, self.seeds, t)
+        return self.model.evaluate(self.params, batch, self.lossf, autograd=self.autograd,
+                                   need_gap=self.optimizer.needs_gap)
+
+    def _freeze_where(self, keep, new, new_state):
+        self.params = _freeze(keep, new, self.params)
+        self.state = _freeze(keep, new_state, self.state) if self.state else self.state
+
+    def _undo_overflow(self, grads, t, stops) -> bool:
+        """The last step overflowed the objective (logits, W) of some trials: stop them at
+        t - 1 with their parameters before it. Whether they did."""
+        if self.prev is None:
+            return False
+        bad = grads.nonfinite() & stops.active
+        if not stops.stop(bad, t - 1, "non-finite step"):
+            return False
+        self.params, self.state = _freeze(bad, self.prev, self.params), (
+            _freeze(bad, self.prev_state, self.state) if self.state else self.state)
+        self.all_active = False
+        return True
+
+    def _advance(self, ev, t, stops) -> None:
+        """The update of step t for the running trials, unless it is not finite (stop) or,
+        with ``check_stall``, changes no parameter (stop)."""
+        params = self.params
+        new, new_state = self.optimizer.update(ev.grads, self.state, params, ev.log_gap)
+        if stops.stop(~self.model.finite(new), t, "non-finite step"):
+            self.all_active = False
+        if self.check_stall:
+            B = stops.active.shape[0]
+            same = torch.stack([(new[k] == v).reshape(B, -1).all(1) for k, v in params.items()]).all(0)
+            if stops.stop(same, t, "no change in float64"):
+                self.all_active = False
+        self.prev, self.prev_state = params, self.state
+        if self.all_active:
+            self.params, self.state = new, new_state
+        else:
+            self._freeze_where(stops.active, new, new_state)
+
+    def step(self, t0, t1, record, stops):
+        for t in range(t0, t1):
+            ev = self._evaluate(t)
+            if self._undo_overflow(ev.grads, t, stops) and not stops.running():
+                return t
+            if t == t0:
+                record(t)
+            if stops.stop(~ev.grads.nonzero(), t, "zero gradient"):
+                self.all_active = False
+                if not stops.running():
+                    return t
+            self._advance(ev, t, stops)
+            if not self.all_active and not stops.running():
+                return t + 1
+        return None
+
+
+class FusedStepper(Stepper):
+    """Whole segments inside the compiled kernel (:meth:`attnsvm.fused.Plan.run`) for a
+    rule that runs there (``plan.in_kernel``); the parameters live in the plan's slots
+    (``params`` are views of them)."""
+
+    engine = "fused"
+
+    def __init__(self, plan, optimizer):
+        self.plan, self.optimizer = plan, optimizer
+
+    def init(self, params):
+        self.state = self.optimizer.init(params)
+        self.params = self.plan.load(params)  # a copy: the caller's arrays are not written
+        B = self.plan.B
+        self.active = np.ones(B, dtype=np.uint8)
+        self.stop_at = np.full(B, -1, dtype=np.int64)
+        self.code = np.zeros(B, dtype=np.int64)
+
+    def result(self):
+        return self.plan.params(), self.plan.state(self.state)
+
+    def step(self, t0, t1, record, stops):
+        """The kernel's stops are reported at their step; when the last trials stop at
+        step t, the run ends at t if they all stopped on a zero gradient (checked before
+        the update), else at t + 1 (the torch loop's semantics)."""
+        record(t0)
+        code, stop_at = self.code, self.stop_at
+        self.plan.run(t0, t1, self.active, stop_at, code)
+        for c, why in fused.STOP_CODES.items():
+            for s in np.unique(stop_at[(code == c) & (stop_at >= t0)]):
+                stops.stop(torch.from_numpy((code == c) & (stop_at == s)), int(s), why)
+        if self.active.any():
+            return None
+        last = int(stop_at.max())
+        return last if bool((code[stop_at == last] == 1).all()) else last + 1
+
+
+def make_stepper(model, tdata, lossf, optimizer, engine: str, *, first, Q: int, B: int,
+                 batch_size=None, seed: int = 0, autograd: bool = False,
+                 copy: bool = False) -> Stepper:
+    """The stepper of ``engine`` ("auto" | "torch" | "fused", :data:`attnsvm.fused.ENGINES`):
+    :class:`FusedStepper` when the compiled engine supports the configuration and runs
+    the rule in the kernel, :class:`TorchStepper` otherwise (with the kernel's gradient
+    when only the rule is not compiled). ``engine="fused"`` on a configuration it does not
+    support: a ValueError saying what (:func:`attnsvm.fused.unsupported`)."""
+    plan = None
+    if engine != "torch":
+        why = fused.unsupported(model, lossf, optimizer, tdata, batch_size, autograd)
+        if why is None:
+            plan = fused.Plan(model, tdata, lossf, optimizer, Q, B,
+                              check_stall=batch_size is None and not optimizer.stateful)
+        elif engine == "fused":
+            raise ValueError(f"engine='fused' does not support {why}")
+    if plan is not None and plan.in_kernel:
+        return FusedStepper(plan, optimizer)
+    return TorchStepper(model, tdata, lossf, optimizer, first=first, batch_size=batch_size,
+                        seed=seed, autograd=autograd, plan=plan, copy=copy)
+
+
+# ------------------------------------------------------------------ mini-batches
+_M32 = 0xFFFFFFFF
+
+
+def _mul32(x: torch.Tensor, c: int) -> torch.Tensor:
+    """(x * c) mod 2^32 for int64 x in [0, 2^32) without int64 overflow (16-bit halves)."""
+    cl, ch = c & 0xFFFF, c >> 16
+    xl, xh = x & 0xFFFF, x >> 16
+    return (xl * cl + (((xh * cl + xl * ch) & 0xFFFF) << 16)) & _M32
+
+
+def _hash32(x: torch.Tensor) -> torch.Tensor:
+    """A 32-bit integer hash (Wellons' lowbias32) of int64 tensors in [0, 2^32)."""
+    x = x & _M32
+    x = x ^ (x >> 16)
+    x = _mul32(x, 0x7FEB352D)
+    x = x ^ (x >> 15)
+    x = _mul32(x, 0x846CA68B)
+    return x ^ (x >> 16)
+
+
+def minibatch(tdata: dict, batch_size: int, seeds: torch.Tensor, step: int) -> dict:
+    """Per-trial random subsets of ``batch_size`` sequences (without replacement).
+
+    Trial b's subset at a step is a function of (seeds[b], step) only (a counter-based
+    hash, vectorised over trials): a batched run of B trials draws the same batches as B
+    separate runs with those seeds. Every field gets a leading B = len(seeds)."""
+    X = tdata["X"]
+    B, n = len(seeds), X.shape[1]
+    s = _hash32(seeds.to(torch.int64) & _M32)
+    s = _hash32(s ^ _hash32(torch.full_like(s, int(step) & _M32) ^ 0x9E3779B9))
+    keys = _hash32(s[:, None] ^ _mul32(torch.arange(n, dtype=torch.int64), 0x85EBCA6B)[None])
+    idx = keys.argsort(dim=1, stable=True)[:, :batch_size].to(X.device)
+    out = {}
+    for k, t in tdata.items():
+        if k.startswith("_"):  # caches of the full data
+            continue
+        if t is None or k == "v":
+            out[k] = None if t is None else t.expand(B, *t.shape[1:])
+            continue
+        t = t.expand(B, *t.shape[1:])
+        ix = idx.reshape(B, batch_size, *([1] * (t.ndim - 2))).expand(B, batch_size, *t.shape[2:])
+        out[k] = t.gather(1, ix)
+    return out
