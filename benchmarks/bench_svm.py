@@ -262,7 +262,7 @@ def _median_time(fn, rounds):
 
 def _on_one_thread(fn):
     """fn() with the batch kernels on one thread (torch.set_num_threads(1), which
-    :func:`attnsvm.fused._parallel` reads), the thread count restored afterwards."""
+    :func:`attnsvm._parallel.run_sliced` reads), the thread count restored afterwards."""
     import torch
 
     nt = torch.get_num_threads()

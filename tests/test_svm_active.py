@@ -10,7 +10,16 @@ from hypothesis import strategies as st
 
 pytest.importorskip("numba")
 
-from attnsvm.svm import active, att_svm, att_svm_batch, engine, lean, prompt_svm, prompt_svm_batch  # noqa: E402
+from attnsvm.norms import FRO  # noqa: E402
+from attnsvm.svm import (  # noqa: E402
+    active,
+    att_svm,
+    att_svm_batch,
+    lean,
+    prompt_svm,
+    prompt_svm_batch,
+    strategy,
+)
 
 
 def constraints(X, z, alpha):
@@ -179,8 +188,8 @@ def test_ipm_fallback_without_numba(monkeypatch):
     alpha = rng.integers(0, T, (B, n))
     fast = prompt_svm_batch(X, None, alpha)
     assert set(fast.solver_) <= {"batch-mnp-active"}
-    monkeypatch.setattr(active._kernels, "module", None)
-    monkeypatch.setattr(active._kernels, "error", ImportError("no numba (test)"))
+    monkeypatch.setattr(active.kernels, "module", None)
+    monkeypatch.setattr(active.kernels, "error", ImportError("no numba (test)"))
     assert not active.available()
     slow = prompt_svm_batch(X, None, alpha)
     assert not any("active" in s for s in slow.solver_)
@@ -230,7 +239,7 @@ def test_solver_choice_single():
     assert att_svm(X, z, alpha).solver_ == "mnp-active"  # N = 140 <= 3 d e: the default
     Xl, zl, al = planted(400, 16, 2, 2, np.random.default_rng(4), 0)  # N = 6000 > 3 d e
     assert att_svm(Xl, zl, al).solver_.startswith("ipm")
-    assert engine.SOLVERS[engine.FRO][2] == "active"
+    assert "active" in strategy.STRATEGIES[FRO].solvers
 
 
 def _farkas_loop(cs, lam):

@@ -8,7 +8,7 @@ infeasible instances, single and batched:
   violation, KKT residual and gap (rounding-level numbers) to 1e-12 absolute;
 * an independent check of every returned certificate from the caller's W_ and dual_:
   margins recomputed from the raw tokens, ||W_||_F, stationarity W = sum lam_k A_k;
-* the one-pass normalisation (``engine._absmax``) against the masked-copy formula, bit
+* the one-pass normalisation (``constraints.absmax``) against the masked-copy formula, bit
   for bit;
 * the kernel's lazily formed Gram matrix against the full one (``mnp_one`` given G), bit
   for bit.
@@ -168,10 +168,10 @@ def test_absmax_matches_masked_copy():
         for w in (None, where, np.ones(shape, bool)):
             absA = np.abs(A) if w is None else np.where(w, np.abs(A), 0.0)
             ref = absA.max(axes) if A.size else np.zeros(A.shape[: A.ndim - len(axes)])
-            got = engine._absmax(A, axes, w)
+            got = engine.absmax(A, axes, w)
             assert np.array_equal(ref, got)
             if axes != (0, 2):  # normalise scales over trailing axes
-                assert np.array_equal(engine.normalise(A, axes, w)[1], solution._exp2(ref))
+                assert np.array_equal(engine.normalise(A, axes, w)[1], solution.exp2(ref))
 
 
 def test_lazy_gram_equals_full_gram():

@@ -253,7 +253,7 @@ def _solve_nuc(cs: ConstraintSet):
     """Nuclear Graph-SVM candidates, yielded one at a time (the caller proves each and
     stops as soon as the proven gap is small): (W or None, lam or None, name).
 
-    1. no equality: the project's nuclear working-set IPM (:mod:`attnsvm.svm.engine`);
+    1. no equality: the project's nuclear working-set IPM (:mod:`attnsvm.svm.nuclear`);
     2. the dual SDP (:func:`_nuc_dual`, cvxpy + Clarabel) and the primal recovered from
        it by complementary slackness (:func:`_nuc_polish`);
     3. the primal SDP by cvxpy + Clarabel, then by cvxpy + SCS at eps 1e-11.
@@ -262,8 +262,7 @@ def _solve_nuc(cs: ConstraintSet):
     Primal answers are projected onto the equalities' null space (a conic answer meets
     them to ~1e-9 only).  Any primal pairs with any multipliers in the proof (weak
     duality holds for every lam), so the best of each side is kept."""
-    from ..norms import NUC
-    from .engine import FAST
+    from .nuclear import solve_single as nuclear_single
 
     eq = cs.eq[:, 0]
     d, e = cs.d, cs.e
@@ -274,7 +273,7 @@ def _solve_nuc(cs: ConstraintSet):
         return W if (Nb is None or W is None) else (Nb @ (Nb.T @ W.reshape(-1))).reshape(W.shape)
 
     if not eq.any():
-        r = FAST[NUC](cs.batched().take(0) if cs.batch_shape else cs, None)
+        r = nuclear_single(cs.batched().take(0) if cs.batch_shape else cs, None)
         if r is not None and r.W is not None:
             yield r.W, (None if r.lam is None else r.lam[:, 0]), r.solver
     ld = _nuc_dual(M, eq, d, e, 1e-12)
@@ -492,7 +491,7 @@ def _rank(pr: dict) -> tuple:
 
 def _farkas(cs: ConstraintSet):
     """A verified Farkas certificate of the rows, or None."""
-    from .engine import farkas_lp, farkas_polish
+    from .farkas import farkas_lp, farkas_polish
 
     csb = cs.batched()
     lam = farkas_lp(csb.take(0))

@@ -1,0 +1,61 @@
+"""One thread pool for the compiled batch kernels of both engines (training and SVM).
+
+    run_sliced(fn, B, *args, per_thread=1)      # fn(*args, b0, b1) on slices of range(B)
+
+The kernels (numba, ``nogil=True``) release the GIL, so Python threads run them in
+parallel.  The number of threads is ``torch.get_num_threads()``: a worker limited to one
+thread (``torch.set_num_threads(1)``, as the benchmarks and pytest-xdist workers do) stays
+on one.  Problems are independent and every slice writes its own rows, so results do not
+depend on the number of threads.  The pool is created on first use and grown, never
+shrunk; it belongs to neither engine (:mod:`attnsvm.fused`, :mod:`attnsvm.svm.active`).
+"""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+
+__all__ = ["run_sliced", "n_threads"]
+
+_POOL = None
+_LOCK = threading.Lock()
+
+
+def n_threads() -> int:
+    """The number of threads the batch kernels may use: torch.get_num_threads() (1 without
+    torch)."""
+    try:
+        import torch
+    except ImportError:  # pragma: no cover - torch is a dependency
+        return 1
+    return max(1, int(torch.get_num_threads()))
+
+
+def _pool(nt: int):
+    global _POOL
+    with _LOCK:
+        if _POOL is None or _POOL._max_workers < nt:
+            from concurrent.futures import ThreadPoolExecutor
+
+            _POOL = ThreadPoolExecutor(max_workers=nt, thread_name_prefix="attnsvm-kernels")
+        return _POOL
+
+
+def run_sliced(fn, B: int, *args, per_thread: int = 1) -> None:
+    """Run ``fn(*args, b0, b1)`` on contiguous slices [b0, b1) of range(B), ``per_thread``
+    slices per thread (:func:`n_threads` threads; one thread: a single call fn(*args, 0, B)).
+    More than one slice per thread balances the load where problems (or cores) differ in
+    speed: a thread that is slowed down leaves its later slices to the others.  Slice k is
+    [cuts_k, cuts_{k+1}) with cuts = linspace(0, B, k_total + 1) rounded down,
+    k_total = min(threads * per_thread, B).  Exceptions of ``fn`` are re-raised."""
+    nt = min(n_threads(), B)
+    if nt <= 1:
+        fn(*args, 0, B)
+        return
+    pool = _pool(nt)
+    k = max(1, min(nt * per_thread, B))
+    cuts = np.linspace(0, B, k + 1).astype(np.int64)
+    futs = [pool.submit(fn, *args, int(cuts[i]), int(cuts[i + 1])) for i in range(k)]
+    for f in futs:
+        f.result()
