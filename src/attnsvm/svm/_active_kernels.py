@@ -400,14 +400,29 @@ def mnp_one(D, Z, valid, tol, small, max_iter, mu, lam, W, Gin):
     (:func:`_mnp_ws` in a workspace of its own.)"""
     wk = _mnp_work(D.shape[0], D.shape[1], Z.shape[1])
     return _mnp_ws(D, Z, valid, tol, small, max_iter, mu, lam, W, Gin, wk[0], wk[1], wk[2],
-                   wk[3], wk[4], wk[1][:0])
+                   wk[3], wk[4], wk[1][:0], wk[0][:0].reshape((0, 2)))
+
+
+@njit(cache=True, nogil=True)
+def mnp_trace(D, Z, valid, tol, small, max_iter, mu, lam, W, trace):
+    """:func:`mnp_one` (lazy Gram rows) recording its major cycles: trace (max_iter, 2)
+    int64 receives, for major cycle c = 0, 1, ..., the constraint index that entered the
+    working set and the size of the working set after the minor cycles (-1, -1 where the
+    cycle ended the run).  For tests against the plain reference
+    (:func:`attnsvm.svm.wolfe.min_norm_point`): the same sequence of working sets."""
+    wk = _mnp_work(D.shape[0], D.shape[1], Z.shape[1])
+    trace[:, :] = -1
+    return _mnp_ws(D, Z, valid, tol, small, max_iter, mu, lam, W, wk[3][:0].reshape((0, 0)),
+                   wk[0], wk[1], wk[2], wk[3], wk[4], wk[1][:0], trace)
 
 
 @njit(cache=True, nogil=True)
 def _mnp_work(N, d, e):
     """The workspace of :func:`_mnp_ws` for up to N constraints of (d, e): (int buffer,
-    float buffer, bool buffer, Gram buffer N^2, Cholesky buffer cap^2).  Batch drivers
-    allocate it once per slice (small problems: allocations cost as much as arithmetic)."""
+    float buffer, bool buffer, Gram buffer N^2, Cholesky buffer cap^2), cap = min(N, d e + 1)
+    + 1 (a working set holds at most d e + 1 affinely independent points of R^{d e}).
+    Batch drivers allocate it once per slice (small problems: allocations cost as much as
+    arithmetic).  Named views into it: :func:`_int_views`, :func:`_float_views`."""
     cap = min(N, d * e + 1) + 1
     return (np.empty(N + 2 * (N + 1), np.int64),
             np.empty((d + e) * N + N + 5 * cap + N + d * (e + 1) + cap),
@@ -415,91 +430,101 @@ def _mnp_work(N, d, e):
 
 
 @njit(cache=True, nogil=True)
-def _mnp_ws(D, Z, valid, tol, small, max_iter, mu, lam, W, Gin, ibuf, fbuf, bbuf, Gbuf,
-            Lbuf, mfin):
-    """:func:`mnp_one` in the workspace of :func:`_mnp_work` (ibuf, fbuf, bbuf, Gbuf, Lbuf,
-    sized for N constraints or more).  mfin: (N,) or empty; where it has N entries and the
-    answer is OPTIMAL it receives the margins <A_k, W> of the returned W over the valid
-    constraints (those of the final verification, the order of summation of
-    :func:`margins_batch`, hence its bits), untouched elsewhere."""
-    N = D.shape[0]
-    d = D.shape[1]
-    e = Z.shape[1]
-    vi = ibuf[:N]  # vi, S, Sk
+def _int_views(ibuf, N, cap):
+    """(vi (N,): the indices of the valid constraints, S (cap,): the working set as
+    positions among them, Sk (cap,): the same as constraint indices)."""
+    return ibuf[:N], ibuf[N: N + cap], ibuf[N + cap: N + 2 * cap]
+
+
+@njit(cache=True, nogil=True)
+def _float_views(fbuf, nv, d, e, cap):
+    """Named views into the float workspace of :func:`_mnp_work` for nv valid constraints:
+
+        Dt (d, nv), Zt (e, nv)  the valid constraints transposed (lazy Gram rows)
+        acc (nv,)               workspace of :func:`_gram_row` / :func:`_margins_t`
+        x (cap,)                the weights of the working set (the iterate)
+        v (cap,)                the affine minimiser's weights
+        r, lamS, mS (cap,)      workspace; the multipliers on S; margins on S
+        Gmu (nv,)               G x over all points (margins <A_k, W> after a refinement)
+        ws (d (e + 1),)         workspace of :func:`_margins`
+        y (cap,)                L^{-1} 1, kept as points enter and leave"""
+    o = (d + e) * nv
+    Dt = fbuf[: d * nv].reshape((d, nv))
+    Zt = fbuf[d * nv: o].reshape((e, nv))
+    acc = fbuf[o: o + nv]
+    o += nv
+    x = fbuf[o: o + cap]
+    v = fbuf[o + cap: o + 2 * cap]
+    r = fbuf[o + 2 * cap: o + 3 * cap]
+    lamS = fbuf[o + 3 * cap: o + 4 * cap]
+    mS = fbuf[o + 4 * cap: o + 5 * cap]
+    Gmu = fbuf[o + 5 * cap: o + 5 * cap + nv]
+    o += 5 * cap + nv
+    ws = fbuf[o: o + d * (e + 1)]
+    y = fbuf[o + d * (e + 1): o + d * (e + 1) + cap]
+    return Dt, Zt, acc, x, v, r, lamS, mS, Gmu, ws, y
+
+
+@njit(cache=True, nogil=True)
+def _collect_valid(valid, vi, mu, lam, W):
+    """vi[:nv] = the indices k with valid[k]; mu, lam, W zeroed.  Returns nv."""
     nv = 0
-    for k in range(N):
+    for k in range(valid.shape[0]):
         mu[k] = 0.0
         lam[k] = 0.0
         if valid[k]:
             vi[nv] = k
             nv += 1
-    for c in range(d):
-        for f in range(e):
+    for c in range(W.shape[0]):
+        for f in range(W.shape[1]):
             W[c, f] = 0.0
-    if nv == 0:
-        return FAILED, 0.0, 0
-    # G: given in full (Gin), or formed lazily: its diagonal now, row j when point j
-    # enters the working set (the algorithm reads only G_jj and the rows of S)
-    lazy = Gin.shape[0] != nv
-    cap = min(nv, d * e + 1) + 1  # the working set: affinely independent points of R^{d e}
-    have = bbuf[:nv]
-    inS = bbuf[nv: 2 * nv]
-    have[:] = True
-    inS[:] = False
-    o0 = (d + e) * nv
-    if lazy:
-        Dt = fbuf[: d * nv].reshape((d, nv))  # the valid constraints, transposed (_gram_row)
-        Zt = fbuf[d * nv: (d + e) * nv].reshape((e, nv))
+    return nv
+
+
+@njit(cache=True, nogil=True)
+def _lazy_gram_setup(D, Z, vi, nv, Dt, Zt, G, s1, s2, have):
+    """The lazy Gram matrix: Dt, Zt the valid constraints transposed (for
+    :func:`_gram_row`) and the diagonal G_aa = |Delta_a|^2 |z_a|^2 (the algorithm reads
+    only G's diagonal and the rows of S, formed as points enter); have[a] = False (no row
+    yet).  s1, s2 (nv,): workspace.  Sums as :func:`_gram_entry` (same bits)."""
+    d = Dt.shape[0]
+    for a in range(nv):
+        k = vi[a]
+        for c in range(d):
+            Dt[c, a] = D[k, c]
+        for f in range(Zt.shape[0]):
+            Zt[f, a] = Z[k, f]
+    for a in range(nv):
+        s1[a] = 0.0
+        s2[a] = 0.0
+    c = 0
+    while c + 4 <= d:  # four terms per pass, added in the order of c (same bits)
         for a in range(nv):
-            k = vi[a]
-            for c in range(d):
-                Dt[c, a] = D[k, c]
-            for f in range(e):
-                Zt[f, a] = Z[k, f]
-        G = Gbuf[: nv * nv].reshape((nv, nv))
-        s1 = fbuf[o0 + nv + 5 * cap: o0 + 2 * nv + 5 * cap]  # (Gmu's space, free here)
-        s2 = fbuf[o0: o0 + nv]  # (acc's)
+            s1[a] = (((s1[a] + Dt[c, a] * Dt[c, a]) + Dt[c + 1, a] * Dt[c + 1, a])
+                     + Dt[c + 2, a] * Dt[c + 2, a]) + Dt[c + 3, a] * Dt[c + 3, a]
+        c += 4
+    while c < d:
         for a in range(nv):
-            s1[a] = 0.0
-            s2[a] = 0.0
-        c = 0
-        while c + 4 <= d:  # four terms per pass, added in the order of c (same bits)
-            for a in range(nv):
-                s1[a] = (((s1[a] + Dt[c, a] * Dt[c, a]) + Dt[c + 1, a] * Dt[c + 1, a])
-                         + Dt[c + 2, a] * Dt[c + 2, a]) + Dt[c + 3, a] * Dt[c + 3, a]
-            c += 4
-        while c < d:
-            for a in range(nv):
-                s1[a] += Dt[c, a] * Dt[c, a]
-            c += 1
-        for f in range(e):
-            for a in range(nv):
-                s2[a] += Zt[f, a] * Zt[f, a]
+            s1[a] += Dt[c, a] * Dt[c, a]
+        c += 1
+    for f in range(Zt.shape[0]):
         for a in range(nv):
-            have[a] = False
-            G[a, a] = s1[a] * s2[a]
-    else:
-        Dt = fbuf[:0].reshape((0, 0))
-        Zt = fbuf[:0].reshape((0, 0))
-        G = Gin
-    o = (d + e) * nv
-    acc = fbuf[o: o + nv]
-    x = fbuf[o + nv: o + nv + cap]  # weights of the working set
-    v = fbuf[o + nv + cap: o + nv + 2 * cap]
-    r = fbuf[o + nv + 2 * cap: o + nv + 3 * cap]
-    lamS = fbuf[o + nv + 3 * cap: o + nv + 4 * cap]
-    mS = fbuf[o + nv + 4 * cap: o + nv + 5 * cap]
-    Gmu = fbuf[o + nv + 5 * cap: o + 2 * nv + 5 * cap]
-    ws = fbuf[o + 2 * nv + 5 * cap: o + 2 * nv + 5 * cap + d * (e + 1)]  # _margins'
-    y = fbuf[o + 2 * nv + 5 * cap + d * (e + 1): o + 2 * nv + 6 * cap + d * (e + 1)]
-    # y = L^{-1} 1 on the working set (a row more when a point enters; rows from the
-    # first dropped one on when points leave): the minor cycles' forward substitution
+            s2[a] += Zt[f, a] * Zt[f, a]
+    for a in range(nv):
+        have[a] = False
+        G[a, a] = s1[a] * s2[a]
+
+
+@njit(cache=True, nogil=True)
+def _scale_gram(G, nv, lazy):
+    """gmax = max_a G_aa, and G <- G / gmax where gmax > 0 (only the diagonal when lazy:
+    rows are divided as they are formed).  Returns gmax.  (Units: every point of norm
+    <= 1; rho^2 and the multipliers are mapped back by the caller.)"""
     gmax = 0.0
     for a in range(nv):
         gmax = max(gmax, G[a, a])
-    if gmax <= 0.0:  # every constraint matrix is 0: origin = every point
-        mu[vi[0]] = 1.0
-        return SMALL_RHO, 0.0, 0
+    if gmax <= 0.0:
+        return gmax
     if lazy:
         for a in range(nv):
             G[a, a] /= gmax
@@ -507,202 +532,266 @@ def _mnp_ws(D, Z, valid, tol, small, max_iter, mu, lam, W, Gin, ibuf, fbuf, bbuf
         for a in range(nv):
             for b in range(nv):
                 G[a, b] /= gmax
-    L = Lbuf[: cap * cap].reshape((cap, cap))
-    L[:, :] = 0.0
-    S = ibuf[N: N + cap]  # positions in 0..nv-1
-    Sk = ibuf[N + cap: N + 2 * cap]  # constraint indices of S
-    # start: the point of smallest norm
+    return gmax
+
+
+@njit(cache=True, nogil=True)
+def _ensure_row(Dt, Zt, nv, j, gmax, G, acc, have):
+    """Row j of the lazy Gram matrix, formed on first use (:func:`_gram_row`)."""
+    if not have[j]:
+        _gram_row(Dt, Zt, nv, j, gmax, G, acc)
+        have[j] = True
+
+
+@njit(cache=True, nogil=True)
+def _wolfe_start(G, nv):
+    """Wolfe's step 0: S = {j0}, the point of smallest norm (the first, in a tie), weight
+    x = 1 (:func:`_wolfe_enter_first`, after its Gram row: :func:`_ensure_row`).  Returns j0."""
     j0 = 0
     for a in range(nv):
         if G[a, a] < G[j0, j0]:
             j0 = a
-    if not have[j0]:
-        _gram_row(Dt, Zt, nv, j0, gmax, G, acc)
-        have[j0] = True
+    return j0
+
+
+@njit(cache=True, nogil=True)
+def _wolfe_enter_first(G, j0, S, inS, x, L, y):
+    """The working set {j0} with weight 1: L = chol(M), M = G_SS + 1 1^T (1 x 1:
+    sqrt(G_jj + 1)); y = L^{-1} 1."""
     S[0] = j0
     inS[j0] = True
     x[0] = 1.0
     L[0, 0] = math.sqrt(G[j0, j0] + 1.0)
     y[0] = 1.0
     _solve_l_row(L, 0, y)
-    ks = 1
-    status = FAILED
-    it = 0
-    rho2 = G[j0, j0]
-    refined = False
-    fresh = False  # Gmu holds the margins <A_k, W> of the current W (all valid k)
-    while it < max_iter:
-        it += 1
-        refined = False
-        fresh = False
-        # major cycle: x . p_j for every j, and the most violated one
+
+
+@njit(cache=True, nogil=True)
+def _major_point(G, S, x, ks, nv, Gmu):
+    """The current point p = sum_{q in S} x_q a_q against every point: Gmu = G_{:, S} x
+    (Gmu_a = <a_a, p>, G symmetric: rows of S, contiguous; four rows per pass, each entry
+    added in the order of q, the same bits).  Returns rho^2 = |p|^2 = x^T G_SS x."""
+    for a in range(nv):
+        Gmu[a] = 0.0
+    q = 0
+    while q + 4 <= ks:
+        j0 = S[q]
+        j1 = S[q + 1]
+        j2 = S[q + 2]
+        j3 = S[q + 3]
+        x0 = x[q]
+        x1 = x[q + 1]
+        x2 = x[q + 2]
+        x3 = x[q + 3]
         for a in range(nv):
-            Gmu[a] = 0.0
-        q = 0
-        while q + 4 <= ks:  # G symmetric: rows of S, contiguous; four rows per pass (the
-            j0 = S[q]       # additions of each entry in the order of q, the same bits)
-            j1 = S[q + 1]
-            j2 = S[q + 2]
-            j3 = S[q + 3]
-            x0 = x[q]
-            x1 = x[q + 1]
-            x2 = x[q + 2]
-            x3 = x[q + 3]
-            for a in range(nv):
-                Gmu[a] = (((Gmu[a] + G[j0, a] * x0) + G[j1, a] * x1) + G[j2, a] * x2) \
-                    + G[j3, a] * x3
-            q += 4
-        while q < ks:
-            j = S[q]
-            xq = x[q]
-            for a in range(nv):
-                Gmu[a] += G[j, a] * xq
-            q += 1
-        rho2 = 0.0
-        for q in range(ks):
-            rho2 += x[q] * Gmu[S[q]]
-        # the most violated point outside S (on S, G mu = rho^2 1 up to rounding): the
-        # first strict minimum, one comparison per point before the membership test;
-        # only where none lies below +inf (non-finite G), the scan from the first point
-        # outside S
-        jm = -1
-        best = np.inf
+            Gmu[a] = (((Gmu[a] + G[j0, a] * x0) + G[j1, a] * x1) + G[j2, a] * x2) \
+                + G[j3, a] * x3
+        q += 4
+    while q < ks:
+        j = S[q]
+        xq = x[q]
         for a in range(nv):
-            g = Gmu[a]
-            if g < best and not inS[a]:
-                best = g
+            Gmu[a] += G[j, a] * xq
+        q += 1
+    rho2 = 0.0
+    for q in range(ks):
+        rho2 += x[q] * Gmu[S[q]]
+    return rho2
+
+
+@njit(cache=True, nogil=True)
+def _most_violated(Gmu, inS, nv):
+    """Wolfe's step 1 (a): the point outside S of least <a_j, p> (on S, G x = rho^2 1 up to
+    rounding): the first strict minimum, one comparison per point before the membership
+    test; only where none lies below +inf (non-finite G), the scan from the first point
+    outside S.  -1 if every point is in S."""
+    jm = -1
+    best = np.inf
+    for a in range(nv):
+        g = Gmu[a]
+        if g < best and not inS[a]:
+            best = g
+            jm = a
+    if jm < 0:
+        for a in range(nv):
+            if not inS[a] and (jm < 0 or Gmu[a] < Gmu[jm]):
                 jm = a
-        if jm < 0:
-            for a in range(nv):
-                if not inS[a] and (jm < 0 or Gmu[a] < Gmu[jm]):
-                    jm = a
-        if rho2 <= small:  # the origin is (numerically) in the hull
-            status = SMALL_RHO
-            break
-        if jm < 0 or Gmu[jm] >= rho2 * (1.0 - tol):
-            # optimal to the rounding of G mu (~ eps |G|, large against rho^2 when rho is
-            # small): the exact multipliers of S, refined from W, and every margin of W
-            for q in range(ks):
-                Sk[q] = vi[S[q]]
-            tot = _refine(D, Z, L, ks, Sk, x, gmax, lamS, W, r, v, mS, ws, y)
-            if tot <= 0.0:
-                break
-            refined = True
-            if lazy:  # margins m_j = (G lam)_j
-                _margins_t(Dt, Zt, W, nv, Gmu, acc)
-            else:
-                _margins(D, Z, W, vi, nv, Gmu, ws)
-            fresh = True
-            # margins carry rounding ~ eps ||A_j|| ||W||: allowed 1000 eps of it
-            wn = 0.0
-            for c in range(d):
-                for f in range(e):
-                    wn += W[c, f] * W[c, f]
-            wn = math.sqrt(wn * gmax)
-            jm = 0
-            worst = 0.0
-            for a in range(nv):
-                if inS[a]:
-                    continue
-                viol = 1.0 - tol - 2e-13 * math.sqrt(G[a, a]) * wn - Gmu[a]
-                if viol > worst:
-                    worst = viol
-                    jm = a
-            if worst <= 0.0:
-                status = OPTIMAL
-                break
-            neg = False
-            for q in range(ks):
-                if lamS[q] <= 0.0:
-                    neg = True
-            if neg:
-                break
-            # a true violator: restart from the refined point, x = lam / sum(lam)
-            for q in range(ks):
-                x[q] = lamS[q] / tot
-            rho2 = 1.0 / tot
-            fresh = False
-            for a in range(nv):
-                Gmu[a] /= tot
-        if inS[jm] or ks == cap:
-            break
-        if not have[jm]:
-            _gram_row(Dt, Zt, nv, jm, gmax, G, acc)
-            have[jm] = True
-        # add jm: extend the Cholesky factor of M = G_SS + 1 1^T
+    return jm
+
+
+# outcomes of :func:`_check_optimal`
+_CHECK_SINGULAR, _CHECK_OPTIMAL, _CHECK_NEGATIVE, _CHECK_RESTART = 0, 1, 2, 3
+
+
+@njit(cache=True, nogil=True)
+def _check_optimal(D, Z, Dt, Zt, lazy, vi, nv, G, gmax, S, Sk, ks, x, L, lamS, W, r, v, mS,
+                   Gmu, acc, ws, y, inS, tol):
+    """Wolfe's stopping test, made exact.  Where <a_j, p> >= rho^2 (1 - tol) for every j
+    (optimal to the rounding of G x, ~ eps |G|: large against rho^2 when rho is small),
+    the multipliers of S are refined from W (:func:`_refine`) and every margin
+    <A_j, W> recomputed from W itself (into Gmu); a point outside S with margin below
+    1 - tol - 2e-13 sqrt(G_jj) |W| (rounding of a margin ~ eps |A_j| |W|: 2e-13 allows
+    ~1000 eps of it) is a true violator.
+
+    Returns (outcome, jm, rho2): _CHECK_SINGULAR (G_SS singular: rho = 0),
+    _CHECK_OPTIMAL (no violator), _CHECK_NEGATIVE (a multiplier <= 0: stop, the final
+    verification decides), or _CHECK_RESTART: x = lam / sum(lam) (the refined point),
+    rho2 = 1 / sum(lam), Gmu = G x, and jm the worst violator, to enter S."""
+    for q in range(ks):
+        Sk[q] = vi[S[q]]
+    tot = _refine(D, Z, L, ks, Sk, x, gmax, lamS, W, r, v, mS, ws, y)
+    if tot <= 0.0:
+        return _CHECK_SINGULAR, -1, 0.0
+    if lazy:  # margins m_j = (G lam)_j
+        _margins_t(Dt, Zt, W, nv, Gmu, acc)
+    else:
+        _margins(D, Z, W, vi, nv, Gmu, ws)
+    wn = 0.0
+    for c in range(W.shape[0]):
+        for f in range(W.shape[1]):
+            wn += W[c, f] * W[c, f]
+    wn = math.sqrt(wn * gmax)
+    jm = 0
+    worst = 0.0
+    for a in range(nv):
+        if inS[a]:
+            continue
+        viol = 1.0 - tol - 2e-13 * math.sqrt(G[a, a]) * wn - Gmu[a]
+        if viol > worst:
+            worst = viol
+            jm = a
+    if worst <= 0.0:
+        return _CHECK_OPTIMAL, jm, 0.0
+    for q in range(ks):
+        if lamS[q] <= 0.0:
+            return _CHECK_NEGATIVE, jm, 0.0
+    for q in range(ks):  # a true violator: restart from the refined point
+        x[q] = lamS[q] / tot
+    for a in range(nv):
+        Gmu[a] /= tot
+    return _CHECK_RESTART, jm, 1.0 / tot
+
+
+@njit(cache=True, nogil=True)
+def _enter(G, S, ks, jm, L, r, y, inS, x):
+    """Wolfe's step 1 (b): S <- S + {jm} with weight 0, the Cholesky factor of
+    M = G_SS + 1 1^T bordered by one row (r = L^{-1} (G_{S,jm} + 1), L_new = sqrt(M_jj -
+    |r|^2)) and y = L^{-1} 1 by one entry.  M stays positive definite exactly while the
+    points of S are affinely independent; returns False (nothing changed) where the new
+    point is affinely dependent on S to rounding: M_jj - |r|^2 <= 1e-14 M_jj (a pivot
+    ~100 eps of its diagonal: below it the factor has no correct digit)."""
+    for q in range(ks):
+        r[q] = G[S[q], jm] + 1.0
+    _solve_l(L, ks, r)
+    dd = G[jm, jm] + 1.0
+    for q in range(ks):
+        dd -= r[q] * r[q]
+    if dd <= 1e-14 * (G[jm, jm] + 1.0):
+        return False
+    for q in range(ks):
+        L[ks, q] = r[q]
+    L[ks, ks] = math.sqrt(dd)
+    y[ks] = 1.0
+    _solve_l_row(L, ks, y)
+    S[ks] = jm
+    inS[jm] = True
+    x[ks] = 0.0
+    return True
+
+
+@njit(cache=True, nogil=True)
+def _step_to_boundary(x, v, ks):
+    """theta = min {x_q / (x_q - v_q) : v_q <= 0, x_q > v_q} (1 if none): the longest step
+    from x towards the affine minimiser v that stays in the simplex (Wolfe's step 3)."""
+    theta = 1.0
+    for q in range(ks):
+        if v[q] <= 0.0:
+            den = x[q] - v[q]
+            if den > 0.0:
+                t = x[q] / den
+                if t < theta:
+                    theta = t
+    return theta
+
+
+@njit(cache=True, nogil=True)
+def _leave(L, ks, x, S, inS):
+    """Drop the points whose weight reached 0 (at least the blocking one): x_q <=
+    1e-15 max x (a weight a few eps of the largest is a zero of the line search, not a
+    point of the face), from the last to the first, each by :func:`_chol_delete`; at
+    least one point stays.  Returns (ks, q0): q0 the first position that changed (ks on
+    entry where none was dropped)."""
+    xmax = 0.0
+    for q in range(ks):
+        xmax = max(xmax, x[q])
+    q = ks - 1
+    q0 = ks
+    while q >= 0:
+        if x[q] <= 1e-15 * xmax and ks > 1:
+            inS[S[q]] = False
+            _chol_delete(L, ks, q)
+            for u in range(q, ks - 1):
+                S[u] = S[u + 1]
+                x[u] = x[u + 1]
+            ks -= 1
+            q0 = q
+        q -= 1
+    return ks, q0
+
+
+@njit(cache=True, nogil=True)
+def _minor_cycles(L, ks, v, x, y, S, inS, jm):
+    """Wolfe's steps 2-3 (the minor cycles) after jm entered S: v = the affine minimiser of
+    S (:func:`_affine_min_y`); if v > 0, x = v and the major cycle ends; else x moves to
+    the boundary, x + theta (v - x) (:func:`_step_to_boundary`), the points of weight 0
+    leave (:func:`_leave`; y = L^{-1} 1 re-solved from the first changed row), x is
+    clipped to >= 0 and renormalised, and the cycle repeats.  Stops early where jm itself
+    left (no progress: rounding).  Returns ks."""
+    while True:
+        _affine_min_y(L, ks, v, y)
+        pos = True
         for q in range(ks):
-            r[q] = G[S[q], jm] + 1.0
-        _solve_l(L, ks, r)
-        dd = G[jm, jm] + 1.0
+            if v[q] <= 0.0:
+                pos = False
+                break
+        if pos:
+            for q in range(ks):
+                x[q] = v[q]
+            return ks
+        theta = _step_to_boundary(x, v, ks)
         for q in range(ks):
-            dd -= r[q] * r[q]
-        if dd <= 1e-14 * (G[jm, jm] + 1.0):  # affinely dependent to rounding
-            break
+            x[q] = (1.0 - theta) * x[q] + theta * v[q]
+        k0 = ks
+        ks, q0 = _leave(L, ks, x, S, inS)
+        if q0 == k0:  # nothing dropped
+            return ks
+        for q in range(q0, ks):  # rows q0.. of L changed: those of y
+            y[q] = 1.0
+            _solve_l_row(L, q, y)
+        sx = 0.0
         for q in range(ks):
-            L[ks, q] = r[q]
-        L[ks, ks] = math.sqrt(dd)
-        y[ks] = 1.0
-        _solve_l_row(L, ks, y)
-        S[ks] = jm
-        inS[jm] = True
-        x[ks] = 0.0
-        ks += 1
-        # minor cycles: affine minimiser of the working set, line search to it
-        while True:
-            _affine_min_y(L, ks, v, y)
-            pos = True
-            for q in range(ks):
-                if v[q] <= 0.0:
-                    pos = False
-                    break
-            if pos:
-                for q in range(ks):
-                    x[q] = v[q]
-                break
-            theta = 1.0
-            for q in range(ks):
-                if v[q] <= 0.0:
-                    den = x[q] - v[q]
-                    if den > 0.0:
-                        t = x[q] / den
-                        if t < theta:
-                            theta = t
-            for q in range(ks):
-                x[q] = (1.0 - theta) * x[q] + theta * v[q]
-            # drop the points whose weight reached 0 (at least the blocking one)
-            xmax = 0.0
-            for q in range(ks):
-                xmax = max(xmax, x[q])
-            q = ks - 1
-            dropped = False
-            q0 = ks
-            while q >= 0:
-                if x[q] <= 1e-15 * xmax and ks > 1:
-                    inS[S[q]] = False
-                    _chol_delete(L, ks, q)
-                    for u in range(q, ks - 1):
-                        S[u] = S[u + 1]
-                        x[u] = x[u + 1]
-                    ks -= 1
-                    dropped = True
-                    q0 = q
-                q -= 1
-            if not dropped:
-                break
-            for q in range(q0, ks):  # rows q0.. of L changed: those of y
-                y[q] = 1.0
-                _solve_l_row(L, q, y)
-            sx = 0.0
-            for q in range(ks):
-                x[q] = max(x[q], 0.0)
-                sx += x[q]
-            for q in range(ks):
-                x[q] /= sx
-            if not inS[jm]:  # the new point left at once: no progress (rounding)
-                break
-        if not inS[jm]:
-            break
-    # the min-norm point (weights over all constraints) and rho^2 in the caller's units
+            x[q] = max(x[q], 0.0)
+            sx += x[q]
+        for q in range(ks):
+            x[q] /= sx
+        if not inS[jm]:  # the new point left at once: no progress (rounding)
+            return ks
+
+
+@njit(cache=True, nogil=True)
+def _mnp_finish(D, Z, vi, nv, G, gmax, S, Sk, ks, x, L, lamS, W, r, v, mS, Gmu, ws, y, mu,
+                lam, mfin, status, refined, fresh, rho2, it):
+    """After the last cycle: the min-norm point mu (weights x on S), and
+
+    * SMALL_RHO (rho ~ 0: the origin in the hull): x refined as a Farkas candidate
+      (:func:`_farkas_refine`);
+    * else the multipliers of S refined from W (:func:`_refine`, unless the stopping test
+      did; G_SS singular: as SMALL_RHO), lam = lamS / gmax, and the verification
+      (:func:`_verify`: lam >= 0, every margin >= 1, active margins 1, all from W); where
+      the Gram-based refinement is not accurate enough (G_SS ill-conditioned), once more by
+      Householder QR (:func:`_qr_refine`).
+
+    Returns (status, rho^2 in the caller's units, n_iter)."""
     for q in range(ks):
         mu[vi[S[q]]] = x[q]
     for q in range(ks):
@@ -721,17 +810,106 @@ def _mnp_ws(D, Z, valid, tol, small, max_iter, mu, lam, W, Gin, ibuf, fbuf, bbuf
             return SMALL_RHO, rho2 * gmax, it
     for q in range(ks):
         lam[Sk[q]] = lamS[q] / gmax
-    # verify: lam >= 0, every margin >= 1, active margins = 1 (all from W); where the
-    # Gram-based refinement is not accurate enough (G_SS ill-conditioned), once more by QR
     ok = _verify(D, Z, W, vi, nv, G, gmax, S, Sk, ks, lamS, Gmu, mS, ws, refined and fresh)
     if not ok and _qr_refine(D, Z, Sk, ks, W, lamS, gmax, ws):
         for q in range(ks):
             lam[Sk[q]] = lamS[q] / gmax
         ok = _verify(D, Z, W, vi, nv, G, gmax, S, Sk, ks, lamS, Gmu, mS, ws, False)
-    if ok and mfin.shape[0] == N:  # _verify's margins of this W (Gmu)
+    if ok and mfin.shape[0] == D.shape[0]:  # _verify's margins of this W (Gmu)
         for a in range(nv):
             mfin[vi[a]] = Gmu[a]
     return (OPTIMAL if ok else FAILED), rho2 * gmax, it
+
+
+@njit(cache=True, nogil=True)
+def _mnp_ws(D, Z, valid, tol, small, max_iter, mu, lam, W, Gin, ibuf, fbuf, bbuf, Gbuf,
+            Lbuf, mfin, trace):
+    """:func:`mnp_one` in the workspace of :func:`_mnp_work` (ibuf, fbuf, bbuf, Gbuf, Lbuf,
+    sized for N constraints or more).  mfin: (N,) or empty; where it has N entries and the
+    answer is OPTIMAL it receives the margins <A_k, W> of the returned W over the valid
+    constraints (those of the final verification, the order of summation of
+    :func:`margins_batch`, hence its bits), untouched elsewhere.  trace: (cycles, 2) or
+    empty (:func:`mnp_trace`).
+
+    Wolfe (1976), P. Wolfe, Finding the nearest point in a polytope, Math. Programming
+    11, 128-149; the steps by name: :func:`_wolfe_start` (step 0), :func:`_major_point`
+    and :func:`_most_violated` (step 1: the major cycle's test and its entering point),
+    :func:`_check_optimal` (the stopping test, made exact), :func:`_enter` (step 1, the
+    Cholesky factor of M = G_SS + 1 1^T bordered), :func:`_minor_cycles` (steps 2-3),
+    :func:`_mnp_finish` (the multipliers, refined and verified).  The plain reference:
+    :func:`attnsvm.svm.wolfe.min_norm_point` (tests/test_svm_active.py holds the two to
+    the same working sets)."""
+    N = D.shape[0]
+    d = D.shape[1]
+    e = Z.shape[1]
+    vi = ibuf[:N]
+    nv = _collect_valid(valid, vi, mu, lam, W)
+    if nv == 0:
+        return FAILED, 0.0, 0
+    lazy = Gin.shape[0] != nv
+    cap = min(nv, d * e + 1) + 1  # the working set: affinely independent points of R^{d e}
+    _, S, Sk = _int_views(ibuf, N, cap)
+    have = bbuf[:nv]
+    inS = bbuf[nv: 2 * nv]
+    have[:] = True
+    inS[:] = False
+    Dt, Zt, acc, x, v, r, lamS, mS, Gmu, ws, y = _float_views(fbuf, nv, d, e, cap)
+    if lazy:
+        G = Gbuf[: nv * nv].reshape((nv, nv))
+        _lazy_gram_setup(D, Z, vi, nv, Dt, Zt, G, Gmu, acc, have)  # (Gmu, acc: free here)
+    else:
+        G = Gin
+    gmax = _scale_gram(G, nv, lazy)
+    if gmax <= 0.0:  # every constraint matrix is 0: origin = every point
+        mu[vi[0]] = 1.0
+        return SMALL_RHO, 0.0, 0
+    L = Lbuf[: cap * cap].reshape((cap, cap))
+    L[:, :] = 0.0
+    j0 = _wolfe_start(G, nv)
+    _ensure_row(Dt, Zt, nv, j0, gmax, G, acc, have)
+    _wolfe_enter_first(G, j0, S, inS, x, L, y)
+    ks = 1
+    status = FAILED
+    it = 0
+    rho2 = G[j0, j0]
+    refined = False
+    fresh = False  # Gmu holds the margins <A_k, W> of the current W (all valid k)
+    while it < max_iter:
+        it += 1
+        refined = False
+        fresh = False
+        rho2 = _major_point(G, S, x, ks, nv, Gmu)
+        jm = _most_violated(Gmu, inS, nv)
+        if rho2 <= small:  # the origin is (numerically) in the hull
+            status = SMALL_RHO
+            break
+        if jm < 0 or Gmu[jm] >= rho2 * (1.0 - tol):
+            out, jm, r2 = _check_optimal(D, Z, Dt, Zt, lazy, vi, nv, G, gmax, S, Sk, ks, x, L,
+                                         lamS, W, r, v, mS, Gmu, acc, ws, y, inS, tol)
+            if out == _CHECK_SINGULAR:
+                break
+            refined = True
+            fresh = True
+            if out == _CHECK_OPTIMAL:
+                status = OPTIMAL
+                break
+            if out == _CHECK_NEGATIVE:
+                break
+            rho2 = r2  # _CHECK_RESTART
+            fresh = False
+        if inS[jm] or ks == cap:
+            break
+        _ensure_row(Dt, Zt, nv, jm, gmax, G, acc, have)
+        if not _enter(G, S, ks, jm, L, r, y, inS, x):  # affinely dependent to rounding
+            break
+        ks = _minor_cycles(L, ks + 1, v, x, y, S, inS, jm)
+        if it <= trace.shape[0]:
+            trace[it - 1, 0] = vi[jm]
+            trace[it - 1, 1] = ks
+        if not inS[jm]:
+            break
+    return _mnp_finish(D, Z, vi, nv, G, gmax, S, Sk, ks, x, L, lamS, W, r, v, mS, Gmu, ws, y,
+                       mu, lam, mfin, status, refined, fresh, rho2, it)
 
 
 @njit(cache=True, nogil=True)
@@ -739,7 +917,11 @@ def _verify(D, Z, W, vi, nv, G, gmax, S, Sk, ks, lamS, Gmu, mS, ws, fresh):
     """lam >= 0, every margin >= 1 - 1e-10 (less rounding ~ eps ||A_j|| ||W||), margins on
     the support 1 to 1e-9, all computed from W (fresh: Gmu already holds the margins of
     this W, computed by :func:`_margins` as here: the same bits, not recomputed; those of
-    the support are its entries S)."""
+    the support are its entries S).  The tolerances: a margin proven >= 1 by the
+    certificate needs at most 1e-10 slack here (the engine rescales to minimal margin 1
+    and proves it, :mod:`attnsvm.svm.certificate`); 1e-13 sqrt(G_jj) |W| is ~500 eps of a
+    margin's rounding; 1e-9 on the support (complementary slackness to 1e-9 of the
+    margin 1, the gap then well below GAP_OPTIMAL)."""
     d = D.shape[1]
     e = Z.shape[1]
     ok = True
@@ -773,7 +955,8 @@ def mnp_batch(D, Z, valid, tol, small, max_iter, mu, lam, W, status, rho2, iters
     wk = _mnp_work(D.shape[1], D.shape[2], Z.shape[2])
     for b in range(b0, b1):
         st, r2, it = _mnp_ws(D[b], Z[b], valid[b], tol, small, max_iter, mu[b], lam[b], W[b],
-                             none, wk[0], wk[1], wk[2], wk[3], wk[4], wk[1][:0])
+                             none, wk[0], wk[1], wk[2], wk[3], wk[4], wk[1][:0],
+                             wk[0][:0].reshape((0, 2)))
         status[b] = st
         rho2[b] = r2
         iters[b] = it
@@ -1014,7 +1197,7 @@ def _lean_one(X, z, alpha, valid, xexp, tol, small, max_iter, D, Zs, v, W, lam, 
     muf = mu.reshape(N)
     mf = m.reshape(N)  # OPTIMAL: the final margins of W on the constraints (_mnp_ws)
     st, r2, it = _mnp_ws(Df, Zr, vf, tol, small, max_iter, muf, lf, W, wk[3][:0].reshape((0, 0)),
-                         wk[0], wk[1], wk[2], wk[3], wk[4], mf)
+                         wk[0], wk[1], wk[2], wk[3], wk[4], mf, wk[0][:0].reshape((0, 2)))
     info[2] = st
     info[3] = it
     sums[0] = r2
