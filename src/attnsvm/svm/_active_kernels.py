@@ -294,24 +294,15 @@ def _farkas_refine(D, Z, L, ks, Sk, x, gmax, W, r, v, g, ws, y):
 
 
 @njit(cache=True, nogil=True)
-def _qr_refine(D, Z, Sk, ks, W, lamS, gmax, ws):
-    """The min-norm solution of <A_k, W> = 1 (k in S) by Householder QR of
-    A_S^T = [vec A_k] (d e x |S|) = Q R: W = Q R^{-T} 1 (conditioning cond(A_S), not
-    cond(A_S)^2 as through G_SS), refined twice with residuals from W; lamS = gmax R^{-1} Q^T W.
-    Returns False where R is singular to rounding (then nothing is written)."""
-    d = D.shape[1]
-    e = Z.shape[1]
-    m = d * e
-    if ks > m:
-        return False
-    A = np.empty((m, ks))
-    for q in range(ks):
-        k = Sk[q]
-        for c in range(d):
-            for f in range(e):
-                A[c * e + f, q] = D[k, c] * Z[k, f]
-    V = np.zeros((m, ks))
-    beta = np.zeros(ks)
+def _householder(A, ks, V, beta):
+    """In place, Householder QR of A (m, ks), m >= ks (Golub & Van Loan 2013, Matrix
+    Computations, 4th ed., Alg. 5.2.1): column j's reflector H_j = I - beta_j v_j v_j^T
+    (v_j in V[j:, j], zero above) maps A[j:, j] to alpha e_1, alpha = -sign(A_jj) |A[j:, j]|
+    (the sign that avoids cancellation in v_j = A[j:, j] - alpha e_1); A's upper triangle
+    becomes R, its strict lower part 0.  Returns False where a column's remaining norm is
+    <= 1e-14 of the largest so far (R singular to rounding: ~100 eps; no digit of
+    R^{-1} would be right) or 0."""
+    m = A.shape[0]
     rmax = 0.0
     for j in range(ks):
         nrm = 0.0
@@ -333,33 +324,84 @@ def _qr_refine(D, Z, Sk, ks, W, lamS, gmax, ws):
         for i in range(j + 1, m):
             A[i, j] = 0.0
         for col in range(j + 1, ks):
-            t = 0.0
-            for i in range(j, m):
-                t += V[i, j] * A[i, col]
-            t *= beta[j]
-            for i in range(j, m):
-                A[i, col] -= t * V[i, j]
+            _reflect(V, beta, j, A[:, col])
+    return True
+
+
+@njit(cache=True, nogil=True)
+def _reflect(V, beta, j, y):
+    """y <- H_j y = y - beta_j v_j (v_j^T y) (rows j.. only: v_j is 0 above)."""
+    m = y.shape[0]
+    t = 0.0
+    for i in range(j, m):
+        t += V[i, j] * y[i]
+    t *= beta[j]
+    for i in range(j, m):
+        y[i] -= t * V[i, j]
+
+
+@njit(cache=True, nogil=True)
+def _qr_min_norm_step(R, V, beta, ks, res, y):
+    """y = Q [R^{-T} res; 0] (m,): the least-norm dw with A_S dw = res, for A_S^T = Q R
+    (forward substitution with R^T, then the reflectors H_{ks-1}, ..., H_0 applied)."""
+    m = y.shape[0]
+    for i in range(m):
+        y[i] = 0.0
+    for i in range(ks):
+        t = res[i]
+        for j in range(i):
+            t -= R[j, i] * y[j]
+        y[i] = t / R[i, i]
+    for j in range(ks - 1, -1, -1):
+        _reflect(V, beta, j, y)
+
+
+@njit(cache=True, nogil=True)
+def _qr_multipliers(R, V, beta, ks, w, y, lamS):
+    """lamS = R^{-1} (Q^T w)[:ks] (the coefficients of w = A_S^T lamS = Q R lamS):
+    the reflectors H_0, ..., H_{ks-1} applied to w, then back substitution with R."""
+    m = y.shape[0]
+    for i in range(m):
+        y[i] = w[i]
+    for j in range(ks):
+        _reflect(V, beta, j, y)
+    for i in range(ks - 1, -1, -1):
+        t = y[i]
+        for j in range(i + 1, ks):
+            t -= R[i, j] * lamS[j]
+        lamS[i] = t / R[i, i]
+
+
+@njit(cache=True, nogil=True)
+def _qr_refine(D, Z, Sk, ks, W, lamS, gmax, ws):
+    """The min-norm solution of <A_k, W> = 1 (k in S) by Householder QR of
+    A_S^T = [vec A_k] (d e x |S|) = Q R: W = Q R^{-T} 1 (conditioning cond(A_S), not
+    cond(A_S)^2 as through G_SS), refined twice with residuals from W (three solves in
+    all: :func:`_qr_min_norm_step`); lamS = gmax R^{-1} Q^T W (:func:`_qr_multipliers`).
+    Returns False where R is singular to rounding (then nothing is written).  The plain
+    reference: numpy's least-squares solution (tests/test_svm_active.py)."""
+    d = D.shape[1]
+    e = Z.shape[1]
+    m = d * e
+    if ks > m:
+        return False
+    A = np.empty((m, ks))
+    for q in range(ks):
+        k = Sk[q]
+        for c in range(d):
+            for f in range(e):
+                A[c * e + f, q] = D[k, c] * Z[k, f]
+    V = np.zeros((m, ks))
+    beta = np.zeros(ks)
+    if not _householder(A, ks, V, beta):
+        return False
     y = np.empty(m)
     w = np.zeros(m)
     res = np.ones(ks)
     Wt = np.empty((d, e))
     mS = np.empty(ks)
     for _ in range(3):
-        # dw = Q [R^{-T} res; 0]
-        for i in range(m):
-            y[i] = 0.0
-        for i in range(ks):
-            t = res[i]
-            for j in range(i):
-                t -= A[j, i] * y[j]
-            y[i] = t / A[i, i]
-        for j in range(ks - 1, -1, -1):
-            t = 0.0
-            for i in range(j, m):
-                t += V[i, j] * y[i]
-            t *= beta[j]
-            for i in range(j, m):
-                y[i] -= t * V[i, j]
+        _qr_min_norm_step(A, V, beta, ks, res, y)  # dw = Q [R^{-T} res; 0]
         for i in range(m):
             w[i] += y[i]
         for c in range(d):
@@ -371,21 +413,7 @@ def _qr_refine(D, Z, Sk, ks, W, lamS, gmax, ws):
     for c in range(d):
         for f in range(e):
             W[c, f] = Wt[c, f]
-    # lam = R^{-1} (Q^T w)[:ks]
-    for i in range(m):
-        y[i] = w[i]
-    for j in range(ks):
-        t = 0.0
-        for i in range(j, m):
-            t += V[i, j] * y[i]
-        t *= beta[j]
-        for i in range(j, m):
-            y[i] -= t * V[i, j]
-    for i in range(ks - 1, -1, -1):
-        t = y[i]
-        for j in range(i + 1, ks):
-            t -= A[i, j] * lamS[j]
-        lamS[i] = t / A[i, i]
+    _qr_multipliers(A, V, beta, ks, w, y, lamS)
     for q in range(ks):
         lamS[q] *= gmax
     return True
