@@ -1126,44 +1126,11 @@ def _lean_work(n, T, d, e):
 
 
 @njit(cache=True, nogil=True)
-def _lean_one(X, z, alpha, valid, xexp, tol, small, max_iter, D, Zs, v, W, lam, mu, m, S,
-              info, sums, wk):
-    """One Frobenius max-margin problem from the raw arrays, the steps of the engine in one
-    compiled call (the same numbers, bit for bit, for a solved problem):
-
-    1. normalisation (:func:`attnsvm.svm.engine.build_constraints`): X 2^-eX (eX the
-       exponent of max |x| over valid tokens), Delta_it = x_{i,alpha_i} - x_it on the valid
-       t != alpha_i (0 elsewhere), Delta 2^-eD, z 2^-eZ (exact: powers of two);
-    2. the active-set solve (:func:`mnp_one`, lazy Gram rows); where it finds rho ~ 0,
-       lam = mu / rho^2 and W = sum_k lam_k A_k (as :func:`attnsvm.svm.active.mnp_active`);
-    3. W, lam scaled to minimal margin exactly 1, then by certificate.KAPPA
-       (:func:`attnsvm.svm.engine._to_feasible`);
-    4. the certificate's sums from that W (:func:`certify_fro`, every constraint; no W:
-       those of W = 0, as :func:`attnsvm.svm.solution.certify`).
-
-    X (n, T, d), z (n, e), alpha (n,), valid (n, T) bool, xexp: the exponent already divided
-    out of X; outputs D (n, T, d), Zs (n, e), v (n, T) bool (the constraints), W (d, e),
-    lam, mu, m (n, T), S (d, e); info (5,) int64: [verdict, xexp + eX + eD + eZ, kernel
-    status, n_iter, W finite]; sums (8,): [rho2, certify_fro's 7 numbers].  The verdict is LEAN_OK, or
-    why the engine's general path must take over (LEAN_SCALE: a power of two out of the
-    normal range, or a row norm near underflow; LEAN_NO_MARGIN: no constraint;
-    LEAN_ZERO_ROW: a constraint with A_k = 0).  wk: the workspace (:func:`_lean_work`)."""
+def _lean_differences(X, alpha, valid, sx, D, v):
+    """v_it = valid_it and t != alpha_i (the constraints); D_it = x_{i,alpha_i} sx - x_it sx
+    there, 0 elsewhere (sx = 2^-eX: exact).  Returns (the number of constraints,
+    max |D|)."""
     n, T, d = X.shape
-    e = z.shape[1]
-    info[0] = LEAN_OK
-    info[2] = FAILED
-    info[4] = 0
-    mx = 0.0
-    for i in range(n):
-        for t in range(T):
-            if valid[i, t]:
-                for c in range(d):
-                    mx = max(mx, abs(X[i, t, c]))
-    eX = _exp2(mx)
-    if eX < -1023 or eX > 1022:
-        info[0] = LEAN_SCALE
-        return
-    sx = math.ldexp(1.0, -eX)
     nv = 0
     mx = 0.0
     for i in range(n):
@@ -1176,18 +1143,45 @@ def _lean_one(X, z, alpha, valid, xexp, tol, small, max_iter, D, Zs, v, W, lam, 
             for c in range(d):
                 D[i, t, c] = X[i, a, c] * sx - X[i, t, c] * sx if ok else 0.0
                 mx = max(mx, abs(D[i, t, c]))
+    return nv, mx
+
+
+@njit(cache=True, nogil=True)
+def _normal_exponent(e):
+    """Whether 2^-e is a normal float64 scale, -1023 <= e <= 1022 (else the engine's general
+    path, which scales in two steps, takes over)."""
+    return -1023 <= e <= 1022
+
+
+@njit(cache=True, nogil=True)
+def _lean_normalise(X, z, alpha, valid, D, Zs, v):
+    """Step 1 of :func:`_lean_one`, :func:`attnsvm.svm.constraints.build_constraints` in
+    one pass: X 2^-eX (eX the exponent of max |x| over valid tokens), the differences
+    (:func:`_lean_differences`), then D 2^-eD and z 2^-eZ, each largest entry in [1/2, 1)
+    (powers of two: exact).  Returns (verdict, eX + eD + eZ): LEAN_SCALE where a scale is
+    out of the normal range, LEAN_NO_MARGIN where no constraint is left."""
+    n, T, d = X.shape
+    e = z.shape[1]
+    mx = 0.0
+    for i in range(n):
+        for t in range(T):
+            if valid[i, t]:
+                for c in range(d):
+                    mx = max(mx, abs(X[i, t, c]))
+    eX = _exp2(mx)
+    if not _normal_exponent(eX):
+        return LEAN_SCALE, 0
+    nv, mx = _lean_differences(X, alpha, valid, math.ldexp(1.0, -eX), D, v)
     if nv == 0:
-        info[0] = LEAN_NO_MARGIN
-        return
+        return LEAN_NO_MARGIN, 0
     eD = _exp2(mx)
     mz = 0.0
     for i in range(n):
         for f in range(e):
             mz = max(mz, abs(z[i, f]))
     eZ = _exp2(mz)
-    if eD < -1023 or eD > 1022 or eZ < -1023 or eZ > 1022:
-        info[0] = LEAN_SCALE
-        return
+    if not (_normal_exponent(eD) and _normal_exponent(eZ)):
+        return LEAN_SCALE, 0
     sd = math.ldexp(1.0, -eD)
     sz = math.ldexp(1.0, -eZ)
     for i in range(n):
@@ -1196,10 +1190,20 @@ def _lean_one(X, z, alpha, valid, xexp, tol, small, max_iter, D, Zs, v, W, lam, 
                 D[i, t, c] *= sd
         for f in range(e):
             Zs[i, f] = z[i, f] * sz
-    info[1] = xexp + eX + eD + eZ
-    for i in range(n):  # a zero constraint matrix (or one near underflow): the engine's
-        zz = 0.0        # zero-constraint / Farkas path
-        for f in range(e):
+    return LEAN_OK, eX + eD + eZ
+
+
+@njit(cache=True, nogil=True)
+def _lean_rows(D, Zs, v):
+    """LEAN_ZERO_ROW where a constraint matrix A_k = Delta_k z_k^T is 0 (the engine's
+    zero-constraint / Farkas path); LEAN_SCALE where |Delta_k| |z_k| < 1e-290: a margin
+    of 1 then needs ||W|| > 1e290, within 1e18 of float64's overflow, where the
+    certificate's products may overflow (the engine's general path checks
+    representability); LEAN_OK otherwise."""
+    n, T, d = D.shape
+    for i in range(n):
+        zz = 0.0
+        for f in range(Zs.shape[1]):
             zz += Zs[i, f] * Zs[i, f]
         for t in range(T):
             if v[i, t]:
@@ -1207,15 +1211,124 @@ def _lean_one(X, z, alpha, valid, xexp, tol, small, max_iter, D, Zs, v, W, lam, 
                 for c in range(d):
                     dd += D[i, t, c] * D[i, t, c]
                 if dd == 0.0 or zz == 0.0:
-                    info[0] = LEAN_ZERO_ROW
-                    return
+                    return LEAN_ZERO_ROW
                 if math.sqrt(dd) * math.sqrt(zz) < 1e-290:
-                    info[0] = LEAN_SCALE
-                    return
+                    return LEAN_SCALE
+    return LEAN_OK
+
+
+@njit(cache=True, nogil=True)
+def _lean_small_rho(W, lf, muf, r2, Df, Zr):
+    """Step 2's answer where the solver found rho ~ 0, as :func:`attnsvm.svm.active.
+    mnp_active` gives it: lam = mu / rho^2 and W = sum_k lam_k A_k wherever rho > 0, NaN W
+    where rho = 0 (terms with lam_k = 0 would add +-0: skipped, the same bits)."""
+    d, e = W.shape
+    for c in range(d):
+        for f in range(e):
+            W[c, f] = 0.0 if r2 > 0.0 else np.nan
+    for k in range(lf.shape[0]):
+        lf[k] = muf[k] / r2 if r2 > 0.0 else 0.0
+    if r2 > 0.0:
+        for k in range(lf.shape[0]):
+            if lf[k] == 0.0:
+                continue
+            for c in range(d):
+                for f in range(e):
+                    W[c, f] += Df[k, c] * (lf[k] * Zr[k, f])
+
+
+@njit(cache=True, nogil=True)
+def _all_finite(a):
+    """Whether every entry of the flat array a is finite."""
+    for k in range(a.shape[0]):
+        if not math.isfinite(a[k]):
+            return False
+    return True
+
+
+@njit(cache=True, nogil=True)
+def _lean_min_margin_one(D4, Z3, v3, W, m3, u, lf, st):
+    """Step 3, :func:`attnsvm.svm.engine._to_feasible`: W, lam divided by the minimal
+    margin min_k m_k (where it is > 0 and finite), then times certificate.KAPPA (margins a
+    rounding-size above 1, which the certificate's error bound proves), the same bits.
+    OPTIMAL: m3 already holds the margins of the solver's final check (the bits of
+    margins_batch); else they are computed here."""
+    d, e = W.shape
+    if st != OPTIMAL:
+        _margins_batch_ws(D4, Z3, v3, W.reshape((1, d, e)), m3, u)
+    ratio = np.inf
+    for i in range(v3.shape[1]):
+        for t in range(v3.shape[2]):
+            if v3[0, i, t]:
+                ratio = min(ratio, m3[0, i, t] / 1.0)
+    if ratio > 0.0 and math.isfinite(ratio):
+        for c in range(d):
+            for f in range(e):
+                W[c, f] = W[c, f] / ratio * KAPPA
+        for k in range(lf.shape[0]):
+            lf[k] = lf[k] / ratio * KAPPA
+
+
+@njit(cache=True, nogil=True)
+def _lean_work_views(fl, N, d, e):
+    """Named views into _lean_work's float buffer: (Zr (N, e) z per constraint, b (N,),
+    Wc (d, e) the certified W, Wd (d, e) workspace, out (1, 7) certify_fro's sums,
+    u (d,) workspace)."""
+    o = N * e
+    Zr = fl[:o].reshape((N, e))
+    b = fl[o: o + N]
+    o += N
+    Wc = fl[o: o + d * e].reshape((d, e))
+    Wd = fl[o + d * e: o + 2 * d * e].reshape((d, e))
+    o += 2 * d * e
+    out = fl[o: o + 7].reshape((1, 7))
+    u = fl[o + 7: o + 7 + d]
+    return Zr, b, Wc, Wd, out, u
+
+
+@njit(cache=True, nogil=True)
+def _lean_one(X, z, alpha, valid, xexp, tol, small, max_iter, D, Zs, v, W, lam, mu, m, S,
+              info, sums, wk):
+    """One Frobenius max-margin problem from the raw arrays, the steps of the engine in one
+    compiled call (the same numbers, bit for bit, for a solved problem):
+
+    1. normalisation (:func:`_lean_normalise`, as :func:`attnsvm.svm.constraints.
+       build_constraints`): X 2^-eX (eX the exponent of max |x| over valid tokens),
+       Delta_it = x_{i,alpha_i} - x_it on the valid t != alpha_i (0 elsewhere), Delta 2^-eD,
+       z 2^-eZ (exact: powers of two); constraints with A_k = 0 or near underflow hand over
+       (:func:`_lean_rows`);
+    2. the active-set solve (:func:`_mnp_ws`, lazy Gram rows); where it finds rho ~ 0,
+       lam = mu / rho^2 and W = sum_k lam_k A_k (:func:`_lean_small_rho`, as
+       :func:`attnsvm.svm.active.mnp_active`);
+    3. W, lam scaled to minimal margin exactly 1, then by certificate.KAPPA
+       (:func:`_lean_min_margin_one`, as :func:`attnsvm.svm.engine._to_feasible`);
+    4. the certificate's sums from that W (:func:`certify_fro`, every constraint; no W:
+       those of W = 0, as :func:`attnsvm.svm.solution.certify`).
+
+    X (n, T, d), z (n, e), alpha (n,), valid (n, T) bool, xexp: the exponent already divided
+    out of X; outputs D (n, T, d), Zs (n, e), v (n, T) bool (the constraints), W (d, e),
+    lam, mu, m (n, T), S (d, e); info (5,) int64: [verdict, xexp + eX + eD + eZ, kernel
+    status, n_iter, W finite]; sums (8,): [rho2, certify_fro's 7 numbers].  The verdict is
+    LEAN_OK, or why the engine's general path must take over (LEAN_SCALE: a power of two out
+    of the normal range, or a row norm near underflow; LEAN_NO_MARGIN: no constraint;
+    LEAN_ZERO_ROW: a constraint with A_k = 0).  wk: the workspace (:func:`_lean_work`)."""
+    n, T, d = X.shape
+    e = z.shape[1]
+    info[0] = LEAN_OK
+    info[2] = FAILED
+    info[4] = 0
+    verdict, ex = _lean_normalise(X, z, alpha, valid, D, Zs, v)
+    if verdict != LEAN_OK:
+        info[0] = verdict
+        return
+    info[1] = xexp + ex
+    verdict = _lean_rows(D, Zs, v)
+    if verdict != LEAN_OK:
+        info[0] = verdict
+        return
     N = n * T
     Df = D.reshape((N, d))
-    fl = wk[5]
-    Zr = fl[: N * e].reshape((N, e))
+    Zr, b1, Wc, Wd, out, u = _lean_work_views(wk[5], N, d, e)
     for i in range(n):
         for t in range(T):
             for f in range(e):
@@ -1231,61 +1344,25 @@ def _lean_one(X, z, alpha, valid, xexp, tol, small, max_iter, D, Zs, v, W, lam, 
     sums[0] = r2
     if st == FAILED:
         return
-    if st == SMALL_RHO:  # as mnp_active: W = sum mu_k A_k / rho^2 wherever rho > 0
-        for c in range(d):
-            for f in range(e):
-                W[c, f] = 0.0 if r2 > 0.0 else np.nan
-        for k in range(N):
-            lf[k] = muf[k] / r2 if r2 > 0.0 else 0.0
-        if r2 > 0.0:  # (terms with lam_k = 0 would add +-0: skipped, the same bits)
-            for k in range(N):
-                if lf[k] == 0.0:
-                    continue
-                for c in range(d):
-                    for f in range(e):
-                        W[c, f] += Df[k, c] * (lf[k] * Zr[k, f])
-    fin = True
-    for c in range(d):
-        for f in range(e):
-            if not math.isfinite(W[c, f]):
-                fin = False
+    if st == SMALL_RHO:
+        _lean_small_rho(W, lf, muf, r2, Df, Zr)
+    fin = _all_finite(W.reshape(d * e))
     info[4] = fin
-    lam_ok = True
-    for k in range(N):
-        if not math.isfinite(lf[k]):
-            lam_ok = False
+    lam_ok = _all_finite(lf)
     D4 = D.reshape((1, n, T, d))
     Z3 = Zs.reshape((1, n, e))
     v3 = v.reshape((1, n, T))
     m3 = m.reshape((1, n, T))
-    u = fl[N * e + N + 2 * d * e + 7: N * e + N + 2 * d * e + 7 + d]
-    if fin:  # minimal margin exactly 1 (OPTIMAL: the margins are those of the solver's
-        # final check, the same bits as margins_batch gives)
-        if st != OPTIMAL:
-            _margins_batch_ws(D4, Z3, v3, W.reshape((1, d, e)), m3, u)
-        ratio = np.inf
-        for i in range(n):
-            for t in range(T):
-                if v[i, t]:
-                    ratio = min(ratio, m[i, t] / 1.0)
-        if ratio > 0.0 and math.isfinite(ratio):
-            for c in range(d):  # then times KAPPA, as engine._to_feasible (same bits)
-                for f in range(e):
-                    W[c, f] = W[c, f] / ratio * KAPPA
-            for k in range(N):
-                lf[k] = lf[k] / ratio * KAPPA
+    if fin:
+        _lean_min_margin_one(D4, Z3, v3, W, m3, u, lf, st)
     for k in range(N):  # the certificate's lam: >= 0 on the constraints, 0 elsewhere
         lf[k] = max(lf[k], 0.0) if vf[k] and lam_ok else 0.0
-    b = fl[N * e: N * e + N].reshape((1, n, T))
-    for i in range(n):
-        for t in range(T):
-            b[0, i, t] = 1.0 if v[i, t] else 0.0
-    Wc = fl[N * e + N: N * e + N + d * e].reshape((d, e))
+    b = b1.reshape((1, n, T))
+    for k in range(N):
+        b1[k] = 1.0 if vf[k] else 0.0
     for c in range(d):  # the certificate of no answer: W = 0
         for f in range(e):
             Wc[c, f] = W[c, f] if fin else 0.0
-    Wd = fl[N * e + N + d * e: N * e + N + 2 * d * e].reshape((d, e))
-    out = fl[N * e + N + 2 * d * e: N * e + N + 2 * d * e + 7].reshape((1, 7))
     _certify_fro_ws(D4, Z3, v3, b, Wc.reshape((1, d, e)), lam.reshape((1, n, T)), m3,
                     S.reshape((1, d, e)), out, Wd, u)
     for k in range(7):
@@ -1461,11 +1538,8 @@ def _lean_settle(D, Zs, v, W, lam, mu, m, info, sums, wk, tol, irreducible, feas
     if opt:
         verdict = SETTLED_OPT
     elif ran and info[2] == SMALL_RHO and not feasible and not irreducible:
-        fl = wk[5]
-        N = n * T
-        b = fl[N * e: N * e + N].reshape((n, T))  # 1 on the constraints (_lean_one)
-        Sw = fl[N * e + N + d * e: N * e + N + 2 * d * e].reshape((d, e))
-        u = fl[N * e + N + 2 * d * e + 7: N * e + N + 2 * d * e + 7 + d]
+        _, b1, _, Sw, _, u = _lean_work_views(wk[5], n * T, d, e)
+        b = b1.reshape((n, T))  # 1 on the constraints (_lean_one)
         ok, bound = _farkas_one(D, Zs, v, v, b, mu, fk_lam, Sw, u, bound_min)
         if ok:
             verdict = SETTLED_INF
