@@ -11,7 +11,7 @@ infeasible instances, single and batched:
 * the one-pass normalisation (``constraints.absmax``) against the masked-copy formula, bit
   for bit;
 * the kernel's lazily formed Gram matrix against the full one (``mnp_one`` given G), bit
-  for bit.
+  for bit, and the full one against numpy's (D D^T) o (Z Z^T) to rounding.
 """
 
 import numpy as np
@@ -188,6 +188,8 @@ def test_lazy_gram_equals_full_gram():
             vi = np.flatnonzero(V)
             G = np.empty((len(vi), len(vi)))
             K._gram(D, Z, vi, len(vi), G)
+            Gref = ((D @ D.T) * (Z @ Z.T))[np.ix_(vi, vi)]  # the plain reference (BLAS)
+            np.testing.assert_allclose(G, Gref, rtol=1e-13, atol=1e-13 * np.abs(Gref).max())
             a = [np.zeros(N), np.zeros(N), np.zeros((d, e))]
             b = [np.zeros(N), np.zeros(N), np.zeros((d, e))]
             ra = K.mnp_one(D, Z, V, 1e-12, 1e-13, 20 * N + 50, *a, np.empty((0, 0)))
