@@ -457,14 +457,14 @@ def _mnp_work(N, d, e):
             np.empty(2 * N, np.bool_), np.empty(N * N), np.empty(cap * cap))
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, inline="always")
 def _int_views(ibuf, N, cap):
     """(vi (N,): the indices of the valid constraints, S (cap,): the working set as
     positions among them, Sk (cap,): the same as constraint indices)."""
     return ibuf[:N], ibuf[N: N + cap], ibuf[N + cap: N + 2 * cap]
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, inline="always")
 def _float_views(fbuf, nv, d, e, cap):
     """Named views into the float workspace of :func:`_mnp_work` for nv valid constraints:
 
@@ -493,7 +493,7 @@ def _float_views(fbuf, nv, d, e, cap):
     return Dt, Zt, acc, x, v, r, lamS, mS, Gmu, ws, y
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, inline="always")
 def _collect_valid(valid, vi, mu, lam, W):
     """vi[:nv] = the indices k with valid[k]; mu, lam, W zeroed.  Returns nv."""
     nv = 0
@@ -509,7 +509,7 @@ def _collect_valid(valid, vi, mu, lam, W):
     return nv
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, inline="always")
 def _lazy_gram_setup(D, Z, vi, nv, Dt, Zt, G, s1, s2, have):
     """The lazy Gram matrix: Dt, Zt the valid constraints transposed (for
     :func:`_gram_row`) and the diagonal G_aa = |Delta_a|^2 |z_a|^2 (the algorithm reads
@@ -543,7 +543,7 @@ def _lazy_gram_setup(D, Z, vi, nv, Dt, Zt, G, s1, s2, have):
         G[a, a] = s1[a] * s2[a]
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, inline="always")
 def _scale_gram(G, nv, lazy):
     """gmax = max_a G_aa, and G <- G / gmax where gmax > 0 (only the diagonal when lazy:
     rows are divided as they are formed).  Returns gmax.  (Units: every point of norm
@@ -563,7 +563,7 @@ def _scale_gram(G, nv, lazy):
     return gmax
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, inline="always")
 def _ensure_row(Dt, Zt, nv, j, gmax, G, acc, have):
     """Row j of the lazy Gram matrix, formed on first use (:func:`_gram_row`)."""
     if not have[j]:
@@ -571,7 +571,7 @@ def _ensure_row(Dt, Zt, nv, j, gmax, G, acc, have):
         have[j] = True
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, inline="always")
 def _wolfe_start(G, nv):
     """Wolfe's step 0: S = {j0}, the point of smallest norm (the first, in a tie), weight
     x = 1 (:func:`_wolfe_enter_first`, after its Gram row: :func:`_ensure_row`).  Returns j0."""
@@ -582,7 +582,7 @@ def _wolfe_start(G, nv):
     return j0
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, inline="always")
 def _wolfe_enter_first(G, j0, S, inS, x, L, y):
     """The working set {j0} with weight 1: L = chol(M), M = G_SS + 1 1^T (1 x 1:
     sqrt(G_jj + 1)); y = L^{-1} 1."""
@@ -594,64 +594,11 @@ def _wolfe_enter_first(G, j0, S, inS, x, L, y):
     _solve_l_row(L, 0, y)
 
 
-@njit(cache=True, nogil=True)
-def _major_point(G, S, x, ks, nv, Gmu):
-    """The current point p = sum_{q in S} x_q a_q against every point: Gmu = G_{:, S} x
-    (Gmu_a = <a_a, p>, G symmetric: rows of S, contiguous; four rows per pass, each entry
-    added in the order of q, the same bits).  Returns rho^2 = |p|^2 = x^T G_SS x."""
-    for a in range(nv):
-        Gmu[a] = 0.0
-    q = 0
-    while q + 4 <= ks:
-        j0 = S[q]
-        j1 = S[q + 1]
-        j2 = S[q + 2]
-        j3 = S[q + 3]
-        x0 = x[q]
-        x1 = x[q + 1]
-        x2 = x[q + 2]
-        x3 = x[q + 3]
-        for a in range(nv):
-            Gmu[a] = (((Gmu[a] + G[j0, a] * x0) + G[j1, a] * x1) + G[j2, a] * x2) \
-                + G[j3, a] * x3
-        q += 4
-    while q < ks:
-        j = S[q]
-        xq = x[q]
-        for a in range(nv):
-            Gmu[a] += G[j, a] * xq
-        q += 1
-    rho2 = 0.0
-    for q in range(ks):
-        rho2 += x[q] * Gmu[S[q]]
-    return rho2
-
-
-@njit(cache=True, nogil=True)
-def _most_violated(Gmu, inS, nv):
-    """Wolfe's step 1 (a): the point outside S of least <a_j, p> (on S, G x = rho^2 1 up to
-    rounding): the first strict minimum, one comparison per point before the membership
-    test; only where none lies below +inf (non-finite G), the scan from the first point
-    outside S.  -1 if every point is in S."""
-    jm = -1
-    best = np.inf
-    for a in range(nv):
-        g = Gmu[a]
-        if g < best and not inS[a]:
-            best = g
-            jm = a
-    if jm < 0:
-        for a in range(nv):
-            if not inS[a] and (jm < 0 or Gmu[a] < Gmu[jm]):
-                jm = a
-    return jm
-
-
 # outcomes of :func:`_check_optimal`
 _CHECK_SINGULAR, _CHECK_OPTIMAL, _CHECK_NEGATIVE, _CHECK_RESTART = 0, 1, 2, 3
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, inline="always")
 def _check_optimal(D, Z, Dt, Zt, lazy, vi, nv, G, gmax, S, Sk, ks, x, L, lamS, W, r, v, mS,
                    Gmu, acc, ws, y, inS, tol):
     """Wolfe's stopping test, made exact.  Where <a_j, p> >= rho^2 (1 - tol) for every j
@@ -700,34 +647,7 @@ def _check_optimal(D, Z, Dt, Zt, lazy, vi, nv, G, gmax, S, Sk, ks, x, L, lamS, W
     return _CHECK_RESTART, jm, 1.0 / tot
 
 
-@njit(cache=True, nogil=True)
-def _enter(G, S, ks, jm, L, r, y, inS, x):
-    """Wolfe's step 1 (b): S <- S + {jm} with weight 0, the Cholesky factor of
-    M = G_SS + 1 1^T bordered by one row (r = L^{-1} (G_{S,jm} + 1), L_new = sqrt(M_jj -
-    |r|^2)) and y = L^{-1} 1 by one entry.  M stays positive definite exactly while the
-    points of S are affinely independent; returns False (nothing changed) where the new
-    point is affinely dependent on S to rounding: M_jj - |r|^2 <= 1e-14 M_jj (a pivot
-    ~100 eps of its diagonal: below it the factor has no correct digit)."""
-    for q in range(ks):
-        r[q] = G[S[q], jm] + 1.0
-    _solve_l(L, ks, r)
-    dd = G[jm, jm] + 1.0
-    for q in range(ks):
-        dd -= r[q] * r[q]
-    if dd <= 1e-14 * (G[jm, jm] + 1.0):
-        return False
-    for q in range(ks):
-        L[ks, q] = r[q]
-    L[ks, ks] = math.sqrt(dd)
-    y[ks] = 1.0
-    _solve_l_row(L, ks, y)
-    S[ks] = jm
-    inS[jm] = True
-    x[ks] = 0.0
-    return True
-
-
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, inline="always")
 def _step_to_boundary(x, v, ks):
     """theta = min {x_q / (x_q - v_q) : v_q <= 0, x_q > v_q} (1 if none): the longest step
     from x towards the affine minimiser v that stays in the simplex (Wolfe's step 3)."""
@@ -742,7 +662,7 @@ def _step_to_boundary(x, v, ks):
     return theta
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, inline="always")
 def _leave(L, ks, x, S, inS):
     """Drop the points whose weight reached 0 (at least the blocking one): x_q <=
     1e-15 max x (a weight a few eps of the largest is a zero of the line search, not a
@@ -767,9 +687,10 @@ def _leave(L, ks, x, S, inS):
     return ks, q0
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, inline="always")
 def _minor_cycles(L, ks, v, x, y, S, inS, jm):
-    """Wolfe's steps 2-3 (the minor cycles) after jm entered S: v = the affine minimiser of
+    """Wolfe's steps 2-3 (the minor cycles) after jm entered S (weight 0, L and y bordered
+    by :func:`_mnp_ws`): v = the affine minimiser of
     S (:func:`_affine_min_y`); if v > 0, x = v and the major cycle ends; else x moves to
     the boundary, x + theta (v - x) (:func:`_step_to_boundary`), the points of weight 0
     leave (:func:`_leave`; y = L^{-1} 1 re-solved from the first changed row), x is
@@ -806,7 +727,7 @@ def _minor_cycles(L, ks, v, x, y, S, inS, jm):
             return ks
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, inline="always")
 def _mnp_finish(D, Z, vi, nv, G, gmax, S, Sk, ks, x, L, lamS, W, r, v, mS, Gmu, ws, y, mu,
                 lam, mfin, status, refined, fresh, rho2, it):
     """After the last cycle: the min-norm point mu (weights x on S), and
@@ -860,13 +781,15 @@ def _mnp_ws(D, Z, valid, tol, small, max_iter, mu, lam, W, Gin, ibuf, fbuf, bbuf
     empty (:func:`mnp_trace`).
 
     Wolfe (1976), P. Wolfe, Finding the nearest point in a polytope, Math. Programming
-    11, 128-149; the steps by name: :func:`_wolfe_start` (step 0), :func:`_major_point`
-    and :func:`_most_violated` (step 1: the major cycle's test and its entering point),
-    :func:`_check_optimal` (the stopping test, made exact), :func:`_enter` (step 1, the
-    Cholesky factor of M = G_SS + 1 1^T bordered), :func:`_minor_cycles` (steps 2-3),
-    :func:`_mnp_finish` (the multipliers, refined and verified).  The plain reference:
-    :func:`attnsvm.svm.wolfe.min_norm_point` (tests/test_svm_active.py holds the two to
-    the same working sets)."""
+    11, 128-149; the steps: set-up (:func:`_collect_valid`, :func:`_lazy_gram_setup`,
+    :func:`_scale_gram`), step 0 (:func:`_wolfe_start`, :func:`_wolfe_enter_first`), the
+    major cycle (step 1, here: the test against every point and the entering point, the
+    Cholesky factor of M = G_SS + 1 1^T bordered by one row), its stopping test made exact
+    (:func:`_check_optimal`), the minor cycles (steps 2-3, :func:`_minor_cycles`), and the
+    multipliers, refined and verified (:func:`_mnp_finish`).  The major cycle's hot loops
+    stay in this function (as helpers, even inlined, they cost ~10% on small problems:
+    measured, 2 cores).  The plain reference: :func:`attnsvm.svm.wolfe.min_norm_point`
+    (tests/test_svm_active.py holds the two to the same working sets)."""
     N = D.shape[0]
     d = D.shape[1]
     e = Z.shape[1]
@@ -906,12 +829,52 @@ def _mnp_ws(D, Z, valid, tol, small, max_iter, mu, lam, W, Gin, ibuf, fbuf, bbuf
         it += 1
         refined = False
         fresh = False
-        rho2 = _major_point(G, S, x, ks, nv, Gmu)
-        jm = _most_violated(Gmu, inS, nv)
+        # major cycle (Wolfe's step 1): <a_j, p> = (G x)_j for every j (p = sum_S x_q a_q),
+        # rho^2 = |p|^2, and the point of least <a_j, p> outside S
+        for a in range(nv):
+            Gmu[a] = 0.0
+        q = 0
+        while q + 4 <= ks:  # G symmetric: rows of S, contiguous; four rows per pass (the
+            j0 = S[q]       # additions of each entry in the order of q, the same bits)
+            j1 = S[q + 1]
+            j2 = S[q + 2]
+            j3 = S[q + 3]
+            x0 = x[q]
+            x1 = x[q + 1]
+            x2 = x[q + 2]
+            x3 = x[q + 3]
+            for a in range(nv):
+                Gmu[a] = (((Gmu[a] + G[j0, a] * x0) + G[j1, a] * x1) + G[j2, a] * x2) \
+                    + G[j3, a] * x3
+            q += 4
+        while q < ks:
+            j = S[q]
+            xq = x[q]
+            for a in range(nv):
+                Gmu[a] += G[j, a] * xq
+            q += 1
+        rho2 = 0.0
+        for q in range(ks):
+            rho2 += x[q] * Gmu[S[q]]
+        # the most violated point outside S (on S, G mu = rho^2 1 up to rounding): the
+        # first strict minimum, one comparison per point before the membership test;
+        # only where none lies below +inf (non-finite G), the scan from the first point
+        # outside S
+        jm = -1
+        best = np.inf
+        for a in range(nv):
+            g = Gmu[a]
+            if g < best and not inS[a]:
+                best = g
+                jm = a
+        if jm < 0:
+            for a in range(nv):
+                if not inS[a] and (jm < 0 or Gmu[a] < Gmu[jm]):
+                    jm = a
         if rho2 <= small:  # the origin is (numerically) in the hull
             status = SMALL_RHO
             break
-        if jm < 0 or Gmu[jm] >= rho2 * (1.0 - tol):
+        if jm < 0 or Gmu[jm] >= rho2 * (1.0 - tol):  # the stopping test, made exact
             out, jm, r2 = _check_optimal(D, Z, Dt, Zt, lazy, vi, nv, G, gmax, S, Sk, ks, x, L,
                                          lamS, W, r, v, mS, Gmu, acc, ws, y, inS, tol)
             if out == _CHECK_SINGULAR:
@@ -927,10 +890,31 @@ def _mnp_ws(D, Z, valid, tol, small, max_iter, mu, lam, W, Gin, ibuf, fbuf, bbuf
             fresh = False
         if inS[jm] or ks == cap:
             break
-        _ensure_row(Dt, Zt, nv, jm, gmax, G, acc, have)
-        if not _enter(G, S, ks, jm, L, r, y, inS, x):  # affinely dependent to rounding
+        if not have[jm]:
+            _gram_row(Dt, Zt, nv, jm, gmax, G, acc)
+            have[jm] = True
+        # jm enters S with weight 0: the Cholesky factor of M = G_SS + 1 1^T bordered by
+        # one row (r = L^{-1} (G_{S,jm} + 1), pivot M_jj - |r|^2) and y = L^{-1} 1 by one
+        # entry.  M stays positive definite exactly while the points of S are affinely
+        # independent: a pivot <= 1e-14 M_jj (~100 eps: no correct digit left in the
+        # factor) means jm is affinely dependent on S to rounding, and the run stops
+        for q in range(ks):
+            r[q] = G[S[q], jm] + 1.0
+        _solve_l(L, ks, r)
+        dd = G[jm, jm] + 1.0
+        for q in range(ks):
+            dd -= r[q] * r[q]
+        if dd <= 1e-14 * (G[jm, jm] + 1.0):
             break
-        ks = _minor_cycles(L, ks + 1, v, x, y, S, inS, jm)
+        for q in range(ks):
+            L[ks, q] = r[q]
+        L[ks, ks] = math.sqrt(dd)
+        y[ks] = 1.0
+        _solve_l_row(L, ks, y)
+        S[ks] = jm
+        inS[jm] = True
+        x[ks] = 0.0
+        ks = _minor_cycles(L, ks + 1, v, x, y, S, inS, jm)  # Wolfe's steps 2-3
         if it <= trace.shape[0]:
             trace[it - 1, 0] = vi[jm]
             trace[it - 1, 1] = ks
@@ -980,11 +964,11 @@ def mnp_batch(D, Z, valid, tol, small, max_iter, mu, lam, W, status, rho2, iters
     outputs mu, lam (B, N), W (B, d, e), status, rho2, iters (B,).  One workspace for the
     slice (:func:`_mnp_work`)."""
     none = np.empty((0, 0))
+    notrace = np.empty((0, 2), np.int64)
     wk = _mnp_work(D.shape[1], D.shape[2], Z.shape[2])
     for b in range(b0, b1):
         st, r2, it = _mnp_ws(D[b], Z[b], valid[b], tol, small, max_iter, mu[b], lam[b], W[b],
-                             none, wk[0], wk[1], wk[2], wk[3], wk[4], wk[1][:0],
-                             wk[0][:0].reshape((0, 2)))
+                             none, wk[0], wk[1], wk[2], wk[3], wk[4], wk[1][:0], notrace)
         status[b] = st
         rho2[b] = r2
         iters[b] = it
@@ -1119,13 +1103,15 @@ LEAN_OK, LEAN_SCALE, LEAN_NO_MARGIN, LEAN_ZERO_ROW = 0, 1, 2, 3  # _lean_one's v
 def _lean_work(n, T, d, e):
     """The workspace of :func:`_lean_one` for problems of (n, T, d, e): that of
     :func:`_mnp_work` for N = n T and a float buffer (z per constraint, b, W's copy, the
-    certificate's sums and workspace), allocated once per batch slice."""
+    certificate's sums and workspace; :func:`_lean_work_views`) and the empty Gram and trace
+    arrays of :func:`_mnp_ws` (no Gram given, no trace), allocated once per batch slice."""
     N = n * T
     a = _mnp_work(N, d, e)
-    return (a[0], a[1], a[2], a[3], a[4], np.empty(N * e + N + 2 * d * e + 7 + d))
+    return (a[0], a[1], a[2], a[3], a[4], np.empty(N * e + N + 2 * d * e + 7 + d),
+            np.empty((0, 0)), np.empty((0, 2), np.int64))
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, inline="always")
 def _lean_differences(X, alpha, valid, sx, D, v):
     """v_it = valid_it and t != alpha_i (the constraints); D_it = x_{i,alpha_i} sx - x_it sx
     there, 0 elsewhere (sx = 2^-eX: exact).  Returns (the number of constraints,
@@ -1146,14 +1132,14 @@ def _lean_differences(X, alpha, valid, sx, D, v):
     return nv, mx
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, inline="always")
 def _normal_exponent(e):
     """Whether 2^-e is a normal float64 scale, -1023 <= e <= 1022 (else the engine's general
     path, which scales in two steps, takes over)."""
     return -1023 <= e <= 1022
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, inline="always")
 def _lean_normalise(X, z, alpha, valid, D, Zs, v):
     """Step 1 of :func:`_lean_one`, :func:`attnsvm.svm.constraints.build_constraints` in
     one pass: X 2^-eX (eX the exponent of max |x| over valid tokens), the differences
@@ -1193,7 +1179,7 @@ def _lean_normalise(X, z, alpha, valid, D, Zs, v):
     return LEAN_OK, eX + eD + eZ
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, inline="always")
 def _lean_rows(D, Zs, v):
     """LEAN_ZERO_ROW where a constraint matrix A_k = Delta_k z_k^T is 0 (the engine's
     zero-constraint / Farkas path); LEAN_SCALE where |Delta_k| |z_k| < 1e-290: a margin
@@ -1217,7 +1203,7 @@ def _lean_rows(D, Zs, v):
     return LEAN_OK
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, inline="always")
 def _lean_small_rho(W, lf, muf, r2, Df, Zr):
     """Step 2's answer where the solver found rho ~ 0, as :func:`attnsvm.svm.active.
     mnp_active` gives it: lam = mu / rho^2 and W = sum_k lam_k A_k wherever rho > 0, NaN W
@@ -1237,7 +1223,7 @@ def _lean_small_rho(W, lf, muf, r2, Df, Zr):
                     W[c, f] += Df[k, c] * (lf[k] * Zr[k, f])
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, inline="always")
 def _all_finite(a):
     """Whether every entry of the flat array a is finite."""
     for k in range(a.shape[0]):
@@ -1246,7 +1232,7 @@ def _all_finite(a):
     return True
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, inline="always")
 def _lean_min_margin_one(D4, Z3, v3, W, m3, u, lf, st):
     """Step 3, :func:`attnsvm.svm.engine._to_feasible`: W, lam divided by the minimal
     margin min_k m_k (where it is > 0 and finite), then times certificate.KAPPA (margins a
@@ -1269,7 +1255,7 @@ def _lean_min_margin_one(D4, Z3, v3, W, m3, u, lf, st):
             lf[k] = lf[k] / ratio * KAPPA
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, inline="always")
 def _lean_work_views(fl, N, d, e):
     """Named views into _lean_work's float buffer: (Zr (N, e) z per constraint, b (N,),
     Wc (d, e) the certified W, Wd (d, e) workspace, out (1, 7) certify_fro's sums,
@@ -1337,8 +1323,8 @@ def _lean_one(X, z, alpha, valid, xexp, tol, small, max_iter, D, Zs, v, W, lam, 
     lf = lam.reshape(N)
     muf = mu.reshape(N)
     mf = m.reshape(N)  # OPTIMAL: the final margins of W on the constraints (_mnp_ws)
-    st, r2, it = _mnp_ws(Df, Zr, vf, tol, small, max_iter, muf, lf, W, wk[3][:0].reshape((0, 0)),
-                         wk[0], wk[1], wk[2], wk[3], wk[4], mf, wk[0][:0].reshape((0, 2)))
+    st, r2, it = _mnp_ws(Df, Zr, vf, tol, small, max_iter, muf, lf, W, wk[6], wk[0], wk[1],
+                         wk[2], wk[3], wk[4], mf, wk[7])  # (no Gram given, no trace)
     info[2] = st
     info[3] = it
     sums[0] = r2
