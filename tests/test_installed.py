@@ -47,7 +47,7 @@ print(json.dumps({
     "fused_kernels": fused._kernels().__file__,
     "svm_solver": sorted(set(map(str, sol.solver_))),
     "svm_status": sorted(set(map(str, sol.status_))),
-    "svm_kernels": active._kernels().__file__,
+    "svm_kernels": active.kernels().__file__,
     "outcome": traj.outcome_line(),
 }))
 """

@@ -10,7 +10,16 @@ from hypothesis import strategies as st
 
 pytest.importorskip("numba")
 
-from attnsvm.svm import active, att_svm, att_svm_batch, engine, lean, prompt_svm, prompt_svm_batch  # noqa: E402
+from attnsvm.norms import FRO  # noqa: E402
+from attnsvm.svm import (  # noqa: E402
+    active,
+    att_svm,
+    att_svm_batch,
+    lean,
+    prompt_svm,
+    prompt_svm_batch,
+    strategy,
+)
 
 
 def constraints(X, z, alpha):
@@ -179,8 +188,8 @@ def test_ipm_fallback_without_numba(monkeypatch):
     alpha = rng.integers(0, T, (B, n))
     fast = prompt_svm_batch(X, None, alpha)
     assert set(fast.solver_) <= {"batch-mnp-active"}
-    monkeypatch.setattr(active._kernels, "module", None)
-    monkeypatch.setattr(active._kernels, "error", ImportError("no numba (test)"))
+    monkeypatch.setattr(active.kernels, "module", None)
+    monkeypatch.setattr(active.kernels, "error", ImportError("no numba (test)"))
     assert not active.available()
     slow = prompt_svm_batch(X, None, alpha)
     assert not any("active" in s for s in slow.solver_)
@@ -230,7 +239,7 @@ def test_solver_choice_single():
     assert att_svm(X, z, alpha).solver_ == "mnp-active"  # N = 140 <= 3 d e: the default
     Xl, zl, al = planted(400, 16, 2, 2, np.random.default_rng(4), 0)  # N = 6000 > 3 d e
     assert att_svm(Xl, zl, al).solver_.startswith("ipm")
-    assert engine.SOLVERS[engine.FRO][2] == "active"
+    assert "active" in strategy.STRATEGIES[FRO].solvers
 
 
 def _farkas_loop(cs, lam):
@@ -296,3 +305,123 @@ def test_farkas_verify_compiled_equals_numpy_and_loops(seed, with_eq, certificat
     big = ConstraintSet(Delta[:1] * 1e300, Z[:1] * 1e300, valid[:1], b[:1], None, 0)
     assert not farkas_verify(big, np.where(valid[:1], 1e-3, 0.0))[0][0]
     assert not _farkas_numpy(big, np.where(valid[:1], 1e-3, 0.0))[0][0]
+
+
+# ------------------------------------------------ the kernel against its plain references
+def _gram(D, Zk):
+    return (D @ D.T) * (Zk @ Zk.T)
+
+
+@pytest.mark.parametrize("N,d,e,seed", [(50, 4, 4, 8), (30, 4, 3, 1), (40, 2, 2, 2), (25, 6, 1, 3),
+                                        (60, 3, 3, 4), (18, 5, 4, 5)])
+def test_kernel_visits_the_working_sets_of_plain_wolfe(N, d, e, seed):
+    """Step by step: the compiled solver (mnp_trace) and Wolfe's algorithm in plain numpy
+    (attnsvm.svm.wolfe) add the same point in every major cycle and keep working sets of
+    the same size after the minor cycles; same status, same number of cycles, the same
+    nearest point.  Random points (N > d e: points leave S in the minor cycles) on both
+    sides of feasibility."""
+    from attnsvm.svm import _active_kernels as K
+    from attnsvm.svm import wolfe
+
+    rng = np.random.default_rng(seed)
+    D = rng.standard_normal((N, d)) + (1.5 if seed % 2 == 0 else 0.0)
+    Zk = rng.standard_normal((N, e))
+    if seed % 2 == 0:  # every A_k near the direction 1 1^T: feasible (rho > 0)
+        Zk = np.abs(Zk) + 0.5
+    mu = np.zeros(N)
+    lam = np.zeros(N)
+    W = np.zeros((d, e))
+    trace = np.empty((20 * N + 50, 2), np.int64)
+    st, rho2, it = K.mnp_trace(D, Zk, np.ones(N, bool), 1e-12, 1e-13, 20 * N + 50, mu, lam, W,
+                               trace)
+    mu_ref, rho2_ref, st_ref, it_ref, tr_ref = wolfe.min_norm_point(_gram(D, Zk))
+    if st_ref == wolfe.OPTIMAL:
+        assert st == active.OPTIMAL
+    else:
+        assert st == active.SMALL_RHO and st_ref == wolfe.SMALL_RHO
+    assert it == it_ref
+    got = [tuple(r) for r in trace[:it] if r[0] >= 0]
+    assert got == [(int(j), int(k)) for j, k in tr_ref]
+    assert len(got) >= 3  # (a run that exercises the cycles)
+    if st == active.OPTIMAL:
+        np.testing.assert_allclose(mu, mu_ref, rtol=0, atol=1e-10)
+        assert rho2 == pytest.approx(rho2_ref, rel=1e-10)
+
+
+def test_plain_wolfe_trace_tells_different_runs_apart():
+    """The step-by-step comparison can fail: the same points listed in another order give
+    the same run relabelled, and so a trace that differs label by label from the
+    original's (as a kernel that entered other points would)."""
+    from attnsvm.svm import wolfe
+
+    rng = np.random.default_rng(7)
+    D = rng.standard_normal((10, 3)) + 1.0
+    Zk = np.abs(rng.standard_normal((10, 2))) + 0.5
+    G = _gram(D, Zk)
+    order = np.arange(10)[::-1]  # the same points, listed backwards
+    tr = wolfe.min_norm_point(G)[4]
+    tr_rev = wolfe.min_norm_point(G[np.ix_(order, order)])[4]
+    assert len(tr) >= 2
+    assert [(order[j], k) for j, k in tr_rev] == tr  # the same run, relabelled
+    assert tr_rev != tr
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_min_norm_point_is_the_simplex_qp_solution(seed):
+    """The kernel's min-norm point against the QP min |sum_k mu_k a_k|^2 over the simplex
+    (cvxpy + Clarabel): the same distance rho^2 and the same nearest point p (unique,
+    though mu need not be); rho = 0 (the origin in the hull) where the QP finds 0."""
+    import cvxpy as cp
+
+    rng = np.random.default_rng(100 + seed)
+    N, d, e = 15, 3, 2
+    D = rng.standard_normal((N, d)) + (1.0 if seed < 2 else 0.0)
+    Zk = rng.standard_normal((N, e))
+    if seed < 2:  # every A_k near the direction 1 1^T: feasible (rho > 0)
+        Zk = np.abs(Zk) + 0.5
+    A = np.einsum("kd,ke->kde", D, Zk).reshape(N, d * e)
+    m = cp.Variable(N)
+    prob = cp.Problem(cp.Minimize(cp.sum_squares(A.T @ m)), [m >= 0, cp.sum(m) == 1])
+    prob.solve(solver="CLARABEL", tol_gap_abs=1e-13, tol_gap_rel=1e-13, tol_feas=1e-13)
+    p_ref = A.T @ m.value
+    mu, lam, W, rho2, status = solve_one(D, Zk)
+    p = A.T @ mu
+    if status == active.SMALL_RHO:
+        assert prob.value <= 1e-9 * np.abs(A).max() ** 2
+        assert np.linalg.norm(p) <= 1e-6 * np.abs(A).max()
+        return
+    assert status == active.OPTIMAL
+    assert rho2 == pytest.approx(prob.value, rel=1e-7)
+    assert np.linalg.norm(p - p_ref) <= 1e-6 * np.linalg.norm(p_ref)
+    np.testing.assert_allclose(W.reshape(-1), p / rho2, rtol=1e-9, atol=1e-12)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_qr_refine_is_the_least_norm_solution(seed):
+    """The kernel's Householder-QR solve (_qr_refine) against numpy: W the least-norm
+    solution of <A_k, W> = 1 on S (np.linalg.lstsq), lamS = gmax G_SS^{-1} 1 (W = sum
+    lam_k A_k); False for a rank-deficient S (a repeated point)."""
+    from attnsvm.svm import _active_kernels as K
+
+    rng = np.random.default_rng(seed)
+    d, e = 4, 3
+    N = 10
+    D = rng.standard_normal((N, d))
+    Zk = rng.standard_normal((N, e))
+    ks = int(rng.integers(1, 8))
+    Sk = rng.permutation(N)[:ks].astype(np.int64)
+    W = np.zeros((d, e))
+    lamS = np.zeros(ks)
+    gmax = 2.5
+    assert K._qr_refine(D, Zk, Sk, ks, W, lamS, gmax, np.zeros(d * (e + 1)))
+    A = np.einsum("kd,ke->kde", D[Sk], Zk[Sk]).reshape(ks, d * e)
+    w_ref = np.linalg.lstsq(A, np.ones(ks), rcond=None)[0]
+    np.testing.assert_allclose(W.reshape(-1), w_ref, rtol=1e-12, atol=1e-13)
+    lam_ref = gmax * np.linalg.solve(A @ A.T, np.ones(ks))
+    np.testing.assert_allclose(lamS, lam_ref, rtol=1e-9, atol=1e-12 * np.abs(lam_ref).max())
+    if ks >= 2:  # S with a repeated point: R is singular, nothing written
+        Sk2 = Sk.copy()
+        Sk2[1] = Sk2[0]
+        W2 = np.full((d, e), 7.0)
+        assert not K._qr_refine(D, Zk, Sk2, ks, W2, np.zeros(ks), gmax, np.zeros(d * (e + 1)))
+        assert np.all(W2 == 7.0)

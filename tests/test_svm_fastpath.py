@@ -8,10 +8,10 @@ infeasible instances, single and batched:
   violation, KKT residual and gap (rounding-level numbers) to 1e-12 absolute;
 * an independent check of every returned certificate from the caller's W_ and dual_:
   margins recomputed from the raw tokens, ||W_||_F, stationarity W = sum lam_k A_k;
-* the one-pass normalisation (``engine._absmax``) against the masked-copy formula, bit
+* the one-pass normalisation (``constraints.absmax``) against the masked-copy formula, bit
   for bit;
 * the kernel's lazily formed Gram matrix against the full one (``mnp_one`` given G), bit
-  for bit.
+  for bit, and the full one against numpy's (D D^T) o (Z Z^T) to rounding.
 """
 
 import numpy as np
@@ -168,10 +168,10 @@ def test_absmax_matches_masked_copy():
         for w in (None, where, np.ones(shape, bool)):
             absA = np.abs(A) if w is None else np.where(w, np.abs(A), 0.0)
             ref = absA.max(axes) if A.size else np.zeros(A.shape[: A.ndim - len(axes)])
-            got = engine._absmax(A, axes, w)
+            got = engine.absmax(A, axes, w)
             assert np.array_equal(ref, got)
             if axes != (0, 2):  # normalise scales over trailing axes
-                assert np.array_equal(engine.normalise(A, axes, w)[1], solution._exp2(ref))
+                assert np.array_equal(engine.normalise(A, axes, w)[1], solution.exp2(ref))
 
 
 def test_lazy_gram_equals_full_gram():
@@ -188,6 +188,8 @@ def test_lazy_gram_equals_full_gram():
             vi = np.flatnonzero(V)
             G = np.empty((len(vi), len(vi)))
             K._gram(D, Z, vi, len(vi), G)
+            Gref = ((D @ D.T) * (Z @ Z.T))[np.ix_(vi, vi)]  # the plain reference (BLAS)
+            np.testing.assert_allclose(G, Gref, rtol=1e-13, atol=1e-13 * np.abs(Gref).max())
             a = [np.zeros(N), np.zeros(N), np.zeros((d, e))]
             b = [np.zeros(N), np.zeros(N), np.zeros((d, e))]
             ra = K.mnp_one(D, Z, V, 1e-12, 1e-13, 20 * N + 50, *a, np.empty((0, 0)))

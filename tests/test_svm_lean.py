@@ -9,7 +9,7 @@ import pytest
 
 pytest.importorskip("numba")
 
-from attnsvm.svm import att_svm, engine, lean  # noqa: E402
+from attnsvm.svm import att_svm, engine, farkas, lean  # noqa: E402
 from attnsvm.svm.problems import _run  # noqa: E402
 
 FIELDS = ("norm_", "margin_", "violation_", "kkt_residual_", "gap_", "status_", "solver_",
@@ -220,7 +220,7 @@ def test_batch_lean_equals_engine(kind, irreducible):
 
 def test_prompt_batch_lean_equals_engine():
     from attnsvm.svm import prompt_svm_batch
-    from attnsvm.svm.problems import _keys
+    from attnsvm.svm.constraints import scaled_keys
 
     rng = np.random.default_rng(5)
     B, n, T, d = 300, 6, 8, 10
@@ -228,7 +228,7 @@ def test_prompt_batch_lean_equals_engine():
     alpha = rng.integers(0, T, (B, n))
     valid = np.ones((B, n, T), bool)
     for Wk in (None, rng.standard_normal((d, d)) * 1e-3):
-        K, eK = _keys(X, Wk, valid)
+        K, eK = scaled_keys(X, Wk, valid)
         ref = general_batch(K, np.ones((B, n, 1)), alpha, valid, eK, problem="prompt_svm",
                             vector=True)
         got = prompt_svm_batch(X, Wk, alpha)
@@ -257,7 +257,7 @@ def test_batch_lean_hands_over_stalled_problems():
 
 @pytest.mark.parametrize("n", [1, 6, 12, 13, 20])
 def test_conflict_tuples(n):
-    """conflict_ from hit rows (engine._conflict_tuples, the batched lean path's and the
+    """conflict_ from hit rows (farkas.conflict_tuples, the batched lean path's and the
     engine's): the table lookup (n <= 12) and the nonzero pass (n > 12) give, for each
     problem with ok, the sequences it hits, in order (() else)."""
     rng = np.random.default_rng(n)
@@ -265,4 +265,4 @@ def test_conflict_tuples(n):
     hit = rng.random((B, n)) < 0.3
     ok = rng.random(B) < 0.6
     want = [tuple(int(i) for i in np.flatnonzero(hit[b])) if ok[b] else () for b in range(B)]
-    assert engine._conflict_tuples(hit, ok) == want
+    assert farkas.conflict_tuples(hit, ok) == want

@@ -112,7 +112,7 @@ def test_nuclear_working_set_rounds_match_cvxpy(solver, name, gap):
 def test_nuclear_warm_start_is_strictly_dual_feasible(seed):
     # multipliers of a centred working set, plus new constraints entering with the warm-start
     # values, keep ||sum_k lam_k Delta_k z_k^T||_op < 1 (so the barrier can resume)
-    from attnsvm.svm.engine import _nuc_warm_start
+    from attnsvm.svm.nuclear import warm_start
 
     X, z, alpha = planted(30, 6, 5, seed)
     cs = _constraints(X, z, alpha, np.ones((30, 6), bool))
@@ -124,7 +124,7 @@ def test_nuclear_warm_start_is_strictly_dual_feasible(seed):
     grid = np.zeros(cs.valid.shape)
     grid[ii, tt] = lam
     work = cs.valid.copy()
-    lam0 = _nuc_warm_start(cs, grid, work)
+    lam0 = warm_start(cs, grid, work)
     wi, wt = np.nonzero(work)
     S = (cs.Delta[wi, wt] * lam0[:, None]).T @ cs.Z[wi]
     assert (lam0 > 0).all() and np.linalg.norm(S, 2) < 1
@@ -280,7 +280,7 @@ def test_nuclear_working_set_dropped_row_violated_restarts(monkeypatch):
     # a run that sheds rows it should not (here: every third given row, active ones too,
     # reported with multiplier 0 like dropped rows): the final check on all rows, dropped
     # ones included, must catch the violation and solve again without dropping
-    from attnsvm.svm import engine, fast
+    from attnsvm.svm import fast, nuclear
 
     calls = []
     real = fast.nuclear_ipm
@@ -296,7 +296,7 @@ def test_nuclear_working_set_dropped_row_violated_restarts(monkeypatch):
         y_all[len(b):] = y[keep.sum():]
         return W, y_all, status, it
 
-    monkeypatch.setattr(engine, "nuclear_ipm", greedy)
+    monkeypatch.setattr(nuclear, "nuclear_ipm", greedy)
     X, z, alpha = planted(30, 6, 5, 13)
     sol = att_svm(X, z, alpha, norm="nuc")
     assert sol.status_ == "optimal" and sol.gap_ < 1e-8 and sol.solver_ == "ipm-working-set"
@@ -309,10 +309,10 @@ def test_nuclear_infeasible_seed_subset_exits_early(monkeypatch):
     # N = 350 > NUC_ALL_N: the seed's Frobenius solve on a subset of the rows finds it
     # infeasible, so the whole problem is (whatever the norm): no IPM run, and the engine
     # verifies a Farkas certificate
-    from attnsvm.svm import engine
+    from attnsvm.svm import nuclear
 
     calls = []
-    monkeypatch.setattr(engine, "nuclear_ipm", lambda *a, **k: calls.append(1))
+    monkeypatch.setattr(nuclear, "nuclear_ipm", lambda *a, **k: calls.append(1))
     rng = np.random.default_rng(5)
     X = rng.standard_normal((50, 8, 3))
     z = rng.standard_normal((50, 3))

@@ -1,43 +1,61 @@
-"""The thread pool shared by the compiled kernels of both engines (training:
-:mod:`attnsvm.fused`; SVM: :mod:`attnsvm.svm`): neither owns it.
+"""One thread pool for the compiled batch kernels of both engines (training and SVM).
 
-    thread_pool(kernel, B, *args)      # kernel(*args, b0, b1) on slices of range(B)
+    thread_pool(fn, B, *args, per_thread=1)      # fn(*args, b0, b1) on slices of range(B)
 
-The kernels are numba functions compiled with ``nogil=True`` that loop over a slice of
-independent problems [b0, b1); slices run in a plain ``ThreadPoolExecutor`` (no OpenMP
-runtime, whose spinning threads would slow torch down between calls), as many threads
-as ``torch.get_num_threads()`` (so a worker limited to one thread stays on one). The
-result does not depend on the number of threads: each problem is computed by one thread,
-in a fixed order.
+The kernels (numba, ``nogil=True``) release the GIL, so Python threads run them in
+parallel.  The number of threads is ``torch.get_num_threads()``: a worker limited to one
+thread (``torch.set_num_threads(1)``, as the benchmarks and pytest-xdist workers do) stays
+on one.  Problems are independent and every slice writes its own rows, so results do not
+depend on the number of threads.  The pool is created on first use and grown, never
+shrunk; it belongs to neither engine (:mod:`attnsvm.fused`, :mod:`attnsvm.svm.active`).
 """
 
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
+import threading
 
 import numpy as np
-import torch
 
-__all__ = ["thread_pool"]
+__all__ = ["thread_pool", "n_threads"]
 
-_POOL: ThreadPoolExecutor | None = None
+_POOL = None
+_LOCK = threading.Lock()
+
+
+def n_threads() -> int:
+    """The number of threads the batch kernels may use: torch.get_num_threads() (1 without
+    torch)."""
+    try:
+        import torch
+    except ImportError:  # pragma: no cover - torch is a dependency
+        return 1
+    return max(1, int(torch.get_num_threads()))
+
+
+def _pool(nt: int):
+    global _POOL
+    with _LOCK:
+        if _POOL is None or _POOL._max_workers < nt:
+            from concurrent.futures import ThreadPoolExecutor
+
+            _POOL = ThreadPoolExecutor(max_workers=nt, thread_name_prefix="attnsvm-kernels")
+        return _POOL
 
 
 def thread_pool(fn, B: int, *args, per_thread: int = 1) -> None:
-    """Run ``fn(*args, b0, b1)`` on contiguous slices [b0, b1) covering range(B),
-    ``per_thread`` slices per thread (``torch.get_num_threads()`` threads, at most B);
-    more than one slice per thread balances the load where problems (or cores) differ in
-    speed. One thread: a single call ``fn(*args, 0, B)`` in the caller's thread. Returns
-    when every slice is done; an exception in a slice is raised here."""
-    global _POOL
-    nt = max(1, min(torch.get_num_threads(), B))
-    if nt == 1:
+    """Run ``fn(*args, b0, b1)`` on contiguous slices [b0, b1) of range(B), ``per_thread``
+    slices per thread (:func:`n_threads` threads; one thread: a single call fn(*args, 0, B)).
+    More than one slice per thread balances the load where problems (or cores) differ in
+    speed: a thread that is slowed down leaves its later slices to the others.  Slice k is
+    [cuts_k, cuts_{k+1}) with cuts = linspace(0, B, k_total + 1) rounded down,
+    k_total = min(threads * per_thread, B).  Exceptions of ``fn`` are re-raised."""
+    nt = min(n_threads(), B)
+    if nt <= 1:
         fn(*args, 0, B)
         return
-    if _POOL is None or _POOL._max_workers < nt:
-        _POOL = ThreadPoolExecutor(max_workers=nt, thread_name_prefix="attnsvm-kernels")
+    pool = _pool(nt)
     k = max(1, min(nt * per_thread, B))
     cuts = np.linspace(0, B, k + 1).astype(np.int64)
-    futs = [_POOL.submit(fn, *args, int(cuts[i]), int(cuts[i + 1])) for i in range(k)]
+    futs = [pool.submit(fn, *args, int(cuts[i]), int(cuts[i + 1])) for i in range(k)]
     for f in futs:
         f.result()

@@ -275,9 +275,6 @@ class Plan:
 STOP_CODES = {C.STOP_ZERO: "zero gradient", C.STOP_NONFINITE: "non-finite step",
               C.STOP_NOCHANGE: "no change in float64"}
 
-#: the shared thread pool (:func:`attnsvm._parallel.thread_pool`), under the name svm/
-#: imported it by before it moved out of this engine (kept until svm/ imports it directly)
-_parallel = thread_pool
 
 
 def warmup() -> bool:

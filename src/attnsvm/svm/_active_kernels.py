@@ -294,24 +294,15 @@ def _farkas_refine(D, Z, L, ks, Sk, x, gmax, W, r, v, g, ws, y):
 
 
 @njit(cache=True, nogil=True)
-def _qr_refine(D, Z, Sk, ks, W, lamS, gmax, ws):
-    """The min-norm solution of <A_k, W> = 1 (k in S) by Householder QR of
-    A_S^T = [vec A_k] (d e x |S|) = Q R: W = Q R^{-T} 1 (conditioning cond(A_S), not
-    cond(A_S)^2 as through G_SS), refined twice with residuals from W; lamS = gmax R^{-1} Q^T W.
-    Returns False where R is singular to rounding (then nothing is written)."""
-    d = D.shape[1]
-    e = Z.shape[1]
-    m = d * e
-    if ks > m:
-        return False
-    A = np.empty((m, ks))
-    for q in range(ks):
-        k = Sk[q]
-        for c in range(d):
-            for f in range(e):
-                A[c * e + f, q] = D[k, c] * Z[k, f]
-    V = np.zeros((m, ks))
-    beta = np.zeros(ks)
+def _householder(A, ks, V, beta):
+    """In place, Householder QR of A (m, ks), m >= ks (Golub & Van Loan 2013, Matrix
+    Computations, 4th ed., Alg. 5.2.1): column j's reflector H_j = I - beta_j v_j v_j^T
+    (v_j in V[j:, j], zero above) maps A[j:, j] to alpha e_1, alpha = -sign(A_jj) |A[j:, j]|
+    (the sign that avoids cancellation in v_j = A[j:, j] - alpha e_1); A's upper triangle
+    becomes R, its strict lower part 0.  Returns False where a column's remaining norm is
+    <= 1e-14 of the largest so far (R singular to rounding: ~100 eps; no digit of
+    R^{-1} would be right) or 0."""
+    m = A.shape[0]
     rmax = 0.0
     for j in range(ks):
         nrm = 0.0
@@ -333,33 +324,84 @@ def _qr_refine(D, Z, Sk, ks, W, lamS, gmax, ws):
         for i in range(j + 1, m):
             A[i, j] = 0.0
         for col in range(j + 1, ks):
-            t = 0.0
-            for i in range(j, m):
-                t += V[i, j] * A[i, col]
-            t *= beta[j]
-            for i in range(j, m):
-                A[i, col] -= t * V[i, j]
+            _reflect(V, beta, j, A[:, col])
+    return True
+
+
+@njit(cache=True, nogil=True)
+def _reflect(V, beta, j, y):
+    """y <- H_j y = y - beta_j v_j (v_j^T y) (rows j.. only: v_j is 0 above)."""
+    m = y.shape[0]
+    t = 0.0
+    for i in range(j, m):
+        t += V[i, j] * y[i]
+    t *= beta[j]
+    for i in range(j, m):
+        y[i] -= t * V[i, j]
+
+
+@njit(cache=True, nogil=True)
+def _qr_min_norm_step(R, V, beta, ks, res, y):
+    """y = Q [R^{-T} res; 0] (m,): the least-norm dw with A_S dw = res, for A_S^T = Q R
+    (forward substitution with R^T, then the reflectors H_{ks-1}, ..., H_0 applied)."""
+    m = y.shape[0]
+    for i in range(m):
+        y[i] = 0.0
+    for i in range(ks):
+        t = res[i]
+        for j in range(i):
+            t -= R[j, i] * y[j]
+        y[i] = t / R[i, i]
+    for j in range(ks - 1, -1, -1):
+        _reflect(V, beta, j, y)
+
+
+@njit(cache=True, nogil=True)
+def _qr_multipliers(R, V, beta, ks, w, y, lamS):
+    """lamS = R^{-1} (Q^T w)[:ks] (the coefficients of w = A_S^T lamS = Q R lamS):
+    the reflectors H_0, ..., H_{ks-1} applied to w, then back substitution with R."""
+    m = y.shape[0]
+    for i in range(m):
+        y[i] = w[i]
+    for j in range(ks):
+        _reflect(V, beta, j, y)
+    for i in range(ks - 1, -1, -1):
+        t = y[i]
+        for j in range(i + 1, ks):
+            t -= R[i, j] * lamS[j]
+        lamS[i] = t / R[i, i]
+
+
+@njit(cache=True, nogil=True)
+def _qr_refine(D, Z, Sk, ks, W, lamS, gmax, ws):
+    """The min-norm solution of <A_k, W> = 1 (k in S) by Householder QR of
+    A_S^T = [vec A_k] (d e x |S|) = Q R: W = Q R^{-T} 1 (conditioning cond(A_S), not
+    cond(A_S)^2 as through G_SS), refined twice with residuals from W (three solves in
+    all: :func:`_qr_min_norm_step`); lamS = gmax R^{-1} Q^T W (:func:`_qr_multipliers`).
+    Returns False where R is singular to rounding (then nothing is written).  The plain
+    reference: numpy's least-squares solution (tests/test_svm_active.py)."""
+    d = D.shape[1]
+    e = Z.shape[1]
+    m = d * e
+    if ks > m:
+        return False
+    A = np.empty((m, ks))
+    for q in range(ks):
+        k = Sk[q]
+        for c in range(d):
+            for f in range(e):
+                A[c * e + f, q] = D[k, c] * Z[k, f]
+    V = np.zeros((m, ks))
+    beta = np.zeros(ks)
+    if not _householder(A, ks, V, beta):
+        return False
     y = np.empty(m)
     w = np.zeros(m)
     res = np.ones(ks)
     Wt = np.empty((d, e))
     mS = np.empty(ks)
     for _ in range(3):
-        # dw = Q [R^{-T} res; 0]
-        for i in range(m):
-            y[i] = 0.0
-        for i in range(ks):
-            t = res[i]
-            for j in range(i):
-                t -= A[j, i] * y[j]
-            y[i] = t / A[i, i]
-        for j in range(ks - 1, -1, -1):
-            t = 0.0
-            for i in range(j, m):
-                t += V[i, j] * y[i]
-            t *= beta[j]
-            for i in range(j, m):
-                y[i] -= t * V[i, j]
+        _qr_min_norm_step(A, V, beta, ks, res, y)  # dw = Q [R^{-T} res; 0]
         for i in range(m):
             w[i] += y[i]
         for c in range(d):
@@ -371,21 +413,7 @@ def _qr_refine(D, Z, Sk, ks, W, lamS, gmax, ws):
     for c in range(d):
         for f in range(e):
             W[c, f] = Wt[c, f]
-    # lam = R^{-1} (Q^T w)[:ks]
-    for i in range(m):
-        y[i] = w[i]
-    for j in range(ks):
-        t = 0.0
-        for i in range(j, m):
-            t += V[i, j] * y[i]
-        t *= beta[j]
-        for i in range(j, m):
-            y[i] -= t * V[i, j]
-    for i in range(ks - 1, -1, -1):
-        t = y[i]
-        for j in range(i + 1, ks):
-            t -= A[i, j] * lamS[j]
-        lamS[i] = t / A[i, i]
+    _qr_multipliers(A, V, beta, ks, w, y, lamS)
     for q in range(ks):
         lamS[q] *= gmax
     return True
@@ -400,106 +428,131 @@ def mnp_one(D, Z, valid, tol, small, max_iter, mu, lam, W, Gin):
     (:func:`_mnp_ws` in a workspace of its own.)"""
     wk = _mnp_work(D.shape[0], D.shape[1], Z.shape[1])
     return _mnp_ws(D, Z, valid, tol, small, max_iter, mu, lam, W, Gin, wk[0], wk[1], wk[2],
-                   wk[3], wk[4], wk[1][:0])
+                   wk[3], wk[4], wk[1][:0], wk[0][:0].reshape((0, 2)))
+
+
+@njit(cache=True, nogil=True)
+def mnp_trace(D, Z, valid, tol, small, max_iter, mu, lam, W, trace):
+    """:func:`mnp_one` (lazy Gram rows) recording its major cycles: trace (max_iter, 2)
+    int64 receives, for major cycle c = 0, 1, ..., the constraint index that entered the
+    working set and the size of the working set after the minor cycles (-1, -1 where the
+    cycle ended the run).  For tests against the plain reference
+    (:func:`attnsvm.svm.wolfe.min_norm_point`): the same sequence of working sets."""
+    wk = _mnp_work(D.shape[0], D.shape[1], Z.shape[1])
+    trace[:, :] = -1
+    return _mnp_ws(D, Z, valid, tol, small, max_iter, mu, lam, W, wk[3][:0].reshape((0, 0)),
+                   wk[0], wk[1], wk[2], wk[3], wk[4], wk[1][:0], trace)
 
 
 @njit(cache=True, nogil=True)
 def _mnp_work(N, d, e):
     """The workspace of :func:`_mnp_ws` for up to N constraints of (d, e): (int buffer,
-    float buffer, bool buffer, Gram buffer N^2, Cholesky buffer cap^2).  Batch drivers
-    allocate it once per slice (small problems: allocations cost as much as arithmetic)."""
+    float buffer, bool buffer, Gram buffer N^2, Cholesky buffer cap^2), cap = min(N, d e + 1)
+    + 1 (a working set holds at most d e + 1 affinely independent points of R^{d e}).
+    Batch drivers allocate it once per slice (small problems: allocations cost as much as
+    arithmetic).  Named views into it: :func:`_int_views`, :func:`_float_views`."""
     cap = min(N, d * e + 1) + 1
     return (np.empty(N + 2 * (N + 1), np.int64),
             np.empty((d + e) * N + N + 5 * cap + N + d * (e + 1) + cap),
             np.empty(2 * N, np.bool_), np.empty(N * N), np.empty(cap * cap))
 
 
-@njit(cache=True, nogil=True)
-def _mnp_ws(D, Z, valid, tol, small, max_iter, mu, lam, W, Gin, ibuf, fbuf, bbuf, Gbuf,
-            Lbuf, mfin):
-    """:func:`mnp_one` in the workspace of :func:`_mnp_work` (ibuf, fbuf, bbuf, Gbuf, Lbuf,
-    sized for N constraints or more).  mfin: (N,) or empty; where it has N entries and the
-    answer is OPTIMAL it receives the margins <A_k, W> of the returned W over the valid
-    constraints (those of the final verification, the order of summation of
-    :func:`margins_batch`, hence its bits), untouched elsewhere."""
-    N = D.shape[0]
-    d = D.shape[1]
-    e = Z.shape[1]
-    vi = ibuf[:N]  # vi, S, Sk
+@njit(cache=True, nogil=True, inline="always")
+def _int_views(ibuf, N, cap):
+    """(vi (N,): the indices of the valid constraints, S (cap,): the working set as
+    positions among them, Sk (cap,): the same as constraint indices)."""
+    return ibuf[:N], ibuf[N: N + cap], ibuf[N + cap: N + 2 * cap]
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _float_views(fbuf, nv, d, e, cap):
+    """Named views into the float workspace of :func:`_mnp_work` for nv valid constraints:
+
+        Dt (d, nv), Zt (e, nv)  the valid constraints transposed (lazy Gram rows)
+        acc (nv,)               workspace of :func:`_gram_row` / :func:`_margins_t`
+        x (cap,)                the weights of the working set (the iterate)
+        v (cap,)                the affine minimiser's weights
+        r, lamS, mS (cap,)      workspace; the multipliers on S; margins on S
+        Gmu (nv,)               G x over all points (margins <A_k, W> after a refinement)
+        ws (d (e + 1),)         workspace of :func:`_margins`
+        y (cap,)                L^{-1} 1, kept as points enter and leave"""
+    o = (d + e) * nv
+    Dt = fbuf[: d * nv].reshape((d, nv))
+    Zt = fbuf[d * nv: o].reshape((e, nv))
+    acc = fbuf[o: o + nv]
+    o += nv
+    x = fbuf[o: o + cap]
+    v = fbuf[o + cap: o + 2 * cap]
+    r = fbuf[o + 2 * cap: o + 3 * cap]
+    lamS = fbuf[o + 3 * cap: o + 4 * cap]
+    mS = fbuf[o + 4 * cap: o + 5 * cap]
+    Gmu = fbuf[o + 5 * cap: o + 5 * cap + nv]
+    o += 5 * cap + nv
+    ws = fbuf[o: o + d * (e + 1)]
+    y = fbuf[o + d * (e + 1): o + d * (e + 1) + cap]
+    return Dt, Zt, acc, x, v, r, lamS, mS, Gmu, ws, y
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _collect_valid(valid, vi, mu, lam, W):
+    """vi[:nv] = the indices k with valid[k]; mu, lam, W zeroed.  Returns nv."""
     nv = 0
-    for k in range(N):
+    for k in range(valid.shape[0]):
         mu[k] = 0.0
         lam[k] = 0.0
         if valid[k]:
             vi[nv] = k
             nv += 1
-    for c in range(d):
-        for f in range(e):
+    for c in range(W.shape[0]):
+        for f in range(W.shape[1]):
             W[c, f] = 0.0
-    if nv == 0:
-        return FAILED, 0.0, 0
-    # G: given in full (Gin), or formed lazily: its diagonal now, row j when point j
-    # enters the working set (the algorithm reads only G_jj and the rows of S)
-    lazy = Gin.shape[0] != nv
-    cap = min(nv, d * e + 1) + 1  # the working set: affinely independent points of R^{d e}
-    have = bbuf[:nv]
-    inS = bbuf[nv: 2 * nv]
-    have[:] = True
-    inS[:] = False
-    o0 = (d + e) * nv
-    if lazy:
-        Dt = fbuf[: d * nv].reshape((d, nv))  # the valid constraints, transposed (_gram_row)
-        Zt = fbuf[d * nv: (d + e) * nv].reshape((e, nv))
+    return nv
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _lazy_gram_setup(D, Z, vi, nv, Dt, Zt, G, s1, s2, have):
+    """The lazy Gram matrix: Dt, Zt the valid constraints transposed (for
+    :func:`_gram_row`) and the diagonal G_aa = |Delta_a|^2 |z_a|^2 (the algorithm reads
+    only G's diagonal and the rows of S, formed as points enter); have[a] = False (no row
+    yet).  s1, s2 (nv,): workspace.  Sums as :func:`_gram_entry` (same bits)."""
+    d = Dt.shape[0]
+    for a in range(nv):
+        k = vi[a]
+        for c in range(d):
+            Dt[c, a] = D[k, c]
+        for f in range(Zt.shape[0]):
+            Zt[f, a] = Z[k, f]
+    for a in range(nv):
+        s1[a] = 0.0
+        s2[a] = 0.0
+    c = 0
+    while c + 4 <= d:  # four terms per pass, added in the order of c (same bits)
         for a in range(nv):
-            k = vi[a]
-            for c in range(d):
-                Dt[c, a] = D[k, c]
-            for f in range(e):
-                Zt[f, a] = Z[k, f]
-        G = Gbuf[: nv * nv].reshape((nv, nv))
-        s1 = fbuf[o0 + nv + 5 * cap: o0 + 2 * nv + 5 * cap]  # (Gmu's space, free here)
-        s2 = fbuf[o0: o0 + nv]  # (acc's)
+            s1[a] = (((s1[a] + Dt[c, a] * Dt[c, a]) + Dt[c + 1, a] * Dt[c + 1, a])
+                     + Dt[c + 2, a] * Dt[c + 2, a]) + Dt[c + 3, a] * Dt[c + 3, a]
+        c += 4
+    while c < d:
         for a in range(nv):
-            s1[a] = 0.0
-            s2[a] = 0.0
-        c = 0
-        while c + 4 <= d:  # four terms per pass, added in the order of c (same bits)
-            for a in range(nv):
-                s1[a] = (((s1[a] + Dt[c, a] * Dt[c, a]) + Dt[c + 1, a] * Dt[c + 1, a])
-                         + Dt[c + 2, a] * Dt[c + 2, a]) + Dt[c + 3, a] * Dt[c + 3, a]
-            c += 4
-        while c < d:
-            for a in range(nv):
-                s1[a] += Dt[c, a] * Dt[c, a]
-            c += 1
-        for f in range(e):
-            for a in range(nv):
-                s2[a] += Zt[f, a] * Zt[f, a]
+            s1[a] += Dt[c, a] * Dt[c, a]
+        c += 1
+    for f in range(Zt.shape[0]):
         for a in range(nv):
-            have[a] = False
-            G[a, a] = s1[a] * s2[a]
-    else:
-        Dt = fbuf[:0].reshape((0, 0))
-        Zt = fbuf[:0].reshape((0, 0))
-        G = Gin
-    o = (d + e) * nv
-    acc = fbuf[o: o + nv]
-    x = fbuf[o + nv: o + nv + cap]  # weights of the working set
-    v = fbuf[o + nv + cap: o + nv + 2 * cap]
-    r = fbuf[o + nv + 2 * cap: o + nv + 3 * cap]
-    lamS = fbuf[o + nv + 3 * cap: o + nv + 4 * cap]
-    mS = fbuf[o + nv + 4 * cap: o + nv + 5 * cap]
-    Gmu = fbuf[o + nv + 5 * cap: o + 2 * nv + 5 * cap]
-    ws = fbuf[o + 2 * nv + 5 * cap: o + 2 * nv + 5 * cap + d * (e + 1)]  # _margins'
-    y = fbuf[o + 2 * nv + 5 * cap + d * (e + 1): o + 2 * nv + 6 * cap + d * (e + 1)]
-    # y = L^{-1} 1 on the working set (a row more when a point enters; rows from the
-    # first dropped one on when points leave): the minor cycles' forward substitution
+            s2[a] += Zt[f, a] * Zt[f, a]
+    for a in range(nv):
+        have[a] = False
+        G[a, a] = s1[a] * s2[a]
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _scale_gram(G, nv, lazy):
+    """gmax = max_a G_aa, and G <- G / gmax where gmax > 0 (only the diagonal when lazy:
+    rows are divided as they are formed).  Returns gmax.  (Units: every point of norm
+    <= 1; rho^2 and the multipliers are mapped back by the caller.)"""
     gmax = 0.0
     for a in range(nv):
         gmax = max(gmax, G[a, a])
-    if gmax <= 0.0:  # every constraint matrix is 0: origin = every point
-        mu[vi[0]] = 1.0
-        return SMALL_RHO, 0.0, 0
+    if gmax <= 0.0:
+        return gmax
     if lazy:
         for a in range(nv):
             G[a, a] /= gmax
@@ -507,24 +560,265 @@ def _mnp_ws(D, Z, valid, tol, small, max_iter, mu, lam, W, Gin, ibuf, fbuf, bbuf
         for a in range(nv):
             for b in range(nv):
                 G[a, b] /= gmax
-    L = Lbuf[: cap * cap].reshape((cap, cap))
-    L[:, :] = 0.0
-    S = ibuf[N: N + cap]  # positions in 0..nv-1
-    Sk = ibuf[N + cap: N + 2 * cap]  # constraint indices of S
-    # start: the point of smallest norm
+    return gmax
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _ensure_row(Dt, Zt, nv, j, gmax, G, acc, have):
+    """Row j of the lazy Gram matrix, formed on first use (:func:`_gram_row`)."""
+    if not have[j]:
+        _gram_row(Dt, Zt, nv, j, gmax, G, acc)
+        have[j] = True
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _wolfe_start(G, nv):
+    """Wolfe's step 0: S = {j0}, the point of smallest norm (the first, in a tie), weight
+    x = 1 (:func:`_wolfe_enter_first`, after its Gram row: :func:`_ensure_row`).  Returns j0."""
     j0 = 0
     for a in range(nv):
         if G[a, a] < G[j0, j0]:
             j0 = a
-    if not have[j0]:
-        _gram_row(Dt, Zt, nv, j0, gmax, G, acc)
-        have[j0] = True
+    return j0
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _wolfe_enter_first(G, j0, S, inS, x, L, y):
+    """The working set {j0} with weight 1: L = chol(M), M = G_SS + 1 1^T (1 x 1:
+    sqrt(G_jj + 1)); y = L^{-1} 1."""
     S[0] = j0
     inS[j0] = True
     x[0] = 1.0
     L[0, 0] = math.sqrt(G[j0, j0] + 1.0)
     y[0] = 1.0
     _solve_l_row(L, 0, y)
+
+
+# outcomes of :func:`_check_optimal`
+_CHECK_SINGULAR, _CHECK_OPTIMAL, _CHECK_NEGATIVE, _CHECK_RESTART = 0, 1, 2, 3
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _check_optimal(D, Z, Dt, Zt, lazy, vi, nv, G, gmax, S, Sk, ks, x, L, lamS, W, r, v, mS,
+                   Gmu, acc, ws, y, inS, tol):
+    """Wolfe's stopping test, made exact.  Where <a_j, p> >= rho^2 (1 - tol) for every j
+    (optimal to the rounding of G x, ~ eps |G|: large against rho^2 when rho is small),
+    the multipliers of S are refined from W (:func:`_refine`) and every margin
+    <A_j, W> recomputed from W itself (into Gmu); a point outside S with margin below
+    1 - tol - 2e-13 sqrt(G_jj) |W| (rounding of a margin ~ eps |A_j| |W|: 2e-13 allows
+    ~1000 eps of it) is a true violator.
+
+    Returns (outcome, jm, rho2): _CHECK_SINGULAR (G_SS singular: rho = 0),
+    _CHECK_OPTIMAL (no violator), _CHECK_NEGATIVE (a multiplier <= 0: stop, the final
+    verification decides), or _CHECK_RESTART: x = lam / sum(lam) (the refined point),
+    rho2 = 1 / sum(lam), Gmu = G x, and jm the worst violator, to enter S."""
+    for q in range(ks):
+        Sk[q] = vi[S[q]]
+    tot = _refine(D, Z, L, ks, Sk, x, gmax, lamS, W, r, v, mS, ws, y)
+    if tot <= 0.0:
+        return _CHECK_SINGULAR, -1, 0.0
+    if lazy:  # margins m_j = (G lam)_j
+        _margins_t(Dt, Zt, W, nv, Gmu, acc)
+    else:
+        _margins(D, Z, W, vi, nv, Gmu, ws)
+    wn = 0.0
+    for c in range(W.shape[0]):
+        for f in range(W.shape[1]):
+            wn += W[c, f] * W[c, f]
+    wn = math.sqrt(wn * gmax)
+    jm = 0
+    worst = 0.0
+    for a in range(nv):
+        if inS[a]:
+            continue
+        viol = 1.0 - tol - 2e-13 * math.sqrt(G[a, a]) * wn - Gmu[a]
+        if viol > worst:
+            worst = viol
+            jm = a
+    if worst <= 0.0:
+        return _CHECK_OPTIMAL, jm, 0.0
+    for q in range(ks):
+        if lamS[q] <= 0.0:
+            return _CHECK_NEGATIVE, jm, 0.0
+    for q in range(ks):  # a true violator: restart from the refined point
+        x[q] = lamS[q] / tot
+    for a in range(nv):
+        Gmu[a] /= tot
+    return _CHECK_RESTART, jm, 1.0 / tot
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _step_to_boundary(x, v, ks):
+    """theta = min {x_q / (x_q - v_q) : v_q <= 0, x_q > v_q} (1 if none): the longest step
+    from x towards the affine minimiser v that stays in the simplex (Wolfe's step 3)."""
+    theta = 1.0
+    for q in range(ks):
+        if v[q] <= 0.0:
+            den = x[q] - v[q]
+            if den > 0.0:
+                t = x[q] / den
+                if t < theta:
+                    theta = t
+    return theta
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _leave(L, ks, x, S, inS):
+    """Drop the points whose weight reached 0 (at least the blocking one): x_q <=
+    1e-15 max x (a weight a few eps of the largest is a zero of the line search, not a
+    point of the face), from the last to the first, each by :func:`_chol_delete`; at
+    least one point stays.  Returns (ks, q0): q0 the first position that changed (ks on
+    entry where none was dropped)."""
+    xmax = 0.0
+    for q in range(ks):
+        xmax = max(xmax, x[q])
+    q = ks - 1
+    q0 = ks
+    while q >= 0:
+        if x[q] <= 1e-15 * xmax and ks > 1:
+            inS[S[q]] = False
+            _chol_delete(L, ks, q)
+            for u in range(q, ks - 1):
+                S[u] = S[u + 1]
+                x[u] = x[u + 1]
+            ks -= 1
+            q0 = q
+        q -= 1
+    return ks, q0
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _minor_cycles(L, ks, v, x, y, S, inS, jm):
+    """Wolfe's steps 2-3 (the minor cycles) after jm entered S (weight 0, L and y bordered
+    by :func:`_mnp_ws`): v = the affine minimiser of
+    S (:func:`_affine_min_y`); if v > 0, x = v and the major cycle ends; else x moves to
+    the boundary, x + theta (v - x) (:func:`_step_to_boundary`), the points of weight 0
+    leave (:func:`_leave`; y = L^{-1} 1 re-solved from the first changed row), x is
+    clipped to >= 0 and renormalised, and the cycle repeats.  Stops early where jm itself
+    left (no progress: rounding).  Returns ks."""
+    while True:
+        _affine_min_y(L, ks, v, y)
+        pos = True
+        for q in range(ks):
+            if v[q] <= 0.0:
+                pos = False
+                break
+        if pos:
+            for q in range(ks):
+                x[q] = v[q]
+            return ks
+        theta = _step_to_boundary(x, v, ks)
+        for q in range(ks):
+            x[q] = (1.0 - theta) * x[q] + theta * v[q]
+        k0 = ks
+        ks, q0 = _leave(L, ks, x, S, inS)
+        if q0 == k0:  # nothing dropped
+            return ks
+        for q in range(q0, ks):  # rows q0.. of L changed: those of y
+            y[q] = 1.0
+            _solve_l_row(L, q, y)
+        sx = 0.0
+        for q in range(ks):
+            x[q] = max(x[q], 0.0)
+            sx += x[q]
+        for q in range(ks):
+            x[q] /= sx
+        if not inS[jm]:  # the new point left at once: no progress (rounding)
+            return ks
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _mnp_finish(D, Z, vi, nv, G, gmax, S, Sk, ks, x, L, lamS, W, r, v, mS, Gmu, ws, y, mu,
+                lam, mfin, status, refined, fresh, rho2, it):
+    """After the last cycle: the min-norm point mu (weights x on S), and
+
+    * SMALL_RHO (rho ~ 0: the origin in the hull): x refined as a Farkas candidate
+      (:func:`_farkas_refine`);
+    * else the multipliers of S refined from W (:func:`_refine`, unless the stopping test
+      did; G_SS singular: as SMALL_RHO), lam = lamS / gmax, and the verification
+      (:func:`_verify`: lam >= 0, every margin >= 1, active margins 1, all from W); where
+      the Gram-based refinement is not accurate enough (G_SS ill-conditioned), once more by
+      Householder QR (:func:`_qr_refine`).
+
+    Returns (status, rho^2 in the caller's units, n_iter)."""
+    for q in range(ks):
+        mu[vi[S[q]]] = x[q]
+    for q in range(ks):
+        Sk[q] = vi[S[q]]
+    if status == SMALL_RHO:
+        _farkas_refine(D, Z, L, ks, Sk, x, gmax, W, r, v, mS, ws, y)
+        for q in range(ks):
+            mu[Sk[q]] = x[q]
+        return SMALL_RHO, rho2 * gmax, it
+    if not refined:
+        tot = _refine(D, Z, L, ks, Sk, x, gmax, lamS, W, r, v, mS, ws, y)
+        if tot <= 0.0:
+            _farkas_refine(D, Z, L, ks, Sk, x, gmax, W, r, v, mS, ws, y)
+            for q in range(ks):
+                mu[Sk[q]] = x[q]
+            return SMALL_RHO, rho2 * gmax, it
+    for q in range(ks):
+        lam[Sk[q]] = lamS[q] / gmax
+    ok = _verify(D, Z, W, vi, nv, G, gmax, S, Sk, ks, lamS, Gmu, mS, ws, refined and fresh)
+    if not ok and _qr_refine(D, Z, Sk, ks, W, lamS, gmax, ws):
+        for q in range(ks):
+            lam[Sk[q]] = lamS[q] / gmax
+        ok = _verify(D, Z, W, vi, nv, G, gmax, S, Sk, ks, lamS, Gmu, mS, ws, False)
+    if ok and mfin.shape[0] == D.shape[0]:  # _verify's margins of this W (Gmu)
+        for a in range(nv):
+            mfin[vi[a]] = Gmu[a]
+    return (OPTIMAL if ok else FAILED), rho2 * gmax, it
+
+
+@njit(cache=True, nogil=True)
+def _mnp_ws(D, Z, valid, tol, small, max_iter, mu, lam, W, Gin, ibuf, fbuf, bbuf, Gbuf,
+            Lbuf, mfin, trace):
+    """:func:`mnp_one` in the workspace of :func:`_mnp_work` (ibuf, fbuf, bbuf, Gbuf, Lbuf,
+    sized for N constraints or more).  mfin: (N,) or empty; where it has N entries and the
+    answer is OPTIMAL it receives the margins <A_k, W> of the returned W over the valid
+    constraints (those of the final verification, the order of summation of
+    :func:`margins_batch`, hence its bits), untouched elsewhere.  trace: (cycles, 2) or
+    empty (:func:`mnp_trace`).
+
+    Wolfe (1976), P. Wolfe, Finding the nearest point in a polytope, Math. Programming
+    11, 128-149; the steps: set-up (:func:`_collect_valid`, :func:`_lazy_gram_setup`,
+    :func:`_scale_gram`), step 0 (:func:`_wolfe_start`, :func:`_wolfe_enter_first`), the
+    major cycle (step 1, here: the test against every point and the entering point, the
+    Cholesky factor of M = G_SS + 1 1^T bordered by one row), its stopping test made exact
+    (:func:`_check_optimal`), the minor cycles (steps 2-3, :func:`_minor_cycles`), and the
+    multipliers, refined and verified (:func:`_mnp_finish`).  The major cycle's hot loops
+    stay in this function (as helpers, even inlined, they cost ~10% on small problems:
+    measured, 2 cores).  The plain reference: :func:`attnsvm.svm.wolfe.min_norm_point`
+    (tests/test_svm_active.py holds the two to the same working sets)."""
+    N = D.shape[0]
+    d = D.shape[1]
+    e = Z.shape[1]
+    vi = ibuf[:N]
+    nv = _collect_valid(valid, vi, mu, lam, W)
+    if nv == 0:
+        return FAILED, 0.0, 0
+    lazy = Gin.shape[0] != nv
+    cap = min(nv, d * e + 1) + 1  # the working set: affinely independent points of R^{d e}
+    _, S, Sk = _int_views(ibuf, N, cap)
+    have = bbuf[:nv]
+    inS = bbuf[nv: 2 * nv]
+    have[:] = True
+    inS[:] = False
+    Dt, Zt, acc, x, v, r, lamS, mS, Gmu, ws, y = _float_views(fbuf, nv, d, e, cap)
+    if lazy:
+        G = Gbuf[: nv * nv].reshape((nv, nv))
+        _lazy_gram_setup(D, Z, vi, nv, Dt, Zt, G, Gmu, acc, have)  # (Gmu, acc: free here)
+    else:
+        G = Gin
+    gmax = _scale_gram(G, nv, lazy)
+    if gmax <= 0.0:  # every constraint matrix is 0: origin = every point
+        mu[vi[0]] = 1.0
+        return SMALL_RHO, 0.0, 0
+    L = Lbuf[: cap * cap].reshape((cap, cap))
+    L[:, :] = 0.0
+    j0 = _wolfe_start(G, nv)
+    _ensure_row(Dt, Zt, nv, j0, gmax, G, acc, have)
+    _wolfe_enter_first(G, j0, S, inS, x, L, y)
     ks = 1
     status = FAILED
     it = 0
@@ -535,7 +829,8 @@ def _mnp_ws(D, Z, valid, tol, small, max_iter, mu, lam, W, Gin, ibuf, fbuf, bbuf
         it += 1
         refined = False
         fresh = False
-        # major cycle: x . p_j for every j, and the most violated one
+        # major cycle (Wolfe's step 1): <a_j, p> = (G x)_j for every j (p = sum_S x_q a_q),
+        # rho^2 = |p|^2, and the point of least <a_j, p> outside S
         for a in range(nv):
             Gmu[a] = 0.0
         q = 0
@@ -579,64 +874,37 @@ def _mnp_ws(D, Z, valid, tol, small, max_iter, mu, lam, W, Gin, ibuf, fbuf, bbuf
         if rho2 <= small:  # the origin is (numerically) in the hull
             status = SMALL_RHO
             break
-        if jm < 0 or Gmu[jm] >= rho2 * (1.0 - tol):
-            # optimal to the rounding of G mu (~ eps |G|, large against rho^2 when rho is
-            # small): the exact multipliers of S, refined from W, and every margin of W
-            for q in range(ks):
-                Sk[q] = vi[S[q]]
-            tot = _refine(D, Z, L, ks, Sk, x, gmax, lamS, W, r, v, mS, ws, y)
-            if tot <= 0.0:
+        if jm < 0 or Gmu[jm] >= rho2 * (1.0 - tol):  # the stopping test, made exact
+            out, jm, r2 = _check_optimal(D, Z, Dt, Zt, lazy, vi, nv, G, gmax, S, Sk, ks, x, L,
+                                         lamS, W, r, v, mS, Gmu, acc, ws, y, inS, tol)
+            if out == _CHECK_SINGULAR:
                 break
             refined = True
-            if lazy:  # margins m_j = (G lam)_j
-                _margins_t(Dt, Zt, W, nv, Gmu, acc)
-            else:
-                _margins(D, Z, W, vi, nv, Gmu, ws)
             fresh = True
-            # margins carry rounding ~ eps ||A_j|| ||W||: allowed 1000 eps of it
-            wn = 0.0
-            for c in range(d):
-                for f in range(e):
-                    wn += W[c, f] * W[c, f]
-            wn = math.sqrt(wn * gmax)
-            jm = 0
-            worst = 0.0
-            for a in range(nv):
-                if inS[a]:
-                    continue
-                viol = 1.0 - tol - 2e-13 * math.sqrt(G[a, a]) * wn - Gmu[a]
-                if viol > worst:
-                    worst = viol
-                    jm = a
-            if worst <= 0.0:
+            if out == _CHECK_OPTIMAL:
                 status = OPTIMAL
                 break
-            neg = False
-            for q in range(ks):
-                if lamS[q] <= 0.0:
-                    neg = True
-            if neg:
+            if out == _CHECK_NEGATIVE:
                 break
-            # a true violator: restart from the refined point, x = lam / sum(lam)
-            for q in range(ks):
-                x[q] = lamS[q] / tot
-            rho2 = 1.0 / tot
+            rho2 = r2  # _CHECK_RESTART
             fresh = False
-            for a in range(nv):
-                Gmu[a] /= tot
         if inS[jm] or ks == cap:
             break
         if not have[jm]:
             _gram_row(Dt, Zt, nv, jm, gmax, G, acc)
             have[jm] = True
-        # add jm: extend the Cholesky factor of M = G_SS + 1 1^T
+        # jm enters S with weight 0: the Cholesky factor of M = G_SS + 1 1^T bordered by
+        # one row (r = L^{-1} (G_{S,jm} + 1), pivot M_jj - |r|^2) and y = L^{-1} 1 by one
+        # entry.  M stays positive definite exactly while the points of S are affinely
+        # independent: a pivot <= 1e-14 M_jj (~100 eps: no correct digit left in the
+        # factor) means jm is affinely dependent on S to rounding, and the run stops
         for q in range(ks):
             r[q] = G[S[q], jm] + 1.0
         _solve_l(L, ks, r)
         dd = G[jm, jm] + 1.0
         for q in range(ks):
             dd -= r[q] * r[q]
-        if dd <= 1e-14 * (G[jm, jm] + 1.0):  # affinely dependent to rounding
+        if dd <= 1e-14 * (G[jm, jm] + 1.0):
             break
         for q in range(ks):
             L[ks, q] = r[q]
@@ -646,92 +914,14 @@ def _mnp_ws(D, Z, valid, tol, small, max_iter, mu, lam, W, Gin, ibuf, fbuf, bbuf
         S[ks] = jm
         inS[jm] = True
         x[ks] = 0.0
-        ks += 1
-        # minor cycles: affine minimiser of the working set, line search to it
-        while True:
-            _affine_min_y(L, ks, v, y)
-            pos = True
-            for q in range(ks):
-                if v[q] <= 0.0:
-                    pos = False
-                    break
-            if pos:
-                for q in range(ks):
-                    x[q] = v[q]
-                break
-            theta = 1.0
-            for q in range(ks):
-                if v[q] <= 0.0:
-                    den = x[q] - v[q]
-                    if den > 0.0:
-                        t = x[q] / den
-                        if t < theta:
-                            theta = t
-            for q in range(ks):
-                x[q] = (1.0 - theta) * x[q] + theta * v[q]
-            # drop the points whose weight reached 0 (at least the blocking one)
-            xmax = 0.0
-            for q in range(ks):
-                xmax = max(xmax, x[q])
-            q = ks - 1
-            dropped = False
-            q0 = ks
-            while q >= 0:
-                if x[q] <= 1e-15 * xmax and ks > 1:
-                    inS[S[q]] = False
-                    _chol_delete(L, ks, q)
-                    for u in range(q, ks - 1):
-                        S[u] = S[u + 1]
-                        x[u] = x[u + 1]
-                    ks -= 1
-                    dropped = True
-                    q0 = q
-                q -= 1
-            if not dropped:
-                break
-            for q in range(q0, ks):  # rows q0.. of L changed: those of y
-                y[q] = 1.0
-                _solve_l_row(L, q, y)
-            sx = 0.0
-            for q in range(ks):
-                x[q] = max(x[q], 0.0)
-                sx += x[q]
-            for q in range(ks):
-                x[q] /= sx
-            if not inS[jm]:  # the new point left at once: no progress (rounding)
-                break
+        ks = _minor_cycles(L, ks + 1, v, x, y, S, inS, jm)  # Wolfe's steps 2-3
+        if it <= trace.shape[0]:
+            trace[it - 1, 0] = vi[jm]
+            trace[it - 1, 1] = ks
         if not inS[jm]:
             break
-    # the min-norm point (weights over all constraints) and rho^2 in the caller's units
-    for q in range(ks):
-        mu[vi[S[q]]] = x[q]
-    for q in range(ks):
-        Sk[q] = vi[S[q]]
-    if status == SMALL_RHO:
-        _farkas_refine(D, Z, L, ks, Sk, x, gmax, W, r, v, mS, ws, y)
-        for q in range(ks):
-            mu[Sk[q]] = x[q]
-        return SMALL_RHO, rho2 * gmax, it
-    if not refined:
-        tot = _refine(D, Z, L, ks, Sk, x, gmax, lamS, W, r, v, mS, ws, y)
-        if tot <= 0.0:
-            _farkas_refine(D, Z, L, ks, Sk, x, gmax, W, r, v, mS, ws, y)
-            for q in range(ks):
-                mu[Sk[q]] = x[q]
-            return SMALL_RHO, rho2 * gmax, it
-    for q in range(ks):
-        lam[Sk[q]] = lamS[q] / gmax
-    # verify: lam >= 0, every margin >= 1, active margins = 1 (all from W); where the
-    # Gram-based refinement is not accurate enough (G_SS ill-conditioned), once more by QR
-    ok = _verify(D, Z, W, vi, nv, G, gmax, S, Sk, ks, lamS, Gmu, mS, ws, refined and fresh)
-    if not ok and _qr_refine(D, Z, Sk, ks, W, lamS, gmax, ws):
-        for q in range(ks):
-            lam[Sk[q]] = lamS[q] / gmax
-        ok = _verify(D, Z, W, vi, nv, G, gmax, S, Sk, ks, lamS, Gmu, mS, ws, False)
-    if ok and mfin.shape[0] == N:  # _verify's margins of this W (Gmu)
-        for a in range(nv):
-            mfin[vi[a]] = Gmu[a]
-    return (OPTIMAL if ok else FAILED), rho2 * gmax, it
+    return _mnp_finish(D, Z, vi, nv, G, gmax, S, Sk, ks, x, L, lamS, W, r, v, mS, Gmu, ws, y,
+                       mu, lam, mfin, status, refined, fresh, rho2, it)
 
 
 @njit(cache=True, nogil=True)
@@ -739,7 +929,11 @@ def _verify(D, Z, W, vi, nv, G, gmax, S, Sk, ks, lamS, Gmu, mS, ws, fresh):
     """lam >= 0, every margin >= 1 - 1e-10 (less rounding ~ eps ||A_j|| ||W||), margins on
     the support 1 to 1e-9, all computed from W (fresh: Gmu already holds the margins of
     this W, computed by :func:`_margins` as here: the same bits, not recomputed; those of
-    the support are its entries S)."""
+    the support are its entries S).  The tolerances: a margin proven >= 1 by the
+    certificate needs at most 1e-10 slack here (the engine rescales to minimal margin 1
+    and proves it, :mod:`attnsvm.svm.certificate`); 1e-13 sqrt(G_jj) |W| is ~500 eps of a
+    margin's rounding; 1e-9 on the support (complementary slackness to 1e-9 of the
+    margin 1, the gap then well below GAP_OPTIMAL)."""
     d = D.shape[1]
     e = Z.shape[1]
     ok = True
@@ -770,10 +964,11 @@ def mnp_batch(D, Z, valid, tol, small, max_iter, mu, lam, W, status, rho2, iters
     outputs mu, lam (B, N), W (B, d, e), status, rho2, iters (B,).  One workspace for the
     slice (:func:`_mnp_work`)."""
     none = np.empty((0, 0))
+    notrace = np.empty((0, 2), np.int64)
     wk = _mnp_work(D.shape[1], D.shape[2], Z.shape[2])
     for b in range(b0, b1):
         st, r2, it = _mnp_ws(D[b], Z[b], valid[b], tol, small, max_iter, mu[b], lam[b], W[b],
-                             none, wk[0], wk[1], wk[2], wk[3], wk[4], wk[1][:0])
+                             none, wk[0], wk[1], wk[2], wk[3], wk[4], wk[1][:0], notrace)
         status[b] = st
         rho2[b] = r2
         iters[b] = it
@@ -908,51 +1103,20 @@ LEAN_OK, LEAN_SCALE, LEAN_NO_MARGIN, LEAN_ZERO_ROW = 0, 1, 2, 3  # _lean_one's v
 def _lean_work(n, T, d, e):
     """The workspace of :func:`_lean_one` for problems of (n, T, d, e): that of
     :func:`_mnp_work` for N = n T and a float buffer (z per constraint, b, W's copy, the
-    certificate's sums and workspace), allocated once per batch slice."""
+    certificate's sums and workspace; :func:`_lean_work_views`) and the empty Gram and trace
+    arrays of :func:`_mnp_ws` (no Gram given, no trace), allocated once per batch slice."""
     N = n * T
     a = _mnp_work(N, d, e)
-    return (a[0], a[1], a[2], a[3], a[4], np.empty(N * e + N + 2 * d * e + 7 + d))
+    return (a[0], a[1], a[2], a[3], a[4], np.empty(N * e + N + 2 * d * e + 7 + d),
+            np.empty((0, 0)), np.empty((0, 2), np.int64))
 
 
-@njit(cache=True, nogil=True)
-def _lean_one(X, z, alpha, valid, xexp, tol, small, max_iter, D, Zs, v, W, lam, mu, m, S,
-              info, sums, wk):
-    """One Frobenius max-margin problem from the raw arrays, the steps of the engine in one
-    compiled call (the same numbers, bit for bit, for a solved problem):
-
-    1. normalisation (:func:`attnsvm.svm.engine.build_constraints`): X 2^-eX (eX the
-       exponent of max |x| over valid tokens), Delta_it = x_{i,alpha_i} - x_it on the valid
-       t != alpha_i (0 elsewhere), Delta 2^-eD, z 2^-eZ (exact: powers of two);
-    2. the active-set solve (:func:`mnp_one`, lazy Gram rows); where it finds rho ~ 0,
-       lam = mu / rho^2 and W = sum_k lam_k A_k (as :func:`attnsvm.svm.active.mnp_active`);
-    3. W, lam scaled to minimal margin exactly 1, then by certificate.KAPPA
-       (:func:`attnsvm.svm.engine._to_feasible`);
-    4. the certificate's sums from that W (:func:`certify_fro`, every constraint; no W:
-       those of W = 0, as :func:`attnsvm.svm.solution.certify`).
-
-    X (n, T, d), z (n, e), alpha (n,), valid (n, T) bool, xexp: the exponent already divided
-    out of X; outputs D (n, T, d), Zs (n, e), v (n, T) bool (the constraints), W (d, e),
-    lam, mu, m (n, T), S (d, e); info (5,) int64: [verdict, xexp + eX + eD + eZ, kernel
-    status, n_iter, W finite]; sums (8,): [rho2, certify_fro's 7 numbers].  The verdict is LEAN_OK, or
-    why the engine's general path must take over (LEAN_SCALE: a power of two out of the
-    normal range, or a row norm near underflow; LEAN_NO_MARGIN: no constraint;
-    LEAN_ZERO_ROW: a constraint with A_k = 0).  wk: the workspace (:func:`_lean_work`)."""
+@njit(cache=True, nogil=True, inline="always")
+def _lean_differences(X, alpha, valid, sx, D, v):
+    """v_it = valid_it and t != alpha_i (the constraints); D_it = x_{i,alpha_i} sx - x_it sx
+    there, 0 elsewhere (sx = 2^-eX: exact).  Returns (the number of constraints,
+    max |D|)."""
     n, T, d = X.shape
-    e = z.shape[1]
-    info[0] = LEAN_OK
-    info[2] = FAILED
-    info[4] = 0
-    mx = 0.0
-    for i in range(n):
-        for t in range(T):
-            if valid[i, t]:
-                for c in range(d):
-                    mx = max(mx, abs(X[i, t, c]))
-    eX = _exp2(mx)
-    if eX < -1023 or eX > 1022:
-        info[0] = LEAN_SCALE
-        return
-    sx = math.ldexp(1.0, -eX)
     nv = 0
     mx = 0.0
     for i in range(n):
@@ -965,18 +1129,45 @@ def _lean_one(X, z, alpha, valid, xexp, tol, small, max_iter, D, Zs, v, W, lam, 
             for c in range(d):
                 D[i, t, c] = X[i, a, c] * sx - X[i, t, c] * sx if ok else 0.0
                 mx = max(mx, abs(D[i, t, c]))
+    return nv, mx
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _normal_exponent(e):
+    """Whether 2^-e is a normal float64 scale, -1023 <= e <= 1022 (else the engine's general
+    path, which scales in two steps, takes over)."""
+    return -1023 <= e <= 1022
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _lean_normalise(X, z, alpha, valid, D, Zs, v):
+    """Step 1 of :func:`_lean_one`, :func:`attnsvm.svm.constraints.build_constraints` in
+    one pass: X 2^-eX (eX the exponent of max |x| over valid tokens), the differences
+    (:func:`_lean_differences`), then D 2^-eD and z 2^-eZ, each largest entry in [1/2, 1)
+    (powers of two: exact).  Returns (verdict, eX + eD + eZ): LEAN_SCALE where a scale is
+    out of the normal range, LEAN_NO_MARGIN where no constraint is left."""
+    n, T, d = X.shape
+    e = z.shape[1]
+    mx = 0.0
+    for i in range(n):
+        for t in range(T):
+            if valid[i, t]:
+                for c in range(d):
+                    mx = max(mx, abs(X[i, t, c]))
+    eX = _exp2(mx)
+    if not _normal_exponent(eX):
+        return LEAN_SCALE, 0
+    nv, mx = _lean_differences(X, alpha, valid, math.ldexp(1.0, -eX), D, v)
     if nv == 0:
-        info[0] = LEAN_NO_MARGIN
-        return
+        return LEAN_NO_MARGIN, 0
     eD = _exp2(mx)
     mz = 0.0
     for i in range(n):
         for f in range(e):
             mz = max(mz, abs(z[i, f]))
     eZ = _exp2(mz)
-    if eD < -1023 or eD > 1022 or eZ < -1023 or eZ > 1022:
-        info[0] = LEAN_SCALE
-        return
+    if not (_normal_exponent(eD) and _normal_exponent(eZ)):
+        return LEAN_SCALE, 0
     sd = math.ldexp(1.0, -eD)
     sz = math.ldexp(1.0, -eZ)
     for i in range(n):
@@ -985,10 +1176,20 @@ def _lean_one(X, z, alpha, valid, xexp, tol, small, max_iter, D, Zs, v, W, lam, 
                 D[i, t, c] *= sd
         for f in range(e):
             Zs[i, f] = z[i, f] * sz
-    info[1] = xexp + eX + eD + eZ
-    for i in range(n):  # a zero constraint matrix (or one near underflow): the engine's
-        zz = 0.0        # zero-constraint / Farkas path
-        for f in range(e):
+    return LEAN_OK, eX + eD + eZ
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _lean_rows(D, Zs, v):
+    """LEAN_ZERO_ROW where a constraint matrix A_k = Delta_k z_k^T is 0 (the engine's
+    zero-constraint / Farkas path); LEAN_SCALE where |Delta_k| |z_k| < 1e-290: a margin
+    of 1 then needs ||W|| > 1e290, within 1e18 of float64's overflow, where the
+    certificate's products may overflow (the engine's general path checks
+    representability); LEAN_OK otherwise."""
+    n, T, d = D.shape
+    for i in range(n):
+        zz = 0.0
+        for f in range(Zs.shape[1]):
             zz += Zs[i, f] * Zs[i, f]
         for t in range(T):
             if v[i, t]:
@@ -996,15 +1197,124 @@ def _lean_one(X, z, alpha, valid, xexp, tol, small, max_iter, D, Zs, v, W, lam, 
                 for c in range(d):
                     dd += D[i, t, c] * D[i, t, c]
                 if dd == 0.0 or zz == 0.0:
-                    info[0] = LEAN_ZERO_ROW
-                    return
+                    return LEAN_ZERO_ROW
                 if math.sqrt(dd) * math.sqrt(zz) < 1e-290:
-                    info[0] = LEAN_SCALE
-                    return
+                    return LEAN_SCALE
+    return LEAN_OK
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _lean_small_rho(W, lf, muf, r2, Df, Zr):
+    """Step 2's answer where the solver found rho ~ 0, as :func:`attnsvm.svm.active.
+    mnp_active` gives it: lam = mu / rho^2 and W = sum_k lam_k A_k wherever rho > 0, NaN W
+    where rho = 0 (terms with lam_k = 0 would add +-0: skipped, the same bits)."""
+    d, e = W.shape
+    for c in range(d):
+        for f in range(e):
+            W[c, f] = 0.0 if r2 > 0.0 else np.nan
+    for k in range(lf.shape[0]):
+        lf[k] = muf[k] / r2 if r2 > 0.0 else 0.0
+    if r2 > 0.0:
+        for k in range(lf.shape[0]):
+            if lf[k] == 0.0:
+                continue
+            for c in range(d):
+                for f in range(e):
+                    W[c, f] += Df[k, c] * (lf[k] * Zr[k, f])
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _all_finite(a):
+    """Whether every entry of the flat array a is finite."""
+    for k in range(a.shape[0]):
+        if not math.isfinite(a[k]):
+            return False
+    return True
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _lean_min_margin_one(D4, Z3, v3, W, m3, u, lf, st):
+    """Step 3, :func:`attnsvm.svm.engine._to_feasible`: W, lam divided by the minimal
+    margin min_k m_k (where it is > 0 and finite), then times certificate.KAPPA (margins a
+    rounding-size above 1, which the certificate's error bound proves), the same bits.
+    OPTIMAL: m3 already holds the margins of the solver's final check (the bits of
+    margins_batch); else they are computed here."""
+    d, e = W.shape
+    if st != OPTIMAL:
+        _margins_batch_ws(D4, Z3, v3, W.reshape((1, d, e)), m3, u)
+    ratio = np.inf
+    for i in range(v3.shape[1]):
+        for t in range(v3.shape[2]):
+            if v3[0, i, t]:
+                ratio = min(ratio, m3[0, i, t] / 1.0)
+    if ratio > 0.0 and math.isfinite(ratio):
+        for c in range(d):
+            for f in range(e):
+                W[c, f] = W[c, f] / ratio * KAPPA
+        for k in range(lf.shape[0]):
+            lf[k] = lf[k] / ratio * KAPPA
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _lean_work_views(fl, N, d, e):
+    """Named views into _lean_work's float buffer: (Zr (N, e) z per constraint, b (N,),
+    Wc (d, e) the certified W, Wd (d, e) workspace, out (1, 7) certify_fro's sums,
+    u (d,) workspace)."""
+    o = N * e
+    Zr = fl[:o].reshape((N, e))
+    b = fl[o: o + N]
+    o += N
+    Wc = fl[o: o + d * e].reshape((d, e))
+    Wd = fl[o + d * e: o + 2 * d * e].reshape((d, e))
+    o += 2 * d * e
+    out = fl[o: o + 7].reshape((1, 7))
+    u = fl[o + 7: o + 7 + d]
+    return Zr, b, Wc, Wd, out, u
+
+
+@njit(cache=True, nogil=True)
+def _lean_one(X, z, alpha, valid, xexp, tol, small, max_iter, D, Zs, v, W, lam, mu, m, S,
+              info, sums, wk):
+    """One Frobenius max-margin problem from the raw arrays, the steps of the engine in one
+    compiled call (the same numbers, bit for bit, for a solved problem):
+
+    1. normalisation (:func:`_lean_normalise`, as :func:`attnsvm.svm.constraints.
+       build_constraints`): X 2^-eX (eX the exponent of max |x| over valid tokens),
+       Delta_it = x_{i,alpha_i} - x_it on the valid t != alpha_i (0 elsewhere), Delta 2^-eD,
+       z 2^-eZ (exact: powers of two); constraints with A_k = 0 or near underflow hand over
+       (:func:`_lean_rows`);
+    2. the active-set solve (:func:`_mnp_ws`, lazy Gram rows); where it finds rho ~ 0,
+       lam = mu / rho^2 and W = sum_k lam_k A_k (:func:`_lean_small_rho`, as
+       :func:`attnsvm.svm.active.mnp_active`);
+    3. W, lam scaled to minimal margin exactly 1, then by certificate.KAPPA
+       (:func:`_lean_min_margin_one`, as :func:`attnsvm.svm.engine._to_feasible`);
+    4. the certificate's sums from that W (:func:`certify_fro`, every constraint; no W:
+       those of W = 0, as :func:`attnsvm.svm.solution.certify`).
+
+    X (n, T, d), z (n, e), alpha (n,), valid (n, T) bool, xexp: the exponent already divided
+    out of X; outputs D (n, T, d), Zs (n, e), v (n, T) bool (the constraints), W (d, e),
+    lam, mu, m (n, T), S (d, e); info (5,) int64: [verdict, xexp + eX + eD + eZ, kernel
+    status, n_iter, W finite]; sums (8,): [rho2, certify_fro's 7 numbers].  The verdict is
+    LEAN_OK, or why the engine's general path must take over (LEAN_SCALE: a power of two out
+    of the normal range, or a row norm near underflow; LEAN_NO_MARGIN: no constraint;
+    LEAN_ZERO_ROW: a constraint with A_k = 0).  wk: the workspace (:func:`_lean_work`)."""
+    n, T, d = X.shape
+    e = z.shape[1]
+    info[0] = LEAN_OK
+    info[2] = FAILED
+    info[4] = 0
+    verdict, ex = _lean_normalise(X, z, alpha, valid, D, Zs, v)
+    if verdict != LEAN_OK:
+        info[0] = verdict
+        return
+    info[1] = xexp + ex
+    verdict = _lean_rows(D, Zs, v)
+    if verdict != LEAN_OK:
+        info[0] = verdict
+        return
     N = n * T
     Df = D.reshape((N, d))
-    fl = wk[5]
-    Zr = fl[: N * e].reshape((N, e))
+    Zr, b1, Wc, Wd, out, u = _lean_work_views(wk[5], N, d, e)
     for i in range(n):
         for t in range(T):
             for f in range(e):
@@ -1013,68 +1323,32 @@ def _lean_one(X, z, alpha, valid, xexp, tol, small, max_iter, D, Zs, v, W, lam, 
     lf = lam.reshape(N)
     muf = mu.reshape(N)
     mf = m.reshape(N)  # OPTIMAL: the final margins of W on the constraints (_mnp_ws)
-    st, r2, it = _mnp_ws(Df, Zr, vf, tol, small, max_iter, muf, lf, W, wk[3][:0].reshape((0, 0)),
-                         wk[0], wk[1], wk[2], wk[3], wk[4], mf)
+    st, r2, it = _mnp_ws(Df, Zr, vf, tol, small, max_iter, muf, lf, W, wk[6], wk[0], wk[1],
+                         wk[2], wk[3], wk[4], mf, wk[7])  # (no Gram given, no trace)
     info[2] = st
     info[3] = it
     sums[0] = r2
     if st == FAILED:
         return
-    if st == SMALL_RHO:  # as mnp_active: W = sum mu_k A_k / rho^2 wherever rho > 0
-        for c in range(d):
-            for f in range(e):
-                W[c, f] = 0.0 if r2 > 0.0 else np.nan
-        for k in range(N):
-            lf[k] = muf[k] / r2 if r2 > 0.0 else 0.0
-        if r2 > 0.0:  # (terms with lam_k = 0 would add +-0: skipped, the same bits)
-            for k in range(N):
-                if lf[k] == 0.0:
-                    continue
-                for c in range(d):
-                    for f in range(e):
-                        W[c, f] += Df[k, c] * (lf[k] * Zr[k, f])
-    fin = True
-    for c in range(d):
-        for f in range(e):
-            if not math.isfinite(W[c, f]):
-                fin = False
+    if st == SMALL_RHO:
+        _lean_small_rho(W, lf, muf, r2, Df, Zr)
+    fin = _all_finite(W.reshape(d * e))
     info[4] = fin
-    lam_ok = True
-    for k in range(N):
-        if not math.isfinite(lf[k]):
-            lam_ok = False
+    lam_ok = _all_finite(lf)
     D4 = D.reshape((1, n, T, d))
     Z3 = Zs.reshape((1, n, e))
     v3 = v.reshape((1, n, T))
     m3 = m.reshape((1, n, T))
-    u = fl[N * e + N + 2 * d * e + 7: N * e + N + 2 * d * e + 7 + d]
-    if fin:  # minimal margin exactly 1 (OPTIMAL: the margins are those of the solver's
-        # final check, the same bits as margins_batch gives)
-        if st != OPTIMAL:
-            _margins_batch_ws(D4, Z3, v3, W.reshape((1, d, e)), m3, u)
-        ratio = np.inf
-        for i in range(n):
-            for t in range(T):
-                if v[i, t]:
-                    ratio = min(ratio, m[i, t] / 1.0)
-        if ratio > 0.0 and math.isfinite(ratio):
-            for c in range(d):  # then times KAPPA, as engine._to_feasible (same bits)
-                for f in range(e):
-                    W[c, f] = W[c, f] / ratio * KAPPA
-            for k in range(N):
-                lf[k] = lf[k] / ratio * KAPPA
+    if fin:
+        _lean_min_margin_one(D4, Z3, v3, W, m3, u, lf, st)
     for k in range(N):  # the certificate's lam: >= 0 on the constraints, 0 elsewhere
         lf[k] = max(lf[k], 0.0) if vf[k] and lam_ok else 0.0
-    b = fl[N * e: N * e + N].reshape((1, n, T))
-    for i in range(n):
-        for t in range(T):
-            b[0, i, t] = 1.0 if v[i, t] else 0.0
-    Wc = fl[N * e + N: N * e + N + d * e].reshape((d, e))
+    b = b1.reshape((1, n, T))
+    for k in range(N):
+        b1[k] = 1.0 if vf[k] else 0.0
     for c in range(d):  # the certificate of no answer: W = 0
         for f in range(e):
             Wc[c, f] = W[c, f] if fin else 0.0
-    Wd = fl[N * e + N + d * e: N * e + N + 2 * d * e].reshape((d, e))
-    out = fl[N * e + N + 2 * d * e: N * e + N + 2 * d * e + 7].reshape((1, 7))
     _certify_fro_ws(D4, Z3, v3, b, Wc.reshape((1, d, e)), lam.reshape((1, n, T)), m3,
                     S.reshape((1, d, e)), out, Wd, u)
     for k in range(7):
@@ -1250,11 +1524,8 @@ def _lean_settle(D, Zs, v, W, lam, mu, m, info, sums, wk, tol, irreducible, feas
     if opt:
         verdict = SETTLED_OPT
     elif ran and info[2] == SMALL_RHO and not feasible and not irreducible:
-        fl = wk[5]
-        N = n * T
-        b = fl[N * e: N * e + N].reshape((n, T))  # 1 on the constraints (_lean_one)
-        Sw = fl[N * e + N + d * e: N * e + N + 2 * d * e].reshape((d, e))
-        u = fl[N * e + N + 2 * d * e + 7: N * e + N + 2 * d * e + 7 + d]
+        _, b1, _, Sw, _, u = _lean_work_views(wk[5], n * T, d, e)
+        b = b1.reshape((n, T))  # 1 on the constraints (_lean_one)
         ok, bound = _farkas_one(D, Zs, v, v, b, mu, fk_lam, Sw, u, bound_min)
         if ok:
             verdict = SETTLED_INF

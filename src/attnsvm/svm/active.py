@@ -28,7 +28,8 @@ Each problem runs in one compiled loop with its (N x N) Gram matrix in cache, fo
 lazily: the diagonal, then row j when point j first enters S (the algorithm reads nothing
 else; the same bits as the full G), O(N (d + e)) per row against O(N^2 (d + e)) for all of
 G, plus O(N |S|) per major cycle. Batches run in slices (PER_THREAD per thread) on
-torch.get_num_threads() threads (the kernel releases the GIL).  Without numba
+torch.get_num_threads() threads (the kernel releases the GIL;
+:func:`attnsvm._parallel.thread_pool`).  Without numba
 :func:`available` is False and the engine uses the interior-point path
 (:func:`attnsvm.svm.fast.batched_mnp`), as the fused training engine does.
 """
@@ -38,8 +39,9 @@ from __future__ import annotations
 import numpy as np
 
 from attnsvm._optional import OptionalImport
+from attnsvm._parallel import thread_pool
 
-__all__ = ["available", "mnp_active", "OPTIMAL", "SMALL_RHO", "FAILED"]
+__all__ = ["available", "kernels", "mnp_active", "OPTIMAL", "SMALL_RHO", "FAILED"]
 
 OPTIMAL, SMALL_RHO, FAILED = 0, 1, 2
 GRAM_BLAS_N = 300  # single problems with N >= this get G = (D D^T) o (Z Z^T) from BLAS
@@ -48,12 +50,13 @@ PARALLEL_B = 64  # batches from this size run in threads (problems are independe
 PER_THREAD = 4  # slices per thread: a thread that is slowed down (a busy core) or gets the
 # harder problems leaves its later slices to the others
 
-_kernels = OptionalImport("._active_kernels", __package__)  # the numba kernels, or None
+#: the numba kernels (:mod:`attnsvm.svm._active_kernels`) or None: ``kernels()``
+kernels = OptionalImport("._active_kernels", __package__)
 
 
 def available() -> bool:
     """Whether numba is importable (the active-set solver can run)."""
-    return _kernels() is not None
+    return kernels() is not None
 
 
 def mnp_active(Delta: np.ndarray, Z: np.ndarray, valid: np.ndarray, *, tol: float = 1e-12,
@@ -71,9 +74,9 @@ def mnp_active(Delta: np.ndarray, Z: np.ndarray, valid: np.ndarray, *, tol: floa
     candidate; W, lam = mu-based as for any rho > 0, NaN W where rho = 0) or FAILED
     (iteration cap or rounding stall: use another solver; mu is the last iterate).
     """
-    K = _kernels()
+    K = kernels()
     if K is None:
-        raise RuntimeError(f"numba is not importable ({_kernels.error}); install attnsvm[fast]")
+        raise RuntimeError(f"numba is not importable ({kernels.error}); install attnsvm[fast]")
     D = np.ascontiguousarray(Delta, dtype=np.float64)
     Zc = np.ascontiguousarray(Z, dtype=np.float64)
     V = np.ascontiguousarray(valid, dtype=np.bool_)
@@ -94,10 +97,8 @@ def mnp_active(Delta: np.ndarray, Z: np.ndarray, valid: np.ndarray, *, tol: floa
         status[0], rho2[0], iters[0] = st, r2, it
     else:
         args = (D, Zc, V, float(tol), float(small), mi, mu, lam, W, status, rho2, iters)
-        if B >= PARALLEL_B:  # slices in torch.get_num_threads() threads (the fused engine's pool)
-            from attnsvm.fused import _parallel
-
-            _parallel(K.mnp_batch, B, *args, per_thread=PER_THREAD)
+        if B >= PARALLEL_B:  # slices in torch.get_num_threads() threads (the shared pool)
+            thread_pool(K.mnp_batch, B, *args, per_thread=PER_THREAD)
         else:
             K.mnp_batch(*args, 0, B)
     sm = status == SMALL_RHO

@@ -23,7 +23,7 @@ import numpy as np
 
 from ..norms import FRO
 from . import engine, lean
-from .problems import _keys
+from .constraints import build_constraints, scaled_keys
 from .solution import BatchSolution
 from .validate import as_alpha, as_array, as_mask, as_norm, as_tol
 
@@ -79,7 +79,7 @@ def att_svm_batch(X, z, alpha, *, norm="fro", mask=None, solver=None, tol=1e-6,
     if as_norm(norm) == FRO and lean.batch_applies(B, n, T, solver):  # compiled per problem
         return lean.batch_lean(X, z, a, valid, 0, solver=solver, tol=tol,
                                irreducible=irreducible, problem="att_svm", vector=False)
-    cs = engine.build_constraints(X, z, a, valid)
+    cs = build_constraints(X, z, a, valid)
     return _solve(cs, norm=norm, solver=solver, tol=tol, irreducible=irreducible, alpha=a,
                   problem="att_svm", vector=False)
 
@@ -94,11 +94,11 @@ def prompt_svm_batch(X, W, alpha, *, norm="fro", mask=None, solver=None, tol=1e-
     tol = as_tol(tol)  # before any work
     X, a, valid = _batch_inputs(X, alpha, mask)
     B, n, T, d = X.shape
-    K, eK = _keys(X, W, valid)
+    K, eK = scaled_keys(X, W, valid)
     if as_norm(norm) == FRO and lean.batch_applies(B, n, T, solver):  # compiled per problem
         return lean.batch_lean(K, np.ones((B, n, 1)), a, valid, eK, solver=solver, tol=tol,
                                irreducible=irreducible, problem="prompt_svm", vector=True)
-    cs = engine.build_constraints(K, np.ones((B, n, 1)), a, valid,
+    cs = build_constraints(K, np.ones((B, n, 1)), a, valid,
                                   x_exp=np.broadcast_to(np.asarray(eK), (B,)))
     return _solve(cs, norm=norm, solver=solver, tol=tol, irreducible=irreducible, alpha=a,
                   problem="prompt_svm", vector=True)

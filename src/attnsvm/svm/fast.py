@@ -19,6 +19,31 @@ active-set polish that solves the KKT system of the identified support exactly:
   the SVM is feasible, and then W_mm = (sum_k mu_k A_k) / rho^2, ||W_mm|| = 1 / rho;
   rho = 0 makes mu a Farkas certificate (sum mu_k A_k = 0) whose support names the
   conflicting sequences.
+
+Both are Mehrotra's predictor-corrector method (Mehrotra 1992; Wright 1997, ch. 10;
+Nocedal & Wright 2006, §14.2): an affine-scaling (predictor) direction, the centring
+parameter sigma = (mu_aff / mu)^3 from how far it reduces the complementarity mu, and a
+corrector with Mehrotra's second-order term.  The nuclear-norm solvers at the end
+(:func:`nuclear_ipm`, :func:`nuclear_barrier`) are semidefinite programs.
+
+References
+----------
+S. Mehrotra (1992), On the implementation of a primal-dual interior point method, SIAM J.
+Optim. 2(4), 575-601.
+S. J. Wright (1997), Primal-Dual Interior-Point Methods, SIAM, ch. 10.
+J. Nocedal, S. J. Wright (2006), Numerical Optimization, 2nd ed., Springer, §14.2
+(Algorithm 14.3; eq. 14.34 for sigma).
+Y. Nesterov, M. J. Todd (1997), Self-scaled barriers and interior-point methods for convex
+programming, Math. Oper. Res. 22(1), 1-42; (1998) Primal-dual interior-point methods for
+self-scaled cones, SIAM J. Optim. 8(2), 324-364.
+M. J. Todd, K.-C. Toh, R. H. Tütüncü (1998), On the Nesterov-Todd direction in
+semidefinite programming, SIAM J. Optim. 8(3), 769-796.
+K.-C. Toh, M. J. Todd, R. H. Tütüncü (1999), SDPT3 - a MATLAB software package for
+semidefinite programming, Optim. Methods Softw. 11, 545-581; R. H. Tütüncü, K.-C. Toh,
+M. J. Todd (2003), Solving semidefinite-quadratic-linear programs using SDPT3, Math.
+Program. 95, 189-217.
+S. Boyd, L. Vandenberghe (2004), Convex Optimization, Cambridge, §11.3 (barrier method),
+§9.6 (self-concordance).
 """
 
 from __future__ import annotations
@@ -91,6 +116,12 @@ def primal_ipm(cs: ConstraintSet, tol: float = 1e-9, max_iter: int = 80):
         if res <= tol:
             status = "optimal"
             break
+        # divergence: the data are scaled to unit size (D / s0), where the optimum has
+        # ||W|| = 1 / rho (rho the distance of the hull of the A_k to 0): ||W|| > 1e12
+        # means rho < 1e-12, where a margin of 1 is a cancellation of terms ~1e12 (relative
+        # rounding ~1e-4: nothing left to certify); multipliers summing past 1e16 = 1/eps
+        # follow a Farkas ray (an infeasible problem).  Either way: stop, the conic path
+        # and the Farkas LP decide
         if nW > 1e12 or lam.sum() > 1e16 or not np.isfinite(nW):
             break
         c = np.where(valid, lam / s, 0.0)
@@ -106,17 +137,24 @@ def primal_ipm(cs: ConstraintSet, tol: float = 1e-9, max_iter: int = 80):
             ds = np.where(valid, (r_c - s * dlam) / np.where(valid, lam, 1.0), 0.0)
             return dW, dlam, ds
 
+        # predictor: the affine-scaling direction (target s lam = 0)
         dW, dlam, ds = solve(-s * lam * vf)
         a_aff = min(_max_step(s, ds, valid), _max_step(lam, dlam, valid))
         mu_aff = float(((s + a_aff * ds) * (lam + a_aff * dlam) * vf).sum() / N)
+        # Mehrotra's centring heuristic (Nocedal & Wright eq. 14.34): little centring
+        # where the affine step alone reduces mu well, much where it stalls
         sigma = (mu_aff / mu) ** 3 if mu > 0 else 0.0
+        # corrector: target s lam = sigma mu, with the second-order term ds dlam
         dW, dlam, ds = solve((-s * lam - ds * dlam + sigma * mu) * vf)
+        # 0.99 of the step to the boundary of s, lam >= 0 (fraction to the boundary,
+        # Nocedal & Wright eq. 14.35: iterates stay strictly interior)
         a = 0.99 * min(_max_step(s, ds, valid), _max_step(lam, dlam, valid))
         W = W + a * dW
         lam = lam + a * dlam
         s = np.where(valid, s + a * ds, 1.0)
     if status != "optimal" and best[0] <= 1e-6:
-        # numerical breakdown close to the optimum: the polish + certificate decide
+        # numerical breakdown close to the optimum (residuals <= 1e-6: the support is
+        # identified): the exact polish + certificate decide
         status, W, lam = "optimal", best[1], best[2]
     return W / s0, lam / s0**2, status, it
 
@@ -220,6 +258,9 @@ def _batched_mnp(G, valid, tol, max_iter):
         if done.all():
             break
         ratio = np.where(valid, zeta / np.where(valid, mu, 1.0), 0.0)
+        # zeta / mu grows without bound on an inactive row (mu -> 0): capped at 1e18
+        # against G's unit diagonal (scaled), where the row is fixed at 0 to rounding
+        # anyway, so that the Newton matrix stays finite
         ratio = np.clip(ratio, 0.0, 1e18)
         H = Gs.copy()
         H[:, idx, idx] += ratio
@@ -251,6 +292,7 @@ def _batched_mnp(G, valid, tol, max_iter):
             return dmu, dnu, dzeta
 
         m = comp
+        # Mehrotra predictor-corrector as in primal_ipm, per problem (sigma, step lengths)
         dmu, dnu, dzeta = solve(-mu * zeta * vf)
         a_aff = np.minimum(step_len(mu, dmu), step_len(zeta, dzeta))
         m_aff = ((mu + a_aff[:, None] * dmu) * (zeta + a_aff[:, None] * dzeta) * vf).sum(1) / nv
@@ -321,6 +363,7 @@ def nuclear_barrier(Delta: np.ndarray, Zk: np.ndarray, b: np.ndarray, *, gap_tol
     bmax = max(float(np.abs(b).max()), 1e-300)
     if lam0 is not None:
         lam = np.asarray(lam0, float).copy()
+        # warm start without t0: gap nu / t = 1e-3 b^T lam (a point near the optimum)
         t = float(t0) if t0 is not None else nu / max(1e-3 * float(b @ lam), 1e-300)
     else:
         lam = np.full(N, 0.5 / max(s1, 1e-300))
@@ -385,7 +428,12 @@ def nuclear_barrier(Delta: np.ndarray, Zk: np.ndarray, b: np.ndarray, *, gap_tol
         if final:
             G12 = Li[:, :d].T @ Li[:, d:]
             return -2.0 * G12 / t, lam, "optimal", it
-        if dual_obj > 1e12 * bmax / max(s1, 1e-300):  # dual unbounded: primal infeasible
+        # dual unbounded: primal infeasible.  bmax / s1 is the natural scale of the
+        # optimum (margin b against a constraint operator of norm ~ s1); a dual objective
+        # 1e12 times that means ||W|| >= 1e12 that scale, whose margins carry relative
+        # rounding ~1e-4: treated as a ray.  (The solver's word only: "infeasible" is
+        # reported by the engine only with a verified Farkas certificate)
+        if dual_obj > 1e12 * bmax / max(s1, 1e-300):
             return None, None, "infeasible", it
         if nu / t <= gap_tol * dual_obj:
             final = True
@@ -473,8 +521,10 @@ def nuclear_ipm(Delta: np.ndarray, Zk: np.ndarray, b: np.ndarray, *, tol: float 
                 check_min: float = 0.0, stall_tol: float = 1e-7, drop_tol: float = 0.0,
                 drop_slack: float = 0.05, eq: np.ndarray | None = None, refine: int = 0,
                 refine_below: float = 1e-5):
-    """Primal-dual interior-point method (Mehrotra predictor-corrector, Nesterov-Todd
-    direction) for the nuclear-norm SVM over N constraints, as the SDP pair
+    """Primal-dual interior-point method (Mehrotra 1992 predictor-corrector, Nesterov-Todd
+    1997/1998 scaling; the NT point and step rule as in SDPT3, Todd-Toh-Tütüncü 1998 and
+    Toh-Todd-Tütüncü 1999: see the module's references) for the nuclear-norm SVM over N
+    constraints, as the SDP pair
 
         primal  min 1/2 tr X   s.t.  X = [[X11, W], [W^T, X22]] PSD,  <B_k, X> - s_k = b_k, s >= 0
         dual    max b^T y      s.t.  Z = I/2 - sum_k y_k B_k PSD,  y >= 0,
@@ -582,6 +632,11 @@ def nuclear_ipm(Delta: np.ndarray, Zk: np.ndarray, b: np.ndarray, *, tol: float 
                 continue
         if drop_tol and res <= drop_tol:  # once: rows far from active leave the method
             drop_tol = 0.0
+            # far from active: slack above drop_slack (default 0.05) |b_k| (margin 5% past
+            # b_k while the gap is <= drop_tol: not active at the optimum) AND multiplier
+            # below 1e-3 of the largest (its row adds < 1e-3 of the dual's weight); both, so
+            # a row that is nearly active by either measure stays
+            # (equality rows always stay)
             keep = ((s <= drop_slack * np.maximum(np.abs(b), 1e-300)) | (y >= 1e-3 * y.max())
                     | ~ineq)
             if not keep.all():
@@ -602,10 +657,13 @@ def nuclear_ipm(Delta: np.ndarray, Zk: np.ndarray, b: np.ndarray, *, tol: float 
         if since > 15:
             break
         if dobj > 1e12 * bmax / s1:  # dual ray: the primal is infeasible
+            # (bmax / s1: the natural scale of the optimum, as in nuclear_barrier; 1e12 times
+            # it leaves margins with relative rounding ~1e-4.  The solver's word only)
             status = "infeasible"
             break
-        # NT scaling: L_Z^T L_X = U diag(sv) V^T, G = L_X V diag(sv)^-1/2, Wn = G G^T;
-        # then G^-1 X G^-T = G^T Z G = diag(sv) =: D
+        # NT scaling (Nesterov-Todd 1997; the computation of Todd-Toh-Tütüncü 1998, §4):
+        # L_Z^T L_X = U diag(sv) V^T, G = L_X V diag(sv)^-1/2, Wn = G G^T, the unique
+        # PD matrix with Wn Z Wn = X; then G^-1 X G^-T = G^T Z G = diag(sv) =: D
         U_, sv, Vt = np.linalg.svd(LZ.T @ LX)
         if sv[-1] <= 0:
             break
@@ -646,15 +704,27 @@ def nuclear_ipm(Delta: np.ndarray, Zk: np.ndarray, b: np.ndarray, *, tol: float 
             return (min(_unit_step(dXt * rs), _pos_step(s[ineq], ds[ineq])),
                     min(_unit_step(dZt * rs), _pos_step(y[ineq], dy[ineq])), dXt, dZt)
 
-        dX, dy, dZ, ds = direction(-np.diag(sv), -s * y * ineq)  # predictor (affine scaling)
+        # predictor (affine scaling: target X Z = 0, s y = 0 on the inequality rows), its
+        # longest steps ap, ad
+        dX, dy, dZ, ds = direction(-np.diag(sv), -s * y * ineq)
         ap, ad, dXt, dZt = steps(dX, dy, dZ, ds)
         mu_aff = (float(((X + ap * dX) * (Zm + ad * dZ)).sum())
                   + float((s + ap * ds) @ (y + ad * dy))) / (m + int(ineq.sum()))
+        # centring sigma = (mu_aff / mu)^3, Mehrotra's heuristic (Mehrotra 1992; Nocedal &
+        # Wright eq. 14.34): ~0 where the affine step alone closes the gap, ~1 (pure
+        # centring) where it stalls; capped at 1 because from the infeasible start the
+        # affine step can raise <X, Z> + s^T y (mu_aff > mu)
         sigma = min(1.0, (mu_aff / mu) ** 3)
-        # Mehrotra's second-order term from the scaled affine directions
+        # corrector: target sigma mu I, with Mehrotra's second-order term dXt dZt from the
+        # scaled affine directions (symmetrised: the NT direction, Todd-Toh-Tütüncü 1998)
         Rc = sigma * mu * eye - np.diag(sv * sv) - _sym(dXt @ dZt)
         dX, dy, dZ, ds = direction(2.0 * Rc / Dsum, (sigma * mu - s * y - ds * dy) * ineq)
         ap, ad, _, _ = steps(dX, dy, dZ, ds)
+        # step length: the fraction gamma of the longest step that stays in the cones,
+        # gamma = 0.9 + 0.09 min(ap, ad) (SDPT3's rule: Toh-Todd-Tütüncü 1999,
+        # Tütüncü-Toh-Todd 2003): 0.9 while the longest steps are short (far from the
+        # solution: keep well inside, where the NT direction is reliable), up to 0.99 as
+        # ap, ad -> 1 near the solution (nearly full steps: fast local convergence)
         gamma = 0.9 + 0.09 * min(ap, ad)
         ap, ad = min(1.0, gamma * ap), min(1.0, gamma * ad)
         X = _sym(X + ap * dX)

@@ -595,7 +595,7 @@ def _rank(pr: dict) -> tuple:
 
 def _farkas(cs: ConstraintSet):
     """A verified Farkas certificate of the rows, or None."""
-    from .engine import farkas_lp, farkas_polish
+    from .farkas import farkas_lp, farkas_polish
 
     csb = cs.batched()
     lam = farkas_lp(csb.take(0))

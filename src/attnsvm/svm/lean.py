@@ -23,8 +23,11 @@ import time
 
 import numpy as np
 
-from . import active
+from .._parallel import thread_pool
+from . import active, frobenius
 from .certificate import farkas_prove, prove_margins
+from .constraints import build_constraints
+from .farkas import conflict_tuples
 from .solution import (
     FARKAS_BOUND,
     FEAS_TOL,
@@ -32,7 +35,7 @@ from .solution import (
     BatchSolution,
     ConstraintSet,
     Solution,
-    _ldexp,
+    ldexp,
 )
 
 __all__ = ["att_svm_lean", "batch_lean", "MAX_LEAN_N", "warmup"]
@@ -56,7 +59,7 @@ def att_svm_lean(X: np.ndarray, z: np.ndarray, alpha: np.ndarray, valid: np.ndar
     (n, T, d), z (n, e), alpha (n,), valid (n, T), as :func:`attnsvm.att_svm` returns it;
     None where the general engine must decide (see the module docstring)."""
     t0 = time.perf_counter()
-    K = active._kernels()
+    K = active.kernels()
     n, T, d = X.shape
     e = z.shape[1]
     D = np.empty((n, T, d))
@@ -94,8 +97,8 @@ def att_svm_lean(X: np.ndarray, z: np.ndarray, alpha: np.ndarray, valid: np.ndar
         return None
     n2 = nrm * nrm if nrm > 0 else 1.0
     kkt = max(wms / math.sqrt(n2), comp / n2) if nrm > 0 else math.inf
-    # back to the caller's units: W = 2^-exp W_normalised, exactly (engine._to_user_units;
-    # multiplying by a normal power of two is solution._ldexp, bit for bit)
+    # back to the caller's units: W = 2^-exp W_normalised, exactly (assemble.to_user_units;
+    # multiplying by a normal power of two is solution.ldexp, bit for bit)
     k = int(info[1])
     if not -511 <= k <= 511:
         return None  # (the engine maps extreme scales)
@@ -148,10 +151,8 @@ def batch_applies(B: int, n: int, T: int, solver) -> bool:
     """Whether :func:`batch_lean` may be tried: Frobenius default / active solver, numba
     present, B >= 2 and n T <= MAX_BATCH_N_ACTIVE (where the engine runs the batch through
     the compiled active-set solver)."""
-    from .engine import MAX_BATCH_N_ACTIVE
-
     key = solver if solver is None else str(solver).lower()
-    return key in _SOLVERS and B >= 2 and n * T <= MAX_BATCH_N_ACTIVE and active.available()
+    return key in _SOLVERS and B >= 2 and n * T <= frobenius.MAX_BATCH_N_ACTIVE and active.available()
 
 
 def batch_lean(X: np.ndarray, z: np.ndarray, alpha: np.ndarray, valid: np.ndarray, xexp, *,
@@ -180,7 +181,7 @@ def batch_lean(X: np.ndarray, z: np.ndarray, alpha: np.ndarray, valid: np.ndarra
     from . import engine
 
     t0 = time.perf_counter()
-    K = active._kernels()
+    K = active.kernels()
     c = np.ascontiguousarray
     B, n, T, d = X.shape
     e = z.shape[2]
@@ -201,9 +202,7 @@ def batch_lean(X: np.ndarray, z: np.ndarray, alpha: np.ndarray, valid: np.ndarra
     args = (X, z, alpha, valid, xexp, 1e-12, 1e-13, mi, float(tol), bool(irreducible),
             FEAS_TOL, GAP_OPTIMAL, FARKAS_BOUND, info, Wo, sc, dual, sup, margins, hit, fko)
     if B >= active.PARALLEL_B:  # slices in threads, as mnp_active
-        from attnsvm.fused import _parallel
-
-        _parallel(K.fro_settle_batch, B, *args, per_thread=active.PER_THREAD)
+        thread_pool(K.fro_settle_batch, B, *args, per_thread=active.PER_THREAD)
     else:
         K.fro_settle_batch(*args, 0, B)
     verdict = sc[:, 7]
@@ -223,8 +222,8 @@ def batch_lean(X: np.ndarray, z: np.ndarray, alpha: np.ndarray, valid: np.ndarra
         good = np.zeros(len(io), bool)
         Wx = Wo[io[o]]
         if xexp[io[o]].any():
-            Wx = _ldexp(Wx, xexp[io[o]])
-            back = np.all(_ldexp(Wx, -xexp[io[o]]) == Wo[io[o]], (1, 2))
+            Wx = ldexp(Wx, xexp[io[o]])
+            back = np.all(ldexp(Wx, -xexp[io[o]]) == Wo[io[o]], (1, 2))
         else:
             back = True
         if o.any():  # (each subset's constraints built directly: no copy of a full set)
@@ -234,11 +233,11 @@ def batch_lean(X: np.ndarray, z: np.ndarray, alpha: np.ndarray, valid: np.ndarra
                                    fko[io[f]])[0]
         if not good.all():  # (e.g. tokens at 2^600: over/underflow) once more, normalised
             j = np.nonzero(~good)[0]
-            cn = engine.build_constraints(X[io[j]], z[io[j]], alpha[io[j]], valid[io[j]],
+            cn = build_constraints(X[io[j]], z[io[j]], alpha[io[j]], valid[io[j]],
                                           x_exp=xexp[io[j]], exact=False)
             oj, fj = o[j], f[j]
             if oj.any():
-                Wn = _ldexp(Wo[io[j[oj]]], np.asarray(cn.exp)[oj])  # (exact: kernel-checked)
+                Wn = ldexp(Wo[io[j[oj]]], np.asarray(cn.exp)[oj])  # (exact: kernel-checked)
                 good[j[oj]] = prove_margins(cn.take(np.nonzero(oj)[0]), Wn)
             if fj.any():
                 good[j[fj]] = farkas_prove(cn.take(np.nonzero(fj)[0]), fko[io[j[fj]]])[0]
@@ -250,7 +249,7 @@ def batch_lean(X: np.ndarray, z: np.ndarray, alpha: np.ndarray, valid: np.ndarra
         W_=Wo, norm_=sc[:, 0], margin_=sc[:, 1], violation_=sc[:, 2], kkt_residual_=sc[:, 3],
         gap_=sc[:, 4], dual_=dual, support_=sup, margins_=margins, feasible_=opt,
         status_=np.where(opt, "optimal", "infeasible").astype(object),
-        solver_=np.full(B, "batch-mnp-active", dtype=object), conflict_=engine._conflict_tuples(hit, inf))
+        solver_=np.full(B, "batch-mnp-active", dtype=object), conflict_=conflict_tuples(hit, inf))
     extra = {"n_constraints": sc[:, 8].astype(np.int64), "n_fallback": 0, "scale_exp": ex.copy(),
              "farkas_bound": sc[:, 6].copy(), "lower_bound": sc[:, 5].copy(),
              "solver_status": np.full(B, "", dtype=object)}
@@ -258,7 +257,7 @@ def batch_lean(X: np.ndarray, z: np.ndarray, alpha: np.ndarray, valid: np.ndarra
     if len(rest):  # the engine's own path for these (a batch of >= 2, as here)
         sub = rest if len(rest) > 1 else np.array([rest[0], 1 - rest[0] if B == 2 else
                                                    (rest[0] + 1) % B])
-        cs = engine.build_constraints(X[sub], z[sub], alpha[sub], valid[sub], x_exp=xexp[sub])
+        cs = build_constraints(X[sub], z[sub], alpha[sub], valid[sub], x_exp=xexp[sub])
         o = engine.solve(cs, "fro", solver=solver, tol=tol, irreducible=irreducible)
         bs = engine.to_batch_solution(cs, o, alpha=alpha[sub], problem=problem, vector=False,
                                       norm="fro", tol=tol)

@@ -27,6 +27,7 @@ import numpy as np
 
 from ..metrics import correlation
 from . import engine
+from .constraints import build_constraints
 from .solution import Solution
 from .validate import as_array, as_mask, as_norm, as_tol
 
@@ -123,10 +124,10 @@ def multitoken_svm(X, z, s, threshold: float = 1e-3, W_trained=None, mask=None, 
     ri, rt, ineq, eqc, b_fin = _rows(X, O, valid, s)
     Xr, Zr = X[ri][None], z[ri][None]
     # W_dir: inequalities (b = 1) and equalities (b = 0)
-    cs_dir = engine.build_constraints(Xr, Zr, rt[None], (ineq | eqc)[None],
+    cs_dir = build_constraints(Xr, Zr, rt[None], (ineq | eqc)[None],
                                       np.where(eqc, 0.0, 1.0)[None], eqc[None])
     # W_fin: the equalities with b = log(s_o / s_t) alone
-    cs_fin = engine.build_constraints(Xr, Zr, rt[None], eqc[None], b_fin[None], eqc[None])
+    cs_fin = build_constraints(Xr, Zr, rt[None], eqc[None], b_fin[None], eqc[None])
 
     def run(cs, problem):
         out = engine.solve(cs, N, solver=solver, tol=tol)

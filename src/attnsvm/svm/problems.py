@@ -15,8 +15,10 @@ import numpy as np
 from ..norms import FRO
 from ..scores import opt_tokens, scores  # re-exported: the one home is attnsvm.scores
 from . import engine, lean
-from .engine import build_constraints, farkas_conflict, normalise, normalise_constraints
+from .constraints import build_constraints, normalise, normalise_constraints, scaled_keys
+from .farkas import farkas_conflict
 from .solution import ConstraintSet, Solution
+from .strategy import solve_conic
 from .validate import (
     as_alpha,
     as_array,
@@ -52,7 +54,7 @@ def _constraints(X, Z, alpha, valid, b=None) -> ConstraintSet:
 
 def _solve_cvxpy(cs: ConstraintSet, norm, solver=None, eps=None):
     """cvxpy solve of one (unbatched) constraint set: (W, lam, status, solver, n_iter)."""
-    return engine._solve_cvxpy(cs, as_norm(norm), solver, eps)
+    return solve_conic(cs, as_norm(norm), solver, eps)
 
 
 def _run(cs: ConstraintSet, *, norm, solver, tol, alpha, problem, vector, irreducible,
@@ -149,21 +151,6 @@ def att_svm(X, z, alpha=None, *, y=None, v=None, norm="fro", rank=None, mask=Non
                 vector=False, irreducible=irreducible, rank=rank)
 
 
-def _keys(X: np.ndarray, Wk, valid: np.ndarray, name: str = "W"):
-    """Keys K = X W (..., n, T, d') computed on power-of-two scaled X and W (no overflow):
-    returns (K 2^-e, e)."""
-    d = X.shape[-1]
-    if Wk is None:  # K = X: build_constraints scales it (the same power of two)
-        return X, np.zeros(X.shape[:-3], np.int64)
-    Xs, eX = normalise(X, (-3, -2, -1), valid[..., None])
-    Wk = as_array(Wk, name, (2, 3), "(d, d') or (B, d, d')")
-    if Wk.shape[-2] != d or Wk.shape[-1] == 0:
-        raise ValueError(f"{name} must have shape ({d}, d') with d' >= 1; got {Wk.shape}")
-    Ws, eW = normalise(Wk, (-2, -1))
-    K = Xs @ (Ws if Ws.ndim == 2 else Ws[:, None])
-    return K, np.asarray(eX) + np.asarray(eW)
-
-
 def prompt_svm(X, W=None, alpha=None, *, y=None, v=None, mask=None, norm="fro", solver=None,
                tol=1e-6, irreducible=True) -> Solution:
     """Prompt SVM (docs/theory.md §5): p_mm = argmin ||p|| s.t. (k_{i,alpha_i} - k_it)^T p >= 1,
@@ -178,7 +165,7 @@ def prompt_svm(X, W=None, alpha=None, *, y=None, v=None, mask=None, norm="fro", 
     n, T, d = X.shape
     valid = as_mask(mask, (n, T))
     alpha = resolve_alpha(alpha, X, valid, y, v)
-    K, eK = _keys(X, W, valid)
+    K, eK = scaled_keys(X, W, valid)
     cs = build_constraints(K[None], np.ones((1, n, 1)), alpha[None], valid[None],
                            x_exp=np.asarray(eK).reshape(1))
     return _run(cs, norm=norm, solver=solver, tol=tol, alpha=alpha, problem="prompt_svm",
@@ -304,7 +291,7 @@ def relaxed_svm(X, alpha, y=None, *, W=None, z=None, support=None, mask=None, no
         cs = build_constraints(X[None], z[None], alpha[None], valid[None], b[None])
         vector = False
     else:
-        K, eK = _keys(X, W, valid)
+        K, eK = scaled_keys(X, W, valid)
         cs = build_constraints(K[None], np.ones((1, n, 1)), alpha[None], valid[None], b[None],
                                x_exp=np.asarray(eK).reshape(1))
         vector = True

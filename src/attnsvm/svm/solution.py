@@ -73,6 +73,9 @@ __all__ = [
     "GAP_OPTIMAL",
     "GAP_INACCURATE",
     "FARKAS_BOUND",
+    "exp2",
+    "ldexp",
+    "single_thread",
 ]
 
 FEAS_TOL = 1e-9  # equality constraints, and inequalities with b_k <= 0 (relaxed problem):
@@ -158,14 +161,14 @@ def _norm_name(norm) -> str:
     return get_norm(norm).name
 
 
-def _exp2(m: np.ndarray) -> np.ndarray:
+def exp2(m: np.ndarray) -> np.ndarray:
     """Integer e with m = f 2^e, f in [1/2, 1) (0 where m == 0 or not finite)."""
     m = np.asarray(m, dtype=float)
     ok = np.isfinite(m) & (m > 0)
     return np.where(ok, np.frexp(np.where(ok, m, 1.0))[1], 0).astype(np.int64)
 
 
-def _ldexp(a: np.ndarray, e, out=None) -> np.ndarray:
+def ldexp(a: np.ndarray, e, out=None) -> np.ndarray:
     """a * 2^e with e broadcast over a's leading dims (exact unless it over/underflows);
     ``out``: where to write it (may be ``a`` itself)."""
     a = np.asarray(a, dtype=float)

@@ -1,0 +1,90 @@
+"""Any norm by cvxpy: the norm's own convex expression and a conic solver (Clarabel, SCS).
+
+    W, lam, status, solver, n_iter = solve_cvxpy(cs, norm, solver=None)
+
+The general path behind every norm without a fast solver of its own, the second solver of
+the retry rule (:mod:`attnsvm.svm.strategy`) and the inner solver of the SCS nuclear
+working set (:mod:`attnsvm.svm.nuclear`).
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+
+from ..norms import get_norm
+from .solution import ConstraintSet
+
+__all__ = ["solve_cvxpy"]
+
+
+def solve_cvxpy(cs: ConstraintSet, norm, solver=None, eps: float | None = None, warm=None):
+    """min ||W|| s.t. M_in vec(W) >= b_in, M_eq vec(W) == b_eq (cvxpy, vectorised
+    constraints; the norm's own expression).  ``solver``: a cvxpy solver name, or None:
+    the norm's own default (``Norm.solver``; vectors, e = 1: Clarabel, every norm then
+    being a vector norm).  The project's choice per norm (:data:`attnsvm.svm.strategy.
+    STRATEGIES`, e.g. Clarabel for the spectral norm) is passed in by
+    :func:`attnsvm.svm.strategy.solve_conic`.  A solver error retries once with SCS.
+
+    Returns (W or None, lam (n, T) for 1/2||W||^2 or None, status, solver_name, n_iter).
+    The multipliers mu of whatever objective cvxpy minimised are brought to those of
+    1/2||W||^2 by the norm-free identity sum_k lam_k b_k = ||W||^2 at the optimum.
+    """
+    import cvxpy as cp
+
+    N = get_norm(norm)
+    d, e = cs.d, cs.e
+    ineq, eqm = cs.ineq, cs.eqmask
+    ii, ti = np.nonzero(ineq)
+    ie, te = np.nonzero(eqm)
+
+    def rows(i, t):
+        return np.einsum("kd,ke->kde", cs.Delta[i, t], cs.Z[i]).reshape(len(i), d * e)
+
+    W = cp.Variable((d, e))
+    w = cp.vec(W, order="C")
+    cons = []
+    if len(ii):
+        cons.append(rows(ii, ti) @ w >= cs.b[ii, ti])
+    if len(ie):
+        cons.append(rows(ie, te) @ w == cs.b[ie, te])
+    prob = cp.Problem(cp.Minimize(N.objective(W)), cons)
+    # vectors (e = 1): every norm is a vector norm (nuc / spectral: l_2), no SDP needed
+    solver = (solver or (N.solver if e > 1 else "CLARABEL")).upper()
+    kw = {}
+    if solver == "SCS":
+        acc = eps if eps is not None else 1e-8
+        kw = dict(eps_abs=acc, eps_rel=acc, max_iters=200_000)
+    elif solver == "CLARABEL":
+        acc = eps if eps is not None else 1e-10
+        kw = dict(tol_gap_abs=acc, tol_gap_rel=acc, tol_feas=acc, tol_ktratio=1e-8, max_iter=400)
+    if warm is not None:
+        W.value = warm
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            prob.solve(solver=solver, warm_start=warm is not None, **kw)
+        except (cp.error.SolverError, ValueError, ArithmeticError) as exc:
+            if solver != "SCS":
+                return solve_cvxpy(cs, N, "SCS", eps)
+            return None, None, f"solver_error: {exc}", solver, 0
+    status = str(prob.status)
+    n_iter = int(getattr(prob.solver_stats, "num_iters", 0) or 0)
+    if W.value is None or status not in ("optimal", "optimal_inaccurate"):
+        return None, None, status, solver, n_iter
+    Wv = np.asarray(W.value, dtype=float)
+    lam = np.zeros(cs.valid.shape)
+    k = 0
+    if len(ii):
+        if cons[0].dual_value is not None:
+            lam[ii, ti] = np.asarray(cons[0].dual_value, float).reshape(-1)
+        k = 1
+    if len(ie) and cons[k].dual_value is not None:
+        # cvxpy's Lagrangian adds +nu^T (M_eq w - b_eq): lam_eq = -nu
+        lam[ie, te] = -np.asarray(cons[k].dual_value, float).reshape(-1)
+    lb = float((lam * cs.b).sum())
+    if lb > 0:
+        lam *= float(N.value(Wv)) ** 2 / lb
+    return Wv, lam, status, solver, n_iter
+
