@@ -115,13 +115,14 @@ def test_compare_counts_agreement_and_flags_a_check_passing_only_on_the_shipped_
     assert lucky.v_4 == "error"  # an experiment that raised disagrees
     flip = by.loc["per d: holds at d = 4"]
     assert (flip.equal, flip.passes_others, flip.shipped_only) == (2, 2, False)  # not a majority
-    assert by.loc["toy figure"].fixed and not by.loc["per d: holds at d = 2"].fixed
+    assert by.loc["toy figure"].identical and not by.loc["per d: holds at d = 2"].identical
     s = tool.agreement(t).set_index("kind")
     assert s.loc["all", "comparisons"] == 20
     # e1: lucky 1 + d2 3 (error on seed 4) + d4 2 + sanity 3 = 9, e2: 4 -> 13 of 20
     assert s.loc["all", "equal"] == 13 and s.loc["all", "share"] == pytest.approx(13 / 20)
     assert s.loc["claim", "equal"] == 6 and s.loc["claim", "comparisons"] == 12
-    assert s.loc["finding", "share_seed_dependent"] != s.loc["finding", "share_seed_dependent"]
+    assert s.loc["finding", "varying"] == 0  # its only check measures the same on every seed
+    assert s.loc["claim", "varying"] == 3 and s.loc["claim", "share_varying"] == pytest.approx(6 / 12)
     assert s.loc["all", "shipped_only"] == 1 and s.loc["all", "unstable"] == 4
 
 

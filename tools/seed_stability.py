@@ -10,8 +10,9 @@ on the shipped one:
   a check a seed does not produce, counts as a disagreement;
 - **passes only on the shipped seed**: a check that holds on the shipped seed and does not
   hold on a majority of the other seeds (the done-means of issue 24 asks for none);
-- **fixed** checks: the same measured text on every seed (a figure's own dataset, a
-  deterministic toy): the seed cannot move them, so the agreement is also given without them.
+- **identical** checks: the same measured text on every seed (a figure's own dataset, a
+  deterministic toy, or a share that is 1 on every seed): the agreement is also given
+  without them (``share_varying``), the share among checks whose measurement moves.
 
 Checks are matched by experiment, kind and claim text with its numbers masked (a claim may
 quote numbers of its run), and by their order among checks of the same masked text.
@@ -22,6 +23,8 @@ Usage (from the repository root, with the package importable)::
         [--out attnsvm-out/seeds] [NAMES...]      # one `attnsvm reproduce` per seed (resumes)
     python tools/seed_stability.py compare --seeds 0,1001,2002,3003,4004 [--scale quick]
         [--out attnsvm-out/seeds] [--csv FILE] [--markdown FILE]
+    python tools/seed_stability.py rejudge --seeds ... [--scale quick] NAMES...
+        # after a change to a judge only: verdicts again from the stored tables
 
 ``run`` writes ``OUT/<scale>-<K>/`` (a normal reproduce folder) and skips experiments whose
 record is already there; ``compare`` reads their ``verdicts.csv``.
@@ -70,7 +73,7 @@ def compare(verdicts: Mapping[int, pd.DataFrame], shipped: int = 0) -> pd.DataFr
     shipped seed: experiment, kind, claim (shipped text), ``v_<seed>`` (the verdict, or
     "missing" / "error" when that seed has no such check or its experiment raised),
     ``m_<seed>`` (measured), ``equal`` (others with the shipped verdict), ``others``,
-    ``passes_others`` (others where it holds), ``fixed`` (same measured text on every seed),
+    ``passes_others`` (others where it holds), ``identical`` (same measured text on every seed),
     ``shipped_only`` (holds on the shipped seed, fails on a majority of the others).
     """
     if shipped not in verdicts:
@@ -93,7 +96,7 @@ def compare(verdicts: Mapping[int, pd.DataFrame], shipped: int = 0) -> pd.DataFr
     out["others"] = len(others)
     out["equal"] = sum((out[f"v_{s}"] == ship).astype(int) for s in others)
     out["passes_others"] = sum((out[f"v_{s}"] == "holds").astype(int) for s in others)
-    out["fixed"] = pd.concat([out[f"m_{s}"] for s in [shipped, *others]], axis=1).nunique(
+    out["identical"] = pd.concat([out[f"m_{s}"] for s in [shipped, *others]], axis=1).nunique(
         axis=1).eq(1)
     out["shipped_only"] = (ship == "holds") & (out.passes_others * 2 < len(others))
     return out
@@ -101,17 +104,17 @@ def compare(verdicts: Mapping[int, pd.DataFrame], shipped: int = 0) -> pd.DataFr
 
 def agreement(table: pd.DataFrame) -> pd.DataFrame:
     """Agreement with the shipped seed per kind and overall: checks, comparisons (check x
-    other seed), equal, share; and the same without the ``fixed`` checks."""
+    other seed), equal, share; and the same without the ``identical`` checks (``varying``)."""
     rows = []
     for kind in [*KINDS, "all"]:
         t = table if kind == "all" else table[table.kind == kind]
-        m = t[~t.fixed]
+        m = t[~t.identical]
         rows.append(dict(kind=kind, checks=len(t), comparisons=int(t.others.sum()),
                          equal=int(t.equal.sum()),
                          share=t.equal.sum() / t.others.sum() if len(t) else float("nan"),
-                         seed_dependent_checks=len(m),
-                         share_seed_dependent=(m.equal.sum() / m.others.sum() if len(m)
-                                               else float("nan")),
+                         varying=len(m),
+                         share_varying=(m.equal.sum() / m.others.sum() if len(m)
+                                        else float("nan")),
                          unstable=int((t.equal < t.others).sum()),
                          shipped_only=int(t.shipped_only.sum())))
     return pd.DataFrame(rows)
@@ -155,6 +158,40 @@ def _run(args) -> int:
     return 0
 
 
+def rejudge(folder: Path, names: Sequence[str]) -> list[str]:
+    """Judge again, from the tables on disk, experiments ``names`` of one reproduce folder
+    (after a change to a ``judge`` only: the numbers are not recomputed), rewriting their
+    records' checks and the folder's report; returns the names re-judged."""
+    import json
+
+    from attnsvm.experiments import get
+    from attnsvm.report import update_report
+
+    done = []
+    for name in names:
+        path = Path(folder) / name / "result.json"
+        if not path.exists():
+            continue
+        rec = json.loads(path.read_text())
+        if rec.get("error"):
+            continue
+        exp = get(name)
+        cfg = exp.config(rec["scale"], **{k: v for k, v in rec["config"].items()
+                                          if k in exp.configs[rec["scale"]]})
+        for k, v in exp.configs[rec["scale"]].items():  # JSON turned tuples into lists
+            if isinstance(v, tuple):
+                cfg[k] = tuple(cfg[k])
+        tables = {t: pd.read_parquet(Path(folder) / info["path"])
+                  for t, info in rec["tables"].items()}
+        rec["checks"] = [{"claim": c.claim, "measured": c.measured, "passed": bool(c.passed),
+                          "note": c.note, "kind": c.kind, "quote": c.quote, "where": c.where}
+                         for c in exp.judge(tables, cfg)]
+        path.write_text(json.dumps(rec, indent=1))
+        done.append(name)
+    update_report(folder)
+    return done
+
+
 def _markdown(table: pd.DataFrame, summary: pd.DataFrame, seeds: Sequence[int],
               shipped: int) -> str:
     from attnsvm.report import markdown_table
@@ -195,7 +232,7 @@ def _compare(args) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="cmd", required=True)
-    for name in ("run", "compare"):
+    for name in ("run", "compare", "rejudge"):
         q = sub.add_parser(name)
         q.add_argument("--seeds", type=_seeds, default=[0, 1001, 2002, 3003, 4004],
                        help="seed offsets (attnsvm reproduce --seed), the shipped one included")
@@ -203,11 +240,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         q.add_argument("--out", default="attnsvm-out/seeds", help="folder of the runs")
         if name == "run":
             q.add_argument("names", nargs="*", help="experiments (default: reproduce's)")
+        elif name == "rejudge":
+            q.add_argument("names", nargs="+", help="experiments whose judge changed")
         else:
             q.add_argument("--shipped", type=int, default=0, help="the shipped seed offset")
             q.add_argument("--csv", help="write the per-check table here")
             q.add_argument("--markdown", help="write the summary as Markdown here")
     args = p.parse_args(argv)
+    if args.cmd == "rejudge":
+        for seed in args.seeds:
+            folder = Path(args.out) / f"{args.scale}-{seed}"
+            print(f"{folder}: re-judged {', '.join(rejudge(folder, args.names)) or 'nothing'}")
+        return 0
     return _run(args) if args.cmd == "run" else _compare(args)
 
 
