@@ -84,6 +84,28 @@ def test_reproduce_seed_offsets_every_experiments_seed(tmp_path, monkeypatch, ca
     assert not (tmp_path / "x").exists()
 
 
+def test_rejudge_rewrites_the_verdicts_from_the_stored_tables(tmp_path, monkeypatch):
+    (tmp_path / "seed_demo_mod.py").write_text(DEMO)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "seed_demo_mod", raising=False)
+    out = tmp_path / "r"
+    assert main(["reproduce", "seed_demo_mod:SEEDED", "--scale", "tiny", "--out", str(out)]) == 0
+    import dataclasses
+
+    import seed_demo_mod
+
+    def strict(t, cfg):  # a new judge: fails on the same tables
+        return [seed_demo_mod.Check("the draw has 5 rows", f"{len(t['draw'])} rows",
+                                    len(t["draw"]) == 5, kind="sanity")]
+
+    exp = dataclasses.replace(seed_demo_mod.SEEDED, judge=strict)
+    assert _tool().rejudge(out, ["demo-seeded", "absent"], get={"demo-seeded": exp}.get) == [
+        "demo-seeded"]
+    v = pd.read_csv(out / "verdicts.csv")
+    assert list(v.claim) == ["the draw has 5 rows"] and list(v.verdict) == ["does not hold"]
+    assert "the draw has 5 rows" in (out / "report.md").read_text()
+
+
 # --------------------------------------------------------------- the comparison logic
 def _v(rows):
     return pd.DataFrame(rows, columns=["experiment", "kind", "claim", "measured", "verdict"])

@@ -158,14 +158,17 @@ def _run(args) -> int:
     return 0
 
 
-def rejudge(folder: Path, names: Sequence[str]) -> list[str]:
+def rejudge(folder: Path, names: Sequence[str], get=None) -> list[str]:
     """Judge again, from the tables on disk, experiments ``names`` of one reproduce folder
     (after a change to a ``judge`` only: the numbers are not recomputed), rewriting their
-    records' checks and the folder's report; returns the names re-judged."""
+    records' checks and the folder's report; returns the names re-judged. ``get``: name ->
+    Experiment (default: the registry's)."""
     import json
 
-    from attnsvm.experiments import get
     from attnsvm.report import update_report
+
+    if get is None:
+        from attnsvm.experiments import get
 
     done = []
     for name in names:
