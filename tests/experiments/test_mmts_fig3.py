@@ -78,6 +78,17 @@ def test_judge_fails_when_a_prediction_fails(kw, failing):
     assert _failing(fig3.judge(_tables(**kw), CFG)) == failing
 
 
+def test_coincide_is_not_flipped_by_two_correlations_straddling_the_threshold():
+    """Seed offset 1001 (full): GD at corr 0.98928 with p_relaxed, p_off(r) at 0.99006 (GD
+    0.99998 from p_off): the run agrees with its prediction; only the two thresholded
+    verdicts differ. The distance between the two correlations is what is judged."""
+    t = _tables(pop_b=dict(corr_p_relaxed=0.98928), sets_b=dict(corr_off_relaxed=0.99006))
+    checks = {KEYS[c.claim]: c for c in fig3.judge(t, CFG)}
+    assert checks["coincide"].passed and "opposite sides" in checks["coincide"].note
+    t = _tables(pop_b=dict(corr_p_relaxed=0.97928), sets_b=dict(corr_off_relaxed=0.99006))
+    assert not {KEYS[c.claim]: c for c in fig3.judge(t, CFG)}["coincide"].passed
+
+
 def test_every_check_has_a_failing_input():
     """Each declared verdict is broken by some case of the parametrised test above."""
     cases = test_judge_fails_when_a_prediction_fails.pytestmark[0].args[1]

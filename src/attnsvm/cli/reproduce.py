@@ -1,9 +1,14 @@
-"""``attnsvm reproduce [NAMES...] [--full] [--out DIR]``: run the papers' experiments.
+"""``attnsvm reproduce [NAMES...] [--full] [--seed K] [--out DIR]``: run the papers' experiments.
 
 Each experiment's tables, figures, verdicts and report section are on disk as soon as it
 finishes (``DIR/<name>/result.json``, and ``report.md`` / ``verdicts.csv`` rebuilt from
 every record in ``DIR``): an interrupt loses at most the experiment that was running, and
 re-running some experiments into ``DIR`` replaces their sections and keeps the others.
+
+``--seed K`` adds K to every seed of every experiment's config (``seed`` and ``*_seed``,
+see :func:`attnsvm.experiments.base.offset_seeds`): the same experiments on populations of
+datasets and starts never shipped, to see whether a verdict depends on the shipped seed
+(``tools/seed_stability.py`` compares the verdicts of several K).
 """
 
 from __future__ import annotations
@@ -11,7 +16,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from attnsvm.cli._args import check_out_dir, default_out, positive_int
+from attnsvm.cli._args import check_out_dir, default_out, nonnegative_int, positive_int
 
 HELP = "run the papers' experiments (all, or NAMES) and write a report with figures and verdicts"
 
@@ -31,6 +36,11 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", default=default_out("reproduce"),
                    help="output folder: report.md, verdicts.csv, NAME/ per experiment; "
                         "sections of experiments not run now are kept")
+    p.add_argument("--seed", type=nonnegative_int, default=0, metavar="K",
+                   help="add K to every seed of every experiment (its `seed` and `*_seed` "
+                        "config keys): populations of datasets and starts other than the "
+                        "shipped ones (default 0: the shipped seeds); experiments without a "
+                        "seed are deterministic and run as shipped")
     p.add_argument("--threads", type=positive_int, default=1,
                    help="torch intra-op threads (default 1: the experiments' tensors are small, "
                         "and extra threads cost more than they gain on a shared machine)")
@@ -72,6 +82,7 @@ def run(args: argparse.Namespace) -> int:
 
     from attnsvm import plotting
     from attnsvm.experiments import registry, run_experiment
+    from attnsvm.experiments.base import offset_seeds
     from attnsvm.report import save_result, update_report
 
     formats = tuple(f.strip().lower() for f in args.formats.split(",") if f.strip())
@@ -81,18 +92,21 @@ def run(args: argparse.Namespace) -> int:
     plotting.FORMATS = formats
     exps = select(args.names, registry())
     out = check_out_dir(args.out)
-    for exp in exps:
-        exp.config(args.scale)  # an experiment without this scale: refused before any run
+    seeds = {}
+    for exp in exps:  # an experiment without this scale: refused before any run
+        seeds[exp.name] = offset_seeds(exp.config(args.scale), getattr(args, "seed", 0))
     out.mkdir(parents=True, exist_ok=True)
     results = []
     t0 = time.perf_counter()
-    print(f"attnsvm reproduce: {len(exps)} experiments at scale {args.scale!r} -> {out}/",
-          flush=True)
+    shift = f", seeds + {args.seed}" if getattr(args, "seed", 0) else ""
+    print(f"attnsvm reproduce: {len(exps)} experiments at scale {args.scale!r}{shift} -> "
+          f"{out}/", flush=True)
     path = out / "report.md"
     for i, exp in enumerate(exps, 1):
         print(f"[{i}/{len(exps)}] {exp.name:<22s}", end=" ", flush=True)
         try:
-            res = run_experiment(exp, args.scale, out / exp.name, threads=args.threads)
+            res = run_experiment(exp, args.scale, out / exp.name, threads=args.threads,
+                                 **seeds[exp.name])
         except KeyboardInterrupt:
             done = ", ".join(r.experiment.name for r in results) or "none"
             print(f"\nattnsvm reproduce: interrupted during {exp.name}; finished in this run "

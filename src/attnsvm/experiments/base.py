@@ -125,6 +125,24 @@ class Claim:
                              self.quote, self.where)
 
 
+def seed_keys(cfg: Mapping[str, Any]) -> list[str]:
+    """The config keys that seed an experiment's random draws: ``seed`` and every ``*_seed``
+    holding an integer (``mmts-fig7-gpt2``'s ``seeds`` is a count, not a seed)."""
+    return [k for k, v in cfg.items()
+            if (k == "seed" or k.endswith("_seed")) and isinstance(v, int)
+            and not isinstance(v, bool)]
+
+
+def offset_seeds(cfg: Mapping[str, Any], offset: int) -> dict[str, int]:
+    """Overrides that move every seed of ``cfg`` by ``offset`` (``seed_keys``): with them an
+    experiment draws a population of datasets and starts disjoint from the shipped one
+    whenever ``offset`` exceeds its population's span (``attnsvm reproduce --seed``).
+    Empty for an experiment without a seed (its data and start are fixed)."""
+    if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
+        raise ValueError(f"seed offset must be an integer >= 0; got {offset!r}")
+    return {k: cfg[k] + offset for k in seed_keys(cfg)}
+
+
 def check_at_least(claim: str, name: str, value: float, threshold: float, note: str = "",
                    fmt: str = ".4g", kind: str = "claim", quote: str = "",
                    where: str = "") -> Check:
