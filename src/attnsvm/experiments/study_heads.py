@@ -200,13 +200,14 @@ def train_run(cfg, arch: str, spec: dict, labels: str, seed: int, data, init: pd
     return pd.concat(parts, ignore_index=True), pd.DataFrame(losses)
 
 
-def seed_block(cfg: dict, arch: str, seed: int, data=None):
+def seed_block(cfg: dict, arch: str, seed: int, specs=None, data=None):
     """Every run of one (architecture, init seed): the step-0 record (the random-init control,
-    shared by all runs of the seed), then each optimiser on true and shuffled labels."""
+    shared by all runs of the seed), then each optimiser of ``specs`` (default: the config's)
+    on true and shuffled labels."""
     data = make_data(cfg) if data is None else data
     init = _tracker(build_model(arch, cfg, data["vocab"], seed), data, cfg, seed, [0]).record(0)
     tracks, losses = [], []
-    for spec in cfg["optimizers"]:
+    for spec in cfg["optimizers"] if specs is None else specs:
         for labels in cfg["labels"]:
             t, lo = train_run(cfg, arch, dict(spec), labels, seed, data, init)
             tracks.append(t)
@@ -214,10 +215,10 @@ def seed_block(cfg: dict, arch: str, seed: int, data=None):
     return pd.concat(tracks, ignore_index=True), pd.concat(losses, ignore_index=True)
 
 
-def _worker_block(cfg: dict, arch: str, seed: int):
-    """:func:`seed_block` in a worker process, on one torch thread."""
+def _worker_block(cfg: dict, arch: str, seed: int, spec: dict):
+    """:func:`seed_block` of one optimiser in a worker process, on one torch thread."""
     torch.set_num_threads(1)
-    return seed_block(cfg, arch, seed)
+    return seed_block(cfg, arch, seed, [spec])
 
 
 def make_data(cfg: dict) -> dict:
@@ -236,19 +237,19 @@ def make_data(cfg: dict) -> dict:
 
 
 def compute(cfg):
-    blocks = [(arch, s) for arch in cfg["archs"]
-              for s in range(int(cfg.get("seed", 0)), int(cfg.get("seed", 0)) + cfg["seeds"])]
+    seeds = range(int(cfg.get("seed", 0)), int(cfg.get("seed", 0)) + cfg["seeds"])
     workers = cfg.get("workers", 1)
-    workers = min(len(blocks), (os.cpu_count() or 1) if workers == "auto" else int(workers))
-    if workers > 1:  # independent, seeded runs: the same tables as one worker
+    workers = (os.cpu_count() or 1) if workers == "auto" else int(workers)
+    if workers > 1:  # independent, seeded runs: the same tables as one worker (up to rounding)
         import multiprocessing as mp
         from concurrent.futures import ProcessPoolExecutor
 
-        with ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn")) as ex:
-            got = list(ex.map(_worker_block, [cfg] * len(blocks), *zip(*blocks)))
+        tasks = [(a, s, spec) for a in cfg["archs"] for s in seeds for spec in cfg["optimizers"]]
+        with ProcessPoolExecutor(min(workers, len(tasks)), mp_context=mp.get_context("spawn")) as ex:
+            got = list(ex.map(_worker_block, [cfg] * len(tasks), *zip(*tasks)))
     else:
         data = make_data(cfg)
-        got = [seed_block(cfg, arch, s, data) for arch, s in blocks]
+        got = [seed_block(cfg, a, s, data=data) for a in cfg["archs"] for s in seeds]
     track = pd.concat([g[0] for g in got], ignore_index=True)
     loss = pd.concat([g[1] for g in got], ignore_index=True)
     heads = head_table(track)
@@ -272,7 +273,8 @@ def head_table(track: pd.DataFrame) -> pd.DataFrame:
     finite points)."""
     key = ["arch", "optimizer", "labels", "seed", "layer", "head"]
     rows = []
-    for k, g in track.sort_values("step").groupby(key, sort=False):
+    for k, g in track.groupby(key, sort=False):  # in the table's (config's) order
+        g = g.sort_values("step")
         first, last = g.iloc[0], g.iloc[-1]
         rows.append(dict(zip(key, k), step_T=int(last.step), points=len(g),
                          corr_0=float(first.corr_mm), corr_T=float(last.corr_mm),
@@ -416,6 +418,8 @@ def plot(tables, cfg, out):
     optimizer): trained heads solid, shuffled-label heads dashed, the random-init heads as
     grey points (and their median dashed); (2) held-out loss and soft-sparsity against
     ||W_h||."""
+    from matplotlib.ticker import NullFormatter
+
     track, loss = tables["track"], tables["loss"]
     archs, opts = list(cfg["archs"]), [s["name"] for s in cfg["optimizers"]]
     fig, ax = P.subplots(len(opts), len(archs), width=3.6, height=3.0)
@@ -423,10 +427,13 @@ def plot(tables, cfg, out):
     for i, arch in enumerate(archs):
         init = track[(track.arch == arch) & (track.step == 0)].drop_duplicates(
             ["seed", "layer", "head"])
+        n = track.loc[track.arch == arch, NORM]
+        n = n[np.isfinite(n) & (n > 0)]
+        xlim = (n.min() / 1.3, n.max() * 1.3) if len(n) else None  # one scale per row
         for j, o in enumerate(opts):
             a = ax[i * len(opts) + j]
             t = track[(track.arch == arch) & (track.optimizer == o)]
-            for lab, ls in (("shuffled", "--"), ("true", "-")):
+            for lab, ls in (("true", "-"), ("shuffled", "--")):
                 runs = list(t[t.labels == lab].groupby(["seed", "layer", "head"]))
                 for k, (_, g) in enumerate(runs):
                     g = g.sort_values("step")
@@ -437,6 +444,9 @@ def plot(tables, cfg, out):
             if len(init):
                 a.axhline(init.corr_mm.median(), ls="--", color="0.4", lw=1)
             a.set_xscale("log")
+            a.xaxis.set_minor_formatter(NullFormatter())
+            if xlim:
+                a.set_xlim(*xlim)
             a.set_ylim(-0.1, 1.05)
             P.label(a, "||W_h|| (SVM coordinates)", "corr(W_h, W_mm)", f"{arch}, {o}",
                     legend=(i == 0 and j == 0))
@@ -458,7 +468,9 @@ def plot(tables, cfg, out):
             ax[2 * i].axhline(float(loss.unigram.iloc[0]), color="0.4", ls=":", lw=1,
                               label="unigram level")
         ax[2 * i].set_xscale("symlog", linthresh=1)
+        ax[2 * i].set_xlim(left=0)
         ax[2 * i + 1].set_xscale("log")
+        ax[2 * i + 1].xaxis.set_minor_formatter(NullFormatter())
         P.label(ax[2 * i], "step", "held-out loss (nats/char)", f"{arch}: next-character loss",
                 legend=i == 0)
         P.label(ax[2 * i + 1], "||W_h|| (median over heads)", "soft-sparsity (median)",
