@@ -16,7 +16,7 @@ momentum, then the Newton-Schulz polar factor, on the blocks' 2-D weight matrice
 embeddings and gains, as there). :class:`attnsvm.track.Tracker` records every head from the
 initialisation at log-spaced steps on a fixed held-out probe batch: ||W_h|| (the norm of the
 head's matrix in the coordinates of its SVM: M = [U_K^T W U_Q, U_K^T u], the lifted M of a
-rotary head, docs/theory.md §11), the soft-sparsity 1 / sum_t s_t^2 of its attention and
+rotary head: docs/theory.md, "The attention SVM of today's models"), the soft-sparsity 1 / sum_t s_t^2 of its attention and
 corr(W_h, W_mm) with the certified ATT-SVM of its own argmax selection (causal seq-to-seq; the
 lifted SVM for rotary heads).
 
