@@ -124,16 +124,18 @@ def tiny():
 
 
 @pytest.mark.parametrize("arch", ["llama", "gpt2"])
-def test_ntp_loss_is_the_models_own_and_shuffling_keeps_the_labels(tiny, arch):
+def test_ntp_loss_is_the_models_own_and_takes_replaced_targets(tiny, arch):
     cfg, data = tiny
     model = S.build_model(arch, cfg, data["vocab"], seed=0)
     x = data["val_batch"]
     with torch.no_grad():
         ref = model(input_ids=x, labels=x).loss  # the library's own shifted loss
         assert abs(float(S.ntp_loss(model, x)) - float(ref)) < 1e-5
-        perm = torch.randperm(x.shape[0] * (x.shape[1] - 1), generator=torch.Generator().manual_seed(0))
-        shuffled = S.ntp_loss(model, x, perm)
-    assert not torch.equal(perm, torch.arange(len(perm))) and torch.isfinite(shuffled)
+        y = x[:, 1:].reshape(-1)
+        perm = torch.randperm(len(y), generator=torch.Generator().manual_seed(0))
+        logp = torch.log_softmax(model(input_ids=x).logits[:, :-1].reshape(len(y), -1), -1)
+        want = -logp[torch.arange(len(y)), y[perm]].mean()  # the targets replaced, by hand
+        assert abs(float(S.ntp_loss(model, x, y[perm])) - float(want)) < 1e-5
     # no padding index: every character keeps its (random, nonzero) embedding
     emb = model.get_input_embeddings().weight
     assert (emb.norm(dim=1) > 0).all()
