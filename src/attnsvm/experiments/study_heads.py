@@ -519,7 +519,7 @@ EXPERIMENT = Experiment(
         "seeds; full: d = 64, 8 heads, context 64, 1,000 steps, 3 seeds; Llama with half as "
         "many key heads) on next-character prediction of the Python documentation (pydoc_data, "
         "ships with CPython): nothing may be downloaded and the quick scale must fit a CPU "
-        "budget of about a minute and a half.",
+        "budget of about a minute.",
         "Learning rates: AdamW 3e-3 and Muon 0.02 (its authors' default) were kept over 1e-2 / "
         "0.05, and SGD with momentum 0.9 at lr 0.1 was chosen over lr 0.3 and plain SGD at lr "
         "0.2 / 0.5 (lr 0.5 diverged on the Llama), by held-out loss of true-label runs (300 "
