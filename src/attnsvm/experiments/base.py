@@ -31,6 +31,8 @@ PAPERS = {
     "kqflow": "Gradient flow on separate key and query matrices: nuclear-norm implicit bias (Sheen et al., 2024)",
     "atlas": "attnsvm's own question, beyond the papers: the geometry of each optimiser's implicit bias",
     "ntp": "Mechanics of Next Token Prediction with Self-Attention (Li, Huang, Ildiz, Rawat, Oymak, 2024)",
+    "study": "attnsvm's own study, beyond the papers: do the heads of transformers trained by "
+             "next-token prediction become the SVM of the tokens they select?",
 }
 
 
