@@ -2,7 +2,8 @@
 # Each target builds .venv on first use and installs only what it needs: the core (torch
 # pinned to its CPU build first, so that resolving the project's range never pulls a
 # multi-GB CUDA build; then attnsvm with numba, whose kernels are compiled once here into
-# numba's disk cache, not in the first run), plus the extras of that target (test: the
+# numba's disk cache, not in the first run), plus the extras of that target (reproduce:
+# transformers, for study-heads; test: the
 # test tools, transformers for the probe tests and dask for the sweep tests; bench: the
 # benchmark peers; docs: mkdocs; dist: build and twine). Every step prints its title and
 # its duration.
@@ -29,7 +30,9 @@ $(CORE): pyproject.toml Makefile
 	@rm -f $(VENV)/.for-*
 	@touch $(CORE)
 
-# the extras of pyproject.toml each target needs beyond the core
+# the extras of pyproject.toml each target needs beyond the core (reproduce: transformers,
+# for the study of trained decoder heads in the default run)
+EXTRAS_reproduce = probe
 EXTRAS_test  = test,probe,dask
 EXTRAS_bench = bench
 EXTRAS_docs  = docs
@@ -42,7 +45,7 @@ $(VENV)/.for-%: $(CORE)
 
 install: $(CORE)
 
-reproduce: $(CORE)
+reproduce: $(VENV)/.for-reproduce
 	$(STEP) "attnsvm reproduce $(ARGS)" $(BIN)/attnsvm reproduce $(ARGS)
 
 test: $(VENV)/.for-test

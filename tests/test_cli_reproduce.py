@@ -79,6 +79,8 @@ DEMO = textwrap.dedent('''
                    in_default=False, deviations=("k = 1 instead of the paper's 2 (a demo)",))
     B = Experiment("demo-b", "Demo B", "the loss decreases", CONFIGS, compute_b, judge_b, plot,
                    in_default=False)
+    C = Experiment("demo-c", "Demo C", "needs a package", CONFIGS, compute_b, judge_b, plot,
+                   requires=(("attnsvm_no_such_module", "probe"),))
 ''')
 
 
@@ -188,3 +190,30 @@ def test_unreadable_record_is_named_not_dropped_silently(demo, tmp_path, capsys)
     assert "## demo-a" in report and "## demo-b" not in report
     assert "**Unreadable record**: `demo-b/result.json` could not be read" in report
     capsys.readouterr()
+
+
+def test_an_experiment_whose_package_is_missing_is_refused_by_name_and_skipped_by_default(
+        demo, tmp_path, monkeypatch, capsys):
+    """Asked for by name: one line naming the module and the pip extra, exit 2, nothing run
+    or written. In the default run: skipped with that line; the others run, exit 0."""
+    import dataclasses
+    import importlib
+
+    mod = importlib.import_module(demo)
+    out = tmp_path / "out"
+    assert mod.C.missing() == ("demo-c needs attnsvm_no_such_module "
+                               "(pip install 'attnsvm[probe]')")
+    assert mod.A.missing() is None
+    assert main(["reproduce", f"{demo}:C", "--scale", "tiny", "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "attnsvm_no_such_module" in err and "attnsvm[probe]" in err
+    assert len(err.strip().splitlines()) == 1 and not out.exists()
+
+    import attnsvm.experiments as E
+
+    default = {"demo-a": dataclasses.replace(mod.A, in_default=True), "demo-c": mod.C}
+    monkeypatch.setattr(E, "registry", lambda: default)
+    assert main(["reproduce", "--scale", "tiny", "--out", str(out)]) == 0
+    cap = capsys.readouterr()
+    assert "skipping demo-c needs attnsvm_no_such_module" in cap.err
+    assert (out / "demo-a").exists() and not (out / "demo-c").exists()

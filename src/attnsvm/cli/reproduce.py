@@ -91,6 +91,12 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"--formats {args.formats}: use png, pdf or svg (comma-separated)")
     plotting.FORMATS = formats
     exps = select(args.names, registry())
+    missing = {e.name: e.missing() for e in exps if e.missing()}
+    if missing and args.names:  # asked for by name: refused before any work
+        raise ValueError("; ".join(missing.values()))
+    for why in missing.values():  # the default run: skipped, saying what to install
+        print(f"attnsvm reproduce: skipping {why}", file=sys.stderr)
+    exps = [e for e in exps if e.name not in missing]
     out = check_out_dir(args.out)
     seeds = {}
     for exp in exps:  # an experiment without this scale: refused before any run

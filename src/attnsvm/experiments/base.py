@@ -188,6 +188,10 @@ class Experiment:
     verdicts: the declared verdicts (:class:`Claim`: kind, the paper's sentence and place),
              shown by ``attnsvm list NAME`` before anything runs; ``judge`` builds its
              checks from them.  Empty for an experiment that declares its checks in judge.
+    requires: optional packages the experiment imports, as ``(module, extra)`` pairs, e.g.
+             ``(("transformers", "probe"),)``: :meth:`missing` names those not installed, so
+             ``attnsvm reproduce`` skips it in the default run (saying what to install) and
+             refuses it by name before any work.
     """
 
     name: str
@@ -200,6 +204,19 @@ class Experiment:
     in_default: bool = True
     deviations: tuple[str, ...] = ()
     verdicts: tuple[Claim, ...] = ()
+    requires: tuple[tuple[str, str], ...] = ()
+
+    def missing(self) -> str | None:
+        """None when every package of ``requires`` imports; else one line naming the missing
+        modules and the ``pip install`` that brings them."""
+        import importlib.util
+
+        gone = [(m, x) for m, x in self.requires if importlib.util.find_spec(m) is None]
+        if not gone:
+            return None
+        extras = ",".join(dict.fromkeys(x for _, x in gone))
+        return (f"{self.name} needs {', '.join(m for m, _ in gone)} "
+                f"(pip install 'attnsvm[{extras}]')")
 
     @property
     def paper(self) -> str:

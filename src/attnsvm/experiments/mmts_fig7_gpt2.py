@@ -376,6 +376,7 @@ EXPERIMENT = Experiment(
              "quick": {**_C, "seeds": 2, "steps": 300, "records": 7},
              "full": {**_C, "seeds": 3, "steps": 3000, "records": 12}},
     compute=compute, judge=judge, plot=plot, in_default=False,
+    requires=(("transformers", "probe"),),
     verdicts=tuple(CLAIMS[k] for k in _ORDER),
     deviations=(
         "Not the paper's setting, so every verdict is an attnsvm finding (none is counted as a "

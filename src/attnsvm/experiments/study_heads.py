@@ -528,4 +528,5 @@ EXPERIMENT = Experiment(
         "Newton-Schulz steps, lr 0.02) on the blocks' 2-D weights, without Muon's "
         "max(1, rows / cols)^0.5 scale; GPT-2's fused q/k/v matrix is orthogonalised as one.",
     ),
+    requires=(("transformers", "probe"),),
 )
