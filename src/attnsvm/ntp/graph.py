@@ -67,8 +67,14 @@ def scc_table(seqs, y, K: int, exclude=None) -> np.ndarray:
     a token k that is never a query.  Tokens without an edge are their own component.
     Ids are unique across rows (equal ids within a row = one SCC).  One call of scipy's
     strong connected_components on the disjoint union of the graphs G_k (node k K + j)."""
-    i, q, a, b = _edges(seqs, y, exclude)
-    A = csr_matrix((np.ones(len(q), np.int8), (q * K + a, q * K + b)), shape=(K * K, K * K))
+    _, q, a, b = _edges(seqs, y, exclude)
+    return _scc_of_edges(q, a, b, K, seqs)
+
+
+def _scc_of_edges(q, a, b, K: int, seqs) -> np.ndarray:
+    """:func:`scc_table` from the edge list of :func:`_edges` (the adjacency in float64,
+    the dtype csgraph works in, so that it is not converted again)."""
+    A = csr_matrix((np.ones(len(q)), (q * K + a, q * K + b)), shape=(K * K, K * K))
     _, lab = connected_components(A, directed=True, connection="strong")
     out = lab.reshape(K, K).astype(np.int64)
     isq = np.zeros(K, bool)
@@ -114,9 +120,9 @@ class GraphRows:
 def graph_rows(seqs, y, K: int, exclude=None, scc: np.ndarray | None = None) -> GraphRows:
     """The Graph-SVM rows of a dataset (duplicates merged; ``scc``: a precomputed
     :func:`scc_table`)."""
-    if scc is None:
-        scc = scc_table(seqs, y, K, exclude)
     i, q, a, b = _edges(seqs, y, exclude)
+    if scc is None:
+        scc = _scc_of_edges(q, a, b, K, seqs)
     key = (q * K + a) * K + b
     uk, inv = np.unique(key, return_inverse=True)
     k_u, rest = np.divmod(uk, K * K)
