@@ -24,6 +24,7 @@ from attnsvm import optim as O
 from attnsvm.fused import codes as C
 from attnsvm.losses import get_loss
 from attnsvm.models import prepare
+from test_fused import _models as fused_models
 
 pytestmark = pytest.mark.skipif(not fused.available(), reason="numba is not installed")
 
@@ -32,14 +33,8 @@ D_ = 3
 
 
 def _models():
-    rng = np.random.default_rng(5)
-    Wf = np.eye(D_) + 0.3 * rng.standard_normal((D_, D_))
-    return {
-        "W": lambda t: M.WModel(D_, train_head=t),
-        "KQ": lambda t: M.KQModel(D_, m=2, reg=1e-3, train_head=t),
-        "Diag": lambda t: M.DiagModel(D_, train_head=t),
-        "Prompt": lambda t: M.PromptModel(D_, W_fixed=Wf, train_head=t),
-    }
+    """The four models of tests/test_fused.py (one table for both files), at d = D_."""
+    return fused_models(D_)
 
 
 class Trial:
