@@ -91,7 +91,7 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"--formats {args.formats}: use png, pdf or svg (comma-separated)")
     plotting.FORMATS = formats
     exps = select(args.names, registry())
-    missing = {e.name: e.missing() for e in exps if e.missing()}
+    missing = {e.name: why for e in exps if (why := e.missing())}
     if missing and args.names:  # asked for by name: refused before any work
         raise ValueError("; ".join(missing.values()))
     for why in missing.values():  # the default run: skipped, saying what to install
