@@ -149,7 +149,7 @@ def w_fin(data: NTPData, head: str = "iden", tol: float = 1e-10, max_iter: int =
         val = f(cc)
         g = torch.autograd.grad(val, cc)[0]
         gn = float(g.norm())
-        if gn <= tol * max(1.0, float(val)):
+        if gn <= tol * max(1.0, float(val.detach())):
             conv = True
             break
         H = torch.autograd.functional.hessian(f, c)
