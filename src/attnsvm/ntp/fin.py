@@ -156,7 +156,7 @@ def w_fin(data: NTPData, head: str = "iden", tol: float = 1e-10, max_iter: int =
         ev = torch.linalg.eigvalsh(H)
         shift = max(0.0, -float(ev.min())) + 1e-14 * max(1.0, float(ev.abs().max()))
         step = torch.linalg.solve(H + shift * torch.eye(len(c), dtype=H.dtype), g)
-        lr, f0 = 1.0, float(val)
+        lr, f0 = 1.0, float(val.detach())
         while lr > 1e-12:
             cn = c - lr * step
             with torch.no_grad():
@@ -165,7 +165,7 @@ def w_fin(data: NTPData, head: str = "iden", tol: float = 1e-10, max_iter: int =
                 break
             lr *= 0.5
         if lr <= 1e-12:  # no decrease left in float64: stationary to rounding
-            conv = gn <= 1e3 * tol * max(1.0, float(val))
+            conv = gn <= 1e3 * tol * max(1.0, float(val.detach()))
             break
         c = cn
     with torch.no_grad():
