@@ -293,6 +293,36 @@ def test_nuclear_proof_refuses_perturbed_answers(monkeypatch):
     assert out.status_ == "uncertified" and not out.feasible_
 
 
+@pytest.mark.parametrize("seed, graph", [(89, "acyclic"), (4, "cyclic"), (2, "cyclic")])
+def test_nuclear_support_resolve_after_a_stalled_run(monkeypatch, seed, graph):
+    """Where the interior-point method stops short of a proof (its rounding floor), the
+    second run on the answer's support gives the proven optimum: the first run is made to
+    stop early (10 iterations: both its candidates fail the 1e-9 gap), the answer is
+    then the support run's, proven, and equal to the independent reference; the cvxpy
+    fallbacks are not reached."""
+    import attnsvm.svm.fast as F
+    from attnsvm.svm import graph as G
+
+    D = ntp_random(4, 6, 8, 8, graph=graph, seed=[11, seed])
+    runs = []
+    real = F.nuclear_ipm_small
+
+    def first_stalls(*a, **kw):
+        runs.append(len(a[2]))
+        if len(runs) == 1:
+            kw["max_iter"] = 10  # (an iterate short of the floor, as a stalled run returns)
+        return real(*a, **kw)
+
+    monkeypatch.setattr(F, "nuclear_ipm_small", first_stalls)
+    monkeypatch.setattr(G, "_nuc_dual", lambda *a, **k: pytest.fail("cvxpy fallback reached"))
+    sol = graph_svm(D.E, D.seqs, D.y, norm="nuc")
+    assert len(runs) == 2 and runs[1] < runs[0]  # the second run: fewer rows
+    assert sol.status_ == "optimal" and sol.gap_ <= GAP_GRAPH, sol
+    assert sol.solver_.startswith("ipm-sdp on its support")
+    ref = reference(D.E, D.seqs, D.y, "nuc")
+    assert abs(sol.norm_ - ref) <= 1e-6 * ref
+
+
 def test_infeasible_by_an_exact_relation_of_differences(monkeypatch):
     """An instance (d = 3 < K = 4) whose infeasibility is an exact linear relation among the
     tokens' differences E_y - E_j: the Farkas certificate holds on the exact differences

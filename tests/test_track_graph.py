@@ -94,7 +94,11 @@ def test_gpt2_graph_corr_matches_graph_svm_read_off_the_model(norm):
         ref, sol = _independent(model, ids, h, norm)
         r = tab[tab["head"] == h].iloc[0]
         assert r.graph_status == "optimal" and sol.status_ == "optimal"
-        assert r.graph_corr == pytest.approx(ref, abs=1e-7)
+        # the Frobenius optimum is unique and answered by an exact active set; the nuclear
+        # one is flat to second order along some directions, so two certified answers (gap
+        # <= 1e-9, each solved in its own basis) agree in norm to the gap but in direction
+        # only to ~sqrt(gap) (as in test_ntp_graph_svm's kernel test: W to 1e-4)
+        assert r.graph_corr == pytest.approx(ref, abs=1e-7 if norm == "fro" else 3e-5)
         assert r.graph_norm == pytest.approx(sol.norm_, rel=1e-7)
         assert r.graph_tokens == ids.numel()  # distinct tokens and positions: all distinct
         assert r.graph_rows == sol.extra["n_constraints"]

@@ -68,13 +68,20 @@ def scc_table(seqs, y, K: int, exclude=None) -> np.ndarray:
     Ids are unique across rows (equal ids within a row = one SCC).  One call of scipy's
     strong connected_components on the disjoint union of the graphs G_k (node k K + j)."""
     _, q, a, b = _edges(seqs, y, exclude)
-    return _scc_of_edges(q, a, b, K, seqs)
+    return _scc_of_keys(np.unique((q * K + a) * K + b), K, seqs)
 
 
-def _scc_of_edges(q, a, b, K: int, seqs) -> np.ndarray:
-    """:func:`scc_table` from the edge list of :func:`_edges` (the adjacency in float64,
-    the dtype csgraph works in, so that it is not converted again)."""
-    A = csr_matrix((np.ones(len(q)), (q * K + a, q * K + b)), shape=(K * K, K * K))
+def _scc_of_keys(keys: np.ndarray, K: int, seqs) -> np.ndarray:
+    """:func:`scc_table` from the sorted distinct edge keys (k K + y) K + j of the union
+    graph (node k K + y -> node k K + j).  The keys are sorted by source node, so the CSR
+    adjacency is built directly (indptr by searchsorted; no COO -> CSR conversion), in
+    float64, the dtype csgraph works in."""
+    src, j = np.divmod(keys, K)
+    dst = (src // K) * K + j
+    indptr = np.searchsorted(src, np.arange(K * K + 1))
+    # (int32 indices where they fit, as scipy would make them: no conversion in the check)
+    it = np.int32 if K * K < 2 ** 31 else np.int64
+    A = csr_matrix((np.ones(len(keys)), dst.astype(it), indptr.astype(it)), shape=(K * K, K * K))
     _, lab = connected_components(A, directed=True, connection="strong")
     out = lab.reshape(K, K).astype(np.int64)
     isq = np.zeros(K, bool)
@@ -121,10 +128,9 @@ def graph_rows(seqs, y, K: int, exclude=None, scc: np.ndarray | None = None) -> 
     """The Graph-SVM rows of a dataset (duplicates merged; ``scc``: a precomputed
     :func:`scc_table`)."""
     i, q, a, b = _edges(seqs, y, exclude)
+    uk, inv = np.unique((q * K + a) * K + b, return_inverse=True)
     if scc is None:
-        scc = _scc_of_edges(q, a, b, K, seqs)
-    key = (q * K + a) * K + b
-    uk, inv = np.unique(key, return_inverse=True)
+        scc = _scc_of_keys(uk, K, seqs)
     k_u, rest = np.divmod(uk, K * K)
     a_u, b_u = np.divmod(rest, K)
     eq = scc[k_u, a_u] == scc[k_u, b_u]

@@ -287,11 +287,13 @@ def _nuc_reduce(D: np.ndarray, Z: np.ndarray):
     Delta_r^T (U U^T W V V^T) z_r and ||U U^T W V V^T||_* <= ||W||_*, so the optimum is
     W = U C V^T with C (r1, r2) the optimum of the problem on Delta_r U, z_r V, and
     ||W||_* = ||C||_* (U, V orthonormal)."""
-    def basis(A):
-        Q, sv, _ = np.linalg.svd(A.T, full_matrices=False)
+    def basis(Q, sv):
         return Q[:, sv > 1e-12 * max(float(sv.max(initial=0.0)), 1e-300)]
 
-    return basis(D), basis(Z)
+    if D.shape == Z.shape:  # (one batched SVD for both)
+        Q, sv, _ = np.linalg.svd(np.stack([D.T, Z.T]), full_matrices=False)
+        return basis(Q[0], sv[0]), basis(Q[1], sv[1])
+    return tuple(basis(*np.linalg.svd(A.T, full_matrices=False)[:2]) for A in (D, Z))
 
 
 def _nuc_ipm(cs: ConstraintSet, tol: float = 3e-10):
@@ -303,9 +305,13 @@ def _nuc_ipm(cs: ConstraintSet, tol: float = 3e-10):
     the equality rows (:func:`_independent_rows`; the others are implied and get
     multiplier 0).  The method's floor is a relative gap ~1e-10 (its primal residual
     drifts there; ``tol`` 3e-10: measured on 120 instances at the published sizes, proven
-    gaps <= 1.8e-10): C is corrected (least norm, in the tangent space of the rank-k
-    matrices at C) to meet the equalities and the near-tight rows with a multiplier
-    exactly (yielded first), then the raw C projected onto the equalities' null space.
+    gaps <= 1.8e-10); each answer is yielded corrected onto its tight rows
+    (:func:`_nuc_on_rows`), then raw.  Where the method stops at its rounding floor short
+    of a proof (measured: 3 of 600 instances at the published sizes), it runs again on
+    the answer's support (the equalities, the rows with a multiplier, the rows within
+    1e-3 of their margin): fewer rows, a better-conditioned Schur complement (measured:
+    34 of the 35 stalled runs of those 600 then converge); the rows left out get
+    multiplier 0 and are checked by the proof like every row.
     W = U C V^T, lam with ||S(lam)||_2 ~ 1; (None, None, name) when the method finds no
     answer (e.g. infeasible).
     """
@@ -317,42 +323,51 @@ def _nuc_ipm(cs: ConstraintSet, tol: float = 3e-10):
     U, V = _nuc_reduce(D, Z)
     Dr, Zr = D @ U, Z @ V
     ie = np.nonzero(eq)[0]
-    keep = ~eq
     Mr_eq = np.einsum("ra,rb->rab", Dr[ie], Zr[ie]).reshape(len(ie), Dr.shape[1] * Zr.shape[1])
     sel_eq = ie[_independent_rows(Mr_eq)] if ie.size else ie
-    keep[sel_eq] = True
-    C, y, status, _ = nuclear_ipm_small(Dr[keep], Zr[keep], b[keep], tol=tol, eq=eq[keep],
-                                        refine=2)
-    if C is None or status == "infeasible" or not np.all(np.isfinite(C)):
-        yield None, None, f"ipm-sdp ({status})"
-        return
-    lam = np.zeros(len(b))
-    lam[keep] = y
-    # rows the answer must meet exactly: the (independent) equalities and the inequalities
-    # with a multiplier; C + the least-norm correction that does (the method leaves a
-    # primal residual ~1e-10, and the norm moves by sum_r lam_r (b_r - m_r) only)
-    name = "ipm-sdp" if status == "optimal" else f"ipm-sdp ({status})"
-    m = ((Dr @ C) * Zr).sum(1)  # margins of C
+    use = ~eq
+    use[sel_eq] = True
+    for label in ("ipm-sdp", "ipm-sdp on its support"):
+        C, y, status, _ = nuclear_ipm_small(Dr[use], Zr[use], b[use], tol=tol, eq=eq[use],
+                                            refine=2)
+        if C is None or status == "infeasible" or not np.all(np.isfinite(C)):
+            yield None, None, f"{label} ({status})"
+            return
+        lam = np.zeros(len(b))
+        lam[use] = y
+        name = label if status == "optimal" else f"{label} ({status})"
+        m = ((Dr @ C) * Zr).sum(1)  # margins of C
+        yield U @ _nuc_on_rows(Dr, Zr, b, eq, sel_eq, C, lam, m) @ V.T, lam, name + "+rows"
+        c = C.reshape(-1)
+        if sel_eq.size:  # the raw answer, projected onto the equalities' null space
+            Me = Mr_eq[np.searchsorted(ie, sel_eq)]
+            c = c - Me.T @ np.linalg.solve(Me @ Me.T, Me @ c)
+        yield U @ c.reshape(C.shape) @ V.T, lam, name
+        lmax = float(lam[~eq].max(initial=0.0))
+        use = ~eq & ((lam > 1e-6 * lmax) | (m < 1 + 1e-3))
+        use[sel_eq] = True
+
+
+def _nuc_on_rows(Dr, Zr, b, eq, sel_eq, C, lam, m):
+    """C (r1, r2) plus the least-norm correction, in the tangent space {Uc A + B Vc^T} of
+    the rank-k matrices at C = Uc s Vc^T (a step off it costs its full nuclear norm; on
+    it, <Uc Vc^T, step> to first order), that meets exactly the rows the answer must
+    meet: the (independent) equalities ``sel_eq`` and the inequalities with a multiplier
+    (lam_r > 1e-6 max lam) and margin m_r < 1 + 1e-6.  The method leaves a primal
+    residual ~1e-10; the norm moves by sum_r lam_r (b_r - m_r) only."""
     act = np.zeros(len(b), bool)
     act[sel_eq] = True
     act |= ~eq & (lam > 1e-6 * float(lam[~eq].max(initial=0.0))) & (m < 1 + 1e-6)
-    # in the tangent space {Uc A + B Vc^T} of the rank-k matrices at C = Uc s Vc^T (a
-    # step off it costs its full nuclear norm; on it, <Uc Vc^T, step> to first order)
     Uc, sc, Vct = np.linalg.svd(C, full_matrices=False)
     k = int((sc > 1e-8 * sc[0]).sum()) if sc.size and sc[0] > 0 else 0
+    if k == 0 or not act.any():
+        return C
     du, zv = Dr[act] @ Uc[:, :k], Zr[act] @ Vct[:k].T  # (na, k)
     T = np.concatenate([np.einsum("ri,rb->rib", du, Zr[act]).reshape(len(du), -1),
                         np.einsum("ra,ri->rai", Dr[act], zv).reshape(len(du), -1)], axis=1)
     p, *_ = np.linalg.lstsq(T, b[act] - m[act], rcond=None)
     r1, r2 = C.shape
-    Cr = (C + Uc[:, :k] @ p[:k * r2].reshape(k, r2)
-          + p[k * r2:].reshape(r1, k) @ Vct[:k])
-    yield U @ Cr @ V.T, lam, name + "+rows"
-    c = C.reshape(-1)
-    if sel_eq.size:  # the raw answer, projected onto the equalities' null space
-        Me = Mr_eq[np.searchsorted(ie, sel_eq)]
-        c = c - Me.T @ np.linalg.solve(Me @ Me.T, Me @ c)
-    yield U @ c.reshape(C.shape) @ V.T, lam, name
+    return C + Uc[:, :k] @ p[:k * r2].reshape(k, r2) + p[k * r2:].reshape(r1, k) @ Vct[:k]
 
 
 def _solve_nuc(cs: ConstraintSet):
@@ -428,32 +443,38 @@ def _to_feasible(cs: ConstraintSet, W):
 
 # ------------------------------------------------------------------------ proof
 def _svd_bounds(A: np.ndarray):
-    """(upper bound of ||A||_2, upper bound of ||A||_*) for a float matrix A, from its
-    computed SVD A ~ U diag(s) V^T: with R = A - U diag(s) V^T,
+    """(upper bound of ||A||_2, upper bound of ||A||_*, the computed singular values) for a
+    float matrix A, from its computed SVD A ~ U diag(s) V^T: with R = A - U diag(s) V^T,
     ||A||_2 <= ||U||_2 ||V||_2 max s + ||R||_F and ||A||_* <= ||U||_2 ||V||_2 sum s +
     sqrt(rank bound) ||R||_F, where ||U||_2^2 <= 1 + ||U^T U - I||_F; every computed
-    quantity carries its rounding bound."""
+    quantity carries its rounding bound (Higham §3.5: |fl(X Y) - X Y| <= gamma_n |X| |Y|,
+    and || |X| |Y| ||_F <= ||X||_F ||Y||_F)."""
     d1, d2 = A.shape
     Uu, s, Vt = np.linalg.svd(A, full_matrices=False)
     r = len(s)
+    if r == 0:
+        return 0.0, 0.0, s
+    def orth_defect(G, Q):  # upper bound of ||Q^T Q - I||_F from G = fl(Q^T Q)
+        n = Q.size // r
+        fq = float(np.linalg.norm(Q)) ** 2 * (1 + _gamma(Q.size + 2))  # >= ||Q||_F^2
+        G.flat[::r + 1] -= 1.0
+        err = _gamma(n + 1) * (fq + np.sqrt(r))  # >= || gamma_n |Q|^T|Q| + u |I| ||_F
+        return (float(np.linalg.norm(G)) * (1 + _gamma(r * r + 2)) + err) * 1.0001, fq
 
-    def orth_defect(Q):  # upper bound of ||Q^T Q - I||_F
-        G = Q.T @ Q - np.eye(Q.shape[1])
-        err = _gamma(Q.shape[0] + 1) * np.linalg.norm(np.abs(Q).T @ np.abs(Q) + np.eye(Q.shape[1]))
-        return (np.linalg.norm(G) * (1 + _gamma(r * r + 2)) + err) * 1.0001
-
-    eu = orth_defect(Uu)
-    ev = orth_defect(Vt.T)
+    eu, _ = orth_defect(Uu.T @ Uu, Uu)
+    ev, fv = orth_defect(Vt @ Vt.T, Vt)
     US = Uu * s
-    R = A - US @ Vt
-    rerr = _gamma(r + 2) * (np.abs(Uu) * np.abs(s)) @ np.abs(Vt) + U * np.abs(A)
-    rF = (np.linalg.norm(R) * (1 + _gamma(d1 * d2 + 2)) + np.linalg.norm(rerr) * 1.0001) * 1.0001
+    rF = float(np.linalg.norm(A - US @ Vt)) * (1 + _gamma(d1 * d2 + 2))
+    # rounding of fl(A - US Vt): gamma_{r+2} |U||s| |Vt| + u |A|, in Frobenius norm
+    rerr = (_gamma(r + 2) * float(np.linalg.norm(US)) * np.sqrt(fv) * (1 + _gamma(d1 * r + 2))
+            + U * float(np.linalg.norm(A)) * (1 + _gamma(d1 * d2 + 2)))
+    rF = (rF + rerr * 1.0001) * 1.0001
     fac = np.sqrt((1 + eu) * (1 + ev)) * (1 + 4 * U)
-    smax = float(s.max()) if r else 0.0
-    s_sum = float(s.sum()) * (1 + _gamma(r + 1)) if r else 0.0
+    smax = float(s[0])
+    s_sum = float(s.sum()) * (1 + _gamma(r + 1))
     two = smax * fac * (1 + 4 * U) + rF
     nuc = s_sum * fac * (1 + 4 * U) + np.sqrt(min(d1, d2)) * rF * (1 + 4 * U)
-    return float(two), float(nuc)
+    return float(two), float(nuc), s
 
 
 def _fro_upper(A: np.ndarray) -> float:
@@ -466,7 +487,7 @@ def _fro_upper(A: np.ndarray) -> float:
 def _prove_primal(E: np.ndarray, rows, W: np.ndarray, norm: str) -> dict:
     """Proven numbers of W: margins (N,) computed, margin_lo (proven min inequality
     margin; inf without inequality), violation_hi (proven max violation), norm_hi
-    (proven ||W||)."""
+    (proven ||W||), norm (||W|| as computed, for the report)."""
     E = np.asarray(E, float)
     W = np.asarray(W, float)
     d = E.shape[1]
@@ -482,11 +503,15 @@ def _prove_primal(E: np.ndarray, rows, W: np.ndarray, norm: str) -> dict:
         margin_lo = float(m_lo[ineq].min()) if ineq.any() else np.inf
         v_in = float(np.maximum(1.0 - m_lo[ineq], 0.0).max()) if ineq.any() else 0.0
         v_eq = float(np.maximum(np.abs(m_lo[eq]), np.abs(m_hi[eq])).max()) if eq.any() else 0.0
-        norm_hi = _fro_upper(W) if get_norm(norm).name == "fro" else _svd_bounds(W)[1]
+        if get_norm(norm).name == "fro":
+            norm_hi, nrm = _fro_upper(W), None
+        else:
+            _, norm_hi, sv = _svd_bounds(W)
+            nrm = float(sv.sum())
     if not np.all(np.isfinite(W)):
         margin_lo, v_in, norm_hi = -np.inf, np.inf, np.inf
     return {"margins": m, "margin_lo": margin_lo, "violation_hi": max(v_in, v_eq),
-            "norm_hi": norm_hi}
+            "norm_hi": norm_hi, "norm": _norm_value(W, norm) if nrm is None else nrm}
 
 
 def _lam_matrix(rows, lam: np.ndarray, K: int):
@@ -499,24 +524,29 @@ def _lam_matrix(rows, lam: np.ndarray, K: int):
     return Lam.reshape(K, K), Labs.reshape(K, K)
 
 
-def _kkt(E, rows, W, lam, norm, margins, tol, nrm=None):
+def _kkt(E, rows, W, lam, norm, margins, tol, nrm=None, S_lam=None):
     """(lam scaled for min 1/2||W||^2: sum_ineq lam = ||W||^2, kkt residual, support):
     stationarity ||W - S||_F / ||W||_F (Frobenius) or max(| ||S||_2 / ||W||_* - 1 |,
     |<S, W> / ||W||_*^2 - 1|) (nuclear), S = sum_r lam_r A_r; complementarity
     max_r |lam_r (m_r - b_r)| / ||W||^2.  Informative numbers (the proof is gap_).
-    ``nrm``: ||W|| where the caller has it."""
+    ``nrm``: ||W|| where the caller has it; ``S_lam``: (S, ||S||_2) of the given lam where
+    the caller has them (the dual proof computes both)."""
     ineq = ~rows.eq
     nrm = _norm_value(W, norm) if nrm is None else nrm
     tot = float(lam[ineq].sum())
-    lam = lam * (nrm ** 2 / tot) if tot > 0 and nrm > 0 else lam
-    Lam, _ = _lam_matrix(rows, lam, E.shape[0])
-    S = E.T @ Lam @ E
+    f = nrm ** 2 / tot if tot > 0 and nrm > 0 else 1.0
+    lam = lam * f
+    if S_lam is None:
+        Lam, _ = _lam_matrix(rows, lam, E.shape[0])
+        S = E.T @ Lam @ E
+        s2 = float(np.linalg.norm(S, 2)) if norm != "fro" else 0.0
+    else:
+        S, s2 = S_lam[0] * f, S_lam[1] * f
     n2 = max(nrm ** 2, 1e-300)
     if norm == "fro":
         stat = float(np.linalg.norm(W - S)) / max(nrm, 1e-300)
     else:
-        stat = max(abs(float(np.linalg.norm(S, 2)) / max(nrm, 1e-300) - 1.0),
-                   abs(float(np.sum(S * W)) / n2 - 1.0))
+        stat = max(abs(s2 / max(nrm, 1e-300) - 1.0), abs(float(np.sum(S * W)) / n2 - 1.0))
     b = np.where(rows.eq, 0.0, 1.0)
     comp = float(np.max(np.where(ineq, np.abs(lam * (margins - b)), 0.0))) / n2
     support = rows.eq | (margins <= 1.0 + tol)
@@ -527,11 +557,17 @@ def _prove_dual(E: np.ndarray, rows, lam: np.ndarray, norm: str) -> float:
     """Proven lower bound lb on the optimal norm from multipliers lam (N,) (negative
     inequality multipliers are set to 0): lb = sum_ineq lam / ||S||_* with S = E^T Lam E
     bounded above including the rounding of Lam, of the products and of the norm."""
+    return _dual_parts(E, rows, lam, norm)[0]
+
+
+def _dual_parts(E: np.ndarray, rows, lam: np.ndarray, norm: str):
+    """(lb of :func:`_prove_dual`, S (d, d) as computed, its dual norm as computed (||S||_F
+    or ||S||_2); S None where lb is 0 for want of usable multipliers)."""
     E = np.asarray(E, float)
     K = E.shape[0]
     ineq = ~rows.eq
     if lam is None or not ineq.any() or not np.all(np.isfinite(lam)):
-        return 0.0
+        return 0.0, None, 0.0
     lam = np.where(ineq, np.maximum(lam, 0.0), lam)
     Lam, Labs = _lam_matrix(rows, lam, K)
     aE = np.abs(E)
@@ -540,11 +576,18 @@ def _prove_dual(E: np.ndarray, rows, lam: np.ndarray, norm: str) -> float:
         nr = len(lam)
         dS = aE.T @ ((_gamma(nr + 1) * Labs + _gamma(2 * K) * np.abs(Lam)) @ aE) * 1.0001
         errS = _fro_upper(dS) + 4 * K * K * TINY
-        dual_hi = (_fro_upper(S) if get_norm(norm).name == "fro" else _svd_bounds(S)[0]) + errS
+        if get_norm(norm).name == "fro":
+            s_hi, s_val = _fro_upper(S), None
+        else:
+            s_hi, _, sv = _svd_bounds(S)
+            s_val = float(sv[0]) if sv.size else 0.0
+        dual_hi = s_hi + errS
         num = float(lam[ineq].sum()) * (1 - _gamma(nr + 1))
+        if s_val is None:
+            s_val = float(np.linalg.norm(S))
     if dual_hi > 0 and num > 0 and np.isfinite(dual_hi):
-        return num / dual_hi * (1 - 2 * U)
-    return 0.0
+        return num / dual_hi * (1 - 2 * U), S, s_val
+    return 0.0, S, s_val
 
 
 def _gap(primal: dict, lb: float, need: bool) -> float:
@@ -689,26 +732,26 @@ def graph_svm(E, seqs, y, norm="fro", *, exclude=None, tol: float = 1e-6) -> Sol
                     if best_p is None or _rank(pp) < _rank(best_p[0]):
                         best_p = (pp, W, Wout, name)
                 if lam is not None and np.all(np.isfinite(lam)):
-                    lam_out = np.ldexp(lam, -2 * e)
-                    lb = _prove_dual(data.E, rows, lam_out, N.name)
+                    lam_out = np.ldexp(np.where(ineq, np.maximum(lam, 0.0), lam), -2 * e)
+                    lb, S, s_val = _dual_parts(data.E, rows, lam_out, N.name)
                     if best_lam is None or lb > best_lam[0]:
-                        best_lam = (lb, lam, lam_out, name)
+                        best_lam = (lb, lam, lam_out, name, S, s_val)
                 if best_p is not None and best_lam is not None:
                     g = _gap(best_p[0], best_lam[0], True)
                     if best_p[0]["violation_hi"] <= FEAS_TOL and g <= GAP_GRAPH:
                         break
     if best_p is not None:
         pr, W, Wout, name = best_p
-        lb, lam, lam_out, lname = best_lam if best_lam is not None else (
-            0.0, np.zeros(len(rows)), np.zeros(len(rows)), "none")
+        lb, lam, lam_out, lname, S, s_val = best_lam if best_lam is not None else (
+            0.0, np.zeros(len(rows)), np.zeros(len(rows)), "none", None, 0.0)
         pr = {**pr, "lb": lb, "gap_hi": _gap(pr, lb, True)}
         st = _status(pr)
         extra["proof"] = pr
         extra["tried"] = names
         if st != "uncertified":
-            nrm = _norm_value(Wout, N.name)
+            nrm = pr["norm"]
             lam_out, kkt, support = _kkt(data.E, rows, Wout, lam_out, N.name, pr["margins"], tol,
-                                         nrm)
+                                         nrm, None if S is None else (S, s_val))
             return Solution(
                 W_=Wout, norm_=nrm, margin_=pr["margin_lo"],
                 violation_=pr["violation_hi"], kkt_residual_=kkt,
