@@ -261,6 +261,25 @@ def test_nuclear_kernel_equals_reference(seed, graph):
     assert np.array_equal(W3, W2) and np.array_equal(y3, y2)
 
 
+@settings(max_examples=60, deadline=None)
+@given(m=st.integers(1, 16), seed=st.integers(0, 2**31 - 1), clustered=st.booleans())
+def test_kernel_lmin_equals_eigvalsh(m, seed, clustered):
+    """The kernel's smallest eigenvalue (Householder + multisection on Sturm counts) against
+    LAPACK's eigvalsh, to its documented 1e-12 ||A|| (Gershgorin width), on random and
+    clustered spectra (repeated eigenvalues: the hard case for bisection)."""
+    K = pytest.importorskip("attnsvm.svm._nuc_kernels")
+    rng = np.random.default_rng(seed)
+    if clustered:
+        Q, _ = np.linalg.qr(rng.standard_normal((m, m)))
+        A = (Q * np.round(rng.standard_normal(m), 1)) @ Q.T
+    else:
+        A = rng.standard_normal((m, m))
+    A = (A + A.T) / 2
+    ref = np.linalg.eigvalsh(A)[0]
+    width = 3 * np.abs(A).sum(1).max()  # >= max |Gershgorin bound| of its tridiagonal form
+    assert abs(K._lmin(A) - ref) <= 1e-12 * width + 1e-15
+
+
 def test_nuclear_proof_refuses_perturbed_answers(monkeypatch):
     """The nuclear certificate fails on violating answers: margins 1 - 1e-6, a broken tie,
     a 1%-too-long W, poor multipliers; and graph_svm given only such a candidate does not

@@ -374,3 +374,33 @@ def test_mmts_fig3_directions():
     assert rb.extra["S"].tolist() == [0, 1]
     assert np.allclose(rb.W_, [1.0, 0.0], atol=1e-10)
     assert np.linalg.norm(rb.W_ - pb.W_) > 0.3
+
+
+def test_single_thread_limits_blas_and_restores_it():
+    """svm.solution.single_thread: inside, every BLAS library runs on one thread (set by
+    the wrapper, or already so: then nothing is set); after, the caller's counts are back."""
+    threadpoolctl = pytest.importorskip("threadpoolctl")
+    from attnsvm.svm.solution import single_thread
+
+    def counts():
+        return [i["num_threads"] for i in threadpoolctl.threadpool_info()
+                if i["user_api"] == "blas"]
+
+    if not counts():
+        pytest.skip("no BLAS library that threadpoolctl can see")
+    seen = []
+
+    @single_thread
+    def inner():
+        seen.append(counts())
+        return 7
+
+    @single_thread
+    def outer():
+        return inner()
+
+    with threadpoolctl.threadpool_limits(2, user_api="blas"):
+        before = counts()
+        assert inner() == 7 and outer() == 7
+        assert counts() == before  # restored
+    assert seen and all(c == [1] * len(c) for c in seen)

@@ -102,9 +102,9 @@ def _sym(A):
 @njit(cache=True)
 def _lmin(A):
     """Smallest eigenvalue of the symmetric A: Householder reduction to tridiagonal form,
-    then multisection (bisection, 4 points a pass) on Sturm counts to 1e-12 ||A|| (the reference's eigvalsh: ~eps ||A||;
-    the step lengths it feeds are scaled by 0.9-0.99 anyway), without LAPACK's workspace
-    queries and copies."""
+    then multisection (bisection, 4 points a pass) on Sturm counts to 1e-12 ||A|| (the
+    reference's eigvalsh: ~eps ||A||; the step lengths it feeds are scaled by 0.9-0.99
+    anyway), without LAPACK's workspace queries and copies."""
     n = A.shape[0]
     a = A.copy()
     v = np.empty(n)
@@ -189,8 +189,14 @@ def _lmin(A):
 
 
 @njit(cache=True)
-def _unit_step(T):
-    lmin = _lmin(_sym(T))
+def _unit_step(T, rs, buf):
+    """The longest step a <= 1 with I + a sym(T o rs) PSD (rs: the NT scaling's
+    1 / sqrt(sv_i sv_j)); the scaled symmetric matrix is formed in ``buf`` (m x m)."""
+    n = T.shape[0]
+    for i in range(n):
+        for j in range(n):
+            buf[i, j] = 0.5 * (T[i, j] * rs[i, j] + T[j, i] * rs[j, i])
+    lmin = _lmin(buf)
     return 1.0 if lmin >= -1.0 else -1.0 / lmin
 
 
@@ -264,6 +270,8 @@ def nuc_ipm_kernel(Delta, Zk, b, ineq, tol, max_iter, refine, refine_below, stal
     LZ = np.zeros((m, m))
     LX = np.zeros((m, m))
     LM = np.zeros((N, N))
+    buf = np.empty((m, m))
+    fin = ineq.astype(np.float64)
     status = FAILED
     best_res = np.inf
     best_W = np.ascontiguousarray(X[:d, d:])
@@ -318,7 +326,6 @@ def nuc_ipm_kernel(Delta, Zk, b, ineq, tol, max_iter, refine, refine_below, stal
                 rs[i, j] = 1.0 / np.sqrt(sv[i] * sv[j])
         r0 = -rp - _A(Delta, Zk, Wn @ Rd @ Wn, d)
         nref = refine if res <= refine_below else 0
-        fin = ineq.astype(np.float64)
 
         # predictor (affine scaling), then Mehrotra's corrector: two directions
         dX = np.zeros((m, m))
@@ -350,8 +357,8 @@ def nuc_ipm_kernel(Delta, Zk, b, ineq, tol, max_iter, refine, refine_below, stal
                 dy = dy - _cho_solve(LM, _A(Delta, Zk, dX, d) - ds + rp)
             dXt = Gi @ dX @ Gi.T
             dZt = G.T @ dZ @ G
-            ap = min(_unit_step(dXt * rs), _pos_step(s, ds, ineq))
-            ad = min(_unit_step(dZt * rs), _pos_step(y, dy, ineq))
+            ap = min(_unit_step(dXt, rs, buf), _pos_step(s, ds, ineq))
+            ad = min(_unit_step(dZt, rs, buf), _pos_step(y, dy, ineq))
         gamma = 0.9 + 0.09 * min(ap, ad)
         ap = min(1.0, gamma * ap)
         ad = min(1.0, gamma * ad)
