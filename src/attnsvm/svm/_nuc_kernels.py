@@ -100,11 +100,13 @@ def _sym(A):
 
 
 @njit(cache=True)
-def _lmin(A):
+def _lmin(A, floor=-np.inf):
     """Smallest eigenvalue of the symmetric A: Householder reduction to tridiagonal form,
     then multisection (bisection, 4 points a pass) on Sturm counts to 1e-12 ||A|| (the
     reference's eigvalsh: ~eps ||A||; the step lengths it feeds are scaled by 0.9-0.99
-    anyway), without LAPACK's workspace queries and copies."""
+    anyway), without LAPACK's workspace queries and copies.  ``floor``: where no
+    eigenvalue lies below it (one Sturm count), ``floor`` itself is returned (the
+    caller needs no more: a full step)."""
     n = A.shape[0]
     a = A.copy()
     v = np.empty(n)
@@ -153,6 +155,18 @@ def _lmin(A):
         lo = min(lo, a[i, i] - r)
         hi = max(hi, a[i, i] + r)
     tol = 1e-12 * max(abs(lo), abs(hi))  # (a step length needs no more; eigvalsh: ~eps ||A||)
+    if np.isfinite(floor):
+        if floor <= lo:  # (Gershgorin: no eigenvalue below the floor)
+            return floor
+        if floor < hi:  # one Sturm count at the floor
+            q = a[0, 0] - floor
+            below = q < 0
+            for i in range(1, n):
+                q = a[i, i] - floor - a[i, i - 1] * a[i, i - 1] / (q if q != 0.0 else 1e-300)
+                below |= q < 0
+            if not below:
+                return floor
+            hi = floor
     for _ in range(200):  # invariant: no eigenvalue below lo; at least one below hi
         if hi - lo <= tol:
             break
@@ -196,7 +210,7 @@ def _unit_step(T, rs, buf):
     for i in range(n):
         for j in range(n):
             buf[i, j] = 0.5 * (T[i, j] * rs[i, j] + T[j, i] * rs[j, i])
-    lmin = _lmin(buf)
+    lmin = _lmin(buf, -1.0)
     return 1.0 if lmin >= -1.0 else -1.0 / lmin
 
 
