@@ -372,3 +372,14 @@ def test_solve_combinations_that_do_not_apply_are_one_line(tmp_path, monkeypatch
     rc, out, err = run_cli(capsys, "solve", path, *args)
     assert_one_line_error(rc, err, "attnsvm solve: error:", problem, fix)
     assert out == ""  # refused before solving
+
+
+def test_solve_cli_solvers_are_the_strategy_table():
+    """`attnsvm solve --solver` accepts, per norm, exactly the library's own solvers (the
+    rows of attnsvm.svm.strategy.STRATEGIES, "auto" aside): the CLI's copy of the names
+    (kept there so that building the CLI imports no solver) is held equal to the table."""
+    from attnsvm.cli.solve import NATIVE_SOLVERS
+    from attnsvm.svm.strategy import SOLVERS
+
+    table = {N.name: tuple(s for s in solvers if s != "auto") for N, solvers in SOLVERS.items()}
+    assert NATIVE_SOLVERS == table

@@ -157,14 +157,6 @@ def dual_norm(W: np.ndarray, norm) -> float:
     return float(get_norm(norm).dual.value(W, vector=W.ndim == 1))
 
 
-def _norm_name(norm) -> str:
-    """Canonical name of a norm spec, ``get_norm(norm).name`` (ValueError if unknown); kept
-    for callers of the former helper (``attnsvm solve`` compares names)."""
-    from ..norms import get_norm
-
-    return get_norm(norm).name
-
-
 def exp2(m: np.ndarray) -> np.ndarray:
     """Integer e with m = f 2^e, f in [1/2, 1) (0 where m == 0 or not finite)."""
     m = np.asarray(m, dtype=float)
