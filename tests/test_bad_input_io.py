@@ -187,7 +187,7 @@ SOLVE_ARG_CASES = [
     (["--alpha", "1.5,0,0,0"], "--alpha expects 'opt' or comma-separated integer"),
     (["--alpha", "0,1"], "--alpha gives 2 token indices, but the data has n = 4 sequences"),
     (["--alpha", "0,1,2,7"], "alpha out of range"),
-    (["--solver", "foo"], "unknown --solver 'foo' for --norm fro: use one of fast, ipm, mnp"),
+    (["--solver", "foo"], "unknown --solver 'foo' for --norm fro: use one of fast, active, ipm, mnp"),
     (["--solver", "barrier"], "--solver 'barrier' for --norm fro"),
     (["--norm", "nuc", "--solver", "mnp"], "--solver 'mnp' for --norm nuc"),
     (["--norm", "l1", "--solver", "ipm"], "--solver 'ipm' for --norm l1: use one of clarabel, scs"),
