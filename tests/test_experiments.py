@@ -137,3 +137,18 @@ def test_cli_list_name_shows_declared_verdicts_and_departures(capsys):
         assert dev.split()[0] in out
     n = {k: sum(v.kind == k for v in exp.verdicts) for k in KINDS}
     assert f"{n['claim']} paper claims" in out and f"{n['finding']} attnsvm findings" in out
+
+
+def test_paper_titles_match_citation_cff():
+    """The titles the reports print (experiments.base.PAPERS) are the papers' own titles,
+    as CITATION.cff lists them (one source for a title: the citation file)."""
+    import re
+    from pathlib import Path
+
+    from attnsvm.experiments.base import PAPERS
+
+    cff = (Path(__file__).resolve().parents[1] / "CITATION.cff").read_text()
+    titles = re.findall(r'title: "([^"]+)"', cff)
+    for key in ("mmts", "tfsvm", "rates", "mirror", "kqflow", "ntp"):
+        title = PAPERS[key].rsplit(" (", 1)[0]
+        assert title.lower() in (t.lower() for t in titles), (key, title)

@@ -27,8 +27,10 @@ PAPERS = {
     "mmts": "Max-Margin Token Selection in Attention Mechanism (Tarzanagh, Li, Zhang, Oymak, 2023)",
     "tfsvm": "Transformers as Support Vector Machines (Tarzanagh, Li, Thrampoulidis, Oymak, 2023)",
     "rates": "Implicit Bias and Fast Convergence Rates for Self-attention (Vasudeva, Deora, Thrampoulidis, 2024)",
-    "mirror": "Implicit Bias of Mirror Descent for Softmax Attention (Julistiono, Tarzanagh, Azizan, 2024)",
-    "kqflow": "Gradient flow on separate key and query matrices: nuclear-norm implicit bias (Sheen et al., 2024)",
+    "mirror": "Optimizing Attention with Mirror Descent: Generalized Max-Margin Token Selection "
+              "(Julistiono, Tarzanagh, Azizan, 2024)",
+    "kqflow": "Implicit Regularization of Gradient Flow on One-Layer Softmax Attention "
+              "(Sheen, Chen, Wang, Zhou, 2024)",
     "atlas": "attnsvm's own question, beyond the papers: the geometry of each optimiser's implicit bias",
     "ntp": "Mechanics of Next Token Prediction with Self-Attention (Li, Huang, Ildiz, Rawat, Oymak, 2024)",
     "study": "attnsvm's own study, beyond the papers: do the heads of transformers trained by "
