@@ -47,6 +47,34 @@ def test_w_fin_is_stationary_and_orthogonal_to_w_svm(head):
         assert abs(L(fin.W + h * B) - L(fin.W - h * B)) / (2 * h) < 1e-8
 
 
+@pytest.mark.parametrize("cell, seed", [(2, 20), (4, 31), (4, 85)])
+def test_w_fin_converges_past_the_loss_rounding_floor(cell, seed):
+    """Three ntp-global datasets whose Newton run used to stop at gradient ~2e-10: its line
+    search on loss values could not see a decrease of ~5e-19 (below the loss's rounding),
+    and refused the quadratic step for 200 iterations.  Now they converge (gradient <=
+    1e-10), and W_fin is stationary by an independent central difference of the reduced
+    loss along its basis, at the scale a 1e-10 gradient allows."""
+    import torch
+
+    from attnsvm.ntp import PUBLISHED_SIZES
+    from attnsvm.ntp.fin import _reduced_loss
+
+    size = PUBLISHED_SIZES["n6T4K6d8" if cell == 2 else "n10T6K8d8"]
+    D = ntp_random(*size, graph="cyclic", seed=[0, cell, seed])
+    fin = w_fin(D, head="iden")
+    assert fin.converged and fin.grad_norm <= 1e-10 and fin.n_iter < 20, fin.grad_norm
+    t = torch.as_tensor
+    Y = D.labels
+    ym = ((D.seqs[:, None, :] == Y[:, :, None]) & (Y[:, :, None] >= 0)).any(1)
+
+    def L(W):
+        return float(_reduced_loss(t(W), t(D.X), t(D.X[:, -1]), t(ym), t(fin.mask), t(D.E),
+                                   t(Y[:, 0]), "iden"))
+    for B in fin.basis:
+        h = 1e-4
+        assert abs(L(fin.W + h * B) - L(fin.W - h * B)) / (2 * h) < 1e-8
+
+
 def test_acyclic_has_no_fin_and_decompose_reads_the_measures():
     D = ntp_random(6, 4, 6, 8, graph="acyclic", seed=0)
     fin = w_fin(D)
