@@ -280,6 +280,28 @@ def test_kernel_lmin_equals_eigvalsh(m, seed, clustered):
     assert abs(K._lmin(A) - ref) <= 1e-12 * width + 1e-15
 
 
+def test_independent_rows_equal_scipy_pivoted_qr():
+    """svm.graph._independent_rows (LAPACK dgeqp3 called directly) selects the rows that
+    scipy.linalg.qr(pivoting=True) selects, on random matrices with exactly dependent rows
+    (an SCC's ties: e_a - e_c = (e_a - e_b) + (e_b - e_c)) and full-rank ones."""
+    from scipy.linalg import qr
+
+    from attnsvm.svm.graph import _independent_rows
+
+    rng = np.random.default_rng(0)
+    for t in range(200):
+        n, p = int(rng.integers(1, 8)), int(rng.integers(1, 25))
+        M = rng.standard_normal((n, p))
+        if t % 2 and n > 2:
+            M[-1] = M[0] + M[1]
+        _, R, piv = qr(M.T, mode="economic", pivoting=True)
+        dg = np.abs(np.diag(R))
+        r = int((dg > 1e-12 * dg[0]).sum())
+        got = _independent_rows(M)
+        assert np.array_equal(np.sort(piv[:r]), got)
+        assert np.linalg.matrix_rank(M[got]) == len(got) == np.linalg.matrix_rank(M)
+
+
 def test_nuclear_proof_refuses_perturbed_answers(monkeypatch):
     """The nuclear certificate fails on violating answers: margins 1 - 1e-6, a broken tie,
     a 1%-too-long W, poor multipliers; and graph_svm given only such a candidate does not
