@@ -45,6 +45,20 @@ def test_extending_md_code_runs(tmp_path):
     assert res.returncode == 0, res.stderr[-4000:]
 
 
+@pytest.mark.parametrize("page", ["ntp.md", "index.md"])
+def test_guide_code_runs(page, tmp_path, monkeypatch):
+    """The guides whose ``python`` blocks are complete programs (the NTP tutorial from raw
+    token ids to a verdict, the home page's example) run, in order, in one namespace: a
+    renamed function or a changed return fails here, not in a reader's session.  (The
+    tracking guide's and the README's blocks are sketches around the reader's own model.)"""
+    blocks = python_blocks((ROOT / "docs" / page).read_text())
+    assert blocks
+    monkeypatch.chdir(tmp_path)  # (the tutorial saves and loads a file)
+    ns: dict = {"__name__": f"docs_{page}"}
+    for i, block in enumerate(blocks):
+        exec(compile(block, f"docs/{page} block {i}", "exec"), ns)  # noqa: S102
+
+
 def _backticked(text: str) -> set[str]:
     return set(re.findall(r"`([^`\n]+)`", text))
 
