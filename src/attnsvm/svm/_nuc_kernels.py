@@ -101,12 +101,19 @@ def _sym(A):
 
 @njit(cache=True)
 def _lmin(A, floor=-np.inf):
-    """Smallest eigenvalue of the symmetric A: Householder reduction to tridiagonal form,
-    then multisection (bisection, 4 points a pass) on Sturm counts to 1e-12 ||A|| (the
-    reference's eigvalsh: ~eps ||A||; the step lengths it feeds are scaled by 0.9-0.99
-    anyway), without LAPACK's workspace queries and copies.  ``floor``: where no
-    eigenvalue lies below it (one Sturm count), ``floor`` itself is returned (the
-    caller needs no more: a full step)."""
+    """Smallest eigenvalue of the symmetric A: Householder reduction to tridiagonal form
+    (:func:`_tridiag`), then multisection on Sturm counts (:func:`_lmin_tridiag`) to
+    1e-12 ||A|| (the reference's eigvalsh: ~eps ||A||; the step lengths it feeds are
+    scaled by 0.9-0.99 anyway), without LAPACK's workspace queries and copies.
+    ``floor``: where no eigenvalue lies below it (one Sturm count), ``floor`` itself is
+    returned (the caller needs no more: a full step)."""
+    return _lmin_tridiag(_tridiag(A), floor)
+
+
+@njit(cache=True)
+def _tridiag(A):
+    """A copy of the symmetric A reduced to tridiagonal form by Householder reflections
+    (Golub & Van Loan §8.3.1); its diagonal and first subdiagonal hold the result."""
     n = A.shape[0]
     a = A.copy()
     v = np.empty(n)
@@ -144,6 +151,15 @@ def _lmin(A, floor=-np.inf):
             for j in range(m):
                 a[k + 1 + i, k + 1 + j] -= v[i] * p[j] + p[i] * v[j]
         a[k + 1, k] = alpha
+    return a
+
+
+@njit(cache=True)
+def _lmin_tridiag(a, floor):
+    """Smallest eigenvalue of the symmetric tridiagonal matrix held in a's diagonal and
+    first subdiagonal: a Gershgorin bracket, then passes of 4 Sturm counts (multisection)
+    to 1e-12 of the bracket's scale; ``floor`` as in :func:`_lmin`."""
+    n = a.shape[0]
     lo = np.inf
     hi = -np.inf
     for i in range(n):
