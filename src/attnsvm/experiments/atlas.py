@@ -380,7 +380,9 @@ EXPERIMENT = Experiment(
           "diagonal (k, q) flow -> l_1 (the papers' results and their linear-classifier analogues).",
     configs={
         "tiny": {**_C, "n": 3, "T": 3, "d": 5, "B": 2, "steps": 200, "seed": 0},
-        "quick": {**_C, "n": 3, "T": 3, "d": 8, "B": 16, "steps": 2500, "seed": 0},
+        # quick: 3500 steps (2500 left 2 of the 16 GD and Adam runs unsaturated: the
+        # sanity check "the runs saturate in >= 90%" failed at 88%; measured 2026-11-26)
+        "quick": {**_C, "n": 3, "T": 3, "d": 8, "B": 16, "steps": 3500, "seed": 0},
         "full": {**_C, "n": 3, "T": 3, "d": 8, "B": 32, "steps": 5000, "seed": 0},
     },
     compute=compute, judge=judge, plot=plot, verdicts=tuple(CLAIMS.values()),
