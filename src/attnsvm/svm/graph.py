@@ -287,18 +287,15 @@ def _independent_rows(M: np.ndarray, tol: float = 1e-12) -> np.ndarray:
 
 
 def _nuc_reduce(D: np.ndarray, Z: np.ndarray):
-    """Orthonormal bases U (d, r1) of span{Delta_r} and V (e, r2) of span{z_r} (SVD, rank
-    at 1e-12 of the largest singular value).  Every constraint reads <A_r, W> =
+    """Orthonormal bases U (d, r1) of span{Delta_r} and V (d, r2) of span{z_r} (D, Z (N, d):
+    both in the embedding space; one batched SVD, rank at 1e-12 of the largest singular
+    value).  Every constraint reads <A_r, W> =
     Delta_r^T (U U^T W V V^T) z_r and ||U U^T W V V^T||_* <= ||W||_*, so the optimum is
     W = U C V^T with C (r1, r2) the optimum of the problem on Delta_r U, z_r V, and
     ||W||_* = ||C||_* (U, V orthonormal)."""
-    def basis(Q, sv):
-        return Q[:, sv > 1e-12 * max(float(sv.max(initial=0.0)), 1e-300)]
-
-    if D.shape == Z.shape:  # (one batched SVD for both)
-        Q, sv, _ = np.linalg.svd(np.stack([D.T, Z.T]), full_matrices=False)
-        return basis(Q[0], sv[0]), basis(Q[1], sv[1])
-    return tuple(basis(*np.linalg.svd(A.T, full_matrices=False)[:2]) for A in (D, Z))
+    Q, sv, _ = np.linalg.svd(np.stack([D.T, Z.T]), full_matrices=False)
+    return tuple(Q[i][:, sv[i] > 1e-12 * max(float(sv[i].max(initial=0.0)), 1e-300)]
+                 for i in range(2))
 
 
 def _nuc_ipm(cs: ConstraintSet, tol: float = 3e-10):
