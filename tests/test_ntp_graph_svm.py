@@ -278,6 +278,15 @@ def test_kernel_lmin_equals_eigvalsh(m, seed, clustered):
     ref = np.linalg.eigvalsh(A)[0]
     width = 3 * np.abs(A).sum(1).max()  # >= max |Gershgorin bound| of its tridiagonal form
     assert abs(K._lmin(A) - ref) <= 1e-12 * width + 1e-15
+    # with a floor (the step rule's -1): the floor itself where no eigenvalue is below it,
+    # else the same eigenvalue
+    tol = 1e-12 * width + 1e-15
+    for floor in (ref - 0.5, ref + 0.5, float(np.median(np.linalg.eigvalsh(A)))):
+        got = K._lmin(A, floor)
+        if ref > floor + tol:
+            assert got == floor
+        else:  # (an eigenvalue below the floor, or at it within the tolerance)
+            assert abs(got - ref) <= tol
 
 
 def test_independent_rows_equal_scipy_pivoted_qr():
