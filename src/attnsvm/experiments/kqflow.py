@@ -338,7 +338,7 @@ CLAIMS_DIAG = {
     "l1": Claim(_diag_l1_text("small_alpha"), quote=QUOTE["diag"], where=WHERE["diag"]),
     "closer": Claim(f"... and ends closer to the l_1 SVM than to the l_2 one, on every dataset "
                     f"where the two differ (corr(w_l1, w_l2) <= {DISTINCT})",
-                    quote=QUOTE["nuc"] + " " + QUOTE["diag"], where=WHERE["diag"]),
+                    quote=QUOTE["nuc"] + " [...] " + QUOTE["diag"], where=WHERE["diag"]),
 }
 """kqflow-diag's declared verdicts, in the order ``judge_diag`` returns their checks."""
 

@@ -158,12 +158,13 @@ QUOTE = ("Specifically, we show that these algorithms converge in direction to a
          "hard-margin SVM with an $\\ell_p$-norm objective when applied to a classification "
          "problem using a softmax attention model.")
 WHERE = ("main theorem (l_p MD -> the l_p ATT-SVM) and its synthetic-data figure (directional "
-         "Bregman divergence per optimiser p to each l_q SVM; the paper's plotter.ipynb); seed "
-         "text 002")
+         "Bregman divergence per optimiser p to each l_q SVM; the paper's plotter.ipynb); the "
+         "abstract of arXiv:2410.14581 (seed text 002)")
 QUOTE_JOINT = ("Additionally, we delve into the joint optimization dynamics of the key-query "
                "matrix and the decoder, establishing conditions under which this complex joint "
                "optimization converges to their respective hard-margin SVM solutions.")
-WHERE_JOINT = "joint (W, v) theorem and the toy of joint_training.py; seed text 002"
+WHERE_JOINT = ("joint (W, v) theorem and the toy of joint_training.py; the abstract of "
+               "arXiv:2410.14581 (seed text 002)")
 
 
 _ROWS = {"bregman_paper": "the paper's definition: D_psi_p, each l_q SVM at the tokens its own "

@@ -106,18 +106,22 @@ def compute(cfg: dict) -> dict[str, pd.DataFrame]:
             "curves": pd.concat(curves, ignore_index=True)}
 
 
+# The paper's sentences: the abstract of arXiv:2308.16898v1 (the version CITATION.cff cites;
+# stored in tests/data/paper_excerpts/tfsvm.txt and checked there).
 QUOTE = {
-    "sat": "The attention layer, often known as hard attention when optimizing with linear h(), "
-           "is intrinsically biased towards choosing one token from each sequence.",
-    "W": "With the proper initialization and a linear head h(), the gradient descent iterations "
-         "for the combined key-query variable W converge in the direction of an Att-SVM "
-         "solution that is locally optimum.",
-    "KQ": "With the nuclear norm goal of the combination parameter W:= KQ (Thm 2), optimizing "
-          "the attention parameters (K, Q) with diminishing regularisation converges in the "
-          "direction of a max-margin solution of (Att-SVM).",
+    "sat": "We believe these findings inspire the interpretation of transformers as a hierarchy "
+           "of SVMs that separates and selects optimal tokens.",
+    "W": "Instead, directly parameterizing by [W] minimizes a Frobenius norm objective. We "
+         "characterize this convergence, highlighting that it can occur toward locally-optimal "
+         "directions rather than global ones.",
+    "KQ": "(1) Optimizing the attention layer with vanishing regularization, parameterized by "
+          "[(K, Q)], converges in direction to an SVM solution minimizing the nuclear norm of the "
+          "combined parameter [W = K Q^T]. [...] We characterize this convergence, highlighting "
+          "that it can occur toward locally-optimal directions rather than global ones.",
 }
-WHERE = ("Theorems 2-3; the local_converge notebook's figure (mean over 100 runs of the largest "
-         "softmax probability and of corr(W_t, SVM of the run's selected tokens)); seed text 001")
+WHERE = ("abstract (arXiv:2308.16898v1; 'selects': the attention saturates on one token per "
+         "sequence), Theorems 2-3; the local_converge notebook's figure (mean over 100 runs of "
+         "the largest softmax probability and of corr(W_t, SVM of the run's selected tokens))")
 
 
 def _names(model: str) -> tuple[str, str, str]:

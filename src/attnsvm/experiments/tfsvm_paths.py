@@ -192,20 +192,24 @@ def informative(svm: pd.DataFrame) -> pd.DataFrame:
     return svm[svm.feasible & (svm.corr_fro_nuc <= DISTINCT)]
 
 
+# The paper's sentences: the abstract of arXiv:2308.16898v1 (the version CITATION.cff cites;
+# stored in tests/data/paper_excerpts/tfsvm.txt and checked there).
 QUOTE = {
-    "W": "The regularisation path (RP) directionally converges to the (Att-SVM) solution with "
-         "the Frobenius norm objective when cross-attention is explicitly parameterized by the "
-         "combination parameter W.",
-    "KQ": "With the nuclear norm goal of the combination parameter W:= KQ (Thm 2), optimizing "
-          "the attention parameters (K, Q) with diminishing regularisation converges in the "
-          "direction of a max-margin solution of (Att-SVM).",
+    "W": "Instead, directly parameterizing by [W] minimizes a Frobenius norm objective. We "
+         "characterize this convergence, highlighting that it can occur toward locally-optimal "
+         "directions rather than global ones.",
+    "KQ": "(1) Optimizing the attention layer with vanishing regularization, parameterized by "
+          "[(K, Q)], converges in direction to an SVM solution minimizing the nuclear norm of the "
+          "combined parameter [W = K Q^T]. [...] We characterize this convergence, highlighting "
+          "that it can occur toward locally-optimal directions rather than global ones.",
 }
-WHERE = ("Theorem 2 and Figure 1 (the visualization notebook's dataset); each run against the "
-         "SVM of the tokens it selects, as the paper's local_converge notebook judges "
-         "(W_svm_solver(X, ids)); seed text 001")
-QUOTE_FIG = ("To their knowledge, this is the first study that formally compares the optimization "
-             "dynamics of (K, Q) parameterizations to those of (W) parameterizations, "
-             "highlighting the latter\u2019s low-rank bias.")
+WHERE = ("abstract (arXiv:2308.16898v1), Theorem 2 and Figure 1 (the visualization notebook's "
+         "dataset); each run against the SVM of the tokens it selects, as the paper's "
+         "local_converge notebook judges (W_svm_solver(X, ids))")
+QUOTE_FIG = ("(1) Optimizing the attention layer with vanishing regularization, parameterized by "
+             "[(K, Q)], converges in direction to an SVM solution minimizing the nuclear norm of "
+             "the combined parameter [W = K Q^T]. Instead, directly parameterizing by [W] "
+             "minimizes a Frobenius norm objective.")
 
 
 def _who(model: str) -> str:
@@ -238,7 +242,8 @@ for _m, _pred in PRED.items():
     CLAIMS[f"fig_closer_{_m}"] = Claim(
         f"Figure 1's dataset: {_who(_m)} ends closer to W_{_pred} than to W_{_other(_m)} (the SVMs "
         f"of the optimal tokens, as the figure draws them) in every run", quote=QUOTE_FIG,
-        where="Figure 1 (W-path to the Frobenius SVM, (K, Q)-path to the nuclear one)")
+        where="abstract (arXiv:2308.16898v1); Figure 1 (W-path to the Frobenius SVM, (K, Q)-path "
+        "to the nuclear one)")
 for _m, _pred in PRED.items():
     CLAIMS[f"pop_sel_{_m}"] = Claim(_pop_sel_text(_m, "datasets"), kind="finding")
     CLAIMS[f"pop_opt_{_m}"] = Claim(
