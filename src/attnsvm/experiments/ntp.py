@@ -581,9 +581,10 @@ EXPERIMENTS = [
         deviations=(
             "ntp-local: 20 (quick) / 100 (full) datasets instead of the notebook's 10 epochs; "
             "numpy draws.",
-            "ntp-local: the claim is judged at the published local figure's cell, n4T6K8d8 "
-            "(local_corr_cyc_*_0.1_n4T6K8d8_pos), not at the notebook's stored n6T4K6d8 "
-            "(a finding here).",
+            "ntp-local: the local convergence is judged at the published local figure's "
+            "cell, n4T6K8d8 (local_corr_cyc_*_0.1_n4T6K8d8_pos), as attnsvm's finding (the "
+            "cited abstract states no local result); the notebook's stored n6T4K6d8 is a "
+            "second finding.",
             "ntp-local: the loss is cross-entropy (loss_type='ce': the published figure "
             "local_corr_cyc_ce_0.1_n4T6K8d8_pos and the notebook at commit 0d105ef); the "
             "notebook at the repository's HEAD uses 'lsq2' ((1 - p_y)^2), which attnsvm's NTP "
