@@ -60,7 +60,9 @@ __all__ = [
     "head_logits",
     "recompute_attention",
     "recompute_error",
+    "recompute_bound",
     "check_recompute",
+    "mask_unused",
     "rotary_basis",
     "rotary_subspace",
     "attention_stats",
@@ -88,8 +90,9 @@ class TrackConfig:
     svm:           False skips the SVM and the nulls (sparsity and norms only).
     seed:          seeds the query sample and the nulls (with step, layer and head).
     check:         raise RecomputeError when the recomputed attention differs from the model's
-                   own (eager) attention by more than ``recompute_tol`` (default by the dtype
-                   the model ran in: 1e-6 float64, 1e-3 float32, 3e-2 half precision).
+                   own (eager) attention by more than its rounding-error bound in the dtype the
+                   model ran in (:func:`recompute_bound`), or by more than ``recompute_tol``
+                   (an absolute tolerance on the probabilities) when that is given.
     max_unknowns:  a head SVM with more unknowns (entries of its matrix; rotary heads: the
                    lifted L r_k x r_q matrix) is skipped with a status instead of solved.
     graph:         also solve the Graph-SVM of the head's own tokens at the last query of each
@@ -138,8 +141,13 @@ class RecomputeError(ValueError):
 
 # the Graph-SVM tokens reproduce the head's logits to this (relative to max(1, |logit|))
 GRAPH_LOGIT_TOL = 1e-8
-# default recompute tolerance on the attention probabilities, by the dtype the model ran in
+# kept for reference (the tolerances before the rounding-error bound of recompute_bound):
+# absolute tolerances on the probabilities by dtype; no longer the default of the check
 RECOMPUTE_TOL = {torch.float64: 1e-6, torch.float32: 1e-3, torch.float16: 3e-2, torch.bfloat16: 3e-2}
+# recompute_bound: lambda of the probabilistic rounding-error model (Higham & Mary 2019:
+# |error of an n-term dot product| <= lambda sqrt(n) u sum |a_i b_i| with probability at least
+# 1 - 2 exp(-lambda^2 / 2); 2e-22 for lambda = 10)
+ROUNDING_LAMBDA = 10.0
 
 
 def _allowed(call: AttentionCall) -> torch.Tensor:
@@ -201,28 +209,140 @@ def recompute_attention(call: AttentionCall):
     return s, allowed, qv
 
 
-def recompute_error(call: AttentionCall, s: np.ndarray, allowed: np.ndarray, qv: np.ndarray) -> float:
+def _unit_roundoff(*dtypes) -> float:
+    """Largest unit roundoff u = eps / 2 among the floating dtypes given."""
+    return max(float(torch.finfo(dt).eps) / 2 for dt in dtypes if dt is not None and dt.is_floating_point)
+
+
+def mask_unused(call: AttentionCall) -> AttentionCall:
+    """The call with the token vectors that no valid query uses (neither a valid query nor a key
+    some valid query may see: padding, positions outside every sliding window) set to 0 where
+    they are not finite; the statistics never read them. Hugging Face's eager attention in
+    float64 returns NaN rows for fully masked (padded) queries, which reach the next layer's
+    input at those positions only. Returns ``call`` itself when there is nothing to mask.
+
+    >>> import torch
+    >>> from attnsvm.track import AttentionCall, mask_unused
+    >>> x = torch.ones(1, 3, 2, dtype=torch.float64); x[0, 0] = float("nan")   # a padded token
+    >>> allowed = torch.tensor([[[0, 0, 0], [0, 1, 1], [0, 1, 1]]], dtype=torch.bool)
+    >>> W = torch.eye(2, dtype=torch.float64)[None]
+    >>> mask_unused(AttentionCall(hidden=x, W_q=W, W_k=W, allowed=allowed)).hidden[0, 0].tolist()
+    [0.0, 0.0]
+    """
+    from dataclasses import replace
+
+    allowed = _allowed(call)
+    qv = _query_valid(call, allowed)
+    key_used = (allowed & qv[..., None]).any(1)  # (N, S)
+    if call.keys is None:
+        used = qv | key_used
+        bad = ~torch.isfinite(call.hidden).all(-1) & ~used.to(call.hidden.device)
+        if not bool(bad.any()):
+            return call
+        return replace(call, hidden=call.hidden.masked_fill(bad[..., None], 0))
+    out = {}
+    bad_q = ~torch.isfinite(call.hidden).all(-1) & ~qv.to(call.hidden.device)
+    if bool(bad_q.any()):
+        out["hidden"] = call.hidden.masked_fill(bad_q[..., None], 0)
+    bad_k = ~torch.isfinite(call.keys).all(-1) & ~key_used.to(call.keys.device)
+    if bool(bad_k.any()):
+        out["keys"] = call.keys.masked_fill(bad_k[..., None], 0)
+    return replace(call, **out) if out else call
+
+
+@torch.no_grad()
+def recompute_bound(call: AttentionCall, s) -> np.ndarray:
+    """(N, H, T, S) bound on |s_model - s| entry by entry: how far the model's own attention,
+    computed in its dtype, may lie from the exact (float64) recomputation ``s`` by rounding.
+
+    With u the unit roundoff of the model's dtype (the largest of the tokens', weights' and
+    returned probabilities' dtypes), u_s = max(u, 2^-24) that of its softmax (Hugging Face
+    runs it in float32 at least), n = d + d_h + 8 (the projection, the dot product, rotation,
+    scaling and bias) and |q|, |k| the entrywise magnitudes |W_q| |x| + |b_q| (rotated by |R|),
+    each logit is off by at most
+
+        delta(k, t) = lambda sqrt(n) u scale sum_r |q_r(k)| |k_r(t)| + 2 u |b_h(k, t)|
+
+    (the probabilistic rounding model of Higham & Mary 2019, lambda = ``ROUNDING_LAMBDA``);
+    the softmax turns logit errors of at most delta_k = max_t delta(k, t) into a relative
+    error of at most exp(2 delta_k) - 1 on every probability, and adds its own
+    lambda sqrt(S + 4) u_s plus the rounding of the result to the model's dtype (2 u), above
+    an absolute floor of the dtype's smallest normal number:
+
+        |s_model - s| <= s (expm1(2 delta_k) + lambda sqrt(S + 4) u_s + 2 u) + tiny.
+
+    The bound scales with the head's own logits, so an extractor off by 10% in scale is
+    caught in float32 (and far below) while a faithful one passes in any precision.
+    """
+    dts = [call.hidden.dtype, call.W_q.dtype, None if call.attn is None else call.attn.dtype]
+    u = _unit_roundoff(*dts)
+    u_s = max(u, 2.0 ** -24)
+    tiny = float(torch.finfo(call.attn.dtype if call.attn is not None else call.hidden.dtype).tiny)
+    x = call.hidden.detach().to(torch.float64).abs()
+    y = call.key_tokens.detach().to(x.device, torch.float64).abs()
+    qa = torch.einsum("ntd,hrd->nhtr", x, call.W_q.detach().to(x.device, torch.float64).abs())
+    ka = torch.einsum("ntd,hrd->nhtr", y, call.W_k.detach().to(x.device, torch.float64).abs())
+    if call.b_q is not None:
+        qa = qa + call.b_q.detach().to(x.device, torch.float64).abs()[None, :, None, :]
+    if call.b_k is not None:
+        ka = ka + call.b_k.detach().to(x.device, torch.float64).abs()[None, :, None, :]
+    if call.rotary is not None:
+        Ra = call.rotary.detach().to(x.device, torch.float64).abs()
+        qa = torch.einsum("ntab,nhtb->nhta", Ra, qa)
+        ka = torch.einsum("ntab,nhtb->nhta", Ra, ka)
+    n = x.shape[-1] + call.d_head + 8
+    delta = ROUNDING_LAMBDA * math.sqrt(n) * u * abs(call.scale_) * (qa @ ka.transpose(-1, -2))
+    if call.pos_bias is not None:
+        delta = delta + 2 * u * call.pos_bias.detach().to(x.device, torch.float64).abs()
+    allowed = _allowed(call).to(x.device)
+    dk = torch.where(allowed[:, None], delta, torch.zeros((), dtype=delta.dtype, device=x.device)).amax(-1)
+    S = allowed.shape[-1]
+    rel = torch.expm1(2 * dk) + ROUNDING_LAMBDA * math.sqrt(S + 4) * u_s + 2 * u  # (N, H, T)
+    s = torch.as_tensor(np.asarray(s), dtype=torch.float64, device=x.device)
+    return (s * rel[..., None] + tiny).cpu().numpy()
+
+
+def recompute_error(call: AttentionCall, s: np.ndarray, allowed: np.ndarray, qv: np.ndarray,
+                    bound: np.ndarray | None = None):
     """max |s_recomputed - s_model| over valid queries and allowed keys (probabilities, so
-    absolute = relative to the row's mass 1); NaN when the model returned no attention."""
+    absolute = relative to the row's mass 1); NaN when the model returned no attention.
+    With ``bound`` (:func:`recompute_bound`) returns (error, ratio): ratio = the largest
+    |s_recomputed - s_model| / bound (the check passes iff ratio <= 1)."""
     if call.attn is None or tuple(call.attn.shape) != s.shape:
-        return float("nan")
+        return float("nan") if bound is None else (float("nan"), float("nan"))
     ref = call.attn.detach().to(torch.float64).cpu().numpy()
     both = qv[:, None, :, None] & allowed[:, None]
-    return float(np.abs(np.where(both, s - ref, 0.0)).max()) if both.any() else 0.0
+    diff = np.abs(np.where(both, s - ref, 0.0))
+    err = float(diff.max()) if both.any() else 0.0
+    if bound is None:
+        return err
+    return err, (float((diff / bound).max()) if both.any() else 0.0)
 
 
-def check_recompute(call: AttentionCall, err: float, tol: float | None = None, where: str = "") -> None:
-    """Raise :class:`RecomputeError` when ``err`` exceeds ``tol`` (default by the dtype the
-    model ran in: ``RECOMPUTE_TOL``)."""
-    if not np.isfinite(err):
+def check_recompute(call: AttentionCall, err: float, tol: float | None = None, where: str = "",
+                    ratio: float | None = None) -> None:
+    """Raise :class:`RecomputeError` when the recomputation disagrees with the model: ``err``
+    above the absolute ``tol`` when given, else ``ratio`` (error over the rounding-error bound
+    of :func:`recompute_bound`, entry by entry) above 1. A non-finite ``err`` where the model
+    returned probabilities (NaN on a valid query or allowed key) also raises."""
+    if call.attn is None:
         return
-    if tol is None:
-        tol = RECOMPUTE_TOL.get(call.attn.dtype if call.attn is not None else torch.float64, 1e-3)
-    if err > tol:
+    if not np.isfinite(err):
+        raise RecomputeError(f"{where or 'attention module'}: the model's own attention or its "
+                             "recomputation is not finite on valid queries and allowed keys")
+    if tol is not None:
+        if err > tol:
+            raise RecomputeError(
+                f"{where or 'attention module'}: the extracted heads do not reproduce the model's "
+                f"own attention (max |recomputed - model| = {err:.3g} > tolerance {tol:g}): wrong "
+                "or unsupported extractor; no statistics were computed from it")
+        return
+    if ratio is not None and not ratio <= 1:
         raise RecomputeError(
             f"{where or 'attention module'}: the extracted heads do not reproduce the model's own "
-            f"attention (max |recomputed - model| = {err:.3g} > tolerance {tol:g}): wrong or "
-            "unsupported extractor; no statistics were computed from it")
+            f"attention (max |recomputed - model| = {err:.3g}, {ratio:.3g} times its rounding-error "
+            f"bound in {str(call.attn.dtype).replace('torch.', '')}): wrong or unsupported "
+            "extractor; no statistics were computed from it")
 
 
 def attention_stats(attn, allowed, query_valid=None) -> dict:
@@ -550,8 +670,11 @@ def analyse_call(call: AttentionCall, cfg: TrackConfig | None = None, *, key=(0,
 
     key: integers seeding this call's sample and nulls (with cfg.seed), e.g. (step, layer).
     The recomputed attention is first checked against the probabilities the model returned
-    (``call.attn``): past ``cfg.recompute_tol`` (default by dtype, ``RECOMPUTE_TOL``) a
-    :class:`RecomputeError` is raised (``where`` names the module).
+    (``call.attn``): past its rounding-error bound (:func:`recompute_bound`) or the absolute
+    ``cfg.recompute_tol`` when given, a :class:`RecomputeError` is raised (``where`` names the
+    module); every row says in ``recompute_check`` whether the check ran ("checked") or why
+    not ("not checked: ..."). Token vectors no valid query uses are masked first
+    (:func:`mask_unused`).
     Returns (rows, selections, matrices): rows a list of dicts, one per head (columns in
     docs/tracking.md); selections a DataFrame (head, seq, query, key, prob, in_svm) of every
     valid query's argmax key or None; matrices {head: {W, u, W_mm, u_mm}} (full d-space, W_mm
@@ -560,7 +683,9 @@ def analyse_call(call: AttentionCall, cfg: TrackConfig | None = None, *, key=(0,
     import pandas as pd
 
     cfg = cfg or TrackConfig()
-    finite = all(bool(torch.isfinite(t).all()) for t in (call.hidden, call.W_q, call.W_k, call.b_q)
+    call = mask_unused(call)  # padded positions: never read, may be NaN in an eager float64 pass
+    finite = all(bool(torch.isfinite(t).all()) for t in (call.hidden, call.keys, call.W_q,
+                                                          call.W_k, call.b_q, call.b_k)
                  if t is not None)
     if not finite:  # a diverged run: say so in every row instead of failing inside an SVD
         rows = [dict(head=h, causal=bool(call.causal), kind=call.kind,
@@ -571,9 +696,15 @@ def analyse_call(call: AttentionCall, cfg: TrackConfig | None = None, *, key=(0,
     s = s_t.cpu().numpy()
     allowed = allowed_t.cpu().numpy()
     qv = qv_t.cpu().numpy()
-    err = recompute_error(call, s, allowed, qv)
-    if cfg.check:
-        check_recompute(call, err, cfg.recompute_tol, where)
+    if call.attn is not None and tuple(call.attn.shape) == s.shape:
+        err, ratio = recompute_error(call, s, allowed, qv, recompute_bound(call, s))
+        checked = "checked" if cfg.check else "not checked: TrackConfig(check=False)"
+        if cfg.check:
+            check_recompute(call, err, cfg.recompute_tol, where, ratio)
+    else:
+        err = ratio = float("nan")
+        checked = ("not checked: TrackConfig(check=False)" if not cfg.check else
+                   "not checked: the module returned no attention probabilities to compare with")
     x = call.hidden.detach().to(torch.float64).cpu().numpy()
     y = None if call.keys is None else call.keys.detach().to(torch.float64).cpu().numpy()
     st = attention_stats(s, allowed, qv)
@@ -583,7 +714,7 @@ def analyse_call(call: AttentionCall, cfg: TrackConfig | None = None, *, key=(0,
     bk = None if call.b_k is None else call.b_k.detach().to(torch.float64).cpu().numpy()
     lift = B = logits_all = None
     if call.rotary is not None:
-        B, lift = rotary_basis(call.rotary.detach().cpu().numpy())
+        B, lift = rotary_basis(call.rotary.detach().to(torch.float64).cpu().numpy())
     if call.rotary is not None or cfg.graph:
         logits_all = head_logits(call).cpu().numpy()
     H = call.n_heads
@@ -603,7 +734,7 @@ def analyse_call(call: AttentionCall, cfg: TrackConfig | None = None, *, key=(0,
                    wqk_norm=float(np.linalg.norm(sub["W"])),
                    bias_share=float(ub / math.hypot(np.linalg.norm(sub["W"]), ub)) if ub > 0 else 0.0,
                    rank=int(r), lift_dim=int(sub.get("L", 1)), lifted_norm=float(np.linalg.norm(M)),
-                   recompute_err=err)
+                   recompute_err=err, recompute_ratio=ratio, recompute_check=checked)
         if cfg.svm:
             prob = selection_problem(x, allowed, s[:, h], sub, cfg.bias, cfg.min_attention,
                                      cfg.max_queries, rng, qv, keys_hidden=y, lift=lift)
