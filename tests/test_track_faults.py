@@ -310,7 +310,7 @@ def test_hooked_transformer_tracked_in_float64(over):
     assert tab.recompute_err.max() <= 1e-6 and tab.feasible.all()
     # independently: the recomputation equals TransformerLens's own cached pattern
     _, cache = model.run_with_cache(tokens)
-    for layer, (name, call) in enumerate(tr.capture()):
+    for layer, (_, call) in enumerate(tr.capture()):
         s = recompute_attention(call)[0]
         torch.testing.assert_close(s, cache["pattern", layer], rtol=0, atol=1e-12)
 

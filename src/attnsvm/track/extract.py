@@ -83,6 +83,13 @@ class AttentionCall:
     rotary:  (N, T, d_h, d_h) rotation R_p of each position (rotary embeddings): the head
              compares R_k q_h(x_k) with R_t k_h(x_t); None = no rotation.
     pos_bias: (N or 1, H, T, S) additive position bias b_h(k, t) (T5), or None.
+
+    >>> import torch
+    >>> from attnsvm.track import AttentionCall
+    >>> call = AttentionCall(hidden=torch.zeros(2, 5, 8), W_q=torch.zeros(4, 2, 8), W_k=torch.zeros(4, 2, 8),
+    ...                      causal=True)
+    >>> call.n_heads, call.d_head, call.kind, round(call.scale_, 4)
+    (4, 2, 'causal', 0.7071)
     """
 
     hidden: torch.Tensor
@@ -179,7 +186,14 @@ class AttentionCall:
 
 # ------------------------------------------------------------------------------ helpers
 def split_heads(weight: torch.Tensor, n_heads: int) -> torch.Tensor:
-    """(H d_h, d) output-major weight (``nn.Linear.weight`` rows) -> (H, d_h, d)."""
+    """(H d_h, d) output-major weight (``nn.Linear.weight`` rows) -> (H, d_h, d).
+
+    >>> import torch
+    >>> from attnsvm.track import split_heads
+    >>> w = torch.arange(12.).reshape(6, 2)          # 3 heads of d_h = 2 on d = 2
+    >>> split_heads(w, 3)[1].tolist()
+    [[4.0, 5.0], [6.0, 7.0]]
+    """
     out, d = weight.shape
     if out % n_heads:
         raise ValueError(f"{out} output features are not divisible by {n_heads} heads")
@@ -209,6 +223,11 @@ def allowed_from_mask(mask, N: int, T: int, *, true_means_masked: bool = False,
     <= MASKED_BELOW = masked; any other value is a position bias the SVM cannot represent:
     ValueError); shapes (N, T) key padding (HF 2-D masks: nonzero = attend), (T, T),
     (N, T, T), (N, 1 or H, T, T) (heads must agree).
+
+    >>> import torch
+    >>> from attnsvm.track import allowed_from_mask
+    >>> allowed_from_mask(torch.tensor([[1, 1, 0]]), 1, 3)[0].int().tolist()   # last token padded
+    [[1, 1, 0], [1, 1, 0], [1, 1, 0]]
     """
     if mask is None:
         return None
@@ -499,7 +518,12 @@ def tl_attention(module, args, kwargs) -> AttentionCall:
     applied to the identity. Checked against the module's ``hook_pattern`` (its
     probabilities): ``pattern_from``. Refused by name: ALiBi, relative position bias, soft-capped
     scores, attention sinks, log-n scaling, q / k normalisation or clipping, split q / k / v
-    inputs, a key-value cache."""
+    inputs, a key-value cache.
+
+    >>> from attnsvm.track import tl_attention
+    >>> tl_attention.pattern_from        # the submodule whose output the check compares with
+    'hook_pattern'
+    """
     cfg = module.cfg
     kw = _bound(module, args, kwargs)
     why = None
@@ -604,7 +628,15 @@ SUPPORTED = ("torch.nn.MultiheadAttention",
 
 
 class UnsupportedModelError(ValueError):
-    """A model whose attention the tracker cannot express exactly (named before loading)."""
+    """A model whose attention the tracker cannot express exactly (named before loading).
+
+    >>> from attnsvm.track import UnsupportedModelError, check_config
+    >>> try:
+    ...     check_config({"model_type": "mamba"})
+    ... except UnsupportedModelError as e:
+    ...     print(str(e)[:38])
+    model type 'mamba' is not supported by
+    """
 
 
 def _families() -> str:
@@ -614,7 +646,12 @@ def _families() -> str:
 def check_config(config) -> str:
     """Refuse an unsupported Hugging Face config (a ``PretrainedConfig`` or its dict) before any
     weight is loaded; returns the family name. Raises :class:`UnsupportedModelError` naming
-    the model type, what is wrong and the supported families."""
+    the model type, what is wrong and the supported families.
+
+    >>> from attnsvm.track import check_config
+    >>> check_config({"model_type": "llama"})
+    'Llama'
+    """
     get = config.get if isinstance(config, dict) else (lambda k, d=None: getattr(config, k, d))
     mt = get("model_type")
     if mt not in SUPPORTED_MODEL_TYPES:
@@ -650,6 +687,7 @@ def register_extractor(cls: type, extract: Extractor) -> None:
     >>> register_extractor(Mine, extract)
     >>> builtin_extractor(Mine()) is extract
     True
+    >>> from attnsvm.track import extract as _ex; del _ex._USER[Mine]   # (the example's clean-up)
     """
     if not isinstance(cls, type) or not callable(extract):
         raise ValueError("register_extractor(cls, extract): a class and a callable")
@@ -693,6 +731,12 @@ def find_attention(model: torch.nn.Module, modules=None, extractors=None) -> lis
     extractors: optional {module name or class: extractor} taking precedence.
     Raises ValueError naming the module(s) when a requested module, or the whole model, has
     no extractor.
+
+    >>> import torch
+    >>> from attnsvm.track import find_attention
+    >>> layer = torch.nn.TransformerEncoderLayer(8, 2, batch_first=True)
+    >>> [(name, type(m).__name__, ext.__name__) for name, m, ext in find_attention(layer)]
+    [('self_attn', 'MultiheadAttention', 'torch_mha')]
     """
     extractors = dict(extractors or {})
     cfg = getattr(model, "config", None)

@@ -100,6 +100,14 @@ class TrackConfig:
     graph_norms:   the Graph-SVM norms, ("fro",) by default (add "nuc" for (K, Q)'s geometry).
     graph_mass:    None: each sequence's label is the token id of largest attention mass at its
                    last query; a float: every id with mass > graph_mass (ntp-local's rule).
+
+    >>> from attnsvm.track import TrackConfig
+    >>> TrackConfig(max_queries=8, null_draws=0).max_queries
+    8
+    >>> TrackConfig(bias="both")
+    Traceback (most recent call last):
+    ...
+    ValueError: bias must be 'augment' or 'ignore'; got 'both'
     """
 
     min_attention: float = 0.0
@@ -136,7 +144,20 @@ class TrackConfig:
 # ------------------------------------------------------------------------ attention
 class RecomputeError(ValueError):
     """The extracted head does not reproduce the model's own (eager) attention: a wrong or
-    unsupported extractor. Raised instead of returning statistics of the wrong matrix."""
+    unsupported extractor. Raised instead of returning statistics of the wrong matrix.
+
+    >>> import torch
+    >>> from attnsvm.track import AttentionCall, RecomputeError, analyse_call, recompute_attention
+    >>> g = torch.Generator().manual_seed(0)
+    >>> x = torch.randn(2, 5, 4, generator=g, dtype=torch.float64)
+    >>> W = torch.randn(2, 2, 4, generator=g, dtype=torch.float64)
+    >>> attn = recompute_attention(AttentionCall(hidden=x, W_q=W, W_k=W))[0]  # "the model's"
+    >>> try:
+    ...     analyse_call(AttentionCall(hidden=x, W_q=1.1 * W, W_k=W, attn=attn))   # 10% off
+    ... except RecomputeError:
+    ...     print("refused")
+    refused
+    """
 
 
 # the Graph-SVM tokens reproduce the head's logits to this (relative to max(1, |logit|))
@@ -200,6 +221,14 @@ def recompute_attention(call: AttentionCall):
     rows of invalid queries); allowed (N, T, S) with causality applied; query_valid (N, T) =
     allowed[n, k, k] for self-attention (a query is valid iff it may attend to itself), any
     allowed key for cross-attention.
+
+    >>> import torch
+    >>> from attnsvm.track import AttentionCall, recompute_attention
+    >>> x = torch.randn(1, 4, 3, dtype=torch.float64)
+    >>> W = torch.randn(2, 2, 3, dtype=torch.float64)
+    >>> s, allowed, qv = recompute_attention(AttentionCall(hidden=x, W_q=W, W_k=W, causal=True))
+    >>> tuple(s.shape), s[0, 0, 0].tolist(), bool(torch.allclose(s.sum(-1), torch.ones(1, 2, 4, dtype=s.dtype)))
+    ((1, 2, 4, 4), [1.0, 0.0, 0.0, 0.0], True)
     """
     allowed = _allowed(call)
     logits = head_logits(call).masked_fill(~allowed[:, None], float("-inf"))
@@ -273,6 +302,20 @@ def recompute_bound(call: AttentionCall, s) -> np.ndarray:
 
     The bound scales with the head's own logits, so an extractor off by 10% in scale is
     caught in float32 (and far below) while a faithful one passes in any precision.
+
+    >>> import torch
+    >>> from attnsvm.track import AttentionCall, recompute_attention, recompute_bound
+    >>> g = torch.Generator().manual_seed(0)
+    >>> x = torch.randn(2, 6, 16, generator=g) * 0.1            # a float32 head, computed in float32
+    >>> Wq, Wk = torch.randn(2, 8, 16, generator=g) * 0.3, torch.randn(2, 8, 16, generator=g) * 0.3
+    >>> q, k = torch.einsum("ntd,hrd->nhtr", x, Wq), torch.einsum("ntd,hrd->nhtr", x, Wk)
+    >>> attn = torch.softmax(q @ k.transpose(-1, -2) / 8 ** 0.5, -1)
+    >>> for f in (1.0, 1.1):
+    ...     call = AttentionCall(hidden=x, W_q=f * Wq, W_k=Wk, attn=attn)
+    ...     s = recompute_attention(call)[0].numpy()
+    ...     print(f, bool((abs(s - attn.double().numpy()) <= recompute_bound(call, s)).all()))
+    1.0 True
+    1.1 False
     """
     dts = [call.hidden.dtype, call.W_q.dtype, None if call.attn is None else call.attn.dtype]
     u = _unit_roundoff(*dts)
@@ -355,6 +398,12 @@ def attention_stats(attn, allowed, query_valid=None) -> dict:
     (mean), frac_to_first (argmax on the first key the query may see, e.g. [CLS] or the first
     token of a causal model), frac_to_special (argmax on the first or last valid token of the
     sequence, e.g. [CLS] / [SEP]).
+
+    >>> import numpy as np
+    >>> from attnsvm.track import attention_stats
+    >>> st = attention_stats(np.full((1, 1, 2, 2), 0.5), np.ones((1, 2, 2), bool))
+    >>> st["soft_sparsity"].tolist(), st["frac_max_05"].tolist()
+    ([2.0], [1.0])
     """
     attn = np.asarray(attn, dtype=np.float64)
     allowed = np.asarray(allowed, dtype=bool)
@@ -401,6 +450,12 @@ def head_subspace(W_q, W_k, b_q=None, scale=None, bias: str = "augment") -> dict
     Returns W (d, d) = scale W_k^T W_q, u (d,) = scale W_k^T b_q, U_Q, U_K (d, r) orthonormal
     bases of span(W_q^T), span(W_k^T), and M: (r, r + 1) = [U_K^T W U_Q, U_K^T u] with
     bias="augment", else (r, r) = U_K^T W U_Q. (r = rank, d_h for a generic head.)
+
+    >>> import numpy as np
+    >>> from attnsvm.track import head_subspace
+    >>> sub = head_subspace(np.eye(2)[:1], np.eye(2)[:1], b_q=np.ones(1), scale=1.0)
+    >>> sub["W"].tolist(), sub["u"].tolist(), sub["M"].tolist()
+    ([[1.0, 0.0], [0.0, 0.0]], [1.0, 0.0], [[1.0, 1.0]])
     """
     Wq = np.asarray(W_q, np.float64)
     Wk = np.asarray(W_k, np.float64)
@@ -417,7 +472,15 @@ def head_subspace(W_q, W_k, b_q=None, scale=None, bias: str = "augment") -> dict
 
 def subspace_tokens(hidden, U_Q, U_K, bias: str = "augment"):
     """Keys x' = U_K^T x (..., T, r) and queries z' = U_Q^T x (..., T, r), with a constant
-    1 appended to the queries when bias="augment" (..., T, r + 1)."""
+    1 appended to the queries when bias="augment" (..., T, r + 1).
+
+    >>> import numpy as np
+    >>> from attnsvm.track import head_subspace, subspace_tokens
+    >>> sub = head_subspace(np.eye(3)[:2], np.eye(3)[:2])
+    >>> keys, queries = subspace_tokens(np.ones((4, 3)), sub["U_Q"], sub["U_K"])
+    >>> keys.shape, queries.shape, queries[0, -1]
+    ((4, 2), (4, 3), np.float64(1.0))
+    """
     keys = hidden @ U_K
     queries = hidden @ U_Q
     if bias == "augment":
@@ -505,6 +568,14 @@ def selection_problem(hidden, allowed, attn_h, sub, bias="augment", min_attentio
     space excluded: no W separates them), pairs (n, 2) = (sentence, query), n_eligible (queries
     passing the threshold before subsampling), sel_prob (n,) attention on alpha and n_tied
     (excluded identical keys).
+
+    >>> import numpy as np
+    >>> from attnsvm.track import head_subspace, selection_problem
+    >>> x = np.array([[[1., 0.], [0., 1.], [1., 1.]]])            # one sequence of 3 tokens, d = 2
+    >>> attn = np.array([[[.8, .1, .1], [.1, .8, .1], [.1, .1, .8]]])   # query k selects key k
+    >>> prob = selection_problem(x, np.ones((1, 3, 3), bool), attn, head_subspace(np.eye(2), np.eye(2)))
+    >>> prob["alpha"].tolist(), prob["X"].shape, prob["z"].shape
+    ([0, 1, 2], (3, 3, 2), (3, 3))
     """
     x = np.asarray(hidden, np.float64)
     y = x if keys_hidden is None else np.asarray(keys_hidden, np.float64)
@@ -556,7 +627,17 @@ def solve_selection(X, z, alpha, mask):
     """The core Frobenius ATT-SVM :func:`attnsvm.svm.att_svm` of one selection (its fast path:
     dual minimum-norm point when constraints <= unknowns, the structured primal IPM otherwise).
     One problem at a time: att_svm_batch was measured 7x slower here (N ~ 1000 constraints:
-    its batched eigh polish dominates)."""
+    its batched eigh polish dominates).
+
+    >>> import numpy as np
+    >>> from attnsvm.track import head_subspace, selection_problem, solve_selection
+    >>> x = np.array([[[1., 0.], [0., 1.], [1., 1.]]])
+    >>> attn = np.array([[[.8, .1, .1], [.1, .8, .1], [.1, .1, .8]]])
+    >>> prob = selection_problem(x, np.ones((1, 3, 3), bool), attn, head_subspace(np.eye(2), np.eye(2)))
+    >>> sol = solve_selection(prob["X"], prob["z"], prob["alpha"], prob["mask"])
+    >>> sol.status_, round(float(sol.norm_), 6)
+    ('optimal', 3.0)
+    """
     from attnsvm.svm import att_svm
 
     return att_svm(X, z, alpha, norm="fro", mask=mask, irreducible=False)
@@ -578,7 +659,15 @@ def _haar(rng, D, r):
 def rotation_null(M, W_mm, draws: int, rng, bias: str = "augment", blocks: int = 1) -> np.ndarray:
     """corr(R_K M R_Q^T (bias column R_K b), W_mm) for ``draws`` Haar rotations: (draws,).
     ``blocks`` > 1 (rotary lift, M = [M_1; ...; M_L]): the same R_K rotates every block's key
-    coordinates, R_K M_l R_Q^T."""
+    coordinates, R_K M_l R_Q^T.
+
+    >>> import numpy as np
+    >>> from attnsvm.track import rotation_null
+    >>> M = np.random.default_rng(0).standard_normal((3, 4))       # bias column augmented: (r, r + 1)
+    >>> c = rotation_null(M, M, 100, np.random.default_rng(1))
+    >>> c.shape, bool(np.all(np.abs(c) <= 1 + 1e-12)), bool(abs(c.mean()) < 0.3)
+    ((100,), True, True)
+    """
     r = M.shape[0] // blocks
     rq = M.shape[1] - (1 if bias == "augment" else 0)
     RK, RQ = _haar(rng, draws, r), _haar(rng, draws, rq)
@@ -643,6 +732,15 @@ def graph_problem(call: AttentionCall, head: int, config: TrackConfig | None = N
     logit up to a per-query constant), basis U (d, p), sequences (N,) and query (N,) the probe
     positions used; ``graph_svm(E, seqs, y, norm, exclude=exclude)`` is the head's Graph-SVM.
     Raises ValueError naming the reason for a call without one.
+
+    >>> import torch
+    >>> from attnsvm.track import AttentionCall, graph_problem
+    >>> g = torch.Generator().manual_seed(0)
+    >>> x = torch.randn(2, 5, 4, generator=g, dtype=torch.float64)
+    >>> W = torch.randn(2, 2, 4, generator=g, dtype=torch.float64)
+    >>> prob = graph_problem(AttentionCall(hidden=x, W_q=W, W_k=W, causal=True), head=0)
+    >>> prob["seqs"].shape, prob["y"].shape, prob["E"].shape[1] == prob["W"].shape[0]
+    ((2, 5), (2, 1), True)
     """
     from .graph import graph_data, unsupported
 
@@ -679,6 +777,15 @@ def analyse_call(call: AttentionCall, cfg: TrackConfig | None = None, *, key=(0,
     docs/tracking.md); selections a DataFrame (head, seq, query, key, prob, in_svm) of every
     valid query's argmax key or None; matrices {head: {W, u, W_mm, u_mm}} (full d-space, W_mm
     mapped back: U_K W_mm U_Q^T; rotary heads: the lifted M and W_mm instead) or None.
+
+    >>> import torch
+    >>> from attnsvm.track import AttentionCall, analyse_call
+    >>> g = torch.Generator().manual_seed(0)
+    >>> x = torch.randn(2, 5, 4, generator=g, dtype=torch.float64)
+    >>> W = torch.randn(2, 2, 4, generator=g, dtype=torch.float64)
+    >>> rows, sel, _ = analyse_call(AttentionCall(hidden=x, W_q=W, W_k=W, causal=True))
+    >>> [(r["head"], r["status"], r["recompute_check"][:11]) for r in rows], len(sel)
+    ([(0, 'optimal', 'not checked'), (1, 'optimal', 'not checked')], 20)
     """
     import pandas as pd
 
