@@ -518,7 +518,9 @@ def tl_attention(module, args, kwargs) -> AttentionCall:
     applied to the identity. Checked against the module's ``hook_pattern`` (its
     probabilities): ``pattern_from``. Refused by name: ALiBi, relative position bias, soft-capped
     scores, attention sinks, log-n scaling, q / k normalisation or clipping, split q / k / v
-    inputs, a key-value cache.
+    inputs, a key-value cache. TransformerLens 4.x has neither ``HookedTransformer`` nor
+    ``transformer_lens.components`` (its ``TransformerBridge`` wraps a Hugging Face model:
+    track ``bridge.original_model``), so this extractor matches nothing there.
 
     >>> from attnsvm.track import tl_attention
     >>> tl_attention.pattern_from        # the submodule whose output the check compares with
