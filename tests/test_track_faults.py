@@ -55,10 +55,28 @@ def test_a_misspelt_option_is_refused_by_name():
     (dict(extractors={"": 3}), "extractors"), (dict(tags=[("a", 1)]), "tags"),
     (dict(tags={"run": [1, 2]}), r"tags\['run'\]"), (dict(tags={"run": torch.zeros(2)}), r"tags\['run'\]"),
     (dict(tags={"step": 1}), "'step' is a column"), (dict(tags={1: "a"}), "tags"),
+    (dict(inputs=3.0), "inputs"),
 ])
 def test_every_argument_is_checked_at_the_door(kw, name):
     with pytest.raises(ValueError, match=name):
-        Tracker(_mha(), None, **kw)
+        Tracker(_mha(), **{"inputs": None, **kw})
+
+
+@pytest.mark.parametrize("kw, name", [
+    (dict(max_queries=2.5), "max_queries"), (dict(null_draws=True), "null_draws"),
+    (dict(seed=-1), "seed"), (dict(svm="no"), "svm"), (dict(check=1), "check"),
+    (dict(min_attention=float("nan")), "min_attention"), (dict(recompute_tol=float("inf")), "recompute_tol"),
+    (dict(max_unknowns=0), "max_unknowns"), (dict(graph="yes"), "graph"),
+])
+def test_track_config_fields_are_checked(kw, name):
+    with pytest.raises(ValueError, match=name):
+        TrackConfig(**kw)
+
+
+def test_a_tag_may_not_replace_a_column():
+    x = torch.randn(2, 4, 8, dtype=torch.float64)
+    with pytest.raises(ValueError, match="'soft_sparsity' is a column"):
+        Tracker(_mha(), lambda m: m(x, x, x), tags={"soft_sparsity": 1.0}).record(0)
 
 
 def test_bad_model_and_step_values_are_named():

@@ -84,12 +84,15 @@ class AttentionCall:
              compares R_k q_h(x_k) with R_t k_h(x_t); None = no rotation.
     pos_bias: (N or 1, H, T, S) additive position bias b_h(k, t) (T5), or None.
 
+    ```pycon
     >>> import torch
     >>> from attnsvm.track import AttentionCall
     >>> call = AttentionCall(hidden=torch.zeros(2, 5, 8), W_q=torch.zeros(4, 2, 8), W_k=torch.zeros(4, 2, 8),
     ...                      causal=True)
     >>> call.n_heads, call.d_head, call.kind, round(call.scale_, 4)
     (4, 2, 'causal', 0.7071)
+
+    ```
     """
 
     hidden: torch.Tensor
@@ -188,11 +191,14 @@ class AttentionCall:
 def split_heads(weight: torch.Tensor, n_heads: int) -> torch.Tensor:
     """(H d_h, d) output-major weight (``nn.Linear.weight`` rows) -> (H, d_h, d).
 
+    ```pycon
     >>> import torch
     >>> from attnsvm.track import split_heads
     >>> w = torch.arange(12.).reshape(6, 2)          # 3 heads of d_h = 2 on d = 2
     >>> split_heads(w, 3)[1].tolist()
     [[4.0, 5.0], [6.0, 7.0]]
+
+    ```
     """
     out, d = weight.shape
     if out % n_heads:
@@ -224,10 +230,13 @@ def allowed_from_mask(mask, N: int, T: int, *, true_means_masked: bool = False,
     ValueError); shapes (N, T) key padding (HF 2-D masks: nonzero = attend), (T, T),
     (N, T, T), (N, 1 or H, T, T) (heads must agree).
 
+    ```pycon
     >>> import torch
     >>> from attnsvm.track import allowed_from_mask
     >>> allowed_from_mask(torch.tensor([[1, 1, 0]]), 1, 3)[0].int().tolist()   # last token padded
     [[1, 1, 0], [1, 1, 0], [1, 1, 0]]
+
+    ```
     """
     if mask is None:
         return None
@@ -522,9 +531,12 @@ def tl_attention(module, args, kwargs) -> AttentionCall:
     ``transformer_lens.components`` (its ``TransformerBridge`` wraps a Hugging Face model:
     track ``bridge.original_model``), so this extractor matches nothing there.
 
+    ```pycon
     >>> from attnsvm.track import tl_attention
     >>> tl_attention.pattern_from        # the submodule whose output the check compares with
     'hook_pattern'
+
+    ```
     """
     cfg = module.cfg
     kw = _bound(module, args, kwargs)
@@ -632,12 +644,15 @@ SUPPORTED = ("torch.nn.MultiheadAttention",
 class UnsupportedModelError(ValueError):
     """A model whose attention the tracker cannot express exactly (named before loading).
 
+    ```pycon
     >>> from attnsvm.track import UnsupportedModelError, check_config
     >>> try:
     ...     check_config({"model_type": "mamba"})
     ... except UnsupportedModelError as e:
     ...     print(str(e)[:38])
     model type 'mamba' is not supported by
+
+    ```
     """
 
 
@@ -650,9 +665,12 @@ def check_config(config) -> str:
     weight is loaded; returns the family name. Raises :class:`UnsupportedModelError` naming
     the model type, what is wrong and the supported families.
 
+    ```pycon
     >>> from attnsvm.track import check_config
     >>> check_config({"model_type": "llama"})
     'Llama'
+
+    ```
     """
     get = config.get if isinstance(config, dict) else (lambda k, d=None: getattr(config, k, d))
     mt = get("model_type")
@@ -678,6 +696,7 @@ def register_extractor(cls: type, extract: Extractor) -> None:
     ``extract.pattern_from`` names a submodule, against that submodule's output; otherwise
     every row says ``recompute_check = "not checked: ..."``.
 
+    ```pycon
     >>> import torch
     >>> from attnsvm.track import AttentionCall, register_extractor, builtin_extractor, split_heads
     >>> class Mine(torch.nn.Module):
@@ -690,6 +709,8 @@ def register_extractor(cls: type, extract: Extractor) -> None:
     >>> builtin_extractor(Mine()) is extract
     True
     >>> from attnsvm.track import extract as _ex; del _ex._USER[Mine]   # (the example's clean-up)
+
+    ```
     """
     if not isinstance(cls, type) or not callable(extract):
         raise ValueError("register_extractor(cls, extract): a class and a callable")
@@ -701,6 +722,7 @@ def builtin_extractor(module) -> Extractor | None:
     MRO that :func:`register_extractor` registered, else that a built-in is keyed by (the
     class itself, not its name).
 
+    ```pycon
     >>> import torch
     >>> from attnsvm.track import builtin_extractor
     >>> builtin_extractor(torch.nn.MultiheadAttention(8, 2)).__name__
@@ -709,6 +731,8 @@ def builtin_extractor(module) -> Extractor | None:
     ...     pass
     >>> builtin_extractor(LlamaAttention()) is None
     True
+
+    ```
     """
     for cls in type(module).__mro__:
         if cls in _USER:
@@ -734,11 +758,14 @@ def find_attention(model: torch.nn.Module, modules=None, extractors=None) -> lis
     Raises ValueError naming the module(s) when a requested module, or the whole model, has
     no extractor.
 
+    ```pycon
     >>> import torch
     >>> from attnsvm.track import find_attention
     >>> layer = torch.nn.TransformerEncoderLayer(8, 2, batch_first=True)
     >>> [(name, type(m).__name__, ext.__name__) for name, m, ext in find_attention(layer)]
     [('self_attn', 'MultiheadAttention', 'torch_mha')]
+
+    ```
     """
     extractors = dict(extractors or {})
     cfg = getattr(model, "config", None)

@@ -101,6 +101,7 @@ class TrackConfig:
     graph_mass:    None: each sequence's label is the token id of largest attention mass at its
                    last query; a float: every id with mass > graph_mass (ntp-local's rule).
 
+    ```pycon
     >>> from attnsvm.track import TrackConfig
     >>> TrackConfig(max_queries=8, null_draws=0).max_queries
     8
@@ -108,6 +109,8 @@ class TrackConfig:
     Traceback (most recent call last):
     ...
     ValueError: bias must be 'augment' or 'ignore'; got 'both'
+
+    ```
     """
 
     min_attention: float = 0.0
@@ -125,6 +128,21 @@ class TrackConfig:
     graph_mass: float | None = None
 
     def __post_init__(self):
+        for name in ("max_queries", "null_draws", "rot_draws", "seed", "max_unknowns"):
+            v = getattr(self, name)
+            if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)):
+                raise ValueError(f"{name} must be an integer; got {v!r}")
+        for name in ("svm", "check", "graph"):
+            if not isinstance(getattr(self, name), (bool, np.bool_)):
+                raise ValueError(f"{name} must be True or False; got {getattr(self, name)!r}")
+        for name in ("min_attention", "recompute_tol", "graph_mass"):
+            v = getattr(self, name)
+            if v is not None and (isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, float, np.floating))
+                                  or not math.isfinite(v)):
+                raise ValueError(f"{name} must be a finite number{' or None' if name != 'min_attention' else ''}; "
+                                 f"got {v!r}")
+        if self.seed < 0 or self.max_unknowns < 1:
+            raise ValueError(f"seed must be >= 0 and max_unknowns >= 1; got {self.seed}, {self.max_unknowns}")
         norms = (self.graph_norms,) if isinstance(self.graph_norms, str) else tuple(self.graph_norms)
         if not norms or any(n not in ("fro", "nuc") for n in norms) or len(set(norms)) < len(norms):
             raise ValueError(f"graph_norms must be distinct names among 'fro', 'nuc'; got {self.graph_norms!r}")
@@ -146,6 +164,7 @@ class RecomputeError(ValueError):
     """The extracted head does not reproduce the model's own (eager) attention: a wrong or
     unsupported extractor. Raised instead of returning statistics of the wrong matrix.
 
+    ```pycon
     >>> import torch
     >>> from attnsvm.track import AttentionCall, RecomputeError, analyse_call, recompute_attention
     >>> g = torch.Generator().manual_seed(0)
@@ -157,6 +176,8 @@ class RecomputeError(ValueError):
     ... except RecomputeError:
     ...     print("refused")
     refused
+
+    ```
     """
 
 
@@ -222,6 +243,7 @@ def recompute_attention(call: AttentionCall):
     allowed[n, k, k] for self-attention (a query is valid iff it may attend to itself), any
     allowed key for cross-attention.
 
+    ```pycon
     >>> import torch
     >>> from attnsvm.track import AttentionCall, recompute_attention
     >>> x = torch.randn(1, 4, 3, dtype=torch.float64)
@@ -229,6 +251,8 @@ def recompute_attention(call: AttentionCall):
     >>> s, allowed, qv = recompute_attention(AttentionCall(hidden=x, W_q=W, W_k=W, causal=True))
     >>> tuple(s.shape), s[0, 0, 0].tolist(), bool(torch.allclose(s.sum(-1), torch.ones(1, 2, 4, dtype=s.dtype)))
     ((1, 2, 4, 4), [1.0, 0.0, 0.0, 0.0], True)
+
+    ```
     """
     allowed = _allowed(call)
     logits = head_logits(call).masked_fill(~allowed[:, None], float("-inf"))
@@ -250,6 +274,7 @@ def mask_unused(call: AttentionCall) -> AttentionCall:
     float64 returns NaN rows for fully masked (padded) queries, which reach the next layer's
     input at those positions only. Returns ``call`` itself when there is nothing to mask.
 
+    ```pycon
     >>> import torch
     >>> from attnsvm.track import AttentionCall, mask_unused
     >>> x = torch.ones(1, 3, 2, dtype=torch.float64); x[0, 0] = float("nan")   # a padded token
@@ -257,6 +282,8 @@ def mask_unused(call: AttentionCall) -> AttentionCall:
     >>> W = torch.eye(2, dtype=torch.float64)[None]
     >>> mask_unused(AttentionCall(hidden=x, W_q=W, W_k=W, allowed=allowed)).hidden[0, 0].tolist()
     [0.0, 0.0]
+
+    ```
     """
     from dataclasses import replace
 
@@ -303,6 +330,7 @@ def recompute_bound(call: AttentionCall, s) -> np.ndarray:
     The bound scales with the head's own logits, so an extractor off by 10% in scale is
     caught in float32 (and far below) while a faithful one passes in any precision.
 
+    ```pycon
     >>> import torch
     >>> from attnsvm.track import AttentionCall, recompute_attention, recompute_bound
     >>> g = torch.Generator().manual_seed(0)
@@ -316,6 +344,8 @@ def recompute_bound(call: AttentionCall, s) -> np.ndarray:
     ...     print(f, bool((abs(s - attn.double().numpy()) <= recompute_bound(call, s)).all()))
     1.0 True
     1.1 False
+
+    ```
     """
     dts = [call.hidden.dtype, call.W_q.dtype, None if call.attn is None else call.attn.dtype]
     u = _unit_roundoff(*dts)
@@ -399,11 +429,14 @@ def attention_stats(attn, allowed, query_valid=None) -> dict:
     token of a causal model), frac_to_special (argmax on the first or last valid token of the
     sequence, e.g. [CLS] / [SEP]).
 
+    ```pycon
     >>> import numpy as np
     >>> from attnsvm.track import attention_stats
     >>> st = attention_stats(np.full((1, 1, 2, 2), 0.5), np.ones((1, 2, 2), bool))
     >>> st["soft_sparsity"].tolist(), st["frac_max_05"].tolist()
     ([2.0], [1.0])
+
+    ```
     """
     attn = np.asarray(attn, dtype=np.float64)
     allowed = np.asarray(allowed, dtype=bool)
@@ -451,11 +484,14 @@ def head_subspace(W_q, W_k, b_q=None, scale=None, bias: str = "augment") -> dict
     bases of span(W_q^T), span(W_k^T), and M: (r, r + 1) = [U_K^T W U_Q, U_K^T u] with
     bias="augment", else (r, r) = U_K^T W U_Q. (r = rank, d_h for a generic head.)
 
+    ```pycon
     >>> import numpy as np
     >>> from attnsvm.track import head_subspace
     >>> sub = head_subspace(np.eye(2)[:1], np.eye(2)[:1], b_q=np.ones(1), scale=1.0)
     >>> sub["W"].tolist(), sub["u"].tolist(), sub["M"].tolist()
     ([[1.0, 0.0], [0.0, 0.0]], [1.0, 0.0], [[1.0, 1.0]])
+
+    ```
     """
     Wq = np.asarray(W_q, np.float64)
     Wk = np.asarray(W_k, np.float64)
@@ -474,12 +510,15 @@ def subspace_tokens(hidden, U_Q, U_K, bias: str = "augment"):
     """Keys x' = U_K^T x (..., T, r) and queries z' = U_Q^T x (..., T, r), with a constant
     1 appended to the queries when bias="augment" (..., T, r + 1).
 
+    ```pycon
     >>> import numpy as np
     >>> from attnsvm.track import head_subspace, subspace_tokens
     >>> sub = head_subspace(np.eye(3)[:2], np.eye(3)[:2])
     >>> keys, queries = subspace_tokens(np.ones((4, 3)), sub["U_Q"], sub["U_K"])
     >>> keys.shape, queries.shape, queries[0, -1]
     ((4, 2), (4, 3), np.float64(1.0))
+
+    ```
     """
     keys = hidden @ U_K
     queries = hidden @ U_Q
@@ -569,6 +608,7 @@ def selection_problem(hidden, allowed, attn_h, sub, bias="augment", min_attentio
     passing the threshold before subsampling), sel_prob (n,) attention on alpha and n_tied
     (excluded identical keys).
 
+    ```pycon
     >>> import numpy as np
     >>> from attnsvm.track import head_subspace, selection_problem
     >>> x = np.array([[[1., 0.], [0., 1.], [1., 1.]]])            # one sequence of 3 tokens, d = 2
@@ -576,6 +616,8 @@ def selection_problem(hidden, allowed, attn_h, sub, bias="augment", min_attentio
     >>> prob = selection_problem(x, np.ones((1, 3, 3), bool), attn, head_subspace(np.eye(2), np.eye(2)))
     >>> prob["alpha"].tolist(), prob["X"].shape, prob["z"].shape
     ([0, 1, 2], (3, 3, 2), (3, 3))
+
+    ```
     """
     x = np.asarray(hidden, np.float64)
     y = x if keys_hidden is None else np.asarray(keys_hidden, np.float64)
@@ -629,6 +671,7 @@ def solve_selection(X, z, alpha, mask):
     One problem at a time: att_svm_batch was measured 7x slower here (N ~ 1000 constraints:
     its batched eigh polish dominates).
 
+    ```pycon
     >>> import numpy as np
     >>> from attnsvm.track import head_subspace, selection_problem, solve_selection
     >>> x = np.array([[[1., 0.], [0., 1.], [1., 1.]]])
@@ -637,6 +680,8 @@ def solve_selection(X, z, alpha, mask):
     >>> sol = solve_selection(prob["X"], prob["z"], prob["alpha"], prob["mask"])
     >>> sol.status_, round(float(sol.norm_), 6)
     ('optimal', 3.0)
+
+    ```
     """
     from attnsvm.svm import att_svm
 
@@ -661,12 +706,15 @@ def rotation_null(M, W_mm, draws: int, rng, bias: str = "augment", blocks: int =
     ``blocks`` > 1 (rotary lift, M = [M_1; ...; M_L]): the same R_K rotates every block's key
     coordinates, R_K M_l R_Q^T.
 
+    ```pycon
     >>> import numpy as np
     >>> from attnsvm.track import rotation_null
     >>> M = np.random.default_rng(0).standard_normal((3, 4))       # bias column augmented: (r, r + 1)
     >>> c = rotation_null(M, M, 100, np.random.default_rng(1))
     >>> c.shape, bool(np.all(np.abs(c) <= 1 + 1e-12)), bool(abs(c.mean()) < 0.3)
     ((100,), True, True)
+
+    ```
     """
     r = M.shape[0] // blocks
     rq = M.shape[1] - (1 if bias == "augment" else 0)
@@ -733,6 +781,7 @@ def graph_problem(call: AttentionCall, head: int, config: TrackConfig | None = N
     positions used; ``graph_svm(E, seqs, y, norm, exclude=exclude)`` is the head's Graph-SVM.
     Raises ValueError naming the reason for a call without one.
 
+    ```pycon
     >>> import torch
     >>> from attnsvm.track import AttentionCall, graph_problem
     >>> g = torch.Generator().manual_seed(0)
@@ -741,6 +790,8 @@ def graph_problem(call: AttentionCall, head: int, config: TrackConfig | None = N
     >>> prob = graph_problem(AttentionCall(hidden=x, W_q=W, W_k=W, causal=True), head=0)
     >>> prob["seqs"].shape, prob["y"].shape, prob["E"].shape[1] == prob["W"].shape[0]
     ((2, 5), (2, 1), True)
+
+    ```
     """
     from .graph import graph_data, unsupported
 
@@ -778,6 +829,7 @@ def analyse_call(call: AttentionCall, cfg: TrackConfig | None = None, *, key=(0,
     valid query's argmax key or None; matrices {head: {W, u, W_mm, u_mm}} (full d-space, W_mm
     mapped back: U_K W_mm U_Q^T; rotary heads: the lifted M and W_mm instead) or None.
 
+    ```pycon
     >>> import torch
     >>> from attnsvm.track import AttentionCall, analyse_call
     >>> g = torch.Generator().manual_seed(0)
@@ -786,6 +838,8 @@ def analyse_call(call: AttentionCall, cfg: TrackConfig | None = None, *, key=(0,
     >>> rows, sel, _ = analyse_call(AttentionCall(hidden=x, W_q=W, W_k=W, causal=True))
     >>> [(r["head"], r["status"], r["recompute_check"][:11]) for r in rows], len(sel)
     ([(0, 'optimal', 'not checked'), (1, 'optimal', 'not checked')], 20)
+
+    ```
     """
     import pandas as pd
 

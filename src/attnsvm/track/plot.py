@@ -43,6 +43,7 @@ def plot_table(table: pd.DataFrame, metrics=("corr_mm", "soft_sparsity", "wqk_no
     ``"model"`` for the probe's pretrained vs random-init) draws one series per value.
     ``path``: also saved (PNG, 130 dpi). Returns the matplotlib Figure.
 
+    ```pycon
     >>> import pandas as pd
     >>> from attnsvm.track.plot import plot_table
     >>> t = pd.DataFrame(dict(step=[0, 0, 9, 9], layer=0, module="blk", head=[0, 1, 0, 1],
@@ -50,6 +51,8 @@ def plot_table(table: pd.DataFrame, metrics=("corr_mm", "soft_sparsity", "wqk_no
     >>> ax = plot_table(t, ["corr_mm"]).axes[0]
     >>> ax.get_xscale(), [t.get_text() for t in ax.get_legend().get_texts()]
     ('symlog', ['layer 0 (blk)'])
+
+    ```
     """
     if isinstance(metrics, str):
         metrics = [metrics]

@@ -34,9 +34,12 @@ def log_steps(last: int, n: int = 20, first: int = 0) -> list[int]:
     """About ``n`` distinct integer steps from ``first`` to ``last``, log-spaced (dense early,
     where attention changes fastest), always including both ends.
 
+    ```pycon
     >>> from attnsvm.track import log_steps
     >>> log_steps(1000, 6)
     [0, 3, 15, 62, 250, 1000]
+
+    ```
     """
     if last <= first:
         return [int(first)]
@@ -257,6 +260,7 @@ class Tracker:
     At a record the model runs once in eval mode under eager attention; its training mode and
     attention implementation are restored as they were, also when the pass raises.
 
+    ```pycon
     >>> import torch
     >>> from attnsvm.track import Tracker
     >>> mha = torch.nn.MultiheadAttention(8, 2, batch_first=True).double()
@@ -269,6 +273,8 @@ class Tracker:
     Traceback (most recent call last):
     ...
     ValueError: Tracker: unknown keyword argument 'evry' (did you mean 'every'?); the options are inputs, every, steps, config, modules, extractors, matrices, selections, out, progress, budget, tags; constant columns go in tags={...}
+
+    ```
     """
 
     def __init__(self, model: torch.nn.Module, inputs=None, *, every: int | None = None,
@@ -288,6 +294,10 @@ class Tracker:
         if budget is not None and (isinstance(budget, bool) or not isinstance(budget, (int, float))
                                    or not 0 < budget <= 1):
             raise ValueError(f"budget must be a number in (0, 1] or None; got {budget!r}")
+        if not (inputs is None or callable(inputs) or torch.is_tensor(inputs)
+                or isinstance(inputs, (dict, tuple, list)) or hasattr(inputs, "keys")):
+            raise ValueError("inputs must be the probe batch: a dict, a tuple, a tensor, a callable "
+                             f"inputs(model) or None; got {type(inputs).__name__}")
         if config is not None and not isinstance(config, TrackConfig):
             raise ValueError(f"config must be a TrackConfig or None; got {type(config).__name__}")
         for name, v in (("matrices", matrices), ("selections", selections)):
@@ -330,11 +340,14 @@ class Tracker:
     def due(self, step: int) -> bool:
         """Whether ``step`` is a recording step.
 
+        ```pycon
         >>> import torch
         >>> from attnsvm.track import Tracker
         >>> mha = torch.nn.MultiheadAttention(8, 2, batch_first=True)
         >>> Tracker(mha, steps=[0, 10, 100]).due(10), Tracker(mha, every=3).due(10)
         (True, False)
+
+        ```
         """
         if self.steps is not None:
             return int(step) in self.steps
@@ -349,6 +362,7 @@ class Tracker:
         Records and returns that step's rows when it is due, else None (``tags``: extra
         constant columns for this record).
 
+        ```pycon
         >>> import torch
         >>> from attnsvm.track import Tracker
         >>> mha = torch.nn.MultiheadAttention(8, 2, batch_first=True).double()
@@ -356,6 +370,8 @@ class Tracker:
         >>> tr = Tracker(mha, lambda m: m(x, x, x), every=2)
         >>> [tr.step(s) is not None for s in range(4)]
         [True, False, True, False]
+
+        ```
         """
         s = self._count if step is None else _step_int(step, "step")
         self._count = s + 1
@@ -375,12 +391,15 @@ class Tracker:
         so that an eager float64 pass (NaN rows for fully masked queries) leaves every valid
         position finite.
 
+        ```pycon
         >>> import torch
         >>> from attnsvm.track import Tracker
         >>> mha = torch.nn.MultiheadAttention(8, 2, batch_first=True).double()
         >>> x = torch.randn(2, 5, 8, dtype=torch.float64)
         >>> [(name, tuple(call.attn.shape)) for name, call in Tracker(mha, lambda m: m(x, x, x)).capture()]
         [('', (2, 2, 5, 5))]
+
+        ```
         """
         inputs = self.inputs if inputs is None else inputs
         if inputs is None:
@@ -463,6 +482,7 @@ class Tracker:
         """Record now (whatever the schedule); returns this step's rows (also kept in ``table``).
         ``tags``: extra constant columns for this record (added to the tracker's ``tags``).
 
+        ```pycon
         >>> import torch
         >>> from attnsvm.track import Tracker
         >>> mha = torch.nn.MultiheadAttention(8, 2, batch_first=True).double()
@@ -470,6 +490,8 @@ class Tracker:
         >>> tab = Tracker(mha, lambda m: m(x, x, x), tags={"run": "a"}).record(0)
         >>> len(tab), tab.run.iloc[0], tab.recompute_check.iloc[0], bool(tab.recompute_err.max() < 1e-12)
         (2, 'a', 'checked', True)
+
+        ```
         """
         t_start = time.perf_counter()
         s = self._count if step is None else _step_int(step, "step")
@@ -493,6 +515,9 @@ class Tracker:
                 self.progress(f"step {s}: {name} done")
         tab = pd.concat(frames, ignore_index=True)
         tab.insert(0, "step", s)
+        clash = sorted(set(tags) & set(tab.columns))
+        if clash:
+            raise ValueError(f"tags: {clash[0]!r} is a column of the tracker's table; choose another name")
         for k, v in tags.items():
             tab[k] = v
         self._rows.append(tab)
@@ -537,6 +562,7 @@ class Tracker:
         (median ||W_h||_F) and ``attnsvm/certified/layerL`` (share of its heads whose SVM is
         certified optimal; NaN without SVMs). What the callbacks and :meth:`to_tensorboard` log.
 
+        ```pycon
         >>> import torch
         >>> from attnsvm.track import Tracker
         >>> mha = torch.nn.MultiheadAttention(8, 2, batch_first=True).double()
@@ -545,6 +571,8 @@ class Tracker:
         >>> _ = tr.record(0)
         >>> sorted(tr.summary())
         ['attnsvm/certified/layer0', 'attnsvm/corr_mm/layer0', 'attnsvm/soft_sparsity/layer0', 'attnsvm/wqk_norm/layer0']
+
+        ```
         """
         tab = self.table
         if tab.empty:
@@ -563,6 +591,7 @@ class Tracker:
         ``attnsvm/corr_mm/layerL/headH``. Returns the number of scalars written (NaN values,
         e.g. corr_mm of an infeasible SVM, are skipped).
 
+        ```pycon
         >>> import torch
         >>> from attnsvm.track import Tracker
         >>> class Writer:                      # SummaryWriter's add_scalar, for the example
@@ -574,6 +603,8 @@ class Tracker:
         >>> for s in range(6): _ = tr.step(s)
         >>> w = Writer(); tr.to_tensorboard(w), sorted({s for _, s in w.scalars})
         (8, [0, 5])
+
+        ```
         """
         add = getattr(writer, "add_scalar", None)
         if not callable(add):
@@ -601,6 +632,7 @@ class Tracker:
         (symlog: step 0 included), a legend naming each layer and its module. ``path``: also
         save it (PNG). Returns the matplotlib Figure.
 
+        ```pycon
         >>> import torch
         >>> from attnsvm.track import Tracker
         >>> mha = torch.nn.MultiheadAttention(8, 2, batch_first=True).double()
@@ -610,6 +642,8 @@ class Tracker:
         >>> fig = tr.plot()
         >>> [ax.get_xscale() for ax in fig.axes], fig.axes[0].get_legend().get_title().get_text()
         (['symlog', 'symlog', 'symlog'], 'layer (module)')
+
+        ```
         """
         from .plot import plot_table
 
@@ -624,11 +658,14 @@ class Tracker:
         ``report_to`` backend (TensorBoard, W&B, ...; the Trainer prefixes ``train/``); saves
         at the end if ``out`` is set.
 
+        ```pycon
         >>> import torch, transformers
         >>> from attnsvm.track import Tracker
         >>> mha = torch.nn.MultiheadAttention(8, 2, batch_first=True)
         >>> isinstance(Tracker(mha, every=10).callback(), transformers.TrainerCallback)
         True
+
+        ```
         """
         from transformers import TrainerCallback
 
@@ -637,7 +674,7 @@ class Tracker:
         def log(state, rows):
             if rows is None:
                 return
-            logs = _summary(rows)
+            logs = {k: v for k, v in _summary(rows).items() if np.isfinite(v)}
             trainer = _calling_trainer()
             if trainer is not None:
                 trainer.log(logs)
@@ -664,11 +701,14 @@ class Tracker:
         (``trainer.global_step``), sends each record's :meth:`summary` to every logger of the
         Trainer (``logger.log_metrics(summary, step)``), saves at the end if ``out`` is set.
 
+        ```pycon
         >>> import torch
         >>> from attnsvm.track import Tracker
         >>> mha = torch.nn.MultiheadAttention(8, 2, batch_first=True)
         >>> type(Tracker(mha, every=10).lightning_callback()).__name__
         'AlignmentLightningCallback'
+
+        ```
         """
         try:
             import lightning.pytorch as pl
@@ -726,6 +766,7 @@ def track(model, inputs=None, **kwargs):
     """``with track(model, batch, every=100, out="runs/x") as tr: ... tr.step(step)``;
     the table is written to ``out`` on leaving the block. Keyword arguments: see Tracker.
 
+    ```pycon
     >>> import torch
     >>> from attnsvm.track import track
     >>> mha = torch.nn.MultiheadAttention(8, 2, batch_first=True).double()
@@ -734,6 +775,8 @@ def track(model, inputs=None, **kwargs):
     ...     for s in range(3): _ = tr.step(s)
     >>> sorted(tr.table.step.unique().tolist())
     [0, 2]
+
+    ```
     """
     tr = Tracker(model, inputs, **kwargs)
     yield tr
