@@ -227,6 +227,22 @@ def test_flash_attention_config_restored_as_it_was():
     assert model.config._attn_implementation == "flash_attention_2"
 
 
+def test_a_wrapped_hugging_face_model_is_checked_too():
+    inner = tiny_model("llama")
+
+    class Wrapper(torch.nn.Module):  # e.g. a Lightning module or a custom head around it
+        def __init__(self):
+            super().__init__()
+            self.lm = inner
+
+        def forward(self, **kw):
+            return self.lm(**kw)
+
+    tab = Tracker(Wrapper(), probe_inputs(inner), config=FAST).record(0)
+    assert (tab.recompute_check == "checked").all() and (tab.recompute_ratio <= 1).all()
+    assert inner.config._attn_implementation == "sdpa"
+
+
 def test_the_model_is_restored_when_the_probe_pass_raises():
     model = tiny_model("llama").train()
 

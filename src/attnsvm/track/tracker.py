@@ -129,15 +129,25 @@ def _configs(model) -> list:
 
 
 def _eager(model, check: bool):
-    """Switch a Hugging Face model to eager attention for the probe pass (so that its own
-    attention probabilities are returned and every extraction is checked against them);
-    returns the function restoring the user's implementation (SDPA, flash...): every config's
-    attention implementation is written back as it was, without re-validating it (restoring
-    through ``set_attn_implementation`` raises for flash attention where it is not installed)."""
-    cfg = getattr(model, "config", None)
-    impl = getattr(cfg, "_attn_implementation", None)
-    setter = getattr(model, "set_attn_implementation", None)
-    if not check or impl in (None, "eager") or setter is None:
+    """Switch the Hugging Face models in ``model`` (itself, or the outermost ones it wraps) to
+    eager attention for the probe pass (so that their own attention probabilities are returned
+    and every extraction is checked against them); returns the function restoring the user's
+    implementation (SDPA, flash...): every config's attention implementation is written back as
+    it was, without re-validating it (restoring through ``set_attn_implementation`` raises for
+    flash attention where it is not installed)."""
+    if not check:
+        return lambda: None
+    targets, taken = [], []
+    for name, m in model.named_modules():
+        if any(p == "" or name.startswith(p + ".") for p in taken):
+            continue
+        setter = getattr(m, "set_attn_implementation", None)
+        impl = getattr(getattr(m, "config", None), "_attn_implementation", None)
+        if callable(setter) and hasattr(getattr(m, "config", None), "_attn_implementation_internal"):
+            taken.append(name)
+            if impl not in (None, "eager"):
+                targets.append(setter)
+    if not targets:
         return lambda: None
     saved = [(c, c._attn_implementation_internal) for c in _configs(model)]
 
@@ -146,7 +156,8 @@ def _eager(model, check: bool):
             c._attn_implementation_internal = v
 
     try:
-        setter("eager")
+        for setter in targets:
+            setter("eager")
     except BaseException:
         restore()
         raise
