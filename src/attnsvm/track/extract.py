@@ -305,6 +305,18 @@ def rotary_matrices(module, cos: torch.Tensor, sin: torch.Tensor, d_head: int) -
     ``apply_rotary_pos_emb`` (from the module's source file, so its convention: rotate-half or
     interleaved pairs) to the identity. cos, sin: (N or 1, T, D), D = rotated dimensions; with
     D < d_h (partial rotary: Phi, GPT-NeoX) the first D coordinates are rotated, the rest kept.
+
+    ```pycon
+    >>> import torch
+    >>> from attnsvm.track.extract import rotary_matrices
+    >>> from attnsvm.track.verify import tiny_model
+    >>> m = tiny_model("llama")                                      # d_h = 8
+    >>> cos, sin = m.rotary_emb(torch.zeros(1, 6, 32, dtype=torch.float64), torch.arange(6)[None])
+    >>> R = rotary_matrices(m.layers[0].self_attn, cos, sin, 8)
+    >>> tuple(R.shape), bool(torch.allclose(R[0, 0], torch.eye(8, dtype=R.dtype)))
+    ((1, 6, 8, 8), True)
+
+    ```
     """
     import sys
 

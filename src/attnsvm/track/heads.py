@@ -213,7 +213,21 @@ def _query_valid(call: AttentionCall, allowed: torch.Tensor) -> torch.Tensor:
 def head_logits(call: AttentionCall) -> torch.Tensor:
     """(N, H, T, S) float64 logits [query, key] of every head, before masking:
     scale (R_k (W_q x_k + b_q)) . (R_t (W_k y_t + b_k)) + b_h(k, t) (y = keys for cross-attention;
-    R = identity without rotary embeddings, b = 0 without a position bias)."""
+    R = identity without rotary embeddings, b = 0 without a position bias).
+
+    ```pycon
+    >>> import numpy as np, torch
+    >>> from attnsvm.track import AttentionCall, recompute_attention
+    >>> g = torch.Generator().manual_seed(0)
+    >>> x = torch.randn(2, 5, 4, generator=g, dtype=torch.float64)
+    >>> W = torch.randn(2, 2, 4, generator=g, dtype=torch.float64)
+    >>> call = AttentionCall(hidden=x, W_q=W, W_k=W, causal=True)
+    >>> from attnsvm.track.heads import head_logits
+    >>> tuple(head_logits(call).shape)
+    (2, 2, 5, 5)
+
+    ```
+    """
     x = call.hidden.detach().to(torch.float64)
     y = call.key_tokens.detach().to(x.device, torch.float64)
     Wq = call.W_q.detach().to(x.device, torch.float64)
@@ -380,7 +394,23 @@ def recompute_error(call: AttentionCall, s: np.ndarray, allowed: np.ndarray, qv:
     """max |s_recomputed - s_model| over valid queries and allowed keys (probabilities, so
     absolute = relative to the row's mass 1); NaN when the model returned no attention.
     With ``bound`` (:func:`recompute_bound`) returns (error, ratio): ratio = the largest
-    |s_recomputed - s_model| / bound (the check passes iff ratio <= 1)."""
+    |s_recomputed - s_model| / bound (the check passes iff ratio <= 1).
+
+    ```pycon
+    >>> import numpy as np, torch
+    >>> from attnsvm.track import AttentionCall, recompute_attention
+    >>> g = torch.Generator().manual_seed(0)
+    >>> x = torch.randn(2, 5, 4, generator=g, dtype=torch.float64)
+    >>> W = torch.randn(2, 2, 4, generator=g, dtype=torch.float64)
+    >>> call = AttentionCall(hidden=x, W_q=W, W_k=W, causal=True)
+    >>> from attnsvm.track.heads import recompute_error
+    >>> s, allowed, qv = (t.numpy() for t in recompute_attention(call))
+    >>> call.attn = torch.as_tensor(s) * 1.01          # "the model's" probabilities, 1% off
+    >>> round(float(recompute_error(call, s, allowed, qv) / s.max()), 6)
+    0.01
+
+    ```
+    """
     if call.attn is None or tuple(call.attn.shape) != s.shape:
         return float("nan") if bound is None else (float("nan"), float("nan"))
     ref = call.attn.detach().to(torch.float64).cpu().numpy()
@@ -397,7 +427,26 @@ def check_recompute(call: AttentionCall, err: float, tol: float | None = None, w
     """Raise :class:`RecomputeError` when the recomputation disagrees with the model: ``err``
     above the absolute ``tol`` when given, else ``ratio`` (error over the rounding-error bound
     of :func:`recompute_bound`, entry by entry) above 1. A non-finite ``err`` where the model
-    returned probabilities (NaN on a valid query or allowed key) also raises."""
+    returned probabilities (NaN on a valid query or allowed key) also raises.
+
+    ```pycon
+    >>> import numpy as np, torch
+    >>> from attnsvm.track import AttentionCall, recompute_attention
+    >>> g = torch.Generator().manual_seed(0)
+    >>> x = torch.randn(2, 5, 4, generator=g, dtype=torch.float64)
+    >>> W = torch.randn(2, 2, 4, generator=g, dtype=torch.float64)
+    >>> call = AttentionCall(hidden=x, W_q=W, W_k=W, causal=True)
+    >>> from attnsvm.track.heads import check_recompute, RecomputeError
+    >>> call.attn = torch.zeros(2, 2, 5, 5, dtype=torch.float64)
+    >>> check_recompute(call, 1e-9, tol=1e-6)             # within an absolute tolerance: silent
+    >>> try:
+    ...     check_recompute(call, 0.2, ratio=50.0)         # 50 times the rounding-error bound
+    ... except RecomputeError:
+    ...     print("refused")
+    refused
+
+    ```
+    """
     if call.attn is None:
         return
     if not np.isfinite(err):
@@ -536,6 +585,20 @@ def rotary_basis(R, rtol: float = 1e-10):
     full rotary; + 1 identity block for partial rotary); with an orthonormal (Frobenius) basis
     B_l of it, G(k, t) = sum_l g_l(k, t) B_l. Returns B (L, d_h, d_h) (from the SVD of the
     first sequence's G) and g (N, T, T, L) = <R_k B_l, R_t>_F for every sequence.
+
+    ```pycon
+    >>> import numpy as np
+    >>> from attnsvm.track.heads import rotary_basis
+    >>> from attnsvm.track.rope import rope_rotations
+    >>> R, _ = rope_rotations(5, 4)                        # RoPE, 5 positions, d_h = 4
+    >>> B, g = rotary_basis(R[None])
+    >>> B.shape, g.shape                                   # L = d_h = 4 basis matrices
+    ((4, 4, 4), (1, 5, 5, 4))
+    >>> G = np.einsum("l,lij->ij", g[0, 3, 1], B)          # G(3, 1) = R_3^T R_1, exactly
+    >>> bool(np.allclose(G, R[3].T @ R[1]))
+    True
+
+    ```
     """
     R = np.asarray(R, np.float64)
     N, T, dh, _ = R.shape
@@ -563,6 +626,18 @@ def rotary_subspace(W_q, W_k, b_q, b_k, scale, B, bias: str = "augment") -> dict
     i.e. x~_t^T M z with the lifted key x~_t = [g_l(k, t) U_K^T x^_t]_l (L r_k) and the stacked
     matrix M = [M_1; ...; M_L] (L r_k x r_q): the papers' ATT-SVM in the lifted key space.
     Also returns W = scale W_k^T W_q and u = scale W_k^T b_q (the offset-0 content matrix).
+
+    ```pycon
+    >>> import numpy as np
+    >>> from attnsvm.track.heads import rotary_basis, rotary_subspace
+    >>> from attnsvm.track.rope import rope_rotations
+    >>> B, _ = rotary_basis(rope_rotations(5, 4)[0][None])
+    >>> Wq = Wk = np.random.default_rng(0).standard_normal((4, 3))      # d_h = 4, d = 3
+    >>> sub = rotary_subspace(Wq, Wk, None, None, None, B)
+    >>> sub["L"], sub["M"].shape                          # M = [M_1; ...; M_L]: (L r_k, r_q)
+    (4, (12, 3))
+
+    ```
     """
     Wq = np.asarray(W_q, np.float64)
     Wk = np.asarray(W_k, np.float64)
@@ -656,7 +731,17 @@ def selection_problem(hidden, allowed, attn_h, sub, bias="augment", min_attentio
 
 
 def margins(M, X, z, alpha, mask):
-    """Min over (i, t != alpha_i, allowed) of (x_{i,alpha_i} - x_{it})^T M z_i (inf if none)."""
+    """Min over (i, t != alpha_i, allowed) of (x_{i,alpha_i} - x_{it})^T M z_i (inf if none).
+
+    ```pycon
+    >>> import numpy as np
+    >>> from attnsvm.track.heads import margins
+    >>> X = np.array([[[1., 0.], [0., 1.]]]); z = np.array([[2., 0.]])   # key 0 selected
+    >>> float(margins(np.eye(2), X, z, np.array([0]), np.ones((1, 2), bool)))
+    2.0
+
+    ```
+    """
     logits = np.einsum("ntd,de,ne->nt", X, M, z)
     sel = logits[np.arange(len(alpha)), alpha]
     gap = sel[:, None] - logits
