@@ -176,6 +176,26 @@ def test_the_bound_is_calibrated_on_a_plain_float32_head():
             assert err.max() < 1e-3
 
 
+def test_the_bound_follows_torchs_float32_matmul_precision():
+    """float32 products in TF32 ("high") or bfloat16 ("medium") round at 2^-11 / 2^-8: the
+    bound widens accordingly, so a user who enabled TF32 is not refused for rounding."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(1, 4, 8, generator=g)
+    W = torch.randn(2, 4, 8, generator=g)
+    attn = torch.softmax(torch.randn(1, 2, 4, 4, generator=g), -1)
+    call = AttentionCall(hidden=x, W_q=W, W_k=W, attn=attn)
+    s = recompute_attention(call)[0].numpy()
+    old = torch.get_float32_matmul_precision()
+    try:
+        b = {}
+        for prec in ("highest", "high", "medium"):
+            torch.set_float32_matmul_precision(prec)
+            b[prec] = recompute_bound(call, s)
+    finally:
+        torch.set_float32_matmul_precision(old)
+    assert (b["highest"] < b["high"]).all() and (b["high"] < b["medium"]).all()
+
+
 def test_bfloat16_llama_is_tracked_and_checked():
     """bfloat16 (issue 31: 'unsupported ScalarType BFloat16'): tracked and checked; its bound
     is that of bfloat16 (u = 2^-9), so it catches gross errors only (docs/tracking.md)."""

@@ -281,6 +281,21 @@ def _unit_roundoff(*dtypes) -> float:
     return max(float(torch.finfo(dt).eps) / 2 for dt in dtypes if dt is not None and dt.is_floating_point)
 
 
+def _matmul_roundoff(dtype, device) -> float:
+    """Unit roundoff of a matrix product in ``dtype`` as torch runs it: float32 products may
+    run in TF32 (``torch.get_float32_matmul_precision() == "high"``, or CUDA's
+    ``allow_tf32``: u = 2^-11) or in bfloat16 ("medium": u = 2^-8)."""
+    u = _unit_roundoff(dtype)
+    if dtype == torch.float32:
+        prec = torch.get_float32_matmul_precision()
+        if prec == "medium":
+            u = max(u, 2.0 ** -8)
+        elif prec == "high" or (torch.device(device).type == "cuda"
+                                and torch.backends.cuda.matmul.allow_tf32):
+            u = max(u, 2.0 ** -11)
+    return u
+
+
 def mask_unused(call: AttentionCall) -> AttentionCall:
     """The call with the token vectors that no valid query uses (neither a valid query nor a key
     some valid query may see: padding, positions outside every sliding window) set to 0 where
@@ -326,7 +341,8 @@ def recompute_bound(call: AttentionCall, s) -> np.ndarray:
     computed in its dtype, may lie from the exact (float64) recomputation ``s`` by rounding.
 
     With u the unit roundoff of the model's dtype (the largest of the tokens', weights' and
-    returned probabilities' dtypes), u_s = max(u, 2^-24) that of its softmax (Hugging Face
+    returned probabilities' dtypes, and of TF32 / bfloat16 where torch runs float32 matrix
+    products in them: ``torch.get_float32_matmul_precision()``, CUDA's ``allow_tf32``), u_s = max(u, 2^-24) that of its softmax (Hugging Face
     runs it in float32 at least), n = d + d_h + 8 (the projection, the dot product, rotation,
     scaling and bias) and |q|, |k| the entrywise magnitudes |W_q| |x| + |b_q| (rotated by |R|),
     each logit is off by at most
@@ -362,7 +378,7 @@ def recompute_bound(call: AttentionCall, s) -> np.ndarray:
     ```
     """
     dts = [call.hidden.dtype, call.W_q.dtype, None if call.attn is None else call.attn.dtype]
-    u = _unit_roundoff(*dts)
+    u = max(_unit_roundoff(*dts), _matmul_roundoff(call.hidden.dtype, call.hidden.device))
     u_s = max(u, 2.0 ** -24)
     tiny = float(torch.finfo(call.attn.dtype if call.attn is not None else call.hidden.dtype).tiny)
     x = call.hidden.detach().to(torch.float64).abs()
