@@ -27,7 +27,7 @@ def batch(b=32, T=12):
     return torch.cat([half, half], dim=1)
 
 probe = {"input_ids": batch(4)}                      # a fixed held-out batch
-tracker = Tracker(model, probe, steps=[0, 50, 150], optimizer="adamw")
+tracker = Tracker(model, probe, steps=[0, 50, 150], tags={"optimizer": "adamw"})
 opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
 for step in range(151):
     tracker.step(step)                               # records at steps 0, 50, 150

@@ -214,7 +214,9 @@ def test_probe_runs_on_tiny_gpt2_and_distilbert(tmp_path, arch, capsys):
     assert (tab.recompute_err < 1e-10).all()
     assert (tab.svm_violation[tab.feasible] <= 1e-9).all()
     assert any("random-init control" in s for s in res.summary)
-    assert (tmp_path / "out" / "probe.parquet").is_file() and set(res.figures) == {"heatmaps", "control"}
+    assert (tmp_path / "out" / "probe.parquet").is_file()
+    assert set(res.figures) == {"heatmaps", "control", "layers"}
+    assert (tmp_path / "out" / "probe_layers.png").stat().st_size > 1000  # Tracker.plot's figure
     if arch == "distilbert":
         from attnsvm.cli import main
 

@@ -250,7 +250,7 @@ def test_rotation_null_keeps_the_spectrum():
 def test_tracker_schedule_table_parquet_and_context_manager(tmp_path):
     model, inp = MODELS["gpt2"]
     cfg = TrackConfig(max_queries=6, null_draws=1, rot_draws=4)
-    with track(model, inp, every=2, config=cfg, out=tmp_path / "run", optimizer="sgd") as tr:
+    with track(model, inp, every=2, config=cfg, out=tmp_path / "run", tags={"optimizer": "sgd"}) as tr:
         got = [tr.step() is not None for _ in range(5)]
     assert got == [True, False, True, False, True]
     tab = pd.read_parquet(tmp_path / "run" / "track.parquet")

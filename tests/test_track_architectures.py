@@ -132,7 +132,7 @@ def _train_llama(steps, tracker_steps=None):
     tr = None
     if tracker_steps is not None:
         tr = Tracker(model.model, dict(input_ids=data[:4]), steps=tracker_steps, config=FAST,
-                     optimizer="adamw")
+                     tags={"optimizer": "adamw"})
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     losses = []
     for step in range(steps):

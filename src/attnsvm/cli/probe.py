@@ -3,7 +3,8 @@ pretrained transformer (the families of attnsvm.track.SUPPORTED_MODEL_TYPES: GPT
 RoBERTa, DistilBERT, Llama, Qwen2, Mistral, Gemma, Phi, GPT-NeoX, OPT, BART, T5), against the
 same architecture at random initialisation, offline (attnsvm.realdata.probe, built on
 attnsvm.track). Writes probe.csv (every statistic), heads.csv (per head: module, kind, the
-token it selects most, its SVM and alignment), selections.csv and the heat maps."""
+token it selects most, its SVM and alignment), selections.csv, the heat maps and the tracker's
+per-layer figure (probe_layers.png, as Tracker.plot draws it)."""
 
 from __future__ import annotations
 

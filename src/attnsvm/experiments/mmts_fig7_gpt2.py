@@ -115,7 +115,7 @@ def train_run(cfg, spec: dict, seed: int, data):
                        rot_draws=cfg["rot_draws"], seed=seed)
     tr = Tracker(model, dict(input_ids=data["probe"], output_attentions=True),
                  steps=log_steps(cfg["steps"], cfg["records"]), config=tcfg, selections=False,
-                 optimizer=spec["name"], seed=seed)
+                 tags={"optimizer": spec["name"], "seed": seed})
     gen = torch.Generator().manual_seed(10_000 + seed)
     losses, run_loss, n_loss = [], 0.0, 0
     t0 = time.perf_counter()

@@ -37,6 +37,7 @@ import pandas as pd
 import torch
 
 from attnsvm.track import TrackConfig, Tracker
+from attnsvm.track.plot import plot_table
 
 __all__ = [
     "ProbeConfig",
@@ -641,6 +642,9 @@ def run_probe(model=None, corpus=None, out=None, config: ProbeConfig | None = No
         figures["heatmaps"] = plot_heatmaps(
             table, out / "probe_heatmaps.png", title=f"{name}: per-head statistics "
             f"({len(sents)} sentences, queries with max attention ≥ {config.min_attention})")
+        figures["layers"] = plot_table(  # the tracker's figure (Tracker.plot), one record
+            table, path=out / "probe_layers.png", by="model",
+            title=f"{name}: per layer, heads (points) and their median")
         if config.control_seeds:
             figures["control"] = plot_control(
                 table, out / "probe_control.png",

@@ -23,7 +23,9 @@ the softmax), in the keys-on-the-left convention of docs/theory.md §2 (a_{kt} =
 
 Built in (``SUPPORTED_MODEL_TYPES``, verified by tests/test_track_architectures.py):
 ``torch.nn.MultiheadAttention``; Hugging Face GPT-2, BERT, RoBERTa, DistilBERT, ViT, Llama,
-Qwen2, Mistral, Gemma, Phi, GPT-NeoX, OPT, BART and T5 (self-, causal and cross-attention).
+Qwen2, Mistral, Gemma, Phi, GPT-NeoX, OPT, BART and T5 (self-, causal and cross-attention);
+TransformerLens ``HookedTransformer`` attention (:func:`tl_attention`). Built-ins are keyed by
+their classes (matched through the module's MRO), never by class names.
 :func:`register_extractor` adds a class; a ``Tracker`` also accepts extractors per module
 name. :func:`check_config` refuses an unsupported Hugging Face config before any weight is
 loaded.
@@ -51,6 +53,7 @@ __all__ = [
     "UnsupportedModelError",
     "check_config",
     "rotary_matrices",
+    "tl_attention",
 ]
 
 # additive masks: entries <= this are "masked" (HF uses finfo.min, older code -10000)
@@ -80,6 +83,16 @@ class AttentionCall:
     rotary:  (N, T, d_h, d_h) rotation R_p of each position (rotary embeddings): the head
              compares R_k q_h(x_k) with R_t k_h(x_t); None = no rotation.
     pos_bias: (N or 1, H, T, S) additive position bias b_h(k, t) (T5), or None.
+
+    ```pycon
+    >>> import torch
+    >>> from attnsvm.track import AttentionCall
+    >>> call = AttentionCall(hidden=torch.zeros(2, 5, 8), W_q=torch.zeros(4, 2, 8), W_k=torch.zeros(4, 2, 8),
+    ...                      causal=True)
+    >>> call.n_heads, call.d_head, call.kind, round(call.scale_, 4)
+    (4, 2, 'causal', 0.7071)
+
+    ```
     """
 
     hidden: torch.Tensor
@@ -176,7 +189,17 @@ class AttentionCall:
 
 # ------------------------------------------------------------------------------ helpers
 def split_heads(weight: torch.Tensor, n_heads: int) -> torch.Tensor:
-    """(H d_h, d) output-major weight (``nn.Linear.weight`` rows) -> (H, d_h, d)."""
+    """(H d_h, d) output-major weight (``nn.Linear.weight`` rows) -> (H, d_h, d).
+
+    ```pycon
+    >>> import torch
+    >>> from attnsvm.track import split_heads
+    >>> w = torch.arange(12.).reshape(6, 2)          # 3 heads of d_h = 2 on d = 2
+    >>> split_heads(w, 3)[1].tolist()
+    [[4.0, 5.0], [6.0, 7.0]]
+
+    ```
+    """
     out, d = weight.shape
     if out % n_heads:
         raise ValueError(f"{out} output features are not divisible by {n_heads} heads")
@@ -206,6 +229,14 @@ def allowed_from_mask(mask, N: int, T: int, *, true_means_masked: bool = False,
     <= MASKED_BELOW = masked; any other value is a position bias the SVM cannot represent:
     ValueError); shapes (N, T) key padding (HF 2-D masks: nonzero = attend), (T, T),
     (N, T, T), (N, 1 or H, T, T) (heads must agree).
+
+    ```pycon
+    >>> import torch
+    >>> from attnsvm.track import allowed_from_mask
+    >>> allowed_from_mask(torch.tensor([[1, 1, 0]]), 1, 3)[0].int().tolist()   # last token padded
+    [[1, 1, 0], [1, 1, 0], [1, 1, 0]]
+
+    ```
     """
     if mask is None:
         return None
@@ -274,6 +305,18 @@ def rotary_matrices(module, cos: torch.Tensor, sin: torch.Tensor, d_head: int) -
     ``apply_rotary_pos_emb`` (from the module's source file, so its convention: rotate-half or
     interleaved pairs) to the identity. cos, sin: (N or 1, T, D), D = rotated dimensions; with
     D < d_h (partial rotary: Phi, GPT-NeoX) the first D coordinates are rotated, the rest kept.
+
+    ```pycon
+    >>> import torch
+    >>> from attnsvm.track.extract import rotary_matrices
+    >>> from attnsvm.track.verify import tiny_model
+    >>> m = tiny_model("llama")                                      # d_h = 8
+    >>> cos, sin = m.rotary_emb(torch.zeros(1, 6, 32, dtype=torch.float64), torch.arange(6)[None])
+    >>> R = rotary_matrices(m.layers[0].self_attn, cos, sin, 8)
+    >>> tuple(R.shape), bool(torch.allclose(R[0, 0], torch.eye(8, dtype=R.dtype)))
+    ((1, 6, 8, 8), True)
+
+    ```
     """
     import sys
 
@@ -487,24 +530,115 @@ def _mha_weights_kwargs(module, args, kwargs):
     return args, kwargs
 
 
-# class name -> (required attributes, extractor); a class matches when it has the attributes
-_BUILTIN: dict[str, tuple[tuple[str, ...], Extractor]] = {
-    "BertSelfAttention": (("query", "key"), hf_linear("query", "key")),
-    "RobertaSelfAttention": (("query", "key"), hf_linear("query", "key")),
-    "ViTSelfAttention": (("query", "key"), hf_linear("query", "key")),  # transformers < 5
-    "ViTAttention": (("q_proj", "k_proj"), hf_linear("q_proj", "k_proj")),
-    "DistilBertSelfAttention": (("q_lin", "k_lin"), hf_linear("q_lin", "k_lin")),
-    "GPT2Attention": (("c_attn",), hf_gpt2),
-    "LlamaAttention": (("q_proj", "k_proj"), hf_decoder),
-    "Qwen2Attention": (("q_proj", "k_proj"), hf_decoder),
-    "MistralAttention": (("q_proj", "k_proj"), hf_decoder),
-    "GemmaAttention": (("q_proj", "k_proj"), hf_decoder),
-    "PhiAttention": (("q_proj", "k_proj"), hf_decoder),
-    "OPTAttention": (("q_proj", "k_proj"), hf_decoder),
-    "GPTNeoXAttention": (("query_key_value",), hf_neox),
-    "BartAttention": (("q_proj", "k_proj"), hf_bart),
-    "T5Attention": (("q", "k"), hf_t5),
-}
+def tl_attention(module, args, kwargs) -> AttentionCall:
+    """TransformerLens ``HookedTransformer`` attention (``transformer_lens.components``
+    ``Attention`` and ``GroupedQueryAttention``, the 3.x line): W_Q (H, d, d_h) and W_K (key
+    heads expanded), b_Q, b_K, logits q . k / attn_scale, causal when the model's
+    ``attention_dir`` is "causal", padding from the call's ``attention_mask`` (causal) or
+    ``additive_attention_mask``, rotary rotations from the module's own ``apply_rotary``
+    applied to the identity. Checked against the module's ``hook_pattern`` (its
+    probabilities): ``pattern_from``. Refused by name: ALiBi, relative position bias, soft-capped
+    scores, attention sinks, log-n scaling, q / k normalisation or clipping, split q / k / v
+    inputs, a key-value cache. TransformerLens 4.x has neither ``HookedTransformer`` nor
+    ``transformer_lens.components`` (its ``TransformerBridge`` wraps a Hugging Face model:
+    track ``bridge.original_model``), so this extractor matches nothing there.
+
+    ```pycon
+    >>> from attnsvm.track import tl_attention
+    >>> tl_attention.pattern_from        # the submodule whose output the check compares with
+    'hook_pattern'
+
+    ```
+    """
+    cfg = module.cfg
+    kw = _bound(module, args, kwargs)
+    why = None
+    pet = getattr(cfg, "positional_embedding_type", "standard")
+    if pet not in ("standard", "rotary", "shortformer"):
+        why = f"positional_embedding_type={pet!r} (a position bias the SVM cannot represent)"
+    elif getattr(cfg, "attn_scores_soft_cap", -1) and getattr(cfg, "attn_scores_soft_cap", -1) > 0:
+        why = "attn_scores_soft_cap (soft-capped logits are not bilinear in the tokens)"
+    elif getattr(cfg, "use_attention_sinks", False):
+        why = "use_attention_sinks"
+    elif getattr(cfg, "use_logn_attn", False):
+        why = "use_logn_attn"
+    elif getattr(module, "q_norm", None) is not None or getattr(cfg, "clip_qkv", None) is not None:
+        why = "a normalisation or clipping of q / k (not bilinear in the tokens)"
+    elif kw.get("past_kv_cache_entry") is not None:
+        why = "a key-value cache (track a full forward pass)"
+    if why:
+        raise ValueError(f"TransformerLens {type(module).__name__}: {why}: not supported")
+    x, y = kw.get("query_input"), kw.get("key_input")
+    if not torch.is_tensor(x) or x.dim() != 3:
+        raise ValueError(f"TransformerLens {type(module).__name__}: per-head q / k / v inputs "
+                         "(use_split_qkv_input / use_attn_in) are not supported")
+    if y is not None and y is not x and not (y.shape == x.shape and torch.equal(y, x)):
+        raise ValueError(f"TransformerLens {type(module).__name__}: keys from another input than "
+                         "the queries (cross-attention) are not supported")
+    N, T, _ = x.shape
+    W_q = module.W_Q.permute(0, 2, 1)  # (H, d, d_h) -> (H, d_h, d)
+    W_k = module.W_K.permute(0, 2, 1)
+    causal = (getattr(module, "_attention_dir_override", None) or cfg.attention_dir) == "causal"
+    pad = kw.get("attention_mask")
+    allowed = (allowed_from_mask(pad, N, T) if causal and torch.is_tensor(pad) else None)
+    add = kw.get("additive_attention_mask")
+    if torch.is_tensor(add):
+        a2 = allowed_from_mask(add, N, T)
+        allowed = a2 if allowed is None else allowed & a2
+    R = None
+    if pet == "rotary":
+        dh = W_q.shape[1]
+        basis = torch.eye(dh, dtype=x.dtype, device=x.device).expand(N, T, dh, dh)
+        rot = module.apply_rotary(basis, 0, pad if torch.is_tensor(pad) else None)  # [n, t, j] = R_t e_j
+        R = rot.transpose(-1, -2)
+    return AttentionCall(hidden=x, W_q=W_q, W_k=W_k, b_q=module.b_Q, b_k=module.b_K,
+                         scale=1.0 / float(module.attn_scale), causal=causal, allowed=allowed,
+                         rotary=R)
+
+
+tl_attention.pattern_from = "hook_pattern"
+
+# (module, class name, required attributes, extractor): a module matches when a class of its
+# MRO *is* that class (resolved from the already imported module: nothing is imported here;
+# a user's class of the same name never matches) and it has the attributes
+_BUILTIN_SPECS: tuple[tuple[str, str, tuple[str, ...], Extractor], ...] = (
+    ("transformers.models.bert.modeling_bert", "BertSelfAttention", ("query", "key"),
+     hf_linear("query", "key")),
+    ("transformers.models.roberta.modeling_roberta", "RobertaSelfAttention", ("query", "key"),
+     hf_linear("query", "key")),
+    ("transformers.models.vit.modeling_vit", "ViTSelfAttention", ("query", "key"),
+     hf_linear("query", "key")),  # transformers < 5
+    ("transformers.models.vit.modeling_vit", "ViTAttention", ("q_proj", "k_proj"),
+     hf_linear("q_proj", "k_proj")),
+    ("transformers.models.distilbert.modeling_distilbert", "DistilBertSelfAttention",
+     ("q_lin", "k_lin"), hf_linear("q_lin", "k_lin")),
+    ("transformers.models.gpt2.modeling_gpt2", "GPT2Attention", ("c_attn",), hf_gpt2),
+    ("transformers.models.llama.modeling_llama", "LlamaAttention", ("q_proj", "k_proj"), hf_decoder),
+    ("transformers.models.qwen2.modeling_qwen2", "Qwen2Attention", ("q_proj", "k_proj"), hf_decoder),
+    ("transformers.models.mistral.modeling_mistral", "MistralAttention", ("q_proj", "k_proj"), hf_decoder),
+    ("transformers.models.gemma.modeling_gemma", "GemmaAttention", ("q_proj", "k_proj"), hf_decoder),
+    ("transformers.models.phi.modeling_phi", "PhiAttention", ("q_proj", "k_proj"), hf_decoder),
+    ("transformers.models.opt.modeling_opt", "OPTAttention", ("q_proj", "k_proj"), hf_decoder),
+    ("transformers.models.gpt_neox.modeling_gpt_neox", "GPTNeoXAttention", ("query_key_value",), hf_neox),
+    ("transformers.models.bart.modeling_bart", "BartAttention", ("q_proj", "k_proj"), hf_bart),
+    ("transformers.models.t5.modeling_t5", "T5Attention", ("q", "k"), hf_t5),
+    ("transformer_lens.components.abstract_attention", "AbstractAttention",
+     ("W_Q", "W_K", "hook_pattern", "cfg"), tl_attention),
+)
+
+
+def _builtin_classes() -> dict[type, tuple[tuple[str, ...], Extractor]]:
+    """{class: (required attributes, extractor)} of the built-ins whose module is imported."""
+    import sys
+
+    out = {}
+    for mod, name, attrs, ext in _BUILTIN_SPECS:
+        cls = getattr(sys.modules.get(mod), name, None)
+        if isinstance(cls, type):
+            out[cls] = (attrs, ext)
+    return out
+
+
 _USER: dict[type, Extractor] = {}
 
 # Hugging Face model_type -> family name (what tests/test_track_architectures.py verifies)
@@ -515,11 +649,23 @@ SUPPORTED_MODEL_TYPES: dict[str, str] = {
 }
 
 SUPPORTED = ("torch.nn.MultiheadAttention",
-             *(f"{v} ({k})" for k, v in SUPPORTED_MODEL_TYPES.items()))
+             *(f"{v} ({k})" for k, v in SUPPORTED_MODEL_TYPES.items()),
+             "TransformerLens HookedTransformer")
 
 
 class UnsupportedModelError(ValueError):
-    """A model whose attention the tracker cannot express exactly (named before loading)."""
+    """A model whose attention the tracker cannot express exactly (named before loading).
+
+    ```pycon
+    >>> from attnsvm.track import UnsupportedModelError, check_config
+    >>> try:
+    ...     check_config({"model_type": "mamba"})
+    ... except UnsupportedModelError as e:
+    ...     print(str(e)[:38])
+    model type 'mamba' is not supported by
+
+    ```
+    """
 
 
 def _families() -> str:
@@ -529,7 +675,15 @@ def _families() -> str:
 def check_config(config) -> str:
     """Refuse an unsupported Hugging Face config (a ``PretrainedConfig`` or its dict) before any
     weight is loaded; returns the family name. Raises :class:`UnsupportedModelError` naming
-    the model type, what is wrong and the supported families."""
+    the model type, what is wrong and the supported families.
+
+    ```pycon
+    >>> from attnsvm.track import check_config
+    >>> check_config({"model_type": "llama"})
+    'Llama'
+
+    ```
+    """
     get = config.get if isinstance(config, dict) else (lambda k, d=None: getattr(config, k, d))
     mt = get("model_type")
     if mt not in SUPPORTED_MODEL_TYPES:
@@ -549,22 +703,59 @@ def check_config(config) -> str:
 
 def register_extractor(cls: type, extract: Extractor) -> None:
     """Use ``extract(module, args, kwargs) -> AttentionCall`` for every module of ``cls``
-    (and subclasses) in every tracker."""
+    (and subclasses) in every tracker. The tracker checks the extraction against the
+    probabilities the module returns (a tuple output holding an (N, H, T, S) tensor) or, when
+    ``extract.pattern_from`` names a submodule, against that submodule's output; otherwise
+    every row says ``recompute_check = "not checked: ..."``.
+
+    ```pycon
+    >>> import torch
+    >>> from attnsvm.track import AttentionCall, register_extractor, builtin_extractor, split_heads
+    >>> class Mine(torch.nn.Module):
+    ...     def __init__(self):
+    ...         super().__init__(); self.qk = torch.nn.Linear(4, 8)
+    >>> def extract(module, args, kwargs):
+    ...     W = module.qk.weight
+    ...     return AttentionCall(hidden=args[0], W_q=split_heads(W[:4], 2), W_k=split_heads(W[4:], 2))
+    >>> register_extractor(Mine, extract)
+    >>> builtin_extractor(Mine()) is extract
+    True
+    >>> from attnsvm.track import extract as _ex; del _ex._USER[Mine]   # (the example's clean-up)
+
+    ```
+    """
     if not isinstance(cls, type) or not callable(extract):
         raise ValueError("register_extractor(cls, extract): a class and a callable")
     _USER[cls] = extract
 
 
 def builtin_extractor(module) -> Extractor | None:
-    """The registered or built-in extractor for ``module``, or None."""
+    """The registered or built-in extractor for ``module``, or None: the first class of its
+    MRO that :func:`register_extractor` registered, else that a built-in is keyed by (the
+    class itself, not its name).
+
+    ```pycon
+    >>> import torch
+    >>> from attnsvm.track import builtin_extractor
+    >>> builtin_extractor(torch.nn.MultiheadAttention(8, 2)).__name__
+    'torch_mha'
+    >>> class LlamaAttention(torch.nn.Module):   # same name as transformers' class: no match
+    ...     pass
+    >>> builtin_extractor(LlamaAttention()) is None
+    True
+
+    ```
+    """
     for cls in type(module).__mro__:
         if cls in _USER:
             return _USER[cls]
     if isinstance(module, torch.nn.MultiheadAttention):
         return torch_mha
-    entry = _BUILTIN.get(type(module).__name__)
-    if entry and all(hasattr(module, a) for a in entry[0]):
-        return entry[1]
+    table = _builtin_classes()
+    for cls in type(module).__mro__:
+        entry = table.get(cls)
+        if entry and all(hasattr(module, a) for a in entry[0]):
+            return entry[1]
     return None
 
 
@@ -578,6 +769,15 @@ def find_attention(model: torch.nn.Module, modules=None, extractors=None) -> lis
     extractors: optional {module name or class: extractor} taking precedence.
     Raises ValueError naming the module(s) when a requested module, or the whole model, has
     no extractor.
+
+    ```pycon
+    >>> import torch
+    >>> from attnsvm.track import find_attention
+    >>> layer = torch.nn.TransformerEncoderLayer(8, 2, batch_first=True)
+    >>> [(name, type(m).__name__, ext.__name__) for name, m, ext in find_attention(layer)]
+    [('self_attn', 'MultiheadAttention', 'torch_mha')]
+
+    ```
     """
     extractors = dict(extractors or {})
     cfg = getattr(model, "config", None)

@@ -58,7 +58,26 @@ def graph_data(x, s_h, allowed, qv, sub, bias, mass, max_queries, rng):
     attention, s_h (N, T, T) the head's attention [query, key], allowed (N, T, T), qv (N, T)
     valid queries, sub :func:`attnsvm.track.heads.head_subspace`'s dict. Returns (dict, "")
     with E (K', p'), seqs (N', T'), y (N', L), exclude (N', T'), W (p', p'), basis (d, p),
-    sequences, query, keys, logits (N', T') and mass (N', K'), or (None, reason)."""
+    sequences, query, keys, logits (N', T') and mass (N', K'), or (None, reason).
+
+    ```pycon
+    >>> import numpy as np, torch
+    >>> from attnsvm.track import AttentionCall, recompute_attention
+    >>> g = torch.Generator().manual_seed(0)
+    >>> x = torch.randn(2, 5, 4, generator=g, dtype=torch.float64)
+    >>> W = torch.randn(2, 2, 4, generator=g, dtype=torch.float64)
+    >>> call = AttentionCall(hidden=x, W_q=W, W_k=W, causal=True)
+    >>> from attnsvm.track import head_subspace
+    >>> from attnsvm.track.graph import graph_data
+    >>> s, allowed, qv = (t.numpy() for t in recompute_attention(call))
+    >>> sub = head_subspace(W[0].numpy(), W[0].numpy())
+    >>> prob, why = graph_data(x.numpy(), s[:, 0], allowed, qv, sub, "augment", None, 8,
+    ...                        np.random.default_rng(0))
+    >>> prob["seqs"].shape, why
+    ((2, 5), '')
+
+    ```
+    """
     U = _basis(sub)
     W_head = U.T @ sub["W"] @ U
     e = x @ U  # (N, T, p)
@@ -113,7 +132,21 @@ def graph_data(x, s_h, allowed, qv, sub, bias, mass, max_queries, rng):
 
 
 def unsupported(call) -> str:
-    """Why a call has no Graph-SVM ("" when it has one)."""
+    """Why a call has no Graph-SVM ("" when it has one).
+
+    ```pycon
+    >>> import numpy as np, torch
+    >>> from attnsvm.track import AttentionCall, recompute_attention
+    >>> g = torch.Generator().manual_seed(0)
+    >>> x = torch.randn(2, 5, 4, generator=g, dtype=torch.float64)
+    >>> W = torch.randn(2, 2, 4, generator=g, dtype=torch.float64)
+    >>> call = AttentionCall(hidden=x, W_q=W, W_k=W, causal=True)
+    >>> from attnsvm.track.graph import unsupported
+    >>> unsupported(call), unsupported(AttentionCall(hidden=x, W_q=W, W_k=W, keys=x))[:15]
+    ('', 'cross-attention')
+
+    ```
+    """
     if call.keys is not None:
         return "cross-attention (the query is not one of the keys)"
     if call.rotary is not None:
@@ -129,7 +162,26 @@ def graph_head(x, s_h, allowed, qv, sub, cfg, rng, call=None, ref_logits=None) -
     suffix), graph_status[_<norm>], graph_norm[_<norm>] (||W_svm||), graph_gap[_<norm>]
     (proven relative gap), and graph_tokens (K'), graph_rows (distinct constraints),
     graph_ties (equality rows: ties inside an SCC), graph_labels (mean labels per sample).
-    ``ref_logits`` (N, T, T) the head's logits [query, key]: the self-check."""
+    ``ref_logits`` (N, T, T) the head's logits [query, key]: the self-check.
+
+    ```pycon
+    >>> import numpy as np, torch
+    >>> from attnsvm.track import AttentionCall, recompute_attention
+    >>> g = torch.Generator().manual_seed(0)
+    >>> x = torch.randn(2, 5, 4, generator=g, dtype=torch.float64)
+    >>> W = torch.randn(2, 2, 4, generator=g, dtype=torch.float64)
+    >>> call = AttentionCall(hidden=x, W_q=W, W_k=W, causal=True)
+    >>> from attnsvm.track import TrackConfig, head_subspace
+    >>> from attnsvm.track.graph import graph_head
+    >>> s, allowed, qv = (t.numpy() for t in recompute_attention(call))
+    >>> sub = head_subspace(W[0].numpy(), W[0].numpy())
+    >>> row = graph_head(x.numpy(), s[:, 0], allowed, qv, sub, TrackConfig(graph=True),
+    ...                  np.random.default_rng(0))
+    >>> row["graph_status"], bool(-1 <= row["graph_corr"] <= 1)
+    ('optimal', True)
+
+    ```
+    """
     from attnsvm.svm import graph_svm
 
     norms = tuple(cfg.graph_norms)

@@ -60,7 +60,9 @@ __all__ = [
     "head_logits",
     "recompute_attention",
     "recompute_error",
+    "recompute_bound",
     "check_recompute",
+    "mask_unused",
     "rotary_basis",
     "rotary_subspace",
     "attention_stats",
@@ -88,8 +90,9 @@ class TrackConfig:
     svm:           False skips the SVM and the nulls (sparsity and norms only).
     seed:          seeds the query sample and the nulls (with step, layer and head).
     check:         raise RecomputeError when the recomputed attention differs from the model's
-                   own (eager) attention by more than ``recompute_tol`` (default by the dtype
-                   the model ran in: 1e-6 float64, 1e-3 float32, 3e-2 half precision).
+                   own (eager) attention by more than its rounding-error bound in the dtype the
+                   model ran in (:func:`recompute_bound`), or by more than ``recompute_tol``
+                   (an absolute tolerance on the probabilities) when that is given.
     max_unknowns:  a head SVM with more unknowns (entries of its matrix; rotary heads: the
                    lifted L r_k x r_q matrix) is skipped with a status instead of solved.
     graph:         also solve the Graph-SVM of the head's own tokens at the last query of each
@@ -97,6 +100,17 @@ class TrackConfig:
     graph_norms:   the Graph-SVM norms, ("fro",) by default (add "nuc" for (K, Q)'s geometry).
     graph_mass:    None: each sequence's label is the token id of largest attention mass at its
                    last query; a float: every id with mass > graph_mass (ntp-local's rule).
+
+    ```pycon
+    >>> from attnsvm.track import TrackConfig
+    >>> TrackConfig(max_queries=8, null_draws=0).max_queries
+    8
+    >>> TrackConfig(bias="both")
+    Traceback (most recent call last):
+    ...
+    ValueError: bias must be 'augment' or 'ignore'; got 'both'
+
+    ```
     """
 
     min_attention: float = 0.0
@@ -114,6 +128,21 @@ class TrackConfig:
     graph_mass: float | None = None
 
     def __post_init__(self):
+        for name in ("max_queries", "null_draws", "rot_draws", "seed", "max_unknowns"):
+            v = getattr(self, name)
+            if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)):
+                raise ValueError(f"{name} must be an integer; got {v!r}")
+        for name in ("svm", "check", "graph"):
+            if not isinstance(getattr(self, name), (bool, np.bool_)):
+                raise ValueError(f"{name} must be True or False; got {getattr(self, name)!r}")
+        for name in ("min_attention", "recompute_tol", "graph_mass"):
+            v = getattr(self, name)
+            if v is not None and (isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, float, np.floating))
+                                  or not math.isfinite(v)):
+                raise ValueError(f"{name} must be a finite number{' or None' if name != 'min_attention' else ''}; "
+                                 f"got {v!r}")
+        if self.seed < 0 or self.max_unknowns < 1:
+            raise ValueError(f"seed must be >= 0 and max_unknowns >= 1; got {self.seed}, {self.max_unknowns}")
         norms = (self.graph_norms,) if isinstance(self.graph_norms, str) else tuple(self.graph_norms)
         if not norms or any(n not in ("fro", "nuc") for n in norms) or len(set(norms)) < len(norms):
             raise ValueError(f"graph_norms must be distinct names among 'fro', 'nuc'; got {self.graph_norms!r}")
@@ -133,13 +162,34 @@ class TrackConfig:
 # ------------------------------------------------------------------------ attention
 class RecomputeError(ValueError):
     """The extracted head does not reproduce the model's own (eager) attention: a wrong or
-    unsupported extractor. Raised instead of returning statistics of the wrong matrix."""
+    unsupported extractor. Raised instead of returning statistics of the wrong matrix.
+
+    ```pycon
+    >>> import torch
+    >>> from attnsvm.track import AttentionCall, RecomputeError, analyse_call, recompute_attention
+    >>> g = torch.Generator().manual_seed(0)
+    >>> x = torch.randn(2, 5, 4, generator=g, dtype=torch.float64)
+    >>> W = torch.randn(2, 2, 4, generator=g, dtype=torch.float64)
+    >>> attn = recompute_attention(AttentionCall(hidden=x, W_q=W, W_k=W))[0]  # "the model's"
+    >>> try:
+    ...     analyse_call(AttentionCall(hidden=x, W_q=1.1 * W, W_k=W, attn=attn))   # 10% off
+    ... except RecomputeError:
+    ...     print("refused")
+    refused
+
+    ```
+    """
 
 
 # the Graph-SVM tokens reproduce the head's logits to this (relative to max(1, |logit|))
 GRAPH_LOGIT_TOL = 1e-8
-# default recompute tolerance on the attention probabilities, by the dtype the model ran in
+# kept for reference (the tolerances before the rounding-error bound of recompute_bound):
+# absolute tolerances on the probabilities by dtype; no longer the default of the check
 RECOMPUTE_TOL = {torch.float64: 1e-6, torch.float32: 1e-3, torch.float16: 3e-2, torch.bfloat16: 3e-2}
+# recompute_bound: lambda of the probabilistic rounding-error model (Higham & Mary 2019:
+# |error of an n-term dot product| <= lambda sqrt(n) u sum |a_i b_i| with probability at least
+# 1 - 2 exp(-lambda^2 / 2); 2e-22 for lambda = 10)
+ROUNDING_LAMBDA = 10.0
 
 
 def _allowed(call: AttentionCall) -> torch.Tensor:
@@ -163,7 +213,21 @@ def _query_valid(call: AttentionCall, allowed: torch.Tensor) -> torch.Tensor:
 def head_logits(call: AttentionCall) -> torch.Tensor:
     """(N, H, T, S) float64 logits [query, key] of every head, before masking:
     scale (R_k (W_q x_k + b_q)) . (R_t (W_k y_t + b_k)) + b_h(k, t) (y = keys for cross-attention;
-    R = identity without rotary embeddings, b = 0 without a position bias)."""
+    R = identity without rotary embeddings, b = 0 without a position bias).
+
+    ```pycon
+    >>> import numpy as np, torch
+    >>> from attnsvm.track import AttentionCall, recompute_attention
+    >>> g = torch.Generator().manual_seed(0)
+    >>> x = torch.randn(2, 5, 4, generator=g, dtype=torch.float64)
+    >>> W = torch.randn(2, 2, 4, generator=g, dtype=torch.float64)
+    >>> call = AttentionCall(hidden=x, W_q=W, W_k=W, causal=True)
+    >>> from attnsvm.track.heads import head_logits
+    >>> tuple(head_logits(call).shape)
+    (2, 2, 5, 5)
+
+    ```
+    """
     x = call.hidden.detach().to(torch.float64)
     y = call.key_tokens.detach().to(x.device, torch.float64)
     Wq = call.W_q.detach().to(x.device, torch.float64)
@@ -192,6 +256,17 @@ def recompute_attention(call: AttentionCall):
     rows of invalid queries); allowed (N, T, S) with causality applied; query_valid (N, T) =
     allowed[n, k, k] for self-attention (a query is valid iff it may attend to itself), any
     allowed key for cross-attention.
+
+    ```pycon
+    >>> import torch
+    >>> from attnsvm.track import AttentionCall, recompute_attention
+    >>> x = torch.randn(1, 4, 3, dtype=torch.float64)
+    >>> W = torch.randn(2, 2, 3, dtype=torch.float64)
+    >>> s, allowed, qv = recompute_attention(AttentionCall(hidden=x, W_q=W, W_k=W, causal=True))
+    >>> tuple(s.shape), s[0, 0, 0].tolist(), bool(torch.allclose(s.sum(-1), torch.ones(1, 2, 4, dtype=s.dtype)))
+    ((1, 2, 4, 4), [1.0, 0.0, 0.0, 0.0], True)
+
+    ```
     """
     allowed = _allowed(call)
     logits = head_logits(call).masked_fill(~allowed[:, None], float("-inf"))
@@ -201,28 +276,211 @@ def recompute_attention(call: AttentionCall):
     return s, allowed, qv
 
 
-def recompute_error(call: AttentionCall, s: np.ndarray, allowed: np.ndarray, qv: np.ndarray) -> float:
+def _unit_roundoff(*dtypes) -> float:
+    """Largest unit roundoff u = eps / 2 among the floating dtypes given."""
+    return max(float(torch.finfo(dt).eps) / 2 for dt in dtypes if dt is not None and dt.is_floating_point)
+
+
+def _matmul_roundoff(dtype, device) -> float:
+    """Unit roundoff of a matrix product in ``dtype`` as torch runs it: float32 products may
+    run in TF32 (``torch.get_float32_matmul_precision() == "high"``, or CUDA's
+    ``allow_tf32``: u = 2^-11) or in bfloat16 ("medium": u = 2^-8)."""
+    u = _unit_roundoff(dtype)
+    if dtype == torch.float32:
+        prec = torch.get_float32_matmul_precision()
+        if prec == "medium":
+            u = max(u, 2.0 ** -8)
+        elif prec == "high" or (torch.device(device).type == "cuda"
+                                and torch.backends.cuda.matmul.allow_tf32):
+            u = max(u, 2.0 ** -11)
+    return u
+
+
+def mask_unused(call: AttentionCall) -> AttentionCall:
+    """The call with the token vectors that no valid query uses (neither a valid query nor a key
+    some valid query may see: padding, positions outside every sliding window) set to 0 where
+    they are not finite; the statistics never read them. Hugging Face's eager attention in
+    float64 returns NaN rows for fully masked (padded) queries, which reach the next layer's
+    input at those positions only. Returns ``call`` itself when there is nothing to mask.
+
+    ```pycon
+    >>> import torch
+    >>> from attnsvm.track import AttentionCall, mask_unused
+    >>> x = torch.ones(1, 3, 2, dtype=torch.float64); x[0, 0] = float("nan")   # a padded token
+    >>> allowed = torch.tensor([[[0, 0, 0], [0, 1, 1], [0, 1, 1]]], dtype=torch.bool)
+    >>> W = torch.eye(2, dtype=torch.float64)[None]
+    >>> mask_unused(AttentionCall(hidden=x, W_q=W, W_k=W, allowed=allowed)).hidden[0, 0].tolist()
+    [0.0, 0.0]
+
+    ```
+    """
+    from dataclasses import replace
+
+    allowed = _allowed(call)
+    qv = _query_valid(call, allowed)
+    key_used = (allowed & qv[..., None]).any(1)  # (N, S)
+    if call.keys is None:
+        used = qv | key_used
+        bad = ~torch.isfinite(call.hidden).all(-1) & ~used.to(call.hidden.device)
+        if not bool(bad.any()):
+            return call
+        return replace(call, hidden=call.hidden.masked_fill(bad[..., None], 0))
+    out = {}
+    bad_q = ~torch.isfinite(call.hidden).all(-1) & ~qv.to(call.hidden.device)
+    if bool(bad_q.any()):
+        out["hidden"] = call.hidden.masked_fill(bad_q[..., None], 0)
+    bad_k = ~torch.isfinite(call.keys).all(-1) & ~key_used.to(call.keys.device)
+    if bool(bad_k.any()):
+        out["keys"] = call.keys.masked_fill(bad_k[..., None], 0)
+    return replace(call, **out) if out else call
+
+
+@torch.no_grad()
+def recompute_bound(call: AttentionCall, s) -> np.ndarray:
+    """(N, H, T, S) bound on |s_model - s| entry by entry: how far the model's own attention,
+    computed in its dtype, may lie from the exact (float64) recomputation ``s`` by rounding.
+
+    With u the unit roundoff of the model's dtype (the largest of the tokens', weights' and
+    returned probabilities' dtypes, and of TF32 / bfloat16 where torch runs float32 matrix
+    products in them: ``torch.get_float32_matmul_precision()``, CUDA's ``allow_tf32``), u_s = max(u, 2^-24) that of its softmax (Hugging Face
+    runs it in float32 at least), n = d + d_h + 8 (the projection, the dot product, rotation,
+    scaling and bias) and |q|, |k| the entrywise magnitudes |W_q| |x| + |b_q| (rotated by |R|),
+    each logit is off by at most
+
+        delta(k, t) = lambda sqrt(n) u scale sum_r |q_r(k)| |k_r(t)| + 2 u |b_h(k, t)|
+
+    (the probabilistic rounding model of Higham & Mary 2019, lambda = ``ROUNDING_LAMBDA``);
+    the softmax turns logit errors of at most delta_k = max_t delta(k, t) into a relative
+    error of at most exp(2 delta_k) - 1 on every probability, and adds its own
+    lambda sqrt(S + 4) u_s plus the rounding of the result to the model's dtype (2 u), above
+    an absolute floor of the dtype's smallest normal number:
+
+        |s_model - s| <= s (expm1(2 delta_k) + lambda sqrt(S + 4) u_s + 2 u) + tiny.
+
+    The bound scales with the head's own logits, so an extractor off by 10% in scale is
+    caught in float32 (and far below) while a faithful one passes in any precision.
+
+    ```pycon
+    >>> import torch
+    >>> from attnsvm.track import AttentionCall, recompute_attention, recompute_bound
+    >>> g = torch.Generator().manual_seed(0)
+    >>> x = torch.randn(2, 6, 16, generator=g) * 0.1            # a float32 head, computed in float32
+    >>> Wq, Wk = torch.randn(2, 8, 16, generator=g) * 0.3, torch.randn(2, 8, 16, generator=g) * 0.3
+    >>> q, k = torch.einsum("ntd,hrd->nhtr", x, Wq), torch.einsum("ntd,hrd->nhtr", x, Wk)
+    >>> attn = torch.softmax(q @ k.transpose(-1, -2) / 8 ** 0.5, -1)
+    >>> for f in (1.0, 1.1):
+    ...     call = AttentionCall(hidden=x, W_q=f * Wq, W_k=Wk, attn=attn)
+    ...     s = recompute_attention(call)[0].numpy()
+    ...     print(f, bool((abs(s - attn.double().numpy()) <= recompute_bound(call, s)).all()))
+    1.0 True
+    1.1 False
+
+    ```
+    """
+    dts = [call.hidden.dtype, call.W_q.dtype, None if call.attn is None else call.attn.dtype]
+    u = max(_unit_roundoff(*dts), _matmul_roundoff(call.hidden.dtype, call.hidden.device))
+    u_s = max(u, 2.0 ** -24)
+    tiny = float(torch.finfo(call.attn.dtype if call.attn is not None else call.hidden.dtype).tiny)
+    x = call.hidden.detach().to(torch.float64).abs()
+    y = call.key_tokens.detach().to(x.device, torch.float64).abs()
+    qa = torch.einsum("ntd,hrd->nhtr", x, call.W_q.detach().to(x.device, torch.float64).abs())
+    ka = torch.einsum("ntd,hrd->nhtr", y, call.W_k.detach().to(x.device, torch.float64).abs())
+    if call.b_q is not None:
+        qa = qa + call.b_q.detach().to(x.device, torch.float64).abs()[None, :, None, :]
+    if call.b_k is not None:
+        ka = ka + call.b_k.detach().to(x.device, torch.float64).abs()[None, :, None, :]
+    if call.rotary is not None:
+        Ra = call.rotary.detach().to(x.device, torch.float64).abs()
+        qa = torch.einsum("ntab,nhtb->nhta", Ra, qa)
+        ka = torch.einsum("ntab,nhtb->nhta", Ra, ka)
+    n = x.shape[-1] + call.d_head + 8
+    delta = ROUNDING_LAMBDA * math.sqrt(n) * u * abs(call.scale_) * (qa @ ka.transpose(-1, -2))
+    if call.pos_bias is not None:
+        delta = delta + 2 * u * call.pos_bias.detach().to(x.device, torch.float64).abs()
+    allowed = _allowed(call).to(x.device)
+    dk = torch.where(allowed[:, None], delta, torch.zeros((), dtype=delta.dtype, device=x.device)).amax(-1)
+    S = allowed.shape[-1]
+    rel = torch.expm1(2 * dk) + ROUNDING_LAMBDA * math.sqrt(S + 4) * u_s + 2 * u  # (N, H, T)
+    s = torch.as_tensor(np.asarray(s), dtype=torch.float64, device=x.device)
+    return (s * rel[..., None] + tiny).cpu().numpy()
+
+
+def recompute_error(call: AttentionCall, s: np.ndarray, allowed: np.ndarray, qv: np.ndarray,
+                    bound: np.ndarray | None = None):
     """max |s_recomputed - s_model| over valid queries and allowed keys (probabilities, so
-    absolute = relative to the row's mass 1); NaN when the model returned no attention."""
+    absolute = relative to the row's mass 1); NaN when the model returned no attention.
+    With ``bound`` (:func:`recompute_bound`) returns (error, ratio): ratio = the largest
+    |s_recomputed - s_model| / bound (the check passes iff ratio <= 1).
+
+    ```pycon
+    >>> import numpy as np, torch
+    >>> from attnsvm.track import AttentionCall, recompute_attention
+    >>> g = torch.Generator().manual_seed(0)
+    >>> x = torch.randn(2, 5, 4, generator=g, dtype=torch.float64)
+    >>> W = torch.randn(2, 2, 4, generator=g, dtype=torch.float64)
+    >>> call = AttentionCall(hidden=x, W_q=W, W_k=W, causal=True)
+    >>> from attnsvm.track.heads import recompute_error
+    >>> s, allowed, qv = (t.numpy() for t in recompute_attention(call))
+    >>> call.attn = torch.as_tensor(s) * 1.01          # "the model's" probabilities, 1% off
+    >>> round(float(recompute_error(call, s, allowed, qv) / s.max()), 6)
+    0.01
+
+    ```
+    """
     if call.attn is None or tuple(call.attn.shape) != s.shape:
-        return float("nan")
+        return float("nan") if bound is None else (float("nan"), float("nan"))
     ref = call.attn.detach().to(torch.float64).cpu().numpy()
     both = qv[:, None, :, None] & allowed[:, None]
-    return float(np.abs(np.where(both, s - ref, 0.0)).max()) if both.any() else 0.0
+    diff = np.abs(np.where(both, s - ref, 0.0))
+    err = float(diff.max()) if both.any() else 0.0
+    if bound is None:
+        return err
+    return err, (float((diff / bound).max()) if both.any() else 0.0)
 
 
-def check_recompute(call: AttentionCall, err: float, tol: float | None = None, where: str = "") -> None:
-    """Raise :class:`RecomputeError` when ``err`` exceeds ``tol`` (default by the dtype the
-    model ran in: ``RECOMPUTE_TOL``)."""
-    if not np.isfinite(err):
+def check_recompute(call: AttentionCall, err: float, tol: float | None = None, where: str = "",
+                    ratio: float | None = None) -> None:
+    """Raise :class:`RecomputeError` when the recomputation disagrees with the model: ``err``
+    above the absolute ``tol`` when given, else ``ratio`` (error over the rounding-error bound
+    of :func:`recompute_bound`, entry by entry) above 1. A non-finite ``err`` where the model
+    returned probabilities (NaN on a valid query or allowed key) also raises.
+
+    ```pycon
+    >>> import numpy as np, torch
+    >>> from attnsvm.track import AttentionCall, recompute_attention
+    >>> g = torch.Generator().manual_seed(0)
+    >>> x = torch.randn(2, 5, 4, generator=g, dtype=torch.float64)
+    >>> W = torch.randn(2, 2, 4, generator=g, dtype=torch.float64)
+    >>> call = AttentionCall(hidden=x, W_q=W, W_k=W, causal=True)
+    >>> from attnsvm.track.heads import check_recompute, RecomputeError
+    >>> call.attn = torch.zeros(2, 2, 5, 5, dtype=torch.float64)
+    >>> check_recompute(call, 1e-9, tol=1e-6)             # within an absolute tolerance: silent
+    >>> try:
+    ...     check_recompute(call, 0.2, ratio=50.0)         # 50 times the rounding-error bound
+    ... except RecomputeError:
+    ...     print("refused")
+    refused
+
+    ```
+    """
+    if call.attn is None:
         return
-    if tol is None:
-        tol = RECOMPUTE_TOL.get(call.attn.dtype if call.attn is not None else torch.float64, 1e-3)
-    if err > tol:
+    if not np.isfinite(err):
+        raise RecomputeError(f"{where or 'attention module'}: the model's own attention or its "
+                             "recomputation is not finite on valid queries and allowed keys")
+    if tol is not None:
+        if err > tol:
+            raise RecomputeError(
+                f"{where or 'attention module'}: the extracted heads do not reproduce the model's "
+                f"own attention (max |recomputed - model| = {err:.3g} > tolerance {tol:g}): wrong "
+                "or unsupported extractor; no statistics were computed from it")
+        return
+    if ratio is not None and not ratio <= 1:
         raise RecomputeError(
             f"{where or 'attention module'}: the extracted heads do not reproduce the model's own "
-            f"attention (max |recomputed - model| = {err:.3g} > tolerance {tol:g}): wrong or "
-            "unsupported extractor; no statistics were computed from it")
+            f"attention (max |recomputed - model| = {err:.3g}, {ratio:.3g} times its rounding-error "
+            f"bound in {str(call.attn.dtype).replace('torch.', '')}): wrong or unsupported "
+            "extractor; no statistics were computed from it")
 
 
 def attention_stats(attn, allowed, query_valid=None) -> dict:
@@ -235,6 +493,15 @@ def attention_stats(attn, allowed, query_valid=None) -> dict:
     (mean), frac_to_first (argmax on the first key the query may see, e.g. [CLS] or the first
     token of a causal model), frac_to_special (argmax on the first or last valid token of the
     sequence, e.g. [CLS] / [SEP]).
+
+    ```pycon
+    >>> import numpy as np
+    >>> from attnsvm.track import attention_stats
+    >>> st = attention_stats(np.full((1, 1, 2, 2), 0.5), np.ones((1, 2, 2), bool))
+    >>> st["soft_sparsity"].tolist(), st["frac_max_05"].tolist()
+    ([2.0], [1.0])
+
+    ```
     """
     attn = np.asarray(attn, dtype=np.float64)
     allowed = np.asarray(allowed, dtype=bool)
@@ -281,6 +548,15 @@ def head_subspace(W_q, W_k, b_q=None, scale=None, bias: str = "augment") -> dict
     Returns W (d, d) = scale W_k^T W_q, u (d,) = scale W_k^T b_q, U_Q, U_K (d, r) orthonormal
     bases of span(W_q^T), span(W_k^T), and M: (r, r + 1) = [U_K^T W U_Q, U_K^T u] with
     bias="augment", else (r, r) = U_K^T W U_Q. (r = rank, d_h for a generic head.)
+
+    ```pycon
+    >>> import numpy as np
+    >>> from attnsvm.track import head_subspace
+    >>> sub = head_subspace(np.eye(2)[:1], np.eye(2)[:1], b_q=np.ones(1), scale=1.0)
+    >>> sub["W"].tolist(), sub["u"].tolist(), sub["M"].tolist()
+    ([[1.0, 0.0], [0.0, 0.0]], [1.0, 0.0], [[1.0, 1.0]])
+
+    ```
     """
     Wq = np.asarray(W_q, np.float64)
     Wk = np.asarray(W_k, np.float64)
@@ -297,7 +573,18 @@ def head_subspace(W_q, W_k, b_q=None, scale=None, bias: str = "augment") -> dict
 
 def subspace_tokens(hidden, U_Q, U_K, bias: str = "augment"):
     """Keys x' = U_K^T x (..., T, r) and queries z' = U_Q^T x (..., T, r), with a constant
-    1 appended to the queries when bias="augment" (..., T, r + 1)."""
+    1 appended to the queries when bias="augment" (..., T, r + 1).
+
+    ```pycon
+    >>> import numpy as np
+    >>> from attnsvm.track import head_subspace, subspace_tokens
+    >>> sub = head_subspace(np.eye(3)[:2], np.eye(3)[:2])
+    >>> keys, queries = subspace_tokens(np.ones((4, 3)), sub["U_Q"], sub["U_K"])
+    >>> keys.shape, queries.shape, queries[0, -1]
+    ((4, 2), (4, 3), np.float64(1.0))
+
+    ```
+    """
     keys = hidden @ U_K
     queries = hidden @ U_Q
     if bias == "augment":
@@ -314,6 +601,20 @@ def rotary_basis(R, rtol: float = 1e-10):
     full rotary; + 1 identity block for partial rotary); with an orthonormal (Frobenius) basis
     B_l of it, G(k, t) = sum_l g_l(k, t) B_l. Returns B (L, d_h, d_h) (from the SVD of the
     first sequence's G) and g (N, T, T, L) = <R_k B_l, R_t>_F for every sequence.
+
+    ```pycon
+    >>> import numpy as np
+    >>> from attnsvm.track.heads import rotary_basis
+    >>> from attnsvm.track.rope import rope_rotations
+    >>> R, _ = rope_rotations(5, 4)                        # RoPE, 5 positions, d_h = 4
+    >>> B, g = rotary_basis(R[None])
+    >>> B.shape, g.shape                                   # L = d_h = 4 basis matrices
+    ((4, 4, 4), (1, 5, 5, 4))
+    >>> G = np.einsum("l,lij->ij", g[0, 3, 1], B)          # G(3, 1) = R_3^T R_1, exactly
+    >>> bool(np.allclose(G, R[3].T @ R[1]))
+    True
+
+    ```
     """
     R = np.asarray(R, np.float64)
     N, T, dh, _ = R.shape
@@ -341,6 +642,18 @@ def rotary_subspace(W_q, W_k, b_q, b_k, scale, B, bias: str = "augment") -> dict
     i.e. x~_t^T M z with the lifted key x~_t = [g_l(k, t) U_K^T x^_t]_l (L r_k) and the stacked
     matrix M = [M_1; ...; M_L] (L r_k x r_q): the papers' ATT-SVM in the lifted key space.
     Also returns W = scale W_k^T W_q and u = scale W_k^T b_q (the offset-0 content matrix).
+
+    ```pycon
+    >>> import numpy as np
+    >>> from attnsvm.track.heads import rotary_basis, rotary_subspace
+    >>> from attnsvm.track.rope import rope_rotations
+    >>> B, _ = rotary_basis(rope_rotations(5, 4)[0][None])
+    >>> Wq = Wk = np.random.default_rng(0).standard_normal((4, 3))      # d_h = 4, d = 3
+    >>> sub = rotary_subspace(Wq, Wk, None, None, None, B)
+    >>> sub["L"], sub["M"].shape                          # M = [M_1; ...; M_L]: (L r_k, r_q)
+    (4, (12, 3))
+
+    ```
     """
     Wq = np.asarray(W_q, np.float64)
     Wk = np.asarray(W_k, np.float64)
@@ -385,6 +698,17 @@ def selection_problem(hidden, allowed, attn_h, sub, bias="augment", min_attentio
     space excluded: no W separates them), pairs (n, 2) = (sentence, query), n_eligible (queries
     passing the threshold before subsampling), sel_prob (n,) attention on alpha and n_tied
     (excluded identical keys).
+
+    ```pycon
+    >>> import numpy as np
+    >>> from attnsvm.track import head_subspace, selection_problem
+    >>> x = np.array([[[1., 0.], [0., 1.], [1., 1.]]])            # one sequence of 3 tokens, d = 2
+    >>> attn = np.array([[[.8, .1, .1], [.1, .8, .1], [.1, .1, .8]]])   # query k selects key k
+    >>> prob = selection_problem(x, np.ones((1, 3, 3), bool), attn, head_subspace(np.eye(2), np.eye(2)))
+    >>> prob["alpha"].tolist(), prob["X"].shape, prob["z"].shape
+    ([0, 1, 2], (3, 3, 2), (3, 3))
+
+    ```
     """
     x = np.asarray(hidden, np.float64)
     y = x if keys_hidden is None else np.asarray(keys_hidden, np.float64)
@@ -423,7 +747,17 @@ def selection_problem(hidden, allowed, attn_h, sub, bias="augment", min_attentio
 
 
 def margins(M, X, z, alpha, mask):
-    """Min over (i, t != alpha_i, allowed) of (x_{i,alpha_i} - x_{it})^T M z_i (inf if none)."""
+    """Min over (i, t != alpha_i, allowed) of (x_{i,alpha_i} - x_{it})^T M z_i (inf if none).
+
+    ```pycon
+    >>> import numpy as np
+    >>> from attnsvm.track.heads import margins
+    >>> X = np.array([[[1., 0.], [0., 1.]]]); z = np.array([[2., 0.]])   # key 0 selected
+    >>> float(margins(np.eye(2), X, z, np.array([0]), np.ones((1, 2), bool)))
+    2.0
+
+    ```
+    """
     logits = np.einsum("ntd,de,ne->nt", X, M, z)
     sel = logits[np.arange(len(alpha)), alpha]
     gap = sel[:, None] - logits
@@ -436,7 +770,20 @@ def solve_selection(X, z, alpha, mask):
     """The core Frobenius ATT-SVM :func:`attnsvm.svm.att_svm` of one selection (its fast path:
     dual minimum-norm point when constraints <= unknowns, the structured primal IPM otherwise).
     One problem at a time: att_svm_batch was measured 7x slower here (N ~ 1000 constraints:
-    its batched eigh polish dominates)."""
+    its batched eigh polish dominates).
+
+    ```pycon
+    >>> import numpy as np
+    >>> from attnsvm.track import head_subspace, selection_problem, solve_selection
+    >>> x = np.array([[[1., 0.], [0., 1.], [1., 1.]]])
+    >>> attn = np.array([[[.8, .1, .1], [.1, .8, .1], [.1, .1, .8]]])
+    >>> prob = selection_problem(x, np.ones((1, 3, 3), bool), attn, head_subspace(np.eye(2), np.eye(2)))
+    >>> sol = solve_selection(prob["X"], prob["z"], prob["alpha"], prob["mask"])
+    >>> sol.status_, round(float(sol.norm_), 6)
+    ('optimal', 3.0)
+
+    ```
+    """
     from attnsvm.svm import att_svm
 
     return att_svm(X, z, alpha, norm="fro", mask=mask, irreducible=False)
@@ -458,7 +805,18 @@ def _haar(rng, D, r):
 def rotation_null(M, W_mm, draws: int, rng, bias: str = "augment", blocks: int = 1) -> np.ndarray:
     """corr(R_K M R_Q^T (bias column R_K b), W_mm) for ``draws`` Haar rotations: (draws,).
     ``blocks`` > 1 (rotary lift, M = [M_1; ...; M_L]): the same R_K rotates every block's key
-    coordinates, R_K M_l R_Q^T."""
+    coordinates, R_K M_l R_Q^T.
+
+    ```pycon
+    >>> import numpy as np
+    >>> from attnsvm.track import rotation_null
+    >>> M = np.random.default_rng(0).standard_normal((3, 4))       # bias column augmented: (r, r + 1)
+    >>> c = rotation_null(M, M, 100, np.random.default_rng(1))
+    >>> c.shape, bool(np.all(np.abs(c) <= 1 + 1e-12)), bool(abs(c.mean()) < 0.3)
+    ((100,), True, True)
+
+    ```
+    """
     r = M.shape[0] // blocks
     rq = M.shape[1] - (1 if bias == "augment" else 0)
     RK, RQ = _haar(rng, draws, r), _haar(rng, draws, rq)
@@ -523,6 +881,18 @@ def graph_problem(call: AttentionCall, head: int, config: TrackConfig | None = N
     logit up to a per-query constant), basis U (d, p), sequences (N,) and query (N,) the probe
     positions used; ``graph_svm(E, seqs, y, norm, exclude=exclude)`` is the head's Graph-SVM.
     Raises ValueError naming the reason for a call without one.
+
+    ```pycon
+    >>> import torch
+    >>> from attnsvm.track import AttentionCall, graph_problem
+    >>> g = torch.Generator().manual_seed(0)
+    >>> x = torch.randn(2, 5, 4, generator=g, dtype=torch.float64)
+    >>> W = torch.randn(2, 2, 4, generator=g, dtype=torch.float64)
+    >>> prob = graph_problem(AttentionCall(hidden=x, W_q=W, W_k=W, causal=True), head=0)
+    >>> prob["seqs"].shape, prob["y"].shape, prob["E"].shape[1] == prob["W"].shape[0]
+    ((2, 5), (2, 1), True)
+
+    ```
     """
     from .graph import graph_data, unsupported
 
@@ -550,17 +920,34 @@ def analyse_call(call: AttentionCall, cfg: TrackConfig | None = None, *, key=(0,
 
     key: integers seeding this call's sample and nulls (with cfg.seed), e.g. (step, layer).
     The recomputed attention is first checked against the probabilities the model returned
-    (``call.attn``): past ``cfg.recompute_tol`` (default by dtype, ``RECOMPUTE_TOL``) a
-    :class:`RecomputeError` is raised (``where`` names the module).
+    (``call.attn``): past its rounding-error bound (:func:`recompute_bound`) or the absolute
+    ``cfg.recompute_tol`` when given, a :class:`RecomputeError` is raised (``where`` names the
+    module); every row says in ``recompute_check`` whether the check ran ("checked") or why
+    not ("not checked: ..."). Token vectors no valid query uses are masked first
+    (:func:`mask_unused`).
     Returns (rows, selections, matrices): rows a list of dicts, one per head (columns in
     docs/tracking.md); selections a DataFrame (head, seq, query, key, prob, in_svm) of every
     valid query's argmax key or None; matrices {head: {W, u, W_mm, u_mm}} (full d-space, W_mm
     mapped back: U_K W_mm U_Q^T; rotary heads: the lifted M and W_mm instead) or None.
+
+    ```pycon
+    >>> import torch
+    >>> from attnsvm.track import AttentionCall, analyse_call
+    >>> g = torch.Generator().manual_seed(0)
+    >>> x = torch.randn(2, 5, 4, generator=g, dtype=torch.float64)
+    >>> W = torch.randn(2, 2, 4, generator=g, dtype=torch.float64)
+    >>> rows, sel, _ = analyse_call(AttentionCall(hidden=x, W_q=W, W_k=W, causal=True))
+    >>> [(r["head"], r["status"], r["recompute_check"][:11]) for r in rows], len(sel)
+    ([(0, 'optimal', 'not checked'), (1, 'optimal', 'not checked')], 20)
+
+    ```
     """
     import pandas as pd
 
     cfg = cfg or TrackConfig()
-    finite = all(bool(torch.isfinite(t).all()) for t in (call.hidden, call.W_q, call.W_k, call.b_q)
+    call = mask_unused(call)  # padded positions: never read, may be NaN in an eager float64 pass
+    finite = all(bool(torch.isfinite(t).all()) for t in (call.hidden, call.keys, call.W_q,
+                                                          call.W_k, call.b_q, call.b_k)
                  if t is not None)
     if not finite:  # a diverged run: say so in every row instead of failing inside an SVD
         rows = [dict(head=h, causal=bool(call.causal), kind=call.kind,
@@ -571,9 +958,15 @@ def analyse_call(call: AttentionCall, cfg: TrackConfig | None = None, *, key=(0,
     s = s_t.cpu().numpy()
     allowed = allowed_t.cpu().numpy()
     qv = qv_t.cpu().numpy()
-    err = recompute_error(call, s, allowed, qv)
-    if cfg.check:
-        check_recompute(call, err, cfg.recompute_tol, where)
+    if call.attn is not None and tuple(call.attn.shape) == s.shape:
+        err, ratio = recompute_error(call, s, allowed, qv, recompute_bound(call, s))
+        checked = "checked" if cfg.check else "not checked: TrackConfig(check=False)"
+        if cfg.check:
+            check_recompute(call, err, cfg.recompute_tol, where, ratio)
+    else:
+        err = ratio = float("nan")
+        checked = ("not checked: TrackConfig(check=False)" if not cfg.check else
+                   "not checked: the module returned no attention probabilities to compare with")
     x = call.hidden.detach().to(torch.float64).cpu().numpy()
     y = None if call.keys is None else call.keys.detach().to(torch.float64).cpu().numpy()
     st = attention_stats(s, allowed, qv)
@@ -583,7 +976,7 @@ def analyse_call(call: AttentionCall, cfg: TrackConfig | None = None, *, key=(0,
     bk = None if call.b_k is None else call.b_k.detach().to(torch.float64).cpu().numpy()
     lift = B = logits_all = None
     if call.rotary is not None:
-        B, lift = rotary_basis(call.rotary.detach().cpu().numpy())
+        B, lift = rotary_basis(call.rotary.detach().to(torch.float64).cpu().numpy())
     if call.rotary is not None or cfg.graph:
         logits_all = head_logits(call).cpu().numpy()
     H = call.n_heads
@@ -603,7 +996,7 @@ def analyse_call(call: AttentionCall, cfg: TrackConfig | None = None, *, key=(0,
                    wqk_norm=float(np.linalg.norm(sub["W"])),
                    bias_share=float(ub / math.hypot(np.linalg.norm(sub["W"]), ub)) if ub > 0 else 0.0,
                    rank=int(r), lift_dim=int(sub.get("L", 1)), lifted_norm=float(np.linalg.norm(M)),
-                   recompute_err=err)
+                   recompute_err=err, recompute_ratio=ratio, recompute_check=checked)
         if cfg.svm:
             prob = selection_problem(x, allowed, s[:, h], sub, cfg.bias, cfg.min_attention,
                                      cfg.max_queries, rng, qv, keys_hidden=y, lift=lift)

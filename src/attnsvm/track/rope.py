@@ -27,7 +27,17 @@ __all__ = ["plane_basis", "rope_rotations", "rope_head_study"]
 
 def rope_rotations(P: int, d_head: int, base: float = 10.0):
     """(R (P, d_h, d_h), theta (d_h / 2,)): R_p rotates plane b = (2b, 2b + 1) by p theta_b,
-    theta_b = base^(-2b / d_h)."""
+    theta_b = base^(-2b / d_h).
+
+    ```pycon
+    >>> import numpy as np
+    >>> from attnsvm.track.rope import rope_rotations
+    >>> R, theta = rope_rotations(5, 4)
+    >>> R.shape, theta.round(4).tolist(), bool(np.allclose(R[2], R[1] @ R[1]))
+    ((5, 4, 4), [1.0, 0.3162], True)
+
+    ```
+    """
     theta = base ** (-np.arange(0, d_head, 2) / d_head)
     R = np.zeros((P, d_head, d_head))
     for p in range(P):
@@ -39,7 +49,17 @@ def rope_rotations(P: int, d_head: int, base: float = 10.0):
 
 def plane_basis(d_head: int) -> np.ndarray:
     """(d_h, d_h, d_h): E_0/sqrt2, F_0/sqrt2, E_1/sqrt2, ... (identity and quarter turn of
-    each plane; orthonormal in the Frobenius inner product)."""
+    each plane; orthonormal in the Frobenius inner product).
+
+    ```pycon
+    >>> import numpy as np
+    >>> from attnsvm.track.rope import plane_basis
+    >>> B = plane_basis(4)
+    >>> bool(np.allclose(np.einsum("aij,bij->ab", B, B), np.eye(4)))    # orthonormal
+    True
+
+    ```
+    """
     B = []
     for b in range(d_head // 2):
         E = np.zeros((d_head, d_head))
@@ -58,7 +78,16 @@ def rope_head_study(seed: int = 0, n: int = 6, T: int = 5, d: int = 4, base: flo
                     steps: int = 4000, lr: float = 0.1, init: float = 0.01) -> dict:
     """Train one factored RoPE head (d_h = d) to saturation and compare its lifted matrix with
     the three SVMs of the module docstring; returns a dict of the correlations, the parameter
-    norm, the smallest attention on the selected token and whether the selection is optimal."""
+    norm, the smallest attention on the selected token and whether the selection is optimal.
+
+    ```pycon
+    >>> from attnsvm.track.rope import rope_head_study
+    >>> r = rope_head_study(steps=20)                    # (4000 steps by default: saturation)
+    >>> sorted(r)
+    ['corr_fro', 'corr_group_nuclear', 'corr_no_lift', 'min_sel_prob', 'param_norm', 'seed', 'selects_opt', 'steps']
+
+    ```
+    """
     import cvxpy as cp
 
     dh = d

@@ -63,7 +63,16 @@ TINY_CONFIGS: dict[str, tuple[str, dict]] = {
 
 
 def tiny_config(model_type: str, vocab_size: int = 64, **over):
-    """A tiny random-init config of ``model_type`` (one of TINY_CONFIGS); ``over`` overrides."""
+    """A tiny random-init config of ``model_type`` (one of TINY_CONFIGS); ``over`` overrides.
+
+    ```pycon
+    >>> from attnsvm.track.verify import tiny_config
+    >>> cfg = tiny_config("gpt2", n_layer=1)
+    >>> type(cfg).__name__, cfg.n_layer, cfg.n_embd
+    ('GPT2Config', 1, 32)
+
+    ```
+    """
     import transformers
 
     if model_type not in TINY_CONFIGS:
@@ -81,7 +90,16 @@ def tiny_config(model_type: str, vocab_size: int = 64, **over):
 
 def tiny_model(model_type: str, vocab_size: int = 64, seed: int = 0, dtype=torch.float64, **over):
     """``AutoModel.from_config(tiny_config(...))`` with seeded random weights, in eval mode,
-    under the library's default attention implementation (SDPA where supported)."""
+    under the library's default attention implementation (SDPA where supported).
+
+    ```pycon
+    >>> from attnsvm.track.verify import tiny_model
+    >>> m = tiny_model("llama")
+    >>> type(m).__name__, next(m.parameters()).dtype, m.training
+    ('LlamaModel', torch.float64, False)
+
+    ```
+    """
     from transformers import AutoModel
 
     with torch.random.fork_rng():
@@ -92,7 +110,16 @@ def tiny_model(model_type: str, vocab_size: int = 64, seed: int = 0, dtype=torch
 
 def probe_inputs(model, N: int = 3, T: int = 9, seed: int = 0) -> dict:
     """A padded batch for ``model``: token ids (sequence 1 padded after 2/3 of T) with their
-    mask, decoder ids / mask (shifted by one) for encoder-decoders, or random pixels (ViT)."""
+    mask, decoder ids / mask (shifted by one) for encoder-decoders, or random pixels (ViT).
+
+    ```pycon
+    >>> from attnsvm.track.verify import probe_inputs, tiny_model
+    >>> inp = probe_inputs(tiny_model("gpt2"))
+    >>> sorted(inp), tuple(inp["input_ids"].shape), inp["attention_mask"][1].tolist()
+    (['attention_mask', 'input_ids'], (3, 9), [1, 1, 1, 1, 1, 1, 0, 0, 0])
+
+    ```
+    """
     cfg = model.config
     g = torch.Generator().manual_seed(seed)
     if cfg.model_type == "vit":
@@ -122,7 +149,16 @@ def decoder_inputs(cfg, ids, mask) -> dict:
 def verify(model_types=None, dtype=torch.float64, config=None):
     """One row per family: model_type, family, attention implementation the model runs under,
     modules and heads tracked, kinds, rotary lift dimension L, max recompute error, seconds.
-    Raises (RecomputeError) if an extraction is wrong."""
+    Raises (RecomputeError) if an extraction is wrong.
+
+    ```pycon
+    >>> from attnsvm.track.verify import verify
+    >>> v = verify(["gpt2"])
+    >>> v[["model_type", "runs_under", "heads", "kinds"]].values.tolist(), bool(v.recompute_err.max() < 1e-6)
+    ([['gpt2', 'sdpa', 8, 'causal']], True)
+
+    ```
+    """
     import pandas as pd
     import transformers
 
