@@ -569,7 +569,8 @@ def train(model: AttentionModel, data, *, loss=None, optimizer: Optimizer | None
     (same result; the step's memory is that of one chunk; :func:`_train_chunked`).
     """
     args = validate_params(TRAIN_CONSTRAINTS, locals(), "train")  # before any work
-    _check_model_args(model, {**args, "alpha": alpha})
+    _check_model_args(model, {**args, "loss": loss, "batch_size": batch_size,
+                              "autograd": autograd, "alpha": alpha})  # (as given)
     lossf, optimizer, steps, seed, device, chunk = (args[a] for a in (
         "loss", "optimizer", "steps", "seed", "device", "chunk"))
     if lossf is None and "loss" not in getattr(model, "train_fixed", {}):

@@ -45,11 +45,12 @@ import numpy as np
 import pandas as pd
 
 from attnsvm.experiments.base import Check, Claim, Experiment
-from attnsvm.ntp import PUBLISHED_SIZES, NTPData, NTPModel, decompose, ntp_random, train_ntp, w_fin
+from attnsvm.ntp import PUBLISHED_SIZES, NTPData, NTPModel, decompose, ntp_random, w_fin
 from attnsvm.ntp.model import ntp_tensors
 from attnsvm.optim import ngd
 from attnsvm.plotting import COLORS, label, save, subplots
 from attnsvm.svm import graph_svm
+from attnsvm.train import train
 
 CORR = 0.95  # the notebooks' threshold ("Correlation is too low" below it)
 C_THRES, E_THRES = 1e-2, 1e-2 - 1e-3  # the local notebook's selected / excluded masses
@@ -134,7 +135,7 @@ def compute_global(cfg: dict) -> dict[str, pd.DataFrame]:
         Ds = _datasets(size, graph, cfg["S"], cfg["seed"], c)
         svm = [graph_svm(D.E, D.seqs, D.y) for D in Ds]
         fins = [w_fin(D, head="iden") for D in Ds]
-        tr = train_ntp(NTPModel(d, "W", "iden"), Ds, ngd(cfg["lr"]), steps=cfg["steps"],
+        tr = train(NTPModel(d, "W", "iden"), Ds, optimizer=ngd(cfg["lr"]), steps=cfg["steps"],
                        init={"W": _init(d, cfg["S"], [cfg["seed"], c, 99])},
                        record_every=cfg["record_every"], record_params=True)
         Wh = tr.param_history["W"]
@@ -181,7 +182,7 @@ def compute_local(cfg: dict) -> dict[str, pd.DataFrame]:
     S = cfg["S"]
     Ds = _datasets(size, "cyclic", S, cfg["seed"], 0)
     model = NTPModel(d, "W", "gen")
-    tr = train_ntp(model, Ds, ngd(cfg["lr"]), steps=cfg["steps"],
+    tr = train(model, Ds, optimizer=ngd(cfg["lr"]), steps=cfg["steps"],
                    init={"W": _init(d, S, [cfg["seed"], 0, 99])},
                    record_every=cfg["record_every"], record_params=True)
     Wh = tr.param_history["W"]
@@ -225,7 +226,7 @@ def compute_kq(cfg: dict) -> dict[str, pd.DataFrame]:
         nuc = [graph_svm(D.E, D.seqs, D.y, "nuc") for D in Ds]
         init = {"K": torch.as_tensor(_init(d, S, [cfg["seed"], c, 98])),
                 "Q": torch.as_tensor(_init(d, S, [cfg["seed"], c, 97]))}
-        tr = train_ntp(NTPModel(d, "KQ", "iden"), Ds, ngd(cfg["lr"]), steps=cfg["steps"], init=init,
+        tr = train(NTPModel(d, "KQ", "iden"), Ds, optimizer=ngd(cfg["lr"]), steps=cfg["steps"], init=init,
                        record_every=cfg["record_every"],
                        references={"fro": np.stack([f.W_ for f in fro]),
                                    "nuc": np.stack([u.W_ for u in nuc])})

@@ -50,6 +50,9 @@ from .data import NTPData
 __all__ = ["NTPModel", "NTPObjective", "ntp_tensors", "train_ntp", "HEADS"]
 
 HEADS = ("iden", "gen")
+_TENSOR_KEYS = {"E", "X", "Z", "ymask", "yid", "seqs"}
+P_SMALL = 1e-4  # below this p_y, the iden loss is computed as LSE_t(a) - LSE_Y(a)
+_M_SMALL = math.log1p(-P_SMALL)  # M = log(1 - p_y) above this: p_y < P_SMALL
 NEG_INF = float("-inf")
 
 
@@ -57,9 +60,11 @@ def ntp_tensors(data, device=None, dtype=torch.float64) -> dict:
     """Tensors of one NTPData (Bx = 1) or of a list of same-shape NTPData (Bx = len):
     E (Bx, K, d), X (Bx, n, T, d), Z (Bx, n, d), ymask (Bx, n, T) bool (positions whose
     token is a label), yid (Bx, n) (the first label), seqs (Bx, n, T)."""
-    items = [data] if isinstance(data, NTPData) else list(data)
-    if not items or not all(isinstance(d, NTPData) for d in items):
-        raise ValueError("data must be an NTPData or a non-empty list of NTPData")
+    items = [data] if isinstance(data, NTPData) else data
+    if (not isinstance(items, (list, tuple)) or not items
+            or not all(isinstance(d, NTPData) for d in items)):
+        raise ValueError(f"data must be an NTPData or a non-empty list of NTPData; got a "
+                         f"{type(data).__name__}")
     shp = {(d.n, d.T, d.K, d.d) for d in items}
     if len(shp) != 1:
         raise ValueError(f"the datasets of a batch must share (n, T, K, d); got {sorted(shp)}")
@@ -126,7 +131,11 @@ class NTPModel:
     # ------------------------------------------------- the trainer's protocol
     def prepare(self, data, device=None, dtype=torch.float64) -> dict:
         """The trainer's data tensors (:func:`ntp_tensors`): X (Bx, n, T, d), Z, ...;
-        a ValueError naming ``data`` when it is not an NTPData or a list of them."""
+        a ValueError naming ``data`` when it is not an NTPData or a list of them. Tensors
+        already prepared (a dict with the keys of :func:`ntp_tensors`) are returned as
+        they are."""
+        if isinstance(data, dict) and set(data) >= _TENSOR_KEYS:
+            return data
         return ntp_tensors(data, device=device, dtype=dtype)
 
     def queries_per_sequence(self, tdata) -> int:
@@ -225,9 +234,10 @@ class NTPModel:
         finN = torch.isfinite(AN)
         g = torch.where(ymask, -torch.exp(lab - AY),
                         torch.where(finN, torch.exp(non - torch.where(finN, AN, 0.0)), 0.0))
-        # loss_i = -log p_y: -log1p(-e^M) while p_y > 1/2 (no cancellation), else
-        # LSE_t(a) - LSE_Y(a) (>= log 2; exact however small p_y: no 1 - p_y rounding to 1)
-        lo = torch.where(M[..., None] < -math.log(2.0), -torch.log1p(-torch.exp(M))[..., None],
+        # loss_i = -log p_y: -log1p(-e^M) while p_y >= P_SMALL (its rounding error in
+        # 1 - p_y is then below 1e-12 of the loss), else LSE_t(a) - LSE_Y(a) (> 9.2: exact
+        # however small p_y, where e^M = 1 - p_y rounds to 1 and the first form is inf)
+        lo = torch.where(M[..., None] < _M_SMALL, -torch.log1p(-torch.exp(M))[..., None],
                          A - AY)[..., 0]
         logl = torch.where(lo > 0, torch.log(lo), M)  # log loss_i (= M once e^M underflows)
         return M, g, lo, logl
