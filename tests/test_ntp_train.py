@@ -2,8 +2,10 @@
 
 * ``train(NTPModel(...), ...)`` equals the retired ``train_ntp`` (main before the change)
   to 1e-12 on the published sizes and every full-batch step rule: its outputs are stored in
-  tests/data/ntp_train_ref.npz (made by main's ``train_ntp``: W, the metrics loss,
-  log10 loss, norm, corr to a reference, and the stop steps);
+  tests/data/ntp_train_ref.npz (made by main's ``train_ntp`` at commit 65de643, with the
+  datasets, rules (``HYPER``), seeds and steps of :func:`test_train_equals_the_retired_
+  train_ntp`: per run W, the metrics trial, step, loss, log10 loss, norm, corr to R, the
+  stop steps and steps run);
 * every argument an NTP model cannot honour is refused by name before any work;
 * an explicit ``scale`` is honoured; the loss is exact past overflow (log-sum-exp), against
   mpmath; a run whose objective stops being finite stops with its reason.
