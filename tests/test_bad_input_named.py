@@ -109,7 +109,7 @@ TRAIN_CASES = [
     (dict(device="meta"), "device 'meta': attnsvm trains on 'cpu', 'cuda' or 'mps'"),
     (dict(device="nowhere"), "device 'nowhere' is not a torch device"),
     (dict(steps=2.0), "steps must be an integer >= 0; got the float 2.0"),
-    (dict(scale=float("inf")), "scale must be a finite number > 0; got inf"),
+    (dict(scale=float("inf")), "scale must be a finite number > 0 or None; got inf"),
     (dict(B=0), "B must be an integer >= 1 or None; got 0"),
     (dict(progress="yes"), "progress must be True or False; got 'yes'"),
     (dict(engine="numba"), "engine must be one of 'auto', 'torch' or 'fused'"),

@@ -383,3 +383,36 @@ def test_solve_cli_solvers_are_the_strategy_table():
 
     table = {N.name: tuple(s for s in solvers if s != "auto") for N, solvers in SOLVERS.items()}
     assert NATIVE_SOLVERS == table
+
+
+# --------------------------------------------------- train: --lr and --opt-arg lr=
+def test_train_opt_arg_step_size_is_not_overwritten_by_the_lr_default():
+    """--opt-arg lr=0.01 (no --lr) gives the rule lr 0.01, as --lr 0.01 does; neither
+    given: 0.1; Polyak's step size is its c."""
+    from attnsvm.cli.train import make_optimizer
+
+    assert make_optimizer("ngd", None, None, ["lr=0.01"]).hyper["lr"] == 0.01
+    assert make_optimizer("ngd", 0.01, None, []).hyper["lr"] == 0.01
+    assert make_optimizer("ngd", 0.01, None, ["lr=0.01"]).hyper["lr"] == 0.01
+    assert make_optimizer("ngd", None, None, []).hyper["lr"] == 0.1
+    assert make_optimizer("polyak", None, None, ["c=0.5"]).hyper["c"] == 0.5
+    assert make_optimizer("polyak", 0.25, None, []).hyper["c"] == 0.25
+
+
+def test_train_opt_arg_step_size_wins_end_to_end(capsys):
+    common = ["train", "--trials", "2", "--steps", "30", "--optimizer", "gd"]
+    rc, a, _ = run_cli(capsys, *common, "--opt-arg", "lr=0.01")
+    assert rc == 0
+    rc, b, _ = run_cli(capsys, *common, "--lr", "0.01")
+    rc2, c, _ = run_cli(capsys, *common)
+    assert rc == rc2 == 0
+    norm = [line for line in a.splitlines() if "norm ||W||" in line]
+    assert norm == [line for line in b.splitlines() if "norm ||W||" in line]
+    assert norm != [line for line in c.splitlines() if "norm ||W||" in line]
+
+
+@pytest.mark.parametrize("rule, pair", [("ngd", "lr=0.01"), ("polyak", "c=0.5")])
+def test_train_lr_and_opt_arg_conflict_is_an_error_naming_both(capsys, rule, pair):
+    rc, _, err = run_cli(capsys, "train", "--trials", "2", "--steps", "3", "--optimizer", rule,
+                         "--lr", "0.2", "--opt-arg", pair)
+    assert_one_line_error(rc, err, "--lr 0.2", f"--opt-arg {pair}")

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from attnsvm.ntp import NTPModel, ntp_random, ntp_tensors, train_ntp
+from attnsvm.ntp import NTPModel, ntp_random, ntp_tensors
 from attnsvm.optim import RULES
 from attnsvm.svm import graph_svm
 from attnsvm.train import train
@@ -126,20 +126,20 @@ def test_every_step_rule_trains(data, rule):
         pytest.skip(f"{rule} needs arguments")
     if getattr(o, "batch_size", None) is not None:
         with pytest.raises(ValueError, match="full-batch"):
-            train_ntp(NTPModel(8), data, o, steps=2)
+            train(NTPModel(8), data, optimizer=o, steps=2)
         return
-    tr = train_ntp(NTPModel(8, "KQ"), [data, data], o, steps=5, record_every=1)
+    tr = train(NTPModel(8, "KQ"), [data, data], optimizer=o, steps=5, record_every=1)
     assert tr.W.shape == (2, 8, 8) and np.all(np.isfinite(tr.W))
     assert len(tr.metrics) == 2 * 6
 
 
 def test_train_routes_ntp_and_direction_converges(data):
     Ws = graph_svm(data.E, data.seqs, data.y).W_
-    tr = train(NTPModel(8), data, "ngd", steps=400, B=2, references={"svm": Ws})
-    assert tr.extra == {"engine": "torch", "model": "ntp"}
+    tr = train(NTPModel(8), data, optimizer="ngd", steps=400, B=2, references={"svm": Ws})
+    assert tr.extra == {"engine": "torch"}
     c = tr.metrics.groupby("trial")["corr_svm"].last()
     assert (c > 0.9).all()
-    with pytest.raises(ValueError, match="does not support NTP"):
+    with pytest.raises(ValueError, match="engine='fused': NTPModel has no compiled kernel"):
         train(NTPModel(8), data, engine="fused")
     with pytest.raises(ValueError, match="has d = 4"):
-        train_ntp(NTPModel(4), data)
+        train(NTPModel(4), data)

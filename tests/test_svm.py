@@ -377,10 +377,10 @@ def test_mmts_fig3_directions():
 
 
 def test_single_thread_limits_blas_and_restores_it():
-    """svm.solution.single_thread: inside, every BLAS library runs on one thread (set by
-    the wrapper, or already so: then nothing is set); after, the caller's counts are back."""
+    """attnsvm.single_thread (the opt-in, process-wide): inside, every BLAS library runs on
+    one thread, nested blocks too; after, the caller's counts are back."""
     threadpoolctl = pytest.importorskip("threadpoolctl")
-    from attnsvm.svm.solution import single_thread
+    import attnsvm
 
     def counts():
         return [i["num_threads"] for i in threadpoolctl.threadpool_info()
@@ -389,18 +389,12 @@ def test_single_thread_limits_blas_and_restores_it():
     if not counts():
         pytest.skip("no BLAS library that threadpoolctl can see")
     seen = []
-
-    @single_thread
-    def inner():
-        seen.append(counts())
-        return 7
-
-    @single_thread
-    def outer():
-        return inner()
-
     with threadpoolctl.threadpool_limits(2, user_api="blas"):
         before = counts()
-        assert inner() == 7 and outer() == 7
+        with attnsvm.single_thread():
+            seen.append(counts())
+            with attnsvm.single_thread():
+                seen.append(counts())
+            seen.append(counts())
         assert counts() == before  # restored
     assert seen and all(c == [1] * len(c) for c in seen)

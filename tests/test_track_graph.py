@@ -9,10 +9,11 @@ import pytest
 import torch
 
 from attnsvm.metrics import correlation
-from attnsvm.ntp import NTPModel, ntp_random, train_ntp
+from attnsvm.ntp import NTPModel, ntp_random
 from attnsvm.optim import ngd
 from attnsvm.svm import graph_svm
 from attnsvm.track import AttentionCall, TrackConfig, Tracker, analyse_call, graph_problem
+from attnsvm.train import train
 
 
 def _ntp_call(D, W):
@@ -26,7 +27,7 @@ def test_ntp_layer_graph_corr_equals_the_trainers_corr_with_graph_svm():
     the corr the trainer records against graph_svm(E, seqs, y) of the dataset, in both norms."""
     Ds = [ntp_random(4, 6, 8, 8, graph="acyclic", seed=[5, s]) for s in range(2)]
     refs = {nm: np.stack([graph_svm(D.E, D.seqs, D.y, nm).W_ for D in Ds]) for nm in ("fro", "nuc")}
-    tr = train_ntp(NTPModel(8), Ds, ngd(0.1), steps=300, seed=1, scale=0.1, references=refs)
+    tr = train(NTPModel(8), Ds, optimizer=ngd(0.1), steps=300, seed=1, scale=0.1, references=refs)
     last = tr.metrics[tr.metrics.step == tr.metrics.step.max()]
     cfg = TrackConfig(svm=False, graph=True, graph_norms=("fro", "nuc"), bias="ignore", rot_draws=0)
     for b, D in enumerate(Ds):

@@ -14,11 +14,15 @@ _MODULES = ("data", "models", "losses", "optim", "norms", "train", "tokens", "sc
             "metrics", "svm", "experiments", "sweep", "track", "plotting", "report", "chunks",
             "progress", "realdata", "fused")
 
-__all__ = ["__version__", *_MODULES]
+__all__ = ["__version__", "single_thread", *_MODULES]
 
 
 def __getattr__(name: str):
     """``attnsvm.<module>`` for a public module not imported yet (PEP 562)."""
+    if name == "single_thread":  # the opt-in BLAS limit (process-wide: attnsvm._parallel)
+        from ._parallel import single_thread
+
+        return single_thread
     if name in _MODULES:
         import importlib
 

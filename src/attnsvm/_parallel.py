@@ -8,18 +8,43 @@ thread (``torch.set_num_threads(1)``, as the benchmarks and pytest-xdist workers
 on one.  Problems are independent and every slice writes its own rows, so results do not
 depend on the number of threads.  The pool is created on first use and grown, never
 shrunk; it belongs to neither engine (:mod:`attnsvm.fused`, :mod:`attnsvm.svm.active`).
+
+No library call changes the process's thread settings (BLAS, torch): callers may call the
+solvers and the trainer from threads. :func:`single_thread` is the opt-in for a process
+that wants BLAS on one thread (the SVM solvers' many small factorisations gain nothing from
+BLAS threads and lose badly to oversubscription on a loaded machine: measured 0.7 s
+against 23 s on a loaded 2-core box); it is process-wide, so use it around a whole program
+or a block no other thread depends on, never inside a library.
 """
 
 from __future__ import annotations
 
 import threading
+from contextlib import contextmanager
 
 import numpy as np
 
-__all__ = ["thread_pool", "n_threads"]
+__all__ = ["thread_pool", "n_threads", "single_thread"]
 
 _POOL = None
 _LOCK = threading.Lock()
+
+
+@contextmanager
+def single_thread():
+    """``with attnsvm.single_thread(): ...``: every BLAS library on one thread inside the
+    block, the previous counts restored after (threadpoolctl; nothing without it).
+
+    PROCESS-WIDE: while the block runs, every thread of the process sees BLAS on one
+    thread. An opt-in for programs (the CLI's ``reproduce`` runs its experiments so), never
+    called by the library itself (module docstring)."""
+    try:
+        from threadpoolctl import threadpool_limits
+    except ImportError:  # pragma: no cover - threadpoolctl comes with scipy / scikit-learn
+        yield
+        return
+    with threadpool_limits(limits=1, user_api="blas"):
+        yield
 
 
 def n_threads() -> int:

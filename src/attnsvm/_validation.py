@@ -33,6 +33,7 @@ from __future__ import annotations
 import math
 import numbers
 import os
+import sys
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -48,7 +49,7 @@ def _show(value: Any) -> str:
     """A short description of a value for an error message."""
     if value is None or isinstance(value, (bool, numbers.Number, str, bytes)):
         text = repr(value)
-    elif type(value).__module__ == "torch" and type(value).__name__ == "dtype":
+    elif "torch" in sys.modules and isinstance(value, sys.modules["torch"].dtype):
         text = str(value)
     elif isinstance(value, (list, tuple)) and len(value) <= 8:
         text = repr(value)

@@ -188,8 +188,6 @@ def outcome(W, X, y, v, z=None, *, probs=None, W_key=None, mask=None, saturation
 
 
 # --------------------------------------------------------- the outcome of a training run
-#: the geometry each parameterisation's GD converges in (docs/theory.md §5, §9)
-_MODEL_NORM = {"WModel": "fro", "KQModel": "nuc", "DiagModel": "l1", "PromptModel": "fro"}
 _RULE_NORM = {"sign": "linf", "signum": "linf", "adam": "linf", "adamw": "linf",
               "spectral": "spectral", "muon": "spectral", "coordinate": "l1"}
 
@@ -201,9 +199,8 @@ def run_geometry(model, optimizer=None) -> str:
     spectral descent -> spectral; the predictions of the README's atlas), else the model's:
     W -> "fro", (K, Q) -> "nuc", diagonal (k, q) -> "l1" (over diagonal W), prompt p ->
     "fro" (l_2)."""
-    kind = type(model).__name__
-    norm = _MODEL_NORM.get(kind, "fro")
-    if kind != "WModel" or optimizer is None:
+    norm = getattr(model, "geometry", "fro")  # the model's own (docs/theory.md §5, §9)
+    if getattr(model, "kernel_kind", None) != "W" or optimizer is None:
         return norm
     h = dict(getattr(optimizer, "hyper", {}) or {})
     name = str(getattr(optimizer, "name", ""))
@@ -230,7 +227,10 @@ def run_outcome(model, data, W, *, optimizer=None, norm=None):
     if getattr(model, "query", "cross") in ("seq2seq", "causal") and model.has_query_data:
         raise ValueError(f"query {model.query!r}: one SVM per query token (judge with "
                          f"attnsvm.svm.seq2seq_svm)")
-    if type(model).__name__ == "DiagModel":
+    if getattr(model, "ntp", False):
+        raise ValueError("next-token prediction: its max-margin problem is the Graph-SVM "
+                         "(judge with attnsvm.svm.graph_svm)")
+    if getattr(model, "diagonal", False):
         raise ValueError("diagonal (k, q): its SVM is over diagonal W, an l_1 problem in the "
                          "tokens x * z (the kqflow-diag experiment solves it)")
     if getattr(model, "train_head", False) or getattr(model, "head", "linear") != "linear":

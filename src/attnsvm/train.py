@@ -27,13 +27,28 @@ configuration is supported, else "torch". ``traj.extra["engine"]`` says which ra
 ``chunk=c`` trains the trials c at a time (memory bounded by the chunk; the result is
 the same as one run: trials are independent).
 
-``train`` is a short pipeline: the NTP route (an NTP model trains itself,
-:meth:`NTPModel.fit`); the arguments against ``TRAIN_CONSTRAINTS``, then against the data
-and the memory; the initial parameters; chunks (:func:`_train_chunked`, a wrapper that
+Models: every :class:`~attnsvm.models.AttentionModel` and the next-token-prediction
+:class:`~attnsvm.ntp.NTPModel` run through the same pipeline (the model protocol below).
+
+``train`` is a short pipeline: the arguments against ``TRAIN_CONSTRAINTS`` and against
+what the model can honour (:func:`_check_model_args`), then against the data and the
+memory; the initial parameters; chunks (:func:`_train_chunked`, a wrapper that
 calls ``train`` on each chunk of trials); then the run (:func:`_train_one`): one engine's :class:`~attnsvm.steppers.Stepper`
 (:func:`~attnsvm.steppers.make_stepper`) run in segments between records
 (:func:`~attnsvm.steppers.run_segments`), the stops kept by
 :class:`~attnsvm.steppers.Stops` and the metrics by :class:`~attnsvm.recorder.Recorder`.
+
+The model protocol (what the trainer, steppers, recorder and engines read; no model is
+recognised by its class): ``d``, ``param_shapes()``, ``init(B, seed=, scale=, kind=,
+device=, dtype=)``, ``default_scale`` (the init's norm when ``scale`` is None),
+``prepare(data, device, dtype)`` (the data tensors: X (Bx, n, T, d), ...),
+``queries_per_sequence(tdata)`` (Q), ``W(params)``, ``w_shape`` (a reference's shape),
+``finite(params)``, ``norms(params)``, ``_logits(params, tdata)`` (B, n, Q, T),
+``evaluate(params, tdata, loss, grad=, autograd=, need_gap=, logits=)`` (L, gap, log gap,
+scaled gradient), ``head`` ("linear": the closed-form start is reused), ``train_fixed``
+({argument: the only value the model accepts}: refused by name otherwise) and
+``has_kernel`` / ``kernel_inputs(tdata, Q)`` (the fused engine's arrays,
+:mod:`attnsvm.fused`).
 """
 
 from __future__ import annotations
@@ -56,7 +71,7 @@ from ._validation import (
     validate_params,
 )
 from .fused import ENGINES
-from .models import AttentionModel, prepare
+from .models import AttentionModel
 from .optim import Optimizer, ngd
 from .recorder import LN10, Recorder  # noqa: F401  (LN10: re-exported)
 from .steppers import Stops, make_stepper, minibatch, run_segments
@@ -184,7 +199,18 @@ def _check_device(device):
 def _check_loss(loss):
     from .losses import get_loss
 
-    return get_loss(loss)
+    return loss if loss is None else get_loss(loss)
+
+
+def _check_model(model):
+    need = ("param_shapes", "init", "prepare", "evaluate", "W", "finite", "norms", "_logits",
+            "queries_per_sequence")
+    missing = [a for a in need if not callable(getattr(model, a, None))]
+    if missing:
+        raise ValueError(f"model must be an attnsvm model (WModel, KQModel, DiagModel, "
+                         f"PromptModel, ntp.NTPModel: the model protocol of attnsvm.train); "
+                         f"got a {type(model).__name__} without {', '.join(missing)}")
+    return model
 
 
 def _check_optimizer(optimizer):
@@ -198,14 +224,14 @@ _BOOL = [InstanceOf((bool, np.bool_), "True or False")]
 #: train()'s arguments: what each may be (attnsvm._validation; the first constraint a value
 #: meets normalises it). Checks against the data and between arguments: _check_against_data.
 TRAIN_CONSTRAINTS = {
-    "model": [InstanceOf(AttentionModel, "an attnsvm AttentionModel (WModel, KQModel, ...)")],
-    "loss": [Satisfies(_check_loss, "a loss name, a Loss or a callable")],
+    "model": [InstanceOf(AttentionModel), Satisfies(_check_model, "an attnsvm model")],
+    "loss": [None, Satisfies(_check_loss, "a loss name, a Loss or a callable")],
     "optimizer": [Satisfies(_check_optimizer, "an Optimizer or a registered rule name")],
     "steps": [Interval(int, 0, None)],
     "B": [None, Interval(int, 1, None)],
     "seed": [Interval(int, 0, INT64_MAX)],
     "init": [InstanceOf(str, "an init kind (a str)"), InstanceOf(dict, "a dict of arrays")],
-    "scale": [Interval(float, 0, None, closed="neither")],
+    "scale": [None, Interval(float, 0, None, closed="neither")],
     "record_every": [None, Interval(int, 1, None)],
     "references": [None, InstanceOf(dict)],
     "record_params": _BOOL,
@@ -218,6 +244,31 @@ TRAIN_CONSTRAINTS = {
     "engine": [Options(*ENGINES)],
     "chunk": [None, Interval(int, 1, None)],
 }
+
+def _check_model_args(model, args: dict) -> None:
+    """Refuse, by name, an argument the model cannot honour: ``model.train_fixed`` maps
+    each to the only value it accepts (e.g. an NTP model: its own loss, full batch)."""
+    for name, only in getattr(model, "train_fixed", {}).items():
+        value = args[name]
+        if value is None and only is None:
+            continue
+        if only is None or value is not only and value != only:
+            what = "left out" if only is None else f"{only!r}"
+            raise ValueError(f"{name}={_short(value)}: {type(model).__name__} cannot honour it "
+                             f"(train's {name} must be {what} for this model)")
+    bs = getattr(args["optimizer"], "batch_size", None)
+    if bs is not None and "batch_size" in getattr(model, "train_fixed", {}):
+        raise ValueError(f"optimizer={args['optimizer']!r}: a stochastic rule (batch_size={bs}); "
+                         f"{type(model).__name__} trains full-batch")
+    if args["engine"] == "fused" and not getattr(model, "has_kernel", False):
+        raise ValueError(f"engine='fused': {type(model).__name__} has no compiled kernel; use "
+                         "engine='torch' or 'auto'")
+
+
+def _short(value) -> str:
+    text = repr(value) if not hasattr(value, "shape") else f"an array of shape {tuple(value.shape)}"
+    return text if len(text) <= 60 else text[:57] + "..."
+
 
 # copies of the parameters a torch step holds at once: the current ones, the previous ones
 # (kept to undo an overflowing step) and the gradient (optimiser state comes on top)
@@ -247,7 +298,7 @@ def _check_against_data(model, tdata, B, init, batch_size, optimizer, seed):
     return B, bs
 
 
-def _check_train_memory(model, tdata, B, chunk, dtype, device):
+def _check_train_memory(model, tdata, B, chunk, dtype, device, Q):
     """Refuse, before the first allocation, a run whose parameters cannot fit: the float64
     initial draw of all B trials (twice: the draw and its rescaled copy; it stays for the
     whole run when ``chunk`` trains fewer trials at a time), and per trial running at once,
@@ -255,7 +306,6 @@ def _check_train_memory(model, tdata, B, chunk, dtype, device):
     and its gradient (a lower estimate: optimiser state and temporaries come on top)."""
     P = sum(math.prod(s) for s in model.param_shapes().values())
     _, n, T, _ = tdata["X"].shape
-    Q = 1 if model._single(tdata) else T
     run = min(B, chunk or B)
     item = torch.empty((), dtype=dtype).element_size()
     step = item * run * (_PARAM_COPIES * P + 3 * n * Q * T)
@@ -337,7 +387,7 @@ def _alpha_tensor(model, tdata, alpha, Q, B):
 
 def _check_refs(model, refs, B, dtype, device):
     out = {}
-    shp = (model.d,) if type(model).__name__ == "PromptModel" else (model.d, model.d)
+    shp = tuple(model.w_shape)
     for name, R in (refs or {}).items():
         try:
             r = np.asarray(R.detach().cpu().numpy() if isinstance(R, torch.Tensor) else R,
@@ -394,7 +444,7 @@ def _train_chunked(model, tdata, params, chunk, k, alpha_t, refs, seed, kw) -> T
             al = alpha_t[a:b] if alpha_t.shape[0] == B else alpha_t
             al = al.cpu().numpy()
             al = al[..., 0] if al.shape[-1] == 1 else al
-        item = 1 if type(model).__name__ == "PromptModel" else 2
+        item = len(model.w_shape)
         rf = {nm: (R[a:b] if R.ndim == item + 1 else R) for nm, R in refs.items()}
         parts.append(train(model, sub, init={kk: v[a:b] for kk, v in params.items()}, B=b - a,
                            seed=seed + a, record_every=k, alpha=al, references=rf or None, **kw))
@@ -479,11 +529,11 @@ def _train_one(model, tdata, lossf, optimizer, params, engine, *, steps, every, 
     )
 
 
-def train(model: AttentionModel, data, loss="logistic", optimizer: Optimizer | None = None,
+def train(model: AttentionModel, data, *, loss=None, optimizer: Optimizer | None = None,
           steps: int = 1000, B: int | None = None, seed: int = 0, init="random",
-          scale: float = 0.1, record_every: int | None = None, references: dict | None = None,
-          record_params: bool = False, progress: bool = False, device=None,
-          dtype=torch.float64, alpha=None, batch_size: int | None = None,
+          scale: float | None = None, record_every: int | None = None,
+          references: dict | None = None, record_params: bool = False, progress: bool = False,
+          device=None, dtype=torch.float64, alpha=None, batch_size: int | None = None,
           autograd: bool = False, engine: str = "auto", chunk: int | None = None) -> Trajectory:
     """Train B independent trials of ``model`` on ``data`` with a step rule.
 
@@ -491,10 +541,17 @@ def train(model: AttentionModel, data, loss="logistic", optimizer: Optimizer | N
     scaled form), (params, state) <- optimizer.update(G, state, params, log(L - L*)) for the
     trials still running (see the module docstring for when a trial stops).
 
+    model: an AttentionModel (WModel, KQModel, DiagModel, PromptModel) or an
+    :class:`~attnsvm.ntp.NTPModel` (next-token prediction; its data an NTPData or a list
+    of B NTPData). Every argument after ``data`` is a keyword.
+    loss: a loss name, a Loss or a callable (default None: "logistic"; an NTP model has its
+    own next-token loss and takes none).
     optimizer: an :class:`~attnsvm.optim.Optimizer` or a registered name (default NGD, lr 0.1).
     data: TokenData, unbatched (shared by all trials) or batched with B datasets.
     init: "random" | "zero" | "balanced" | "unbalanced" (with ``scale``, ``seed``) or a
-    dict {name: (..) or (B, ..)} of initial parameters.
+    dict {name: (..) or (B, ..)} of initial parameters. scale: the Frobenius norm of each
+    random initial tensor (default None: the model's ``default_scale``, 0.1 for attention
+    models, sqrt(d / 3) for NTP models).
     record_every: metrics every k steps (default max(1, steps // 100)) plus the first
     and last step. references: {name: (d, d) or (B, d, d) [Prompt: (d,) or (B, d)]};
     adds corr_<name> = <W, R> / (|W| |R|). alpha: selected tokens for p_sel (default
@@ -504,28 +561,28 @@ def train(model: AttentionModel, data, loss="logistic", optimizer: Optimizer | N
     instead of the closed-form gradient (linear heads; other heads always use autograd).
     device: "cpu", "cuda", ... (must exist). dtype: torch.float64 (default), float32 or
     float16.
-    Every argument is checked before any work (the table ``TRAIN_CONSTRAINTS``, then
-    against the data and the memory available): a bad one is a ValueError naming it and
-    what was expected.
+    Every argument is checked before any work (the table ``TRAIN_CONSTRAINTS``, what the
+    model can honour (``model.train_fixed``), then against the data and the memory
+    available): a bad one is a ValueError naming it and what was expected.
     engine: "auto" | "torch" | "fused" (module docstring; "fused" raises a ValueError
     naming what it does not support). chunk: train at most ``chunk`` trials at a time
     (same result; the step's memory is that of one chunk; :func:`_train_chunked`).
     """
-    if getattr(model, "ntp", False):  # next-token prediction: its own loss, torch engine
-        if engine == "fused":
-            raise ValueError("engine='fused' does not support NTP models; use engine='torch'")
-        return model.fit(data, optimizer, steps, B, seed, init, None if scale == 0.1 else scale,
-                         record_every, references, record_params, device, dtype, progress)
     args = validate_params(TRAIN_CONSTRAINTS, locals(), "train")  # before any work
-    lossf, optimizer, steps, seed, device, chunk, scale = (args[a] for a in (
-        "loss", "optimizer", "steps", "seed", "device", "chunk", "scale"))
+    _check_model_args(model, {**args, "loss": loss, "batch_size": batch_size,
+                              "autograd": autograd, "alpha": alpha})  # (as given)
+    lossf, optimizer, steps, seed, device, chunk = (args[a] for a in (
+        "loss", "optimizer", "steps", "seed", "device", "chunk"))
+    if lossf is None and "loss" not in getattr(model, "train_fixed", {}):
+        lossf = _check_loss("logistic")
+    scale = model.default_scale if args["scale"] is None else args["scale"]
     k = max(1, steps // 100) if record_every is None else args["record_every"]
-    tdata = prepare(data, device=device, dtype=dtype)
+    tdata = model.prepare(data, device=device, dtype=dtype)
     B, bs = _check_against_data(model, tdata, args["B"], init, batch_size, optimizer, seed)
-    Q = 1 if model._single(tdata) else tdata["X"].shape[2]
+    Q = model.queries_per_sequence(tdata)
     alpha_t = _alpha_tensor(model, tdata, alpha, Q, B)
     refs = _check_refs(model, references, B, dtype, tdata["X"].device)
-    _check_train_memory(model, tdata, B, chunk, dtype, device)
+    _check_train_memory(model, tdata, B, chunk, dtype, device, Q)
     params = _init_params(model, init, B, seed, scale, device, dtype)
     if not bool(model.finite(params).all()):
         raise ValueError("the initial parameters overflow float64 in W (e.g. K Q^T): start smaller")

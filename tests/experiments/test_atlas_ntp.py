@@ -89,14 +89,15 @@ def _reference_w(E, seqs, Y, exclude, norm):
 
 def test_tiny_cells_match_an_independent_training_and_solve():
     from attnsvm.metrics import correlation
-    from attnsvm.ntp import NTPModel, train_ntp
+    from attnsvm.ntp import NTPModel
     from attnsvm.optim import ngd
+    from attnsvm.train import train
 
     cfg = A.EXPERIMENT.config("tiny", rows=["NGD", "GD flow on (K, Q)"])
     tables = A.compute(cfg)
     cells, runs = tables["cells"], tables["runs"]
     Ds = A.population(cfg["sizes"][0], cfg["graph"], cfg["seed"], cfg["S"])
-    tr = train_ntp(NTPModel(8, "W", "iden"), Ds, ngd(cfg["lr"]), steps=cfg["steps"],
+    tr = train(NTPModel(8, "W", "iden"), Ds, optimizer=ngd(cfg["lr"]), steps=cfg["steps"],
                    seed=cfg["seed"] + A.row_seed("NGD"), scale=cfg["init_scale"])
     n_checked = 0
     for s, D in enumerate(Ds):

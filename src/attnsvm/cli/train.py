@@ -51,8 +51,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--optimizer", default="ngd", metavar="RULE",
                         help="a rule of attnsvm.optim: "
                              + ", ".join(_rule_names()) + ", or md<p> (l_p mirror descent)")
-    parser.add_argument("--lr", type=positive_float, default=0.1,
-                        help="step size > 0 (Polyak: its c)")
+    parser.add_argument("--lr", type=positive_float, default=None,
+                        help="step size > 0 (Polyak: its c) (default 0.1; --opt-arg lr=... "
+                             "or, for Polyak, c=... gives it too: both given must agree)")
     parser.add_argument("--opt-arg", action="append", default=[], metavar="KEY=VALUE",
                         help="another hyper-parameter of the rule, e.g. --opt-arg eps=0 "
                              "--opt-arg beta=0.9 (repeatable; default: the rule's own)")
@@ -107,9 +108,13 @@ def _value(text: str):
     return text
 
 
-def make_optimizer(name: str, lr: float, p: float | None, pairs: list[str]):
+def make_optimizer(name: str, lr: float | None, p: float | None, pairs: list[str]):
     """The rule ``name`` of ``attnsvm.optim.get`` with lr (Polyak: c), p (mirror) and the
-    ``KEY=VALUE`` pairs; a ValueError names a bad pair, rule or hyper-parameter."""
+    ``KEY=VALUE`` pairs; a ValueError names a bad pair, rule or hyper-parameter.
+
+    The step size is the rule's hyper-parameter ``lr`` (or ``c``: the one its ``hyper``
+    holds). ``lr=None`` (``--lr`` not given): the pair's value if one sets it, else 0.1;
+    ``--lr`` and a pair that set it to different values: a ValueError naming both."""
     from attnsvm import optim as O
 
     hyper = {}
@@ -119,7 +124,14 @@ def make_optimizer(name: str, lr: float, p: float | None, pairs: list[str]):
         key, val = pair.split("=", 1)
         hyper[key.strip()] = _value(val)
     rule = O.get(name)  # the name is checked before its hyper-parameters
-    hyper["c" if rule.name == "polyak" else "lr"] = lr
+    key = next((k for k in ("lr", "c") if k in rule.hyper), None)
+    if key is not None:
+        if lr is not None and key in hyper and hyper[key] != lr:
+            raise ValueError(f"--lr {lr:g} and --opt-arg {key}={hyper[key]!r} set the step size "
+                             f"of {name} to different values; give one of them")
+        hyper.setdefault(key, 0.1 if lr is None else lr)
+    elif lr is not None:
+        raise ValueError(f"--lr: the rule {name} has no step size (lr or c)")
     if p is not None:
         hyper["p"] = p
     return O.get(name, **hyper)

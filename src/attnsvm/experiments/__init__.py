@@ -11,7 +11,7 @@ import importlib
 import pkgutil
 import time
 import traceback
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
 from attnsvm.experiments.base import (
@@ -94,14 +94,20 @@ def resolve(experiment: Experiment | str) -> Experiment:
 
 @contextmanager
 def torch_threads(n: int | None):
-    """Run a block with ``n`` torch intra-op threads (None: leave as is), then restore."""
+    """Run a block with ``n`` torch intra-op threads (None: leave as is), then restore;
+    n = 1 puts BLAS on one thread too (:func:`attnsvm.single_thread`). Process-wide: what
+    the experiment runner asks for by its ``threads`` argument (the solvers themselves
+    never change thread settings)."""
     import torch
+
+    from attnsvm._parallel import single_thread
 
     old = torch.get_num_threads()
     if n is not None:
         torch.set_num_threads(max(1, int(n)))
     try:
-        yield
+        with single_thread() if n is not None and int(n) == 1 else nullcontext():
+            yield
     finally:
         torch.set_num_threads(old)
 

@@ -12,7 +12,7 @@ Setting: a population of the paper's random datasets (``attnsvm.ntp.ntp_random``
 priority graphs, so the trained direction has no finite soft-composition part W_fin to
 hide behind) at the published sizes, the identity head and NTP loss of the global
 notebooks (``NTPModel(d, param, "iden")``), one dataset and one random start per trial,
-every optimiser (row) of :mod:`attnsvm.optim` run by :func:`attnsvm.ntp.train_ntp` on the
+every optimiser (row) of :mod:`attnsvm.optim` run by :func:`attnsvm.train.train` on the
 same datasets. After training, the tokens each run selects (attention mass > 1e-2 per
 token id, the local notebook's ``C_thres``; mass in (9e-3, 1e-2] left out) are the labels
 of the run's own Graph-SVM, solved and certified by ``graph_svm(E, seqs, Y, norm=...)`` in
@@ -48,9 +48,10 @@ from attnsvm.experiments.base import Claim, Experiment
 from attnsvm.experiments.ntp import _selected
 from attnsvm.metrics import correlation
 from attnsvm.norms import get_norm
-from attnsvm.ntp import PUBLISHED_SIZES, NTPModel, ntp_random, ntp_tensors, train_ntp
+from attnsvm.ntp import PUBLISHED_SIZES, NTPModel, ntp_random, ntp_tensors
 from attnsvm.optim import adam, gd, muon, ngd, sign_descent
 from attnsvm.svm import graph_svm
+from attnsvm.train import train
 
 COLUMNS = ("fro", "nuc")
 LABEL = {"fro": "Frobenius Graph-SVM", "nuc": "nuclear Graph-SVM"}
@@ -128,7 +129,7 @@ def compute(cfg):
         d = Ds[0].d
         for row in rows:
             steps = int(cfg["steps"] * row.steps_factor)
-            tr = train_ntp(NTPModel(d, row.param, "iden"), Ds, row.rule(cfg), steps=steps,
+            tr = train(NTPModel(d, row.param, "iden"), Ds, optimizer=row.rule(cfg), steps=steps,
                            seed=cfg["seed"] + row_seed(row.name), scale=cfg["init_scale"],
                            record_every=steps)
             norms = tr.metrics[tr.metrics.step == tr.metrics.step.max()].norm.to_numpy()

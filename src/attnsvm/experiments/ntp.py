@@ -64,11 +64,12 @@ import numpy as np
 import pandas as pd
 
 from attnsvm.experiments.base import Check, Claim, Experiment
-from attnsvm.ntp import PUBLISHED_SIZES, NTPData, NTPModel, decompose, ntp_random, train_ntp, w_fin
+from attnsvm.ntp import PUBLISHED_SIZES, NTPData, NTPModel, decompose, ntp_random, w_fin
 from attnsvm.ntp.model import ntp_tensors
 from attnsvm.optim import ngd
 from attnsvm.plotting import COLORS, label, save, subplots
 from attnsvm.svm import graph_svm
+from attnsvm.train import train
 
 TAU = 0.95  # the mean correlation the published figures reach (module docstring)
 GUARD_GLOBAL = 0.9  # the global notebook at HEAD raises "Correlation is too low" below it
@@ -208,7 +209,7 @@ def _continue_slow(model, Ds, W_last, sols, fins, slow, lr, steps, budget, every
     todo, W, done = list(slow), {s: W_last[s] for s in slow}, 0
     while todo and done < budget:
         chunk = min(steps, budget - done)
-        tr = train_ntp(model, [Ds[s] for s in todo], ngd(lr), steps=chunk,
+        tr = train(model, [Ds[s] for s in todo], optimizer=ngd(lr), steps=chunk,
                        init={"W": np.stack([W[s] for s in todo])}, record_every=every,
                        record_params=True)
         Wh = tr.param_history["W"]
@@ -234,7 +235,7 @@ def compute_global(cfg: dict) -> dict[str, pd.DataFrame]:
         svm = [graph_svm(D.E, D.seqs, D.y) for D in Ds]
         fins = [w_fin(D, head="iden") for D in Ds]
         model = NTPModel(d, "W", "iden")
-        tr = train_ntp(model, Ds, ngd(lr), steps=steps,
+        tr = train(model, Ds, optimizer=ngd(lr), steps=steps,
                        init={"W": _init(d, cfg["S"], [cfg["seed"], c, 99])},
                        record_every=cfg["record_every"], record_params=True)
         Wh = tr.param_history["W"]
@@ -294,7 +295,7 @@ def compute_local(cfg: dict) -> dict[str, pd.DataFrame]:
         S = cfg["S"]
         Ds = _datasets(size, "cyclic", S, cfg["seed"], c)
         model = NTPModel(d, "W", "gen")
-        tr = train_ntp(model, Ds, ngd(cfg["lr"]), steps=cfg["steps"],
+        tr = train(model, Ds, optimizer=ngd(cfg["lr"]), steps=cfg["steps"],
                        init={"W": _init(d, S, [cfg["seed"], c, 99])},
                        record_every=cfg["record_every"], record_params=True)
         Wh = tr.param_history["W"]
@@ -339,7 +340,7 @@ def compute_kq(cfg: dict) -> dict[str, pd.DataFrame]:
         nuc = [graph_svm(D.E, D.seqs, D.y, "nuc") for D in Ds]
         init = {"K": torch.as_tensor(_init(d, S, [cfg["seed"], c, 98])),
                 "Q": torch.as_tensor(_init(d, S, [cfg["seed"], c, 97]))}
-        tr = train_ntp(NTPModel(d, "KQ", "iden"), Ds, ngd(cfg["lr"]), steps=cfg["steps"], init=init,
+        tr = train(NTPModel(d, "KQ", "iden"), Ds, optimizer=ngd(cfg["lr"]), steps=cfg["steps"], init=init,
                        record_every=cfg["record_every"],
                        references={"fro": np.stack([f.W_ for f in fro]),
                                    "nuc": np.stack([u.W_ for u in nuc])})

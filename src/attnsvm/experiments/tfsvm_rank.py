@@ -92,9 +92,9 @@ def lower_bound(sol) -> float:
 def notebook_nuclear(X, z, alpha) -> tuple[np.ndarray | None, str]:
     """The notebook's nuclear problem with cvxpy's default solver: min ||W||_* s.t.
     (x_it - x_i,alpha_i)^T W z_i <= -1 (t != alpha_i). Returns (W or None, cvxpy status)."""
-    import warnings
-
     import cvxpy as cp
+
+    from attnsvm.svm.conic import solve_quietly
 
     n, T, d = X.shape
     D = X - np.take_along_axis(X, alpha[:, None, None], 1)
@@ -102,9 +102,7 @@ def notebook_nuclear(X, z, alpha) -> tuple[np.ndarray | None, str]:
     A = np.einsum("ntd,ne->ntde", D, z)[keep].reshape(-1, d * d)
     W = cp.Variable((d, d))
     prob = cp.Problem(cp.Minimize(cp.normNuc(W)), [A @ cp.vec(W, order="C") <= -1])
-    with warnings.catch_warnings():  # "may be inaccurate": kept as the status instead
-        warnings.simplefilter("ignore")
-        prob.solve()
+    solve_quietly(prob, None, False, {})  # "may be inaccurate": kept as the status instead
     return (None if W.value is None else np.asarray(W.value)), str(prob.status)
 
 

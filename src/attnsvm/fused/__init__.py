@@ -50,8 +50,9 @@ def available() -> bool:
 
 
 # -------------------------------------------------------------- what is supported
-_MODELS = {"WModel": C.W_MODEL, "KQModel": C.KQ_MODEL, "DiagModel": C.DIAG_MODEL,
-           "PromptModel": C.PROMPT_MODEL}
+#: the kernels' parameterisations, by the kind a model declares (``model.kernel_kind``,
+#: read through :meth:`attnsvm.models.AttentionModel.kernel_inputs`)
+_MODELS = {"W": C.W_MODEL, "KQ": C.KQ_MODEL, "Diag": C.DIAG_MODEL, "Prompt": C.PROMPT_MODEL}
 _LOSSES = {"logistic": C.LOGISTIC, "exponential": C.EXPONENTIAL, "correlation": C.CORRELATION}
 
 #: the kernel's step loops, by the sequence of opcodes of a rule's transforms
@@ -107,9 +108,9 @@ def unsupported(model, lossf, optimizer=None, tdata=None, batch_size=None,
     """Why the fused engine cannot run this configuration (a short phrase), or None."""
     if not available():
         return f"numba is not importable ({_kernels.error}); install attnsvm[fast]"
-    name = type(model).__name__
-    if name not in _MODELS or type(model).__module__ != "attnsvm.models.params":
-        return f"model {name} (fused: WModel, KQModel, DiagModel, PromptModel)"
+    if not getattr(model, "has_kernel", False) or model.kernel_kind not in _MODELS:
+        return (f"model {type(model).__name__} (no compiled kernel; fused: WModel, KQModel, "
+                "DiagModel, PromptModel)")
     if model.head != "linear":
         return f"head {model.head!r} (fused: linear heads, fixed or trained)"
     from attnsvm.losses import LOSSES
@@ -149,40 +150,39 @@ class Plan:
         self.K, self.model, self.B, self.Q = K, model, B, Q
         self.names = list(model.param_shapes())
         self.shapes = model.param_shapes()
-        mcode = _MODELS[type(model).__name__]
+        ki = model.kernel_inputs(tdata, Q)  # the model's public protocol: no private reads
+        mcode = _MODELS[ki.kind]
         na = 2 if mcode in (C.KQ_MODEL, C.DIAG_MODEL) else 1
         self.slots = {nm: (i if i < na else na) for i, nm in enumerate(self.names)}
         X = tdata["X"]
         n, T, d = X.shape[1:]
         self.X = _flat(X)
-        trained = not model.fixed_linear
-        if model.has_query_data:
-            Z = model.queries(tdata)
-            self.Z = _flat(Z.expand(Z.shape[0], n, Q, d))
+        trained = ki.trained
+        if ki.Z is not None:
+            self.Z = _flat(ki.Z.expand(ki.Z.shape[0], n, Q, d))
         else:
             self.Z = np.zeros((1, 1))
+        self.w = _flat(torch.log(ki.weights))  # log w: the kernels' form
         if trained:
             self.gam, self.gopt = np.zeros((1, 1)), np.zeros((1, 1))
-            self.yl = _flat(model._labels(tdata, Q).expand(-1, n, Q))
-            self.w = _flat(torch.log(model._query_weights(tdata, Q)))  # log w: the kernels' form
+            self.yl = _flat(ki.labels.expand(-1, n, Q))
         else:
-            gam0, gopt, w, _ = model._consts(tdata, Q)
-            self.gam, self.gopt, self.w = _flat(gam0), _flat(gopt), _flat(torch.log(w))
+            self.gam, self.gopt = _flat(ki.gamma), _flat(ki.gamma_opt)
             self.yl = np.zeros((1, 1))
-        km = model._key_mask(tdata)
+        km = ki.key_mask
         if km is None:
             self.mask = np.ones((1, 1), dtype=np.uint8)
         else:
             km = km if km.ndim == 4 else km[None, None]
             self.mask = _flat(km.expand(km.shape[0], n, Q, T), np.uint8)
         wid = False
-        if mcode == C.PROMPT_MODEL:
-            wid = bool(np.array_equal(model.W_fixed, np.eye(d)))
-            Wf = np.asarray(model.W_fixed, dtype=np.float64)
+        if ki.W_fixed is not None:
+            wid = bool(np.array_equal(ki.W_fixed, np.eye(d)))
+            Wf = np.asarray(ki.W_fixed, dtype=np.float64)
             self.Wf = np.ascontiguousarray(np.stack([Wf.T.ravel(), Wf.ravel()]))
         else:
             self.Wf = np.zeros((2, 1))
-        m = getattr(model, "m", 0) if mcode == C.KQ_MODEL else 0
+        m = ki.m
         rc = program(optimizer)
         self.in_kernel = rc is not None
         ic = np.zeros(C.IC_SIZE, dtype=np.int64)
@@ -194,7 +194,7 @@ class Plan:
         ic[C.IC_MASK] = int(km is not None)
         ic[C.IC_STALL] = int(check_stall)
         ic[C.IC_WID] = int(wid)
-        fc[C.FC_REG] = float(getattr(model, "reg", 0.0)) if mcode == C.KQ_MODEL else 0.0
+        fc[C.FC_REG] = ki.reg
         fc[C.FC_P], fc[C.FC_Q], fc[C.FC_C], fc[C.FC_MAXLR] = 2.0, 2.0, 1.0, 1.0
         if rc is not None:
             code, ints, reals = rc

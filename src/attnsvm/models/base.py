@@ -15,6 +15,8 @@ mask; v (Bx, d).
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 import torch
 
@@ -27,7 +29,7 @@ from . import objective as O
 from .heads import Head
 from .inputs import prepare
 
-__all__ = ["AttentionModel", "INIT_KINDS"]
+__all__ = ["AttentionModel", "INIT_KINDS", "KernelInputs"]
 
 INIT_KINDS = ("random", "zero", "balanced", "unbalanced")
 
@@ -55,6 +57,30 @@ def _sum_product(X, Y, dim: int):
     return out
 
 
+class KernelInputs(NamedTuple):
+    """What the compiled engine (:mod:`attnsvm.fused`) reads from a model, through
+    :meth:`AttentionModel.kernel_inputs` (never by its class or private methods).
+
+    kind: the parameterisation the kernels implement ("W" | "KQ" | "Diag" | "Prompt");
+    trained: the head v is trained (else fixed: the token scores gamma); Z: the queries
+    (Bx, n, Q, d) or None (the prompt's query is a parameter); weights: the query weights w
+    (Bx|1, n, Q); labels (Bx, n, Q) (trained head) or None; gamma (masked keys -> 0) and
+    gamma_opt (fixed head) or None; key_mask (.., T) bool or None; W_fixed (d, d) (prompt)
+    or None; m: the width of K, Q (KQ) or 0; reg: the ridge coefficient (KQ) or 0."""
+
+    kind: str
+    trained: bool
+    Z: torch.Tensor | None
+    weights: torch.Tensor
+    labels: torch.Tensor | None
+    gamma: torch.Tensor | None
+    gamma_opt: torch.Tensor | None
+    key_mask: torch.Tensor | None
+    W_fixed: np.ndarray | None = None
+    m: int = 0
+    reg: float = 0.0
+
+
 class AttentionModel:
     """Base class: queries, masks, heads, forward pass and the stable objective.
 
@@ -65,6 +91,16 @@ class AttentionModel:
 
     has_query_data = True
     factorised = False  # W is a product of the parameters (its entries may overflow first)
+    #: the trainer's protocol (attnsvm.train): the norm of a random init by default, the
+    #: arguments the model cannot honour ({} : every one), the geometry GD converges in
+    #: (attnsvm.tokens.run_geometry), whether W is diagonal (an SVM over diagonal W)
+    default_scale = 0.1
+    train_fixed: dict = {}
+    geometry = "fro"
+    diagonal = False
+    #: the parameterisation the compiled kernels implement, declared by the class itself
+    #: (a subclass that does not declare it again runs on the torch engine)
+    kernel_kind: str | None = None
 
     def __init__(self, d: int, query: str = "cross", head="linear", train_head: bool = False,
                  head_width: int | None = None, V=None):
@@ -151,6 +187,45 @@ class AttentionModel:
     def _reg_grads(self, params) -> dict:
         """Plain gradients of ``_reg`` ({} when there is none)."""
         return {}
+
+    @property
+    def w_shape(self) -> tuple:
+        """The shape of one trial's W (a reference direction's shape): (d, d)."""
+        return (self.d, self.d)
+
+    # ------------------------------------------------------ the trainer's protocol
+    def prepare(self, data, device=None, dtype=torch.float64) -> dict:
+        """The data tensors the trainer reads (:func:`~attnsvm.models.inputs.prepare`)."""
+        return prepare(data, device=device, dtype=dtype)
+
+    def queries_per_sequence(self, data) -> int:
+        """Q: 1 (cross / first / last, prompt) or T (seq2seq, causal)."""
+        return 1 if self._single(data) else data["X"].shape[2]
+
+    @property
+    def has_kernel(self) -> bool:
+        """Whether the compiled engine implements this model (its class declares
+        ``kernel_kind``)."""
+        return type(self).__dict__.get("kernel_kind") is not None
+
+    def _kernel_params(self) -> dict:
+        """W_fixed, m, reg of :class:`KernelInputs` (subclasses that have them)."""
+        return {}
+
+    def kernel_inputs(self, data, Q: int) -> KernelInputs | None:
+        """The arrays the compiled engine reads (:class:`KernelInputs`), or None when
+        the engine does not implement this model."""
+        if not self.has_kernel:
+            return None
+        trained = not self.fixed_linear
+        Z = self.queries(data) if self.has_query_data else None
+        if trained:
+            labels, weights, gam, gopt = self._labels(data, Q), self._query_weights(data, Q), None, None
+        else:
+            gam, gopt, weights, _ = self._consts(data, Q)
+            labels = None
+        return KernelInputs(self.kernel_kind, trained, Z, weights, labels, gam, gopt,
+                            self._key_mask(data), **self._kernel_params())
 
     # ------------------------------------------------------------- geometry
     def queries(self, data: dict) -> torch.Tensor:

@@ -41,7 +41,8 @@ from attnsvm.optim.base import Scaled
 
 from .attention import SoftmaxTerms, pool_anchored
 
-__all__ = ["Objective", "fixed_linear", "trained_linear", "autograd_head"]
+__all__ = ["Objective", "fixed_linear", "trained_linear", "autograd_head", "softmax_terms",
+           "row_factors", "scaled_grads"]
 
 NEG_INF = float("-inf")
 
@@ -72,7 +73,7 @@ def softmax_terms(a: torch.Tensor) -> SoftmaxTerms:
     return SoftmaxTerms(k, s, M[..., 0], eM[..., 0], r)
 
 
-def _scaled(raw: dict, log_scale) -> Scaled:
+def scaled_grads(raw: dict, log_scale) -> Scaled:
     """:meth:`Scaled.of` (raw tensors times exp(log_scale) -> max|.| = 1 per trial) with the
     division in place (raw is ours) and one where per tensor fewer. (torch.linalg.vector_norm
     with ord=inf would save the |t| temporary but was measured 7x slower than abs().amax.)"""
@@ -107,7 +108,7 @@ def _logsum_rows(x, w):
     return torch.logsumexp(x.reshape(x.shape[0], -1), dim=1)
 
 
-def _row_factors(rho):
+def row_factors(rho):
     """exp(rho - max rho) per trial and the max (B,): row weights of a scaled gradient.
     rho (B, n, Q) log scales (-inf: a zero row; NaN propagates to the trial's scale)."""
     top = rho.reshape(rho.shape[0], -1).amax(1)
@@ -122,7 +123,7 @@ def _with_reg(model, params, grads: Scaled) -> Scaled:
 
 def _scaled_attention_grads(model, params, data, Ga, log_scale) -> Scaled:
     raw = model._grads_from_ga(params, data, Ga)  # a NaN (overflow) stays visible
-    return _scaled(raw, log_scale)
+    return scaled_grads(raw, log_scale)
 
 
 def fixed_linear(model, params, data, lossf, grad=True, autograd=False, need_gap=True,
@@ -151,7 +152,7 @@ def fixed_linear(model, params, data, lossf, grad=True, autograd=False, need_gap
             gap = torch.exp(lg)
             L = (w * lossf.value(gopt)).sum((1, 2)) + gap
         if grad:
-            fac, top = _row_factors(logw + log_neg_deriv(lossf, u) + st.M)
+            fac, top = row_factors(logw + log_neg_deriv(lossf, u) + st.M)
             # -fac (s delta_r - r c), in three full-size ops
             Ga = torch.addcmul(st.s * delta_r[..., None], st.r, c, value=-1.0)
             Ga.mul_(-fac[..., None])
@@ -209,15 +210,15 @@ def trained_linear(model, params, data, lossf, grad=True, autograd=False, need_g
             lg = _logsum_rows(logw + log_value(lossf, u), w)
         if grad:
             rho_v = logw + log_neg_deriv(lossf, u)  # log |lam|, lam = w loss'(u) y = -|lam| y
-            fv, top_v = _row_factors(rho_v)
-            fa, top_a = _row_factors(rho_v + st.M)
+            fv, top_v = row_factors(rho_v)
+            fa, top_a = row_factors(rho_v + st.M)
             Ga = torch.addcmul(st.r * cd, st.s, delta_r[..., None], value=-1.0)
             Ga.mul_((-y * fa)[..., None])  # (-y fa) (r cd - s delta_r)
             grads = _scaled_attention_grads(model, params, data, Ga, top_a)
             r = ((-y * fv)[..., None] * st.s).sum(2)  # sum_q lam_iq s_iqt / e^{top_v}: (B, n, T)
             r = r.reshape(B, 1, n * T)
             gv = torch.matmul(r, X.reshape(X.shape[0], n * T, -1))[:, 0]  # sum_it r_it x_it
-            vs = _scaled({"v": gv}, top_v)
+            vs = scaled_grads({"v": gv}, top_v)
             grads = _with_reg(model, params, Scaled({**grads.tensors, **vs.tensors},
                                                     {**grads.log_scale, **vs.log_scale}))
     return Objective(L, L, lg, grads)

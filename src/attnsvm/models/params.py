@@ -35,6 +35,8 @@ class WModel(AttentionModel):
     Closed-form gradient: G_W = sum_{iqt} (dL/da_iqt) x_it z_iq^T.
     """
 
+    kernel_kind = "W"
+
     def _param_shapes(self):
         return {"W": (self.d, self.d)}
 
@@ -56,6 +58,9 @@ class KQModel(AttentionModel):
     Gradients: dL/dK = G_W Q + 2 reg K, dL/dQ = G_W^T K + 2 reg Q. ``reg`` defaults to
     float64 machine epsilon (keeps norms bounded, as in the literature).
     """
+
+    kernel_kind = "KQ"
+    geometry = "nuc"
 
     factorised = True
 
@@ -86,6 +91,9 @@ class KQModel(AttentionModel):
         out["norm_nuc"] = NUC.value(self.W(params))
         return out
 
+    def _kernel_params(self):
+        return {"m": self.m, "reg": self.reg}
+
     def _reg(self, params):
         if self.reg == 0:
             return None
@@ -112,6 +120,10 @@ class DiagModel(AttentionModel):
 
     Gradients: g_j = sum (dL/da) x_{itj} z_{iqj}; dL/dk = g * q, dL/dq = g * k.
     """
+
+    kernel_kind = "Diag"
+    geometry = "l1"
+    diagonal = True
 
     factorised = True
 
@@ -144,6 +156,8 @@ class PromptModel(AttentionModel):
     returns p (B, d): the object whose direction converges (§5 prompt SVM).
     """
 
+    kernel_kind = "Prompt"
+
     has_query_data = False
 
     def __init__(self, d: int, W_fixed=None, **kw):
@@ -167,6 +181,14 @@ class PromptModel(AttentionModel):
 
     def _param_shapes(self):
         return {"p": (self.d,)}
+
+    @property
+    def w_shape(self) -> tuple:
+        """p's shape (d,): ``W(params)`` is the prompt p."""
+        return (self.d,)
+
+    def _kernel_params(self):
+        return {"W_fixed": self.W_fixed}
 
     def W(self, params):
         return params["p"]

@@ -3,12 +3,12 @@
 
     data = ntp_random(10, 6, 8, 8, graph="cyclic", seed=0)     # or NTPData(E, seqs, y)
     sol = attnsvm.svm.graph_svm(data.E, data.seqs, data.y)      # the certified Graph-SVM
-    traj = attnsvm.train.train(NTPModel(8), data, "ngd", steps=1000)  # -> train_ntp
+    traj = attnsvm.train.train(NTPModel(8), data, optimizer="ngd", steps=1000)
     fin = w_fin(data)                                           # the soft-composition part
 
 Modules: :mod:`.data` (datasets, generators), :mod:`.text` (token ids from text), :mod:`.graph` (priority graphs,
 SCCs, Graph-SVM rows), :mod:`.fin` (W_fin and the decomposition W_t ~ R W_svm + W_fin),
-:mod:`.model` (the NTP model, its stable loss, the batched trainer).
+:mod:`.model` (the NTP model and its stable loss; it trains through :func:`attnsvm.train.train`).
 """
 
 from .data import GRAPH_KINDS, PUBLISHED_SIZES, NTPData, load_ntp, ntp_random

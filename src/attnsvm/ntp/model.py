@@ -30,25 +30,29 @@ So the direction of the gradient is exact however far it underflows (checked aga
 mpmath in tests/test_ntp_model.py).  dL/dW = sum_it (dL/da_it) x_it z_i^T; (K, Q):
 dL/dK = G Q, dL/dQ = G^T K.
 
-:func:`train_ntp` (also reached through :func:`attnsvm.train.train` with an
-:class:`NTPModel`) runs every step rule of :mod:`attnsvm.optim` on B trials at once
-(full batch; the torch engine).
+:class:`NTPModel` implements the model protocol of :func:`attnsvm.train.train` (the one
+trainer: its torch stepper, stops and recorder): ``train(NTPModel(8), data,
+optimizer=ngd(0.1), steps=1000)`` runs every full-batch step rule of :mod:`attnsvm.optim`
+on B trials at once. ``train_ntp`` is its deprecated alias.
 """
 
 from __future__ import annotations
 
 import math
+import warnings
 
 import numpy as np
-import pandas as pd
 import torch
 
-from ..models.objective import _row_factors, _scaled, softmax_terms
+from ..models.objective import row_factors, scaled_grads, softmax_terms
 from .data import NTPData
 
 __all__ = ["NTPModel", "NTPObjective", "ntp_tensors", "train_ntp", "HEADS"]
 
 HEADS = ("iden", "gen")
+_TENSOR_KEYS = {"E", "X", "Z", "ymask", "yid", "seqs"}
+P_SMALL = 1e-4  # below this p_y, the iden loss is computed as LSE_t(a) - LSE_Y(a)
+_M_SMALL = math.log1p(-P_SMALL)  # M = log(1 - p_y) above this: p_y < P_SMALL
 NEG_INF = float("-inf")
 
 
@@ -56,9 +60,11 @@ def ntp_tensors(data, device=None, dtype=torch.float64) -> dict:
     """Tensors of one NTPData (Bx = 1) or of a list of same-shape NTPData (Bx = len):
     E (Bx, K, d), X (Bx, n, T, d), Z (Bx, n, d), ymask (Bx, n, T) bool (positions whose
     token is a label), yid (Bx, n) (the first label), seqs (Bx, n, T)."""
-    items = [data] if isinstance(data, NTPData) else list(data)
-    if not items or not all(isinstance(d, NTPData) for d in items):
-        raise ValueError("data must be an NTPData or a non-empty list of NTPData")
+    items = [data] if isinstance(data, NTPData) else data
+    if (not isinstance(items, (list, tuple)) or not items
+            or not all(isinstance(d, NTPData) for d in items)):
+        raise ValueError(f"data must be an NTPData or a non-empty list of NTPData; got a "
+                         f"{type(data).__name__}")
     shp = {(d.n, d.T, d.K, d.d) for d in items}
     if len(shp) != 1:
         raise ValueError(f"the datasets of a batch must share (n, T, K, d); got {sorted(shp)}")
@@ -94,6 +100,12 @@ class NTPModel:
     K, Q (d, m), m = d by default); head: "iden" | "gen"."""
 
     ntp = True
+    #: train() arguments an NTP model cannot honour, with the only value it accepts
+    #: (its own next-token loss; full batch; the closed-form scaled gradient; no selected
+    #: tokens alpha: the Graph-SVM's selection is a set of tokens per sample)
+    train_fixed = {"loss": None, "batch_size": None, "autograd": False, "alpha": None}
+    #: no compiled (fused) kernel: the trainer's torch engine runs it
+    has_kernel = False
 
     def __init__(self, d: int, param: str = "W", head: str = "iden", m: int | None = None):
         if isinstance(d, bool) or not isinstance(d, (int, np.integer)) or d < 1:
@@ -106,13 +118,38 @@ class NTPModel:
         if isinstance(m, bool) or not isinstance(m, (int, np.integer)) or m < 1:
             raise ValueError(f"m must be a positive integer; got {m!r}")
         self.d, self.param, self.head, self.m = int(d), param, head, int(m)
+        #: the geometry its GD converges in: W -> the Frobenius Graph-SVM, (K, Q) -> nuclear
+        self.geometry = "fro" if param == "W" else "nuc"
+        self.w_shape = (self.d, self.d)
+        #: the Frobenius norm of each initial tensor by default: sqrt(d / 3), that of the
+        #: public code's nn.Linear default init
+        self.default_scale = math.sqrt(self.d / 3.0)
 
     def __repr__(self) -> str:
         return f"NTPModel(d={self.d}, param={self.param!r}, head={self.head!r})"
 
-    def fit(self, data, *args, **kwargs):
-        """:func:`train_ntp` of this model (what :func:`attnsvm.train.train` calls)."""
-        return train_ntp(self, data, *args, **kwargs)
+    # ------------------------------------------------- the trainer's protocol
+    def prepare(self, data, device=None, dtype=torch.float64) -> dict:
+        """The trainer's data tensors (:func:`ntp_tensors`): X (Bx, n, T, d), Z, ...;
+        a ValueError naming ``data`` when it is not an NTPData or a list of them. Tensors
+        already prepared (a dict with the keys of :func:`ntp_tensors`) are returned as
+        they are."""
+        if isinstance(data, dict) and set(data) >= _TENSOR_KEYS:
+            return data
+        return ntp_tensors(data, device=device, dtype=dtype)
+
+    def queries_per_sequence(self, tdata) -> int:
+        """One query per sample (its last token)."""
+        return 1
+
+    def norms(self, params) -> dict:
+        """{"norm": ||W||_F (B,)} for the metrics table."""
+        W = self.W(params)
+        return {"norm": W.reshape(W.shape[0], -1).norm(dim=1)}
+
+    def _logits(self, params, t: dict) -> torch.Tensor:
+        """The logits in the trainer's layout (B, n, 1, T) (one query)."""
+        return self.logits(params, t)[:, :, None, :]
 
     # ---------------------------------------------------------- parameters
     def param_shapes(self) -> dict:
@@ -150,9 +187,14 @@ class NTPModel:
 
     # -------------------------------------------------------------- forward
     def logits(self, params, t: dict) -> torch.Tensor:
-        """a_it = x_it^T W z_i: (B, n, T)."""
-        WZ = t["Z"] @ self.W(params).transpose(-1, -2)  # (B, n, d): W z_i
-        return (t["X"] @ WZ[..., None])[..., 0]
+        """a_it = x_it^T W z_i: (B, n, T) (einsum: X is not copied B times when the trials
+        share the data)."""
+        Z, X = t["Z"], t["X"]
+        W = self.W(params)
+        WZ = (torch.einsum("bij,nj->bni", W, Z[0]) if Z.shape[0] == 1
+              else torch.einsum("bij,bnj->bni", W, Z))  # (B, n, d): W z_i
+        return (torch.einsum("ntd,bnd->bnt", X[0], WZ) if X.shape[0] == 1
+                else torch.einsum("bntd,bnd->bnt", X, WZ))
 
     def attention(self, params, t: dict) -> torch.Tensor:
         """Softmax attention over the T tokens, (B, n, T): s = softmax(X W x_T)."""
@@ -192,7 +234,11 @@ class NTPModel:
         finN = torch.isfinite(AN)
         g = torch.where(ymask, -torch.exp(lab - AY),
                         torch.where(finN, torch.exp(non - torch.where(finN, AN, 0.0)), 0.0))
-        lo = -torch.log1p(-torch.exp(M))  # loss_i = -log p_y
+        # loss_i = -log p_y: -log1p(-e^M) while p_y >= P_SMALL (its rounding error in
+        # 1 - p_y is then below 1e-12 of the loss), else LSE_t(a) - LSE_Y(a) (> 9.2: exact
+        # however small p_y, where e^M = 1 - p_y rounds to 1 and the first form is inf)
+        lo = torch.where(M[..., None] < _M_SMALL, -torch.log1p(-torch.exp(M))[..., None],
+                         A - AY)[..., 0]
         logl = torch.where(lo > 0, torch.log(lo), M)  # log loss_i (= M once e^M underflows)
         return M, g, lo, logl
 
@@ -217,10 +263,20 @@ class NTPModel:
         lo = lse - o.gather(-1, yid[..., None])[..., 0]
         return st.M, g, lo, torch.log(lo)
 
-    def evaluate(self, params, t: dict, grad: bool = True) -> NTPObjective:
-        """(L (B,), log L (B,), scaled gradient) in the stable form (module docstring)."""
+    def evaluate(self, params, t: dict, loss=None, grad: bool = True, autograd: bool = False,
+                 need_gap: bool = True, logits=None) -> NTPObjective:
+        """(L (B,), log L (B,), scaled gradient) in the stable form (module docstring).
+
+        The trainer's signature: ``loss`` must be None (the model's own next-token loss),
+        ``autograd`` False (the closed form); ``need_gap`` is ignored (L is always
+        computed); ``logits``: :meth:`_logits` already computed at ``params``. A trial
+        whose L is not finite gets a non-finite gradient scale (the trainer stops it:
+        "non-finite step")."""
+        if loss is not None or autograd:
+            raise ValueError("an NTPModel has its own next-token loss and closed-form gradient: "
+                             "loss must be None and autograd False")
         with torch.no_grad():
-            a = self.logits(params, t)
+            a = self.logits(params, t) if logits is None else logits[:, :, 0]
             n = a.shape[1]
             M, g, lo, logl = (self._iden_terms(a, t["ymask"]) if self.head == "iden"
                               else self._gen_terms(a, t))
@@ -228,136 +284,30 @@ class NTPModel:
             logL = torch.logsumexp(logl, -1) - math.log(n)
             if not grad:
                 return NTPObjective(L, logL, None)
-            fac, top = _row_factors((M - math.log(n))[..., None])
+            fac, top = row_factors((M - math.log(n))[..., None])
+            top = torch.where(torch.isfinite(L), top, torch.full_like(top, math.nan))
             Ga = g * fac  # (B, n, T)
-            GX = (Ga[..., None, :] @ t["X"])[..., 0, :]  # sum_t Ga_it x_it: (B, n, d)
-            G = GX.transpose(-1, -2) @ t["Z"]  # (B, d, d)
+            X, Z = t["X"], t["Z"]
+            GX = (torch.einsum("bnt,ntd->bnd", Ga, X[0]) if X.shape[0] == 1
+                  else torch.einsum("bnt,bntd->bnd", Ga, X))  # sum_t Ga_it x_it: (B, n, d)
+            G = (torch.einsum("bnd,ne->bde", GX, Z[0]) if Z.shape[0] == 1
+                 else torch.einsum("bnd,bne->bde", GX, Z))  # (B, d, d)
             if self.param == "W":
                 raw = {"W": G}
             else:
                 raw = {"K": G @ params["Q"], "Q": G.transpose(-1, -2) @ params["K"]}
-            return NTPObjective(L, logL, _scaled(raw, top))
+            return NTPObjective(L, logL, scaled_grads(raw, top))
 
 
 # ------------------------------------------------------------------ trainer
-def _corr(W: torch.Tensor, R: torch.Tensor) -> torch.Tensor:
-    Wf, Rf = W.reshape(W.shape[0], -1), R.reshape(R.shape[0], -1)
-    wm = Wf.abs().amax(1, keepdim=True).clamp_min(1e-300)
-    rm = Rf.abs().amax(1, keepdim=True).clamp_min(1e-300)
-    Wf, Rf = Wf / wm, Rf / rm
-    return (Wf * Rf).sum(1) / (Wf.norm(dim=1) * Rf.norm(dim=1)).clamp_min(1e-300)
-
-
 def train_ntp(model: NTPModel, data, optimizer=None, steps: int = 1000, B: int | None = None,
-              seed: int = 0, init="random", scale: float | None = None,
-              record_every: int | None = None, references: dict | None = None,
-              record_params: bool = False, device=None, dtype=torch.float64, progress=False):
-    """Train B trials of an :class:`NTPModel` (full batch, every step rule of
-    :mod:`attnsvm.optim`); returns an :class:`attnsvm.train.Trajectory`.
+              seed: int = 0, init="random", scale: float | None = None, **kw):
+    """Deprecated: ``attnsvm.train.train(model, data, optimizer=..., ...)`` (the one
+    trainer; same arguments by keyword, same results)."""
+    from importlib import import_module
 
-    data: an NTPData (shared by the trials) or a list of B NTPData of one shape (one
-    dataset per trial: a population).  init: "random" | "zero" | {name: (B, ...)};
-    scale: the Frobenius norm of each initial tensor (default sqrt(d / 3), that of the
-    public code's nn.Linear default init).  references: {name: (d, d) or (B, d, d)} adds
-    corr_<name> = <W, R> / (||W|| ||R||).  Metrics every ``record_every`` steps (default
-    max(1, steps // 100)) and at the last step: loss, log10_loss, norm, corr_<ref>.
-    A trial stops ("non-finite step") when an update would overflow; "zero gradient"
-    when its gradient is exactly 0.
-    """
-    from .._validation import INT64_MAX, Interval, check_param
-    from ..optim import get as get_optimizer
-    from ..optim import ngd
-    from ..train import Trajectory
-
-    if not isinstance(model, NTPModel):
-        raise ValueError(f"model must be an NTPModel; got {type(model).__name__}")
-    optimizer = ngd(0.1) if optimizer is None else get_optimizer(optimizer)
-    if optimizer.batch_size is not None:
-        raise ValueError("NTP training is full-batch: stochastic rules (batch_size) are not supported")
-    steps = check_param("steps", steps, [Interval(int, 0, None)])
-    seed = check_param("seed", seed, [Interval(int, 0, INT64_MAX)])
-    t = ntp_tensors(data, device=device, dtype=dtype)
-    if t["X"].shape[-1] != model.d:
-        raise ValueError(f"the model has d = {model.d} but the data has d = {t['X'].shape[-1]}")
-    Bx = t["X"].shape[0]
-    B = Bx if B is None else check_param("B", B, [Interval(int, 1, None)])
-    if Bx != 1 and B != Bx:
-        raise ValueError(f"data holds {Bx} datasets but B = {B} trials were requested")
-    scale = math.sqrt(model.d / 3.0) if scale is None else scale
-    if isinstance(init, dict):
-        params = {k: torch.as_tensor(v, device=device, dtype=dtype).clone() for k, v in init.items()}
-        for k, shp in model.param_shapes().items():
-            if k not in params or tuple(params[k].shape) != (B, *shp):
-                raise ValueError(f"init[{k!r}] must have shape {(B, *shp)}")
-    else:
-        params = model.init(B, seed, scale, init, device, dtype)
-    refs = {}
-    for name, R in (references or {}).items():
-        R = torch.as_tensor(np.asarray(R, float), device=device, dtype=dtype)
-        R = R.expand(B, model.d, model.d) if R.ndim == 2 else R
-        if R.shape != (B, model.d, model.d):
-            raise ValueError(f"references[{name!r}] must be (d, d) or (B, d, d); got {tuple(R.shape)}")
-        refs[name] = R
-    k = max(1, steps // 100) if record_every is None else check_param("record_every", record_every,
-                                                                    [Interval(int, 1, None)])
-    state = optimizer.init(params)
-    active = torch.ones(B, dtype=torch.bool, device=t["X"].device)
-    stop_step = np.full(B, -1)
-    reason = np.full(B, "", dtype=object)
-    rows, rec_steps, hist = [], [], []
-
-    def record(step, ev):
-        W = model.W(params)
-        vals = {"loss": ev.loss, "log10_loss": ev.log_gap / math.log(10.0),
-                "norm": W.reshape(B, -1).norm(dim=1)}
-        for name, R in refs.items():
-            vals[f"corr_{name}"] = _corr(W, R)
-        rec_steps.append(step)
-        rows.append({kk: v.detach().cpu().numpy() for kk, v in vals.items()})
-        if record_params:
-            hist.append(W.detach().cpu().numpy().copy())
-
-    it = range(steps)
-    if progress:
-        from tqdm.auto import tqdm
-
-        it = tqdm(it, desc="train (ntp)", unit="step")
-    ev = model.evaluate(params, t)
-    last = -1
-    for step in it:
-        if step % k == 0:
-            record(step, ev)
-            last = step
-        zero = ~ev.grads.nonzero() & active
-        if zero.any():
-            stop_step[zero.cpu().numpy()] = step
-            reason[zero.cpu().numpy()] = "zero gradient"
-            active &= ~zero
-        new, new_state = optimizer.update(ev.grads, state, params, ev.log_gap)
-        bad = ~model.finite(new) & active
-        if bad.any():
-            stop_step[bad.cpu().numpy()] = step
-            reason[bad.cpu().numpy()] = "non-finite step"
-            active &= ~bad
-        params = {kk: torch.where(active.reshape(B, *([1] * (v.ndim - 1))), new[kk], v)
-                  for kk, v in params.items()}
-        state = {kk: torch.where(active.reshape(B, *([1] * (v.ndim - 1))), new_state[kk], v)
-                 for kk, v in state.items()} if state else state
-        ev = model.evaluate(params, t)
-        if not bool(active.any()):
-            steps = step + 1
-            break
-    if last != steps:
-        record(steps, ev)
-    R = len(rec_steps)
-    df = pd.DataFrame({kk: np.stack([r[kk] for r in rows], 1).reshape(-1) for kk in rows[0]})
-    df.insert(0, "step", np.tile(np.asarray(rec_steps), B))
-    df.insert(0, "trial", np.repeat(np.arange(B), R))
-    return Trajectory(
-        params={kk: v.detach() for kk, v in params.items()}, metrics=df,
-        W=model.W(params).detach().cpu().numpy(), steps_run=steps,
-        record_steps=np.asarray(rec_steps), stop_step=stop_step,
-        param_history={"W": np.stack(hist)} if record_params else None,
-        stop_reason=reason.astype(str), state=state, extra={"engine": "torch", "model": "ntp"})
-
-
+    warnings.warn("attnsvm.ntp.train_ntp is deprecated: use attnsvm.train.train(NTPModel(...), "
+                  "data, optimizer=..., ...)", DeprecationWarning, stacklevel=2)
+    train = import_module("attnsvm.train").train  # (the trainer sits above this package)
+    return train(model, data, optimizer=optimizer, steps=steps, B=B, seed=seed, init=init,
+                 scale=scale, **kw)

@@ -9,14 +9,31 @@ working set (:mod:`attnsvm.svm.nuclear`).
 
 from __future__ import annotations
 
-import warnings
-
 import numpy as np
 
 from ..norms import get_norm
 from .solution import ConstraintSet
 
-__all__ = ["solve_cvxpy"]
+__all__ = ["solve_cvxpy", "solve_quietly"]
+
+
+def solve_quietly(prob, solver: str, warm_start: bool, opts: dict) -> int:
+    """``prob.solve(solver=solver, warm_start=warm_start, **opts)`` as cvxpy runs it
+    (``get_problem_data``, the chain's ``solve_via_data``, ``invert``, ``unpack``), without
+    the UserWarning cvxpy issues for an inaccurate solution: the caller reads the status
+    ("optimal_inaccurate") itself, and the process's warnings filters are not touched (a
+    ``warnings.catch_warnings`` block is not thread-safe). Returns the solver's iterations;
+    a solver failure raises cvxpy's SolverError, as ``solve`` does."""
+    import cvxpy as cp
+    from cvxpy import settings
+
+    data, chain, inverse = prob.get_problem_data(solver, solver_opts=opts)
+    raw = chain.solve_via_data(prob, data, warm_start, False, dict(opts))
+    sol = chain.invert(raw, inverse)
+    if sol.status in settings.ERROR:
+        raise cp.error.SolverError(f"Solver {solver!r} failed")
+    prob.unpack(sol)
+    return int((sol.attr or {}).get(settings.NUM_ITERS, 0) or 0)
 
 
 def solve_cvxpy(cs: ConstraintSet, norm, solver=None, eps: float | None = None, warm=None):
@@ -61,16 +78,13 @@ def solve_cvxpy(cs: ConstraintSet, norm, solver=None, eps: float | None = None, 
         kw = dict(tol_gap_abs=acc, tol_gap_rel=acc, tol_feas=acc, tol_ktratio=1e-8, max_iter=400)
     if warm is not None:
         W.value = warm
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        try:
-            prob.solve(solver=solver, warm_start=warm is not None, **kw)
-        except (cp.error.SolverError, ValueError, ArithmeticError) as exc:
-            if solver != "SCS":
-                return solve_cvxpy(cs, N, "SCS", eps)
-            return None, None, f"solver_error: {exc}", solver, 0
+    try:
+        n_iter = solve_quietly(prob, solver, warm is not None, kw)
+    except (cp.error.SolverError, ValueError, ArithmeticError) as exc:
+        if solver != "SCS":
+            return solve_cvxpy(cs, N, "SCS", eps)
+        return None, None, f"solver_error: {exc}", solver, 0
     status = str(prob.status)
-    n_iter = int(getattr(prob.solver_stats, "num_iters", 0) or 0)
     if W.value is None or status not in ("optimal", "optimal_inaccurate"):
         return None, None, status, solver, n_iter
     Wv = np.asarray(W.value, dtype=float)

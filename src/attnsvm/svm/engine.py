@@ -68,7 +68,6 @@ from .solution import (
     ConstraintSet,
     certify,
     farkas_verify,
-    single_thread,
 )
 from .strategy import SOLVERS, solve_conic, solve_one, solver_key, strategy
 
@@ -133,7 +132,6 @@ def _better(c_old: Certificate, c_new: Certificate) -> np.ndarray:
     return (c_new.feasible & ~c_old.feasible) | (c_new.feasible & c_old.feasible & (g_new < g_old))
 
 
-@single_thread
 def solve(cs: ConstraintSet, norm="fro", *, solver=None, tol: float = 1e-6,
           irreducible: bool = True, rank: int | None = None) -> Outcome:
     """Solve and certify the B problems of the (batched, normalised) set ``cs``.
@@ -154,6 +152,7 @@ def solve(cs: ConstraintSet, norm="fro", *, solver=None, tol: float = 1e-6,
     W = np.full((B, d, e), np.nan)
     lam = np.zeros((B, n, T))
     names = np.array(["none"] * B, dtype=object)
+    second = np.full(B, None, dtype=object)  # the solver each answer names for a 2nd opinion
     hints = np.array([""] * B, dtype=object)
     iters = np.zeros(B, np.int64)
     cand = np.zeros((B, n, T))  # Farkas candidates
@@ -181,7 +180,7 @@ def solve(cs: ConstraintSet, norm="fro", *, solver=None, tol: float = 1e-6,
     else:
         for b in todo:
             r = solve_one(cs.take(b), N, key)
-            names[b], hints[b], iters[b] = r.solver, r.status, r.n_iter
+            names[b], hints[b], iters[b], second[b] = r.solver, r.status, r.n_iter, r.fallback
             if r.W is not None:
                 W[b] = r.W
                 lam[b] = r.lam if r.lam is not None else 0.0
@@ -238,7 +237,7 @@ def solve(cs: ConstraintSet, norm="fro", *, solver=None, tol: float = 1e-6,
     retry = need & ~zb & ~fk_ok & (~cert.feasible | (gap > st.retry_gap))
     for b in np.nonzero(retry)[0]:
         sub = cs.take([b])
-        r = solve_one(sub.take(0), N, st.fallback_key(str(names[b])))
+        r = solve_one(sub.take(0), N, st.fallback_key(second[b]))
         if r.W is None:
             continue
         Wn, ln = _to_feasible(sub, r.W[None], (r.lam if r.lam is not None else

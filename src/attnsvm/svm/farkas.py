@@ -12,7 +12,6 @@ is proven by :func:`attnsvm.svm.solution.farkas_verify` before any "infeasible".
 from __future__ import annotations
 
 import functools
-import warnings
 
 import numpy as np
 
@@ -46,8 +45,7 @@ def farkas_lp(cs: ConstraintSet, max_entries: int = 20_000_000) -> np.ndarray | 
     b_eq[-1] = 1.0
     bounds = [(None, None) if f else (0, None) for f in free]
     c = np.where(free, 0.0, 1.0)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
+    with np.errstate(all="ignore"):  # per thread: the warnings filters are left alone
         res = linprog(c, A_eq=A_eq, b_eq=b_eq, bounds=bounds, method="highs-ds")
     if res.status != 0 or res.x is None:
         return None

@@ -220,13 +220,7 @@ def batched_mnp(G: np.ndarray, valid: np.ndarray, tol: float = 1e-14, max_iter: 
     frozen when its residuals reach ``tol`` (relative to max diag G).
     Returns (mu (B, N), rho2 (B,), converged (B,) bool, n_iter).
     """
-    try:  # many tiny factorisations: BLAS threads only add contention
-        from threadpoolctl import threadpool_limits
-
-        with threadpool_limits(1):
-            return _batched_mnp(G, valid, tol, max_iter)
-    except ImportError:  # pragma: no cover
-        return _batched_mnp(G, valid, tol, max_iter)
+    return _batched_mnp(G, valid, tol, max_iter)
 
 
 def _batched_mnp(G, valid, tol, max_iter):

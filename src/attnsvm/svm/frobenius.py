@@ -237,4 +237,4 @@ def polish(cs: ConstraintSet, r: Raw) -> Raw:
     W, lam, ok = polish_fro(cs, r.W, r.lam)
     if not ok:
         return r
-    return Raw(W, lam, r.status, r.solver + "+polish", r.n_iter, r.farkas)
+    return Raw(W, lam, r.status, r.solver + "+polish", r.n_iter, r.farkas, r.fallback)

@@ -48,7 +48,6 @@ status_: "optimal" when the proven violation is <= FEAS_TOL (1e-9) and the prove
 from __future__ import annotations
 
 import time
-import warnings
 
 import numpy as np
 
@@ -59,7 +58,6 @@ from .solution import (
     ConstraintSet,
     Solution,
     farkas_verify,
-    single_thread,
 )
 
 __all__ = ["graph_svm", "graph_svm_batch", "prove", "GAP_GRAPH", "graph_constraints"]
@@ -671,7 +669,6 @@ def _pow2_scale(E: np.ndarray) -> tuple[np.ndarray, int]:
     return np.ldexp(E, -e), e
 
 
-@single_thread  # (small factorisations: BLAS threads only cost, badly under oversubscription)
 def graph_svm(E, seqs, y, norm="fro", *, exclude=None, tol: float = 1e-6) -> Solution:
     """The Graph-SVM of a next-token-prediction dataset, certified (module docstring).
 
@@ -721,8 +718,7 @@ def graph_svm(E, seqs, y, norm="fro", *, exclude=None, tol: float = 1e-6) -> Sol
     names = []
     fk = None
     if not (zero & ineq).any():
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
+        with np.errstate(all="ignore"):  # numpy's error state is per thread (a context variable)
             for W, lam, name in (_solve_fro if N.name == "fro" else _solve_nuc)(cs):
                 names.append(name)
                 if W is None and best_p is None and fk is None:  # the solver saw no answer

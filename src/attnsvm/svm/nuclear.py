@@ -19,6 +19,8 @@ nuclear row of :data:`attnsvm.svm.strategy.STRATEGIES`.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 
 from ..norms import NUC
@@ -50,10 +52,10 @@ def solve_single(cs: ConstraintSet, key) -> Raw | None:
     if key == "working_set":
         return Raw(*scs_working_set(cs))
     r = Raw(None, None, "", "")
-    if key != "barrier":
-        r = Raw(*ipm_working_set(cs))
-    if r.W is None and "infeasible" not in r.status:
-        r = Raw(*barrier_working_set(cs))
+    if key != "barrier":  # a second opinion on its answer: the barrier
+        r = replace(Raw(*ipm_working_set(cs)), fallback="barrier")
+    if r.W is None and "infeasible" not in r.status:  # ... on the barrier's: the working set
+        r = replace(Raw(*barrier_working_set(cs)), fallback="working_set")
     if r.W is None and "infeasible" not in r.status:
         r = Raw(*scs_working_set(cs))
     return r

@@ -28,6 +28,9 @@ class Raw:
     solver: str
     n_iter: int = 0
     farkas: np.ndarray | None = None  # candidate Farkas multipliers (n, T)
+    #: the solver key a second opinion should use, set by the solver that answered (None:
+    #: the strategy row's ``fallback_default``)
+    fallback: str | None = None
 
 
 @dataclass

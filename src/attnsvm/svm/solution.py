@@ -75,7 +75,6 @@ __all__ = [
     "FARKAS_BOUND",
     "exp2",
     "ldexp",
-    "single_thread",
 ]
 
 FEAS_TOL = 1e-9  # equality constraints, and inequalities with b_k <= 0 (relaxed problem):
@@ -100,43 +99,6 @@ class NotRepresentableError(OverflowError, ValueError):
         super().__init__(msg)
         self.solution = solution
         self.scale_exp = scale_exp
-
-
-def single_thread(fn):
-    """Run ``fn`` with BLAS limited to one thread: the solvers' many small / medium
-    factorisations gain nothing from BLAS threads and lose badly to oversubscription
-    on a shared machine (measured: 0.7 s vs 23 s on a loaded 2-core box)."""
-    import functools
-
-    @functools.wraps(fn)
-    def wrapper(*args, **kwargs):
-        ctl = _blas_controller()
-        if ctl is None:  # pragma: no cover
-            return fn(*args, **kwargs)
-        # already on one thread (a caller's limit, or a nested call): nothing to set or
-        # restore (reading the counts costs ~0.6 us; a limit and its restore ~9 us)
-        if all(c.get_num_threads() == 1 for c in ctl.lib_controllers if c.user_api == "blas"):
-            return fn(*args, **kwargs)
-        with ctl.limit(limits=1, user_api="blas"):
-            return fn(*args, **kwargs)
-
-    return wrapper
-
-
-_CTL: list = []
-
-
-def _blas_controller():
-    """One threadpoolctl controller for the process (threadpool_limits() scans the loaded
-    libraries on every call: ~1 ms, as much as a small solve); None without threadpoolctl."""
-    if not _CTL:
-        try:
-            from threadpoolctl import ThreadpoolController
-        except ImportError:  # pragma: no cover
-            _CTL.append(None)
-        else:
-            _CTL.append(ThreadpoolController())
-    return _CTL[0]
 
 
 # ----------------------------------------------------------------------------- norms

@@ -3,7 +3,7 @@
     st = strategy(N)                 # the Strategy of norm N (the default row if it has none)
     key = solver_key(solver, N)      # a user's ``solver=`` validated for N
     r = solve_one(cs1, N, key)       # one problem by the row's solvers -> Raw
-    key2 = st.fallback_key(r.solver) # the second solver, when the certificate asks for one
+    key2 = st.fallback_key(r.fallback) # the second solver, when the certificate asks for one
 
 A row (:class:`Strategy`) says, for one norm:
 
@@ -17,8 +17,9 @@ A row (:class:`Strategy`) says, for one norm:
   measured worse;
 * ``retry_gap``: the certified relative gap above which an answer is re-solved by a
   second solver (exact solvers must reach GAP_OPTIMAL, conic ones GAP_INACCURATE);
-* ``fallback``: the second solver, from the name of the first: the first rule whose
-  substring occurs in that name, else ``fallback_default``.
+* ``fallback_default``: the second solver where the first did not name one (its
+  :class:`~attnsvm.svm.records.Raw` ``fallback`` field: nuclear IPM -> barrier -> SCS
+  working set, Clarabel -> SCS, :data:`CONIC_SECOND`).
 
 The engine (:func:`attnsvm.svm.engine.solve`) reads nothing else about solvers.  A new
 norm's solver is one module (returning :class:`~attnsvm.svm.records.Raw`) and one row here.
@@ -27,7 +28,7 @@ norm's solver is one module (returning :class:`~attnsvm.svm.records.Raw`) and on
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ..norms import FRO, NUC, SPECTRAL, Norm
 from . import frobenius, nuclear
@@ -50,16 +51,12 @@ class Strategy:
     batch: Callable | None = None
     cvxpy_solver: str | None = None
     retry_gap: float = GAP_INACCURATE
-    fallback: tuple[tuple[str, str], ...] = (("clarabel", "scs"),)
     fallback_default: str = "clarabel"
 
-    def fallback_key(self, used: str) -> str:
-        """A second solver, different from the one used (``used``: the solver's name)."""
-        u = used.lower()
-        for part, key in self.fallback:
-            if part in u:
-                return key
-        return self.fallback_default
+    def fallback_key(self, named: str | None) -> str:
+        """The second solver: the one the first solver named (``Raw.fallback``), else
+        ``fallback_default``."""
+        return named or self.fallback_default
 
 
 #: the norms with rows of their own; every other norm: :data:`DEFAULT` (cvxpy with the
@@ -74,15 +71,17 @@ STRATEGIES: dict[Norm, Strategy] = {
     # SDP interior point -> dual barrier -> SCS working set (inside nuclear.solve_single);
     # after the certificate: the next of them, then the conic solvers
     NUC: Strategy(solvers=("auto", "fast", "barrier", "working_set"),
-                  single=nuclear.solve_single,
-                  fallback=(("barrier", "working_set"), ("ipm", "barrier"),
-                            ("clarabel", "scs"))),
+                  single=nuclear.solve_single),
     # Clarabel's SDP vs SCS (the spectral norm's default), measured at (20, 8, 10): gap
     # 5.5e-9 vs 1.2e-7; at (50, 10, 20): 1.4e-9 in 1.7 s vs 2.3e-8 in 3.4 s (SCS stays
     # the fallback)
     SPECTRAL: Strategy(cvxpy_solver="CLARABEL"),
 }
 DEFAULT = Strategy()
+
+#: the second opinion on each cvxpy solver's answer (the other conic solver), by the
+#: solver cvxpy ran (``solve_cvxpy`` returns its cvxpy name)
+CONIC_SECOND = {"CLARABEL": "scs"}
 
 #: solver names accepted besides the cvxpy solvers, by norm (a view of the table)
 SOLVERS = {N: s.solvers for N, s in STRATEGIES.items() if s.solvers != DEFAULT.solvers}
@@ -134,6 +133,7 @@ def solve_one(cs: ConstraintSet, N: Norm, key) -> Raw:
         r = st.single(cs, key)
     if r is None:
         r = Raw(*solve_conic(cs, N, None if own else key))
+        r = replace(r, fallback=CONIC_SECOND.get(str(r.solver).upper()))
     if st.polish is not None:
         r = st.polish(cs, r)
     return r
