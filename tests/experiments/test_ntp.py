@@ -224,23 +224,23 @@ def test_slow_seeds_continue_the_same_run():
     Ds = ntp._datasets(size, "acyclic", 2, 0, 1)
     W0 = ntp._init(size[3], 2, [0, 1, 99])
     model = ntp.NTPModel(size[3], "W", "iden")
-    one = ntp.train_ntp(model, Ds, ngd(0.1), steps=80, init={"W": W0}, record_every=40,
+    one = ntp.train(model, Ds, optimizer=ngd(0.1), steps=80, init={"W": W0}, record_every=40,
                         record_params=True).param_history["W"]
-    half = ntp.train_ntp(model, Ds, ngd(0.1), steps=40, init={"W": W0}, record_every=40,
+    half = ntp.train(model, Ds, optimizer=ngd(0.1), steps=40, init={"W": W0}, record_every=40,
                          record_params=True).param_history["W"]
-    two = ntp.train_ntp(model, Ds, ngd(0.1), steps=40, init={"W": half[-1]}, record_every=40,
+    two = ntp.train(model, Ds, optimizer=ngd(0.1), steps=40, init={"W": half[-1]}, record_every=40,
                         record_params=True).param_history["W"]
     np.testing.assert_allclose(two[-1], one[-1], rtol=1e-10, atol=1e-12)
     sols = [graph_svm(D.E, D.seqs, D.y) for D in Ds]
     fins = [w_fin(D, head="iden") for D in Ds]
-    slow = ntp.train_ntp(model, Ds, ngd(0.01), steps=40, init={"W": W0}, record_every=40,
+    slow = ntp.train(model, Ds, optimizer=ngd(0.01), steps=40, init={"W": W0}, record_every=40,
                          record_params=True).param_history["W"][-1]
     out = ntp._continue_slow(model, Ds, slow, sols, fins, [0, 1], 0.01, 40, 3000, 20)
     assert [r["seed"] for r in out] == [0, 1]
     for r in out:  # the step reported is the first recorded one at TAU, in one uninterrupted run
         k = int(r["cross_step"])
         assert 40 < k <= r["steps_run"] <= 3040
-        W = ntp.train_ntp(model, Ds, ngd(0.01), steps=k, init={"W": W0}, record_every=20,
+        W = ntp.train(model, Ds, optimizer=ngd(0.01), steps=k, init={"W": W0}, record_every=20,
                           record_params=True).param_history["W"][:, r["seed"]]
         c = ntp.decompose(W, sols[r["seed"]].W_, fins[r["seed"]])["corr_svm"]
         assert c[-1] >= ntp.TAU > c[-2]
