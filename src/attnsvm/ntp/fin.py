@@ -34,18 +34,22 @@ import numpy as np
 import torch
 
 from .data import NTPData
-from .graph import graph_rows
+from .graph import GraphRows, graph_rows
 
 __all__ = ["FinResult", "w_fin", "s_fin_basis", "decompose", "reduced_mask"]
 
 EPS = float(np.finfo(np.float64).eps)
 
 
-def reduced_mask(data: NTPData, scc: np.ndarray) -> np.ndarray:
+def reduced_mask(data: NTPData, scc) -> np.ndarray:
     """(n, T) bool: positions whose token is in the SCC of the sample's (first) label in
-    G_{k_i}; a sample whose mask holds only label tokens contributes nothing."""
+    G_{k_i}; a sample whose mask holds only label tokens contributes nothing.  ``scc``:
+    the (K, K) table of :func:`~attnsvm.ntp.graph.scc_table`, or the
+    :class:`~attnsvm.ntp.graph.GraphRows` of the data (read on the tokens that occur)."""
     k = data.query
     y0 = data.labels[:, 0]
+    if isinstance(scc, GraphRows):
+        return scc.scc_of(k[:, None], data.seqs) == scc.scc_of(k, y0)[:, None]
     return scc[k[:, None], data.seqs] == scc[k, y0][:, None]
 
 
@@ -109,7 +113,7 @@ def w_fin(data: NTPData, head: str = "iden", tol: float = 1e-10, max_iter: int =
     gl = data.y if graph_labels is None else graph_labels
     rows = graph_rows(data.seqs, gl, data.K, exclude=exclude)
     Bs = s_fin_basis(data, rows)
-    rmask = reduced_mask(data, rows.scc)
+    rmask = reduced_mask(data, rows)
     if exclude is not None:
         rmask &= ~np.asarray(exclude, bool)
     d = data.d
