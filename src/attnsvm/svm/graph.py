@@ -159,7 +159,10 @@ def _fro_ldp(cs: ConstraintSet):
     basis of the equalities' null space), min ||c|| s.t. G c >= 1 is the NNLS
     min_u>=0 ||[G^T; 1^T] u - e_last|| (scipy.optimize.nnls, an exact active-set
     method): r = residual, c = -r[:p] / r[p], lam_in = u / (1 - 1^T u).  Equality
-    multipliers from stationarity w = M_in^T lam_in + M_eq^T lam_eq (least squares)."""
+    multipliers from stationarity w = M_in^T lam_in + M_eq^T lam_eq (least squares).
+    1 - 1^T u = 1 / (1 + ||c||^2) is below rounding where ||c|| >~ 1e7 (near-collinear
+    tokens): the problem is then solved again on G t (optimum c / t, multipliers
+    lam / t^2) with t the norm of the first answer, up to twice."""
     from scipy.optimize import nnls
 
     M = _rows_dense(cs)
@@ -167,21 +170,27 @@ def _fro_ldp(cs: ConstraintSet):
     Nb = _null_basis(M[eq], M.shape[1])
     G = M[~eq] @ Nb
     p = G.shape[1]
-    Em = np.vstack([G.T, np.ones((1, G.shape[0]))])
     f = np.zeros(p + 1)
     f[-1] = 1.0
-    u, _ = nnls(Em, f, maxiter=50 * Em.shape[1])
-    r = Em @ u - f
-    den = 1.0 - u.sum()
-    if not den > 1e-14:
-        return None, None, "ldp-infeasible"
-    w = Nb @ (G.T @ u / den)
+    t = 1.0
+    for _ in range(3):
+        Gt = G * t
+        Em = np.vstack([Gt.T, np.ones((1, G.shape[0]))])
+        u, _ = nnls(Em, f, maxiter=50 * Em.shape[1])
+        den = 1.0 - u.sum()
+        if not den > 0:
+            return None, None, "ldp-infeasible"
+        c = Gt.T @ u / den
+        nc = float(np.linalg.norm(c))
+        if den > 1e-6 or not (np.isfinite(nc) and nc > 0):
+            break
+        t *= nc
+    w = Nb @ (c * t)
     lam = np.zeros(M.shape[0])
-    lam[~eq] = u / den
+    lam[~eq] = u / den * (t * t)
     if eq.any():
         resid = w - M[~eq].T @ lam[~eq]
         lam[eq] = np.linalg.lstsq(M[eq].T, resid, rcond=None)[0]
-    del r
     return w.reshape(cs.d, cs.e), lam, "optimal"
 
 
