@@ -39,7 +39,6 @@ def _check_ids(seqs, y, K, exclude=None, where: str = "graph_rows"):
     (n, T).  A ValueError naming the argument, before any work (an id beyond K is never
     folded into another token's id)."""
     from .._validation import Interval, check_param
-    from ..svm.validate import as_mask
     from .data import _int_array, _pad_ragged
 
     K = check_param("K", K, [Interval(int, 1, None)])
@@ -60,8 +59,29 @@ def _check_ids(seqs, y, K, exclude=None, where: str = "graph_rows"):
         i, j = np.argwhere(~ok)[0]
         raise ValueError(f"{where}: y[{i}{'' if y.ndim == 1 else f', {j}'}] = {Y[i, j]} is not a "
                          f"token id in [0, K={K})" + ("" if y.ndim == 1 else " (or -1 padding)"))
-    ex = None if exclude is None else as_mask(exclude, (n, T), "exclude")
+    ex = None if exclude is None else _as_exclude(exclude, n, T)
     return seqs, Y, ex, K
+
+
+def _as_exclude(exclude, n: int, T: int) -> np.ndarray:
+    """exclude as an (n, T) bool array: bool or 0/1 numbers (0.5, NaN, strings refused,
+    never cast)."""
+    from .._validation import as_numpy
+
+    want = f"a boolean array of shape (n, T) = {(n, T)} (True = position left out)"
+    try:
+        m = np.asarray(as_numpy(exclude, "exclude"))
+    except Exception:  # noqa: BLE001 - ragged lists and the like
+        raise ValueError(f"exclude must be {want}") from None
+    if m.dtype != np.bool_:
+        if m.dtype == object or m.dtype.kind not in "iuf":
+            raise ValueError(f"exclude must be {want}; got dtype {m.dtype}")
+        if not np.all((m == 0) | (m == 1)):
+            bad = np.unique(m[~((m == 0) | (m == 1))])[:5].tolist()
+            raise ValueError(f"exclude must be {want}; got values {bad} (not 0 / 1)")
+    if m.shape != (n, T):
+        raise ValueError(f"exclude must be {want}; got shape {m.shape}")
+    return m.astype(bool)
 
 
 def _edges(seqs, y, exclude=None):

@@ -1054,9 +1054,20 @@ def _farkas_guarded(cs, errors: list):
 def graph_svm_batch(problems, norm="fro", **kw) -> list[Solution]:
     """Graph-SVMs of many datasets: ``problems`` a list of (E, seqs, y) tuples or
     :class:`~attnsvm.ntp.NTPData`; returns the list of Solutions (each as
-    :func:`graph_svm`).  Inputs are all validated before any solve starts."""
+    :func:`graph_svm`, ``kw`` its keyword arguments ``exclude`` and ``tol``).  Inputs are
+    all validated before any solve starts (ValueError naming the problem and argument)."""
     from ..ntp.data import NTPData
+    from ..ntp.graph import _check_ids
 
+    if isinstance(problems, (NTPData, np.ndarray, str)) or not isinstance(problems, (list, tuple)):
+        raise ValueError("problems must be a list of NTPData or (E, seqs, y) tuples; got "
+                         f"a {type(problems).__name__}" + (
+                             " (pass [data], or call graph_svm)" if isinstance(problems, NTPData)
+                             else ""))
+    unknown = sorted(set(kw) - {"exclude", "tol"})
+    if unknown:
+        raise ValueError(f"graph_svm_batch: unknown keyword argument(s) {unknown}; "
+                         "graph_svm takes exclude and tol")
     items = []
     for b, p in enumerate(problems):
         if isinstance(p, NTPData):
@@ -1068,5 +1079,17 @@ def graph_svm_batch(problems, norm="fro", **kw) -> list[Solution]:
             items.append(NTPData(*p))
         except ValueError as exc:
             raise ValueError(f"problems[{b}]: {exc}") from None
-    get_norm(norm)
+    N = get_norm(norm)
+    if N.name not in ("fro", "nuc"):
+        raise ValueError(f"norm must be 'fro' or 'nuc' for graph_svm; got {norm!r}")
+    if "tol" in kw:
+        from .validate import as_tol
+
+        as_tol(kw["tol"])
+    if kw.get("exclude") is not None:
+        for b, p in enumerate(items):
+            try:
+                _check_ids(p.seqs, p.y, p.K, kw["exclude"])
+            except ValueError as exc:
+                raise ValueError(f"problems[{b}]: {exc}") from None
     return [graph_svm(p.E, p.seqs, p.y, norm, **kw) for p in items]
