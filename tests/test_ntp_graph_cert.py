@@ -319,3 +319,82 @@ def test_from_text_full_vocabulary_solves_on_the_used_tokens():
     assert full.K == 30_522 and peak < 4 * full.E.nbytes  # (K, K) int64 would be 7 GB
     assert a.status_ == b.status_ == "optimal"
     assert abs(a.norm_ - b.norm_) <= 1e-9 * a.norm_
+
+
+# ------------------------------------------------------- the proof's pieces, exactly
+def test_dot2_margins_bound_the_exact_margins():
+    """_margins_dot2 against Fractions on rows whose margin cancels terms ~1e7 times larger
+    (where the plain bound is ~1e-9): |m - exact| <= err, and err ~1e-15 or below."""
+    from attnsvm.svm.certificate import two_diff
+    from attnsvm.svm.graph import _margins_dot2
+
+    rng = np.random.default_rng(3)
+    for _ in range(20):
+        d = int(rng.integers(2, 5))
+        Ey, Ej, Z = rng.standard_normal((3, 6, d))
+        Ej = Ey + rng.standard_normal((6, d)) * 1e-6
+        W = rng.standard_normal((d, d)) * 1e7
+        D, lo = two_diff(Ey, Ej)
+        m, err = _margins_dot2(D, lo, W, Z)
+        for r in range(6):
+            ex = sum(((Fraction(float(Ey[r, a])) - Fraction(float(Ej[r, a]))) * Fraction(float(W[a, b]))
+                      * Fraction(float(Z[r, b])) for a in range(d) for b in range(d)), Fraction(0))
+            assert abs(Fraction(float(m[r])) - ex) <= Fraction(float(err[r]))
+            # err is about the rounding of m itself
+            assert err[r] <= 4 * 2.0 ** -53 * abs(float(ex)) + 1e-25
+
+
+def test_lmin_lower_is_a_lower_bound():
+    """_lmin_lower of random Gram matrices (well and badly conditioned) never exceeds the
+    smallest eigenvalue computed at 50 digits (mpmath), and is close where it is well
+    conditioned; an indefinite matrix gives 0."""
+    from attnsvm.svm.graph import _lmin_lower
+
+    mp.mp.dps = 50
+    rng = np.random.default_rng(1)
+    for cond in (1.0, 1e6, 1e12):
+        for m in (1, 3, 6):
+            Q, _ = np.linalg.qr(rng.standard_normal((m, m)))
+            G = (Q * np.geomspace(1.0, 1.0 / cond, m)) @ Q.T
+            G = (G + G.T) / 2
+            lo = _lmin_lower(G)
+            ev = mp.eigsy(mp.matrix(G.tolist()))[0]
+            true = min(ev[i] for i in range(m))
+            assert lo <= true
+            if cond == 1.0:
+                assert lo >= 0.999 * float(true)
+    assert _lmin_lower(np.array([[1.0, 2.0], [2.0, 1.0]])) == 0.0
+
+
+def test_equality_bound_sigma_is_a_lower_bound():
+    """equality_bound's sigma (the exact forest rows' smallest singular value) is below
+    the one computed at 50 digits from the exact rows (mpmath), 0 for exactly dependent
+    rows, and the forest leaves out rows that are sums of its rows."""
+    from attnsvm.svm.graph import _LocalRows, equality_bound
+
+    mp.mp.dps = 50
+    E = CORPUS_E.copy()
+    rows = graph_rows(CORPUS_SEQS, CORPUS_Y, 5)
+    eb = equality_bound(E[rows.tokens], _LocalRows(rows))
+    assert eb["forest"].size == 1 and abs(eb["sigma"] - 2.0 ** -41) <= 1e-6 * 2.0 ** -41
+    assert eb["sigma"] <= 2.0 ** -41
+    # a 3-token tie at one query: 2 forest rows of the 6 tie rows (3 pairs, both ways)
+    rng = np.random.default_rng(0)
+    E = rng.standard_normal((5, 3))
+    seqs = [[0, 1, 2, 4], [1, 2, 0, 4], [2, 0, 1, 4]]
+    y = [0, 1, 2]
+    rows = graph_rows(seqs, y, 5)
+    L = _LocalRows(rows)
+    eb = equality_bound(E[rows.tokens], L)
+    assert rows.eq.sum() == 6 and eb["forest"].size == 2
+    F = E[rows.tokens]
+    M = mp.matrix([[mp.mpf(float(F[L.y[r], a])) - mp.mpf(float(F[L.j[r], a]))
+                    for a in range(3)] for r in eb["forest"]])
+    z = F[L.k[eb["forest"][0]]]
+    # rows (E_a - E_b) z^T share z: sigma_min = sigma_min of the differences times ||z||
+    s = min(mp.svd_r(M, compute_uv=False)) * mp.sqrt(sum(mp.mpf(float(v)) ** 2 for v in z))
+    assert 0.999 * float(s) <= eb["sigma"] <= s
+    E2 = E.copy()
+    E2[2] = E2[0] + (E2[1] - E2[0]) * 0.0  # token 2 a copy of token 0: rows dependent
+    eb2 = equality_bound(E2[rows.tokens], L)
+    assert eb2["sigma"] == 0.0
