@@ -85,7 +85,7 @@ def test_graph_rows_ids_beyond_K_are_refused_not_moved():
         graph_rows([[1, 2, 0]], [1], 0)
     with pytest.raises(ValueError, match="K must be an integer >= 1"):
         graph_rows([[1, 2, 0]], [1], 4.0)
-    with pytest.raises(ValueError, match="seqs must hold integer token ids"):
+    with pytest.raises(ValueError, match="seqs must hold integer token"):
         graph_rows([[1.5, 2, 0]], [1], 4)
     with pytest.raises(ValueError, match=r"y must have one row per sequence \(n = 1\)"):
         graph_rows([[1, 2, 0]], [1, 2], 4)

@@ -39,18 +39,21 @@ def _check_ids(seqs, y, K, exclude=None, where: str = "graph_rows"):
     (n, T).  A ValueError naming the argument, before any work (an id beyond K is never
     folded into another token's id)."""
     from .._validation import Interval, check_param
-    from .data import _int_array, _pad_ragged
+    from ..svm.validate import _int_array
 
     K = check_param("K", K, [Interval(int, 1, None)])
-    seqs = _int_array(seqs, "seqs", (2,))
+    seqs = _int_array(seqs, "seqs")
+    if seqs.ndim != 2 or seqs.shape[0] < 1 or seqs.shape[1] < 1:
+        raise ValueError(f"{where}: seqs must be (n, T) token ids with n, T >= 1; got shape "
+                         f"{seqs.shape}")
     n, T = seqs.shape
-    if n < 1 or T < 1:
-        raise ValueError(f"seqs must be (n, T) with n, T >= 1; got shape {seqs.shape}")
     bad = (seqs < 0) | (seqs >= K)
     if bad.any():
         i, t = np.argwhere(bad)[0]
         raise ValueError(f"{where}: seqs[{i}, {t}] = {seqs[i, t]} is not a token id in [0, K={K})")
-    y = _int_array(_pad_ragged(y), "y", (1, 2))
+    y = _int_array(y, "y")
+    if y.ndim not in (1, 2):
+        raise ValueError(f"{where}: y must be (n,) ids or (n, L) label sets; got shape {y.shape}")
     if y.shape[0] != n:
         raise ValueError(f"{where}: y must have one row per sequence (n = {n}); got shape {y.shape}")
     Y = y[:, None] if y.ndim == 1 else y

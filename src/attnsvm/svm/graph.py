@@ -23,26 +23,43 @@ Solvers (one matrix constraint each, no Python loop of scalar constraints):
   space of its rank, else re-solved on its support (:func:`_nuc_ipm`); cvxpy + Clarabel /
   SCS (vectorised rows) only where none of these is proven.
 
-Proof (:func:`prove`), computed from the returned W and multipliers on the ORIGINAL data
-with a rounding-error bound for every floating-point step (gamma_n = n u / (1 - n u),
-u = 2^-53, Higham, "Accuracy and Stability of Numerical Algorithms", §3):
+Proof (:func:`prove`), computed from the returned W and multipliers on the problem's data
+(E restricted to the tokens that occur, scaled by a power of two: exact) with a
+rounding-error bound for every floating-point step (gamma_n = n u / (1 - n u), u = 2^-53,
+Higham, "Accuracy and Stability of Numerical Algorithms", §3):
 
-* margins m_r = e_y^T W e_k - e_j^T W e_k from G = (E W) E^T with |fl(G) - G| <=
-  gamma_{2d} |E| |W| |E|^T: a proven lower bound of every inequality margin and a proven
-  upper bound of every |equality residual|  ->  ``violation_`` (proven upper bound);
+* margins row by row, m_r = Delta_r^T W z_r (Delta_r = fl(e_y - e_j), |exact - Delta_r| <=
+  u |Delta_r|), |fl(m_r) - m_r| <= gamma_{2d+1} |Delta_r|^T |W| |z_r| (a bound on the row's
+  own size); where that is coarse (a margin cancelling large terms: near-collinear
+  tokens), the margin in twice the working precision (TwoProduct and TwoSum, Ogita, Rump,
+  Oishi 2005) with its bound: a proven lower bound of every inequality margin and upper
+  bound of every |equality residual|  ->  ``violation_`` (proven upper bound);
+* a feasible point near W, proven: the equality rows are reduced EXACTLY to a spanning
+  forest of each query's tie graph (every other tie row is a sum of forest rows); a
+  proven lower bound sigma of the smallest singular value of the forest rows (from
+  their (m, m) Gram matrix, :func:`equality_bound`) gives an exact correction delta
+  with W + delta on every equality and ||delta||_F <= ||residuals|| / sigma; W + delta
+  keeps inequality margins >= margin_lo - ||A_r||_F ||delta||_F, so ``upper`` = (||W|| +
+  c ||delta||) / min(1, that margin) bounds the norm of an exactly feasible point.  An
+  instance whose equalities cannot be met (a tie of coefficient 2^-41 against margins
+  of size 1) gets no such point: never 'optimal';
 * weak duality: for lam >= 0 on inequalities (free on equalities) and every W' meeting
   the constraints, sum_ineq lam_r <= <S, W'> <= ||S||_* ||W'||, S = sum_r lam_r A_r =
-  E^T Lam E; so lb = sum lam / ||S||_* <= the optimal norm, with ||S||_* bounded above
-  (computation error of S and of the norm included; spectral / nuclear norms through an
-  SVD whose residual and orthogonality defects are bounded as well);
-* ``gap_`` = (||W||_up / min(1, margin_lo) - lb) / lb, an upper bound of the relative
-  suboptimality.
+  Delta^T diag(lam) z; so lb = sum lam / ||S||_* <= the optimal norm, with ||S||_*
+  bounded above (computation error of S and of the norm included; spectral / nuclear
+  norms through an SVD whose residual and orthogonality defects are bounded as well);
+* ``gap_`` = (upper - lb) / lb, an upper bound of the relative suboptimality.
 
-status_: "optimal" when the proven violation is <= FEAS_TOL (1e-9) and the proven gap
-<= GAP_GRAPH (1e-9); "optimal_inaccurate" / "suboptimal" for larger proven gaps;
-"infeasible" only with a Farkas certificate verified by
+status_: "optimal" when the proven violation is <= FEAS_TOL (1e-9), a feasible point is
+proven and the proven gap <= GAP_GRAPH (1e-9); "optimal_inaccurate" / "suboptimal" for
+larger proven gaps; "infeasible" only with a Farkas certificate verified by
 :func:`attnsvm.svm.solution.farkas_verify` (``conflict_`` then names the samples);
-"uncertified" when neither is proven.
+"uncertified" when neither is proven (``extra["reason"]`` says why; a solver's
+numerical error is recorded there, never raised).
+
+Resources: rows, SCCs, solves and proofs work on the tokens that occur (no (K, K) or
+(K, d^2) array); the solve's memory is estimated first (:func:`memory_need`) and a
+problem that cannot fit is refused with it.
 """
 
 from __future__ import annotations
