@@ -209,6 +209,12 @@ def graph_rows(seqs, y, K: int, exclude=None, scc: np.ndarray | None = None) -> 
     memory grow with K'^2, not K^2.  Arguments are validated first (ValueError naming
     the argument: ids outside [0, K), a non-boolean or mis-shaped ``exclude``)."""
     seqs, Y, exclude, K = _check_ids(seqs, y, K, exclude)
+    return _graph_rows(seqs, Y, exclude, K, scc)
+
+
+def _graph_rows(seqs, Y, exclude, K: int, scc=None) -> GraphRows:
+    """:func:`graph_rows` on validated arguments (seqs (n, T) int64 ids in [0, K), Y (n, L)
+    int64 labels with -1 padding, exclude (n, T) bool or None)."""
     tokens = np.unique(np.concatenate([seqs.ravel(), Y[Y >= 0]]))
     Ku = len(tokens)
     ls = np.searchsorted(tokens, seqs)

@@ -69,7 +69,9 @@ import warnings
 
 import numpy as np
 
+from .._validation import check_memory
 from ..norms import get_norm
+from .certificate import two_diff
 from .solution import (
     FEAS_TOL,
     GAP_INACCURATE,
@@ -78,6 +80,7 @@ from .solution import (
     farkas_verify,
     single_thread,
 )
+from .validate import as_tol
 
 __all__ = ["graph_svm", "graph_svm_batch", "prove", "GAP_GRAPH", "graph_constraints"]
 
@@ -112,7 +115,6 @@ def graph_constraints(E: np.ndarray, rows) -> ConstraintSet:
 def _validate(E, seqs, y, norm, tol=1e-6):
     """(NTPData, Norm, tol) validated, before any work (ValueError naming the argument)."""
     from ..ntp.data import NTPData
-    from .validate import as_tol
 
     N = get_norm(norm)
     if N.name not in ("fro", "nuc"):
@@ -488,7 +490,12 @@ def _svd_bounds(A: np.ndarray):
     quantity carries its rounding bound (Higham §3.5: |fl(X Y) - X Y| <= gamma_n |X| |Y|,
     and || |X| |Y| ||_F <= ||X||_F ||Y||_F)."""
     d1, d2 = A.shape
-    Uu, s, Vt = np.linalg.svd(A, full_matrices=False)
+    if not np.all(np.isfinite(A)):
+        return np.inf, np.inf, np.zeros(0)
+    try:
+        Uu, s, Vt = np.linalg.svd(A, full_matrices=False)
+    except np.linalg.LinAlgError:  # (no bound without a decomposition)
+        return np.inf, np.inf, np.zeros(0)
     r = len(s)
     if r == 0:
         return 0.0, 0.0, s
@@ -526,8 +533,14 @@ def _row_data(E: np.ndarray, rows):
     """Delta (N, d) = fl(E_y - E_j) with |exact - Delta| <= u |Delta| (a difference of two
     floats, rounded once: TwoSum's error term is below u |Delta|), and z (N, d) = E_k."""
     E = np.asarray(E, float)
+    c = getattr(rows, "cache", None)  # (a _LocalRows keeps the arrays of its E)
+    if c is not None and c[0] is E:
+        return c[1], c[2]
     with np.errstate(over="ignore", invalid="ignore"):
-        return E[rows.y] - E[rows.j], E[rows.k]
+        D, Z = E[rows.y] - E[rows.j], E[rows.k]
+    if isinstance(rows, _LocalRows):
+        rows.cache = (E, D, Z)
+    return D, Z
 
 
 def _lmin_lower(G: np.ndarray) -> float:
@@ -539,7 +552,10 @@ def _lmin_lower(G: np.ndarray) -> float:
     m = G.shape[0]
     if m == 0:
         return np.inf
-    w, Q = np.linalg.eigh(G)
+    try:
+        w, Q = np.linalg.eigh(G)
+    except np.linalg.LinAlgError:  # (nothing proven)
+        return 0.0
     if not (np.all(np.isfinite(w)) and w[0] > 0):
         return 0.0
     fq = float(np.linalg.norm(Q)) ** 2 * (1 + _gamma(Q.size + 2))
@@ -595,6 +611,11 @@ def equality_bound(E: np.ndarray, rows) -> dict:
         return {"forest": f, "sigma": np.inf}
     D, Z = _row_data(E, _Sub(rows, f))
     d = D.shape[1]
+    if f.size == 1:  # one row: sigma = ||Delta_exact|| ||z|| >= (1 - u) ||Delta|| ||z||
+        with np.errstate(over="ignore", under="ignore"):
+            a, b = float(np.sqrt(D[0] @ D[0])), float(np.sqrt(Z[0] @ Z[0]))
+        if 2.0 ** -400 < min(a, b) and max(a, b) < 2.0 ** 400:  # (no under/overflow)
+            return {"forest": f, "sigma": a * b * (1 - _gamma(d + 3)) * (1 - 4 * U)}
     with np.errstate(over="ignore", invalid="ignore", under="ignore"):
         G = (D @ D.T) * (Z @ Z.T)
         aD, aZ = np.abs(D), np.abs(Z)
@@ -687,15 +708,13 @@ def _prove_primal(E: np.ndarray, rows, W: np.ndarray, norm: str, eqb: dict | Non
     fro = get_norm(norm).name == "fro"
     with np.errstate(over="ignore", invalid="ignore", under="ignore"):
         D, Z = _row_data(E, rows)
-        m = np.einsum("rd,rd->r", D @ W, Z)
+        m = ((D @ W) * Z).sum(1)
         aW = np.abs(W)
-        B = np.einsum("rd,rd->r", np.abs(D) @ aW, np.abs(Z)) * (1 + _gamma(2 * d + 2))
+        B = ((np.abs(D) @ aW) * np.abs(Z)).sum(1) * (1 + _gamma(2 * d + 2))
         err = (_gamma(2 * d + 1) * B + U * np.abs(m) + 4 * d * TINY) * 1.0001
         coarse = np.nonzero(err > 2.0 ** -40)[0]  # (a margin from large cancelling terms)
         aw = float(aW.max(initial=0.0))
         if coarse.size and np.isfinite(aw) and aw < 2.0 ** 900:
-            from .certificate import two_diff
-
             for c0 in range(0, coarse.size, max(1, 2 ** 20 // (4 * d * d))):
                 c = coarse[c0:c0 + max(1, 2 ** 20 // (4 * d * d))]
                 Dc, lo = two_diff(E[rows.y[c]], E[rows.j[c]])
@@ -897,6 +916,7 @@ class _LocalRows:
     def __init__(self, rows):
         self.k, self.y, self.j = rows.local(rows.k), rows.local(rows.y), rows.local(rows.j)
         self.eq = rows.eq
+        self.cache = None  # (E, Delta, z) of _row_data
 
     def __len__(self) -> int:
         return len(self.k)
@@ -928,7 +948,7 @@ def _out_scale(x: float, s: int, upper: bool) -> float:
     the result leaves the normal range)."""
     with np.errstate(over="ignore", under="ignore"):
         v = float(np.ldexp(x, s))
-    if 0 < abs(v) < np.finfo(float).tiny or (np.isfinite(x) and not np.isfinite(v)):
+    if 0 < abs(v) < TINY or (np.isfinite(x) and not np.isfinite(v)):
         v = float(np.nextafter(v, np.inf if upper else 0.0))
     return v
 
@@ -973,16 +993,17 @@ def graph_svm(E, seqs, y, norm="fro", *, exclude=None, tol: float = 1e-6) -> Sol
     whose rows carry the verified Farkas certificate.  ``extra["reason"]``: why an
     answer is 'uncertified'.
     """
-    from .._validation import check_memory
-    from ..ntp.graph import graph_rows
+    from ..ntp.graph import _as_exclude, _graph_rows
 
     data, N, tol = _validate(E, seqs, y, norm, tol)
+    ex = None if exclude is None else _as_exclude(exclude, data.n, data.T)
     t0 = time.perf_counter()
-    rows = graph_rows(data.seqs, data.y, data.K, exclude=exclude)
+    rows = _graph_rows(data.seqs, data.labels, ex, data.K)  # (validated by NTPData)
     d = data.d
     need, what = memory_need(len(rows), int(rows.eq.sum()), d, N.name)
-    check_memory(need, f"graph_svm ({N.name}) on {len(rows):,} distinct rows in dimension {d} "
-                 f"({what})", "use fewer samples or tokens")
+    if need > 2 ** 26:  # (below 64 MiB: no question of fitting, and no system call)
+        check_memory(need, f"graph_svm ({N.name}) on {len(rows):,} distinct rows in dimension "
+                     f"{d} ({what})", "use fewer samples or tokens")
     L = _LocalRows(rows)
     Eu = data.E[rows.tokens]
     Es, e = _pow2_scale(Eu, data.E)
@@ -1075,8 +1096,11 @@ def _assemble(pr, Wp, lam_p, S, s_val, name, lname, st, p, Ep, L, norm, tol, bas
     """The Solution of a proven answer Wp on Ep = E 2^-p, scaled back to the caller's E
     (W = Wp 2^-2p: exact unless float64 cannot hold it, then 'uncertified')."""
     nrm = pr["norm"]
-    lam_p, kkt, support = _kkt(Ep, L, Wp, lam_p, norm, pr["margins"], tol, nrm,
-                               None if S is None else (S, s_val))
+    try:  # (informative numbers: a failure leaves them NaN, never the proven answer)
+        lam_p, kkt, support = _kkt(Ep, L, Wp, lam_p, norm, pr["margins"], tol, nrm,
+                                   None if S is None else (S, s_val))
+    except (np.linalg.LinAlgError, ArithmeticError, ValueError):
+        kkt, support = np.nan, L.eq | (pr["margins"] <= 1.0 + tol)
     with np.errstate(over="ignore", under="ignore"):
         W = np.ldexp(Wp, -2 * p)
         exact = bool(np.all(np.isfinite(W)) and np.array_equal(np.ldexp(W, 2 * p), Wp))
