@@ -124,7 +124,7 @@ def test_multi_label_and_exclude():
     ex[:, 0] = True
     sol2 = graph_svm(D.E, D.seqs, D.y, exclude=ex)
     assert sol2.status_ == "optimal" and sol2.extra["n_constraints"] < graph_rows(D.seqs, D.y, D.K).k.size
-    with pytest.raises(ValueError, match="exclude must be a bool array"):
+    with pytest.raises(ValueError, match=r"exclude must be a boolean array of shape \(n, T\) = \(6, 4\)"):
         graph_svm(D.E, D.seqs, D.y, exclude=ex[:, :2])
 
 

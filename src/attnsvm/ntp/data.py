@@ -28,6 +28,8 @@ from pathlib import Path
 
 import numpy as np
 
+from .._validation import INT64_MAX, Interval, Satisfies, check_param
+
 __all__ = ["NTPData", "ntp_random", "load_ntp", "PUBLISHED_SIZES", "GRAPH_KINDS"]
 
 #: the paper's experiment sizes (figure names): n samples, T tokens, K vocabulary, d dim
@@ -230,8 +232,12 @@ def ntp_random(n: int, T: int, K: int, d: int, graph: str = "any", seed=0,
         raise ValueError(f"T must be >= 2 (a query token and at least one other); got {T}")
     if graph not in GRAPH_KINDS:
         raise ValueError(f"graph must be one of {GRAPH_KINDS}; got {graph!r}")
+    seed = check_param("seed", seed, [Interval(int, 0, INT64_MAX), Satisfies(
+        _seed_entropy, "an integer in [0, 2**63 - 1] or a list of such integers (SeedSequence "
+        "entropy)")])
+    max_tries = check_param("max_tries", max_tries, [Interval(int, 1, None)])
     rng = np.random.default_rng(seed)
-    for _ in range(int(max_tries)):
+    for _ in range(max_tries):
         E, seqs, y = _draw(rng, n, T, K, d)
         if graph == "any":
             return NTPData(E, seqs, y)
@@ -240,6 +246,16 @@ def ntp_random(n: int, T: int, K: int, d: int, graph: str = "any", seed=0,
         if cyclic == (graph == "cyclic"):
             return NTPData(E, seqs, y)
     raise RuntimeError(f"no {graph} draw of size n={n}, T={T}, K={K} in {max_tries} tries")
+
+
+def _seed_entropy(seed) -> list:
+    """A SeedSequence entropy list: non-negative integers (ValueError otherwise)."""
+    if isinstance(seed, (list, tuple)) and seed and all(
+            isinstance(v, (int, np.integer)) and not isinstance(v, bool) and 0 <= v <= INT64_MAX
+            for v in seed):
+        return [int(v) for v in seed]
+    raise ValueError(f"seed must be an integer in [0, 2**63 - 1] or a non-empty list of such "
+                     f"integers (SeedSequence entropy); got {seed!r}")
 
 
 def _has_cycle(scc: np.ndarray) -> bool:

@@ -34,18 +34,22 @@ import numpy as np
 import torch
 
 from .data import NTPData
-from .graph import graph_rows
+from .graph import GraphRows, graph_rows
 
 __all__ = ["FinResult", "w_fin", "s_fin_basis", "decompose", "reduced_mask"]
 
 EPS = float(np.finfo(np.float64).eps)
 
 
-def reduced_mask(data: NTPData, scc: np.ndarray) -> np.ndarray:
+def reduced_mask(data: NTPData, scc) -> np.ndarray:
     """(n, T) bool: positions whose token is in the SCC of the sample's (first) label in
-    G_{k_i}; a sample whose mask holds only label tokens contributes nothing."""
+    G_{k_i}; a sample whose mask holds only label tokens contributes nothing.  ``scc``:
+    the (K, K) table of :func:`~attnsvm.ntp.graph.scc_table`, or the
+    :class:`~attnsvm.ntp.graph.GraphRows` of the data (read on the tokens that occur)."""
     k = data.query
     y0 = data.labels[:, 0]
+    if isinstance(scc, GraphRows):
+        return scc.scc_of(k[:, None], data.seqs) == scc.scc_of(k, y0)[:, None]
     return scc[k[:, None], data.seqs] == scc[k, y0][:, None]
 
 
@@ -104,14 +108,26 @@ def w_fin(data: NTPData, head: str = "iden", tol: float = 1e-10, max_iter: int =
     SCCs, S_fin and the reduced positions) from these labels and exclusions instead of
     data.y, the loss keeping data.y (the public code's local W_fin: the graph of the
     tokens a run selected, the loss of the training labels)."""
-    if head not in ("iden", "gen"):
-        raise ValueError(f"head must be 'iden' or 'gen'; got {head!r}")
+    from .._validation import Interval, Options, validate_params
+    from .graph import _check_ids
+
+    if not isinstance(data, NTPData):
+        raise ValueError(f"data must be an NTPData (e.g. NTPData(E, seqs, y)); got a "
+                         f"{type(data).__name__}")
+    validate_params({"head": [Options("iden", "gen")],
+                     "tol": [Interval(float, 0.0, None, closed="neither")],
+                     "max_iter": [Interval(int, 1, None)]}, locals(), "w_fin")
     gl = data.y if graph_labels is None else graph_labels
+    try:
+        _, _, exclude, _ = _check_ids(data.seqs, gl, data.K, exclude, "w_fin")
+    except ValueError as exc:
+        raise ValueError(str(exc).replace("w_fin: y", "w_fin: graph_labels")
+                         if graph_labels is not None else str(exc)) from None
     rows = graph_rows(data.seqs, gl, data.K, exclude=exclude)
     Bs = s_fin_basis(data, rows)
-    rmask = reduced_mask(data, rows.scc)
+    rmask = reduced_mask(data, rows)
     if exclude is not None:
-        rmask &= ~np.asarray(exclude, bool)
+        rmask &= ~exclude
     d = data.d
     Y = data.labels
     ymask = ((data.seqs[:, None, :] == Y[:, :, None]) & (Y[:, :, None] >= 0)).any(1)
@@ -194,10 +210,23 @@ def decompose(W_t: np.ndarray, W_svm: np.ndarray, fin: FinResult) -> dict:
     resid      ||W_t - R_t D - W_fin|| / ||W_t||  (relative residual of the decomposition)
     corr_dec   corr(W_t, R_T D + W_fin) with R_T fitted at the last step (the code's
                second correlation curve)
-    Each an array of length R."""
-    Wt = np.asarray(W_t, float)
+    Each an array of length R.  ValueError naming the argument for shapes that do not
+    match fin.W (d, d), non-finite entries, or W_svm = 0."""
+    from ..svm.validate import as_array
+
+    if not isinstance(fin, FinResult):
+        raise ValueError(f"fin must be a FinResult (from w_fin); got a {type(fin).__name__}")
+    d = fin.W.shape
+    Wt = as_array(W_t, "W_t", (2, 3), f"(R, {d[0]}, {d[1]}) or {d}")
     Wt = Wt[None] if Wt.ndim == 2 else Wt
-    D = np.asarray(W_svm, float)
+    if Wt.shape[1:] != d or Wt.shape[0] < 1:
+        raise ValueError(f"W_t must have shape (R, {d[0]}, {d[1]}) or {d} (fin.W's); got "
+                         f"{np.shape(W_t)}")
+    D = as_array(W_svm, "W_svm", (2,), str(d))
+    if D.shape != d:
+        raise ValueError(f"W_svm must have shape {d} (fin.W's); got {D.shape}")
+    if not np.any(D):
+        raise ValueError("W_svm must be non-zero (its direction W_svm / ||W_svm|| is used)")
     D = D / np.linalg.norm(D)
     Wf = fin.W
     Rt = np.einsum("rde,de->r", Wt - Wf, D)

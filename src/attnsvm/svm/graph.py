@@ -23,26 +23,43 @@ Solvers (one matrix constraint each, no Python loop of scalar constraints):
   space of its rank, else re-solved on its support (:func:`_nuc_ipm`); cvxpy + Clarabel /
   SCS (vectorised rows) only where none of these is proven.
 
-Proof (:func:`prove`), computed from the returned W and multipliers on the ORIGINAL data
-with a rounding-error bound for every floating-point step (gamma_n = n u / (1 - n u),
-u = 2^-53, Higham, "Accuracy and Stability of Numerical Algorithms", §3):
+Proof (:func:`prove`), computed from the returned W and multipliers on the problem's data
+(E restricted to the tokens that occur, scaled by a power of two: exact) with a
+rounding-error bound for every floating-point step (gamma_n = n u / (1 - n u), u = 2^-53,
+Higham, "Accuracy and Stability of Numerical Algorithms", §3):
 
-* margins m_r = e_y^T W e_k - e_j^T W e_k from G = (E W) E^T with |fl(G) - G| <=
-  gamma_{2d} |E| |W| |E|^T: a proven lower bound of every inequality margin and a proven
-  upper bound of every |equality residual|  ->  ``violation_`` (proven upper bound);
+* margins row by row, m_r = Delta_r^T W z_r (Delta_r = fl(e_y - e_j), |exact - Delta_r| <=
+  u |Delta_r|), |fl(m_r) - m_r| <= gamma_{2d+1} |Delta_r|^T |W| |z_r| (a bound on the row's
+  own size); where that is coarse (a margin cancelling large terms: near-collinear
+  tokens), the margin in twice the working precision (TwoProduct and TwoSum, Ogita, Rump,
+  Oishi 2005) with its bound: a proven lower bound of every inequality margin and upper
+  bound of every |equality residual|  ->  ``violation_`` (proven upper bound);
+* a feasible point near W, proven: the equality rows are reduced EXACTLY to a spanning
+  forest of each query's tie graph (every other tie row is a sum of forest rows); a
+  proven lower bound sigma of the smallest singular value of the forest rows (from
+  their (m, m) Gram matrix, :func:`equality_bound`) gives an exact correction delta
+  with W + delta on every equality and ||delta||_F <= ||residuals|| / sigma; W + delta
+  keeps inequality margins >= margin_lo - ||A_r||_F ||delta||_F, so ``upper`` = (||W|| +
+  c ||delta||) / min(1, that margin) bounds the norm of an exactly feasible point.  An
+  instance whose equalities cannot be met (a tie of coefficient 2^-41 against margins
+  of size 1) gets no such point: never 'optimal';
 * weak duality: for lam >= 0 on inequalities (free on equalities) and every W' meeting
   the constraints, sum_ineq lam_r <= <S, W'> <= ||S||_* ||W'||, S = sum_r lam_r A_r =
-  E^T Lam E; so lb = sum lam / ||S||_* <= the optimal norm, with ||S||_* bounded above
-  (computation error of S and of the norm included; spectral / nuclear norms through an
-  SVD whose residual and orthogonality defects are bounded as well);
-* ``gap_`` = (||W||_up / min(1, margin_lo) - lb) / lb, an upper bound of the relative
-  suboptimality.
+  Delta^T diag(lam) z; so lb = sum lam / ||S||_* <= the optimal norm, with ||S||_*
+  bounded above (computation error of S and of the norm included; spectral / nuclear
+  norms through an SVD whose residual and orthogonality defects are bounded as well);
+* ``gap_`` = (upper - lb) / lb, an upper bound of the relative suboptimality.
 
-status_: "optimal" when the proven violation is <= FEAS_TOL (1e-9) and the proven gap
-<= GAP_GRAPH (1e-9); "optimal_inaccurate" / "suboptimal" for larger proven gaps;
-"infeasible" only with a Farkas certificate verified by
+status_: "optimal" when the proven violation is <= FEAS_TOL (1e-9), a feasible point is
+proven and the proven gap <= GAP_GRAPH (1e-9); "optimal_inaccurate" / "suboptimal" for
+larger proven gaps; "infeasible" only with a Farkas certificate verified by
 :func:`attnsvm.svm.solution.farkas_verify` (``conflict_`` then names the samples);
-"uncertified" when neither is proven.
+"uncertified" when neither is proven (``extra["reason"]`` says why; a solver's
+numerical error is recorded there, never raised).
+
+Resources: rows, SCCs, solves and proofs work on the tokens that occur (no (K, K) or
+(K, d^2) array); the solve's memory is estimated first (:func:`memory_need`) and a
+problem that cannot fit is refused with it.
 """
 
 from __future__ import annotations
@@ -51,7 +68,9 @@ import time
 
 import numpy as np
 
+from .._validation import check_memory
 from ..norms import get_norm
+from .certificate import two_diff
 from .solution import (
     FEAS_TOL,
     GAP_INACCURATE,
@@ -59,6 +78,7 @@ from .solution import (
     Solution,
     farkas_verify,
 )
+from .validate import as_tol
 
 __all__ = ["graph_svm", "graph_svm_batch", "prove", "GAP_GRAPH", "graph_constraints"]
 
@@ -90,14 +110,16 @@ def graph_constraints(E: np.ndarray, rows) -> ConstraintSet:
                          Delta_lo=lo[:, None, :])
 
 
-def _validate(E, seqs, y, norm):
+def _validate(E, seqs, y, norm, tol=1e-6):
+    """(NTPData, Norm, tol) validated, before any work (ValueError naming the argument)."""
     from ..ntp.data import NTPData
 
     N = get_norm(norm)
     if N.name not in ("fro", "nuc"):
         raise ValueError(f"norm must be 'fro' or 'nuc' for graph_svm; got {norm!r}")
+    tol = as_tol(tol)
     data = NTPData(E, seqs, y)
-    return data, N
+    return data, N, tol
 
 
 # ---------------------------------------------------------------------- solvers
@@ -154,7 +176,10 @@ def _fro_ldp(cs: ConstraintSet):
     basis of the equalities' null space), min ||c|| s.t. G c >= 1 is the NNLS
     min_u>=0 ||[G^T; 1^T] u - e_last|| (scipy.optimize.nnls, an exact active-set
     method): r = residual, c = -r[:p] / r[p], lam_in = u / (1 - 1^T u).  Equality
-    multipliers from stationarity w = M_in^T lam_in + M_eq^T lam_eq (least squares)."""
+    multipliers from stationarity w = M_in^T lam_in + M_eq^T lam_eq (least squares).
+    1 - 1^T u = 1 / (1 + ||c||^2) is below rounding where ||c|| >~ 1e7 (near-collinear
+    tokens): the problem is then solved again on G t (optimum c / t, multipliers
+    lam / t^2) with t the norm of the first answer, up to twice."""
     from scipy.optimize import nnls
 
     M = _rows_dense(cs)
@@ -162,21 +187,27 @@ def _fro_ldp(cs: ConstraintSet):
     Nb = _null_basis(M[eq], M.shape[1])
     G = M[~eq] @ Nb
     p = G.shape[1]
-    Em = np.vstack([G.T, np.ones((1, G.shape[0]))])
     f = np.zeros(p + 1)
     f[-1] = 1.0
-    u, _ = nnls(Em, f, maxiter=50 * Em.shape[1])
-    r = Em @ u - f
-    den = 1.0 - u.sum()
-    if not den > 1e-14:
-        return None, None, "ldp-infeasible"
-    w = Nb @ (G.T @ u / den)
+    t = 1.0
+    for _ in range(3):
+        Gt = G * t
+        Em = np.vstack([Gt.T, np.ones((1, G.shape[0]))])
+        u, _ = nnls(Em, f, maxiter=50 * Em.shape[1])
+        den = 1.0 - u.sum()
+        if not den > 0:
+            return None, None, "ldp-infeasible"
+        c = Gt.T @ u / den
+        nc = float(np.linalg.norm(c))
+        if den > 1e-6 or not (np.isfinite(nc) and nc > 0):
+            break
+        t *= nc
+    w = Nb @ (c * t)
     lam = np.zeros(M.shape[0])
-    lam[~eq] = u / den
+    lam[~eq] = u / den * (t * t)
     if eq.any():
         resid = w - M[~eq].T @ lam[~eq]
         lam[eq] = np.linalg.lstsq(M[eq].T, resid, rcond=None)[0]
-    del r
     return w.reshape(cs.d, cs.e), lam, "optimal"
 
 
@@ -187,7 +218,7 @@ def _solve_fro(cs: ConstraintSet):
     from .fast import polish_fro
 
     tried = []
-    if cs.d * cs.e <= 4096:
+    if cs.d * cs.e <= 4096 and len(cs.eq) * cs.d * cs.e <= DENSE_CAP:
         tried.append(("ldp-nnls", _fro_ldp))
     tried.append(("clarabel-dual", _fro_dual))
     for name, fn in tried:
@@ -341,7 +372,7 @@ def _nuc_ipm(cs: ConstraintSet, tol: float = 3e-10):
         c = C.reshape(-1)
         if sel_eq.size:  # the raw answer, projected onto the equalities' null space
             Me = Mr_eq[np.searchsorted(ie, sel_eq)]
-            c = c - Me.T @ np.linalg.solve(Me @ Me.T, Me @ c)
+            c = c - np.linalg.lstsq(Me, Me @ c, rcond=None)[0]  # (robust where Me is near-singular)
         yield U @ c.reshape(C.shape) @ V.T, lam, name
         m = ((Dr @ C) * Zr).sum(1)  # margins of C
         yield U @ _nuc_on_rows(Dr, Zr, b, eq, sel_eq, C, lam, m) @ V.T, lam, name + "+rows"
@@ -388,7 +419,12 @@ def _solve_nuc(cs: ConstraintSet):
     duality holds for every lam), so the best of each side is kept."""
     eq = cs.eq[:, 0]
     d, e = cs.d, cs.e
-    yield from _nuc_ipm(cs)
+    try:
+        yield from _nuc_ipm(cs)
+    except _SOLVER_ERRORS as exc:  # (the fallbacks below still run)
+        yield None, None, f"ipm-sdp ({type(exc).__name__}: {exc})"
+    if len(eq) * d * e > DENSE_CAP:  # the fallbacks' dense (rows, d^2) matrix: not built
+        return
     M = _rows_dense(cs)
     Nb = _null_basis(M[eq], M.shape[1]) if eq.any() else None
 
@@ -452,7 +488,12 @@ def _svd_bounds(A: np.ndarray):
     quantity carries its rounding bound (Higham §3.5: |fl(X Y) - X Y| <= gamma_n |X| |Y|,
     and || |X| |Y| ||_F <= ||X||_F ||Y||_F)."""
     d1, d2 = A.shape
-    Uu, s, Vt = np.linalg.svd(A, full_matrices=False)
+    if not np.all(np.isfinite(A)):
+        return np.inf, np.inf, np.zeros(0)
+    try:
+        Uu, s, Vt = np.linalg.svd(A, full_matrices=False)
+    except np.linalg.LinAlgError:  # (no bound without a decomposition)
+        return np.inf, np.inf, np.zeros(0)
     r = len(s)
     if r == 0:
         return 0.0, 0.0, s
@@ -486,44 +527,234 @@ def _fro_upper(A: np.ndarray) -> float:
     return float(m * np.linalg.norm(A / m) * (1 + _gamma(A.size + 4)))
 
 
-def _prove_primal(E: np.ndarray, rows, W: np.ndarray, norm: str) -> dict:
+def _row_data(E: np.ndarray, rows):
+    """Delta (N, d) = fl(E_y - E_j) with |exact - Delta| <= u |Delta| (a difference of two
+    floats, rounded once: TwoSum's error term is below u |Delta|), and z (N, d) = E_k."""
+    E = np.asarray(E, float)
+    c = getattr(rows, "cache", None)  # (a _LocalRows keeps the arrays of its E)
+    if c is not None and c[0] is E:
+        return c[1], c[2]
+    with np.errstate(over="ignore", invalid="ignore"):
+        D, Z = E[rows.y] - E[rows.j], E[rows.k]
+    if isinstance(rows, _LocalRows):
+        rows.cache = (E, D, Z)
+    return D, Z
+
+
+def _lmin_lower(G: np.ndarray) -> float:
+    """A proven lower bound of the smallest eigenvalue of the symmetric float matrix G
+    (m, m) (0 where none > 0 is proven), from its computed eigendecomposition
+    G ~ Q diag(w) Q^T: with R = G - Q diag(w) Q^T, lambda_min(G) >= min(w) (1 - ||Q^T Q -
+    I||_F) - ||R||_F when min(w) >= 0 (x^T Q diag(w) Q^T x >= min(w) ||Q^T x||^2); every
+    computed norm carries its rounding bound (Higham §3.5), as in :func:`_svd_bounds`."""
+    m = G.shape[0]
+    if m == 0:
+        return np.inf
+    try:
+        w, Q = np.linalg.eigh(G)
+    except np.linalg.LinAlgError:  # (nothing proven)
+        return 0.0
+    if not (np.all(np.isfinite(w)) and w[0] > 0):
+        return 0.0
+    fq = float(np.linalg.norm(Q)) ** 2 * (1 + _gamma(Q.size + 2))
+    O = Q.T @ Q
+    O.flat[::m + 1] -= 1.0
+    eo = (float(np.linalg.norm(O)) * (1 + _gamma(m * m + 2)) + _gamma(m + 1) * (fq + np.sqrt(m)))
+    QW = Q * w
+    rF = float(np.linalg.norm(G - QW @ Q.T)) * (1 + _gamma(m * m + 2))
+    rerr = (_gamma(m + 2) * float(np.linalg.norm(QW)) * np.sqrt(fq) * (1 + _gamma(m * m + 2))
+            + U * float(np.linalg.norm(G)) * (1 + _gamma(m * m + 2)))
+    lo = float(w[0]) * (1 - eo * 1.0001) * (1 - 4 * U) - (rF + rerr * 1.0001) * 1.0001
+    return max(lo, 0.0)
+
+
+def _tie_forest(rows) -> np.ndarray:
+    """Indices of a spanning forest of the equality rows, per query token: rows (k, a, b)
+    joining tokens not yet joined in G_k's tie graph (union-find).  Every other equality
+    row (k, a, b) is EXACTLY the sum of the forest's rows along the path a .. b (the
+    differences E_a - E_b telescope, z = E_k is shared), so W meets every equality
+    exactly iff it meets the forest's."""
+    idx = np.nonzero(rows.eq)[0]
+    parent: dict = {}
+
+    def find(x):
+        while parent.get(x, x) != x:
+            parent[x] = parent.get(parent[x], parent[x])
+            x = parent[x]
+        return x
+
+    keep = []
+    for r, k, a, b in zip(idx.tolist(), rows.k[idx].tolist(), rows.y[idx].tolist(),
+                          rows.j[idx].tolist()):
+        ra, rb = find((k, a)), find((k, b))
+        if ra != rb:
+            parent[ra] = rb
+            keep.append(r)
+    return np.asarray(keep, dtype=np.int64)
+
+
+def equality_bound(E: np.ndarray, rows) -> dict:
+    """What a proof needs to move an answer onto the equality rows exactly: ``forest`` the
+    rows of :func:`_tie_forest`, ``sigma`` a proven lower bound of the smallest singular
+    value of their exact matrix M (rows vec((E_a - E_b) E_k^T), a vectorised (m, d^2)
+    matrix never formed: its Gram matrix M M^T = (Delta Delta^T) o (z z^T) is (m, m)),
+    0 when their independence is not proven.  Then every W whose forest residuals r
+    (exact) are bounded has an exact correction delta with M vec(delta) = -r and
+    ||delta||_F <= ||r||_2 / sigma, so W + delta meets every equality exactly.
+    sigma_min(M) >= sqrt(lambda_min(fl(G))) - (rounding of G) - ||M - fl-parts||, with
+    G's rounding gamma_{2d+1} (|D||D|^T o |z||z|^T) (Higham §3.5) and the rounding of
+    the differences |exact - Delta| <= u |Delta| (:func:`_row_data`)."""
+    f = _tie_forest(rows)
+    if f.size == 0:
+        return {"forest": f, "sigma": np.inf}
+    D, Z = _row_data(E, _Sub(rows, f))
+    d = D.shape[1]
+    if f.size == 1:  # one row: sigma = ||Delta_exact|| ||z|| >= (1 - u) ||Delta|| ||z||
+        with np.errstate(over="ignore", under="ignore"):
+            a, b = float(np.sqrt(D[0] @ D[0])), float(np.sqrt(Z[0] @ Z[0]))
+        if 2.0 ** -400 < min(a, b) and max(a, b) < 2.0 ** 400:  # (no under/overflow)
+            return {"forest": f, "sigma": a * b * (1 - _gamma(d + 3)) * (1 - 4 * U)}
+    with np.errstate(over="ignore", invalid="ignore", under="ignore"):
+        G = (D @ D.T) * (Z @ Z.T)
+        aD, aZ = np.abs(D), np.abs(Z)
+        errG = _fro_upper((aD @ aD.T) * (aZ @ aZ.T)) * _gamma(2 * d + 3) * 1.0001 \
+            + 4 * len(f) * d * TINY
+        lam = _lmin_lower(G) if np.all(np.isfinite(G)) else 0.0
+        rn = np.sqrt((np.einsum("rd,rd->r", D, D) * np.einsum("rd,rd->r", Z, Z)).sum())
+        lo_part = U * float(rn) * (1 + _gamma(2 * d + 4)) * 1.0001  # ||M_exact - M_fl||_F
+        s = np.sqrt(max(lam - errG, 0.0)) * (1 - 2 * U) - lo_part
+    return {"forest": f, "sigma": float(s) if s > 0 and np.isfinite(s) else 0.0}
+
+
+class _Sub:
+    """The rows ``idx`` of a row set (k, y, j, eq views)."""
+
+    def __init__(self, rows, idx):
+        self.k, self.y, self.j, self.eq = rows.k[idx], rows.y[idx], rows.j[idx], rows.eq[idx]
+
+    def __len__(self) -> int:
+        return len(self.k)
+
+
+_SPLIT = 134217729.0  # 2^27 + 1 (Veltkamp's split)
+
+
+def _two_prod(a: np.ndarray, b: np.ndarray):
+    """(p, e): p = fl(a b), a b = p + e exactly (Dekker's TwoProduct by Veltkamp's split;
+    no overflow: |a|, |b| < 2^996; exact unless an entry underflows)."""
+    p = a * b
+    c = _SPLIT * a
+    ah = c - (c - a)
+    al = a - ah
+    c = _SPLIT * b
+    bh = c - (c - b)
+    bl = b - bh
+    return p, al * bl - (((p - ah * bh) - al * bh) - ah * bl)
+
+
+def _margins_dot2(D: np.ndarray, lo: np.ndarray, W: np.ndarray, Z: np.ndarray):
+    """(m, err) of m_r = (D_r + lo_r)^T W z_r (the exact difference E_y - E_j = D + lo,
+    TwoSum) for a few rows, in twice the working precision (Ogita, Rump, Oishi, "Accurate
+    sum and dot product", SIAM J. Sci. Comput. 26, 2005: TwoProduct terms, a cascade of
+    TwoSums): |m - m_exact| <= err = u |m| + gamma_n sum |e_i| + u sum |pl W| +
+    gamma_2 sum |lo z W| + underflow, every sum rounded upward.  Where the plain bound
+    gamma_{2d+1} |D|^T |W| |z| is too coarse: rows whose margin is a cancellation of
+    large terms (near-collinear tokens, a large W)."""
+    R, d = D.shape
+    ph, pl = _two_prod(D[:, :, None], Z[:, None, :])  # D_a z_b = ph + pl
+    h, l_ = _two_prod(ph, W[None])  # ph W_ab = h + l
+    q = pl * W[None]
+    s = (lo[:, :, None] * Z[:, None, :]) * W[None]
+    x = np.concatenate([h.reshape(R, -1), l_.reshape(R, -1), q.reshape(R, -1),
+                        s.reshape(R, -1)], axis=1)
+    errs = []
+    while x.shape[1] > 1:
+        if x.shape[1] % 2:
+            x = np.concatenate([x, np.zeros((R, 1))], axis=1)
+        a, b = x[:, 0::2], x[:, 1::2]
+        t = a + b
+        bb = t - a
+        errs.append((a - (t - bb)) + (b - bb))
+        x = t
+    e = np.concatenate(errs, axis=1) if errs else np.zeros((R, 1))
+    ne = e.shape[1]
+    m = x[:, 0] + e.sum(1)
+    g = lambda n: _gamma(n) * (1 + _gamma(n + 2))  # noqa: E731 - with the sum's own rounding
+    err = (U * np.abs(m) + g(ne) * np.abs(e).sum(1) * (1 + g(ne))
+           + U * np.abs(q).reshape(R, -1).sum(1) * (1 + g(d * d)) * (1 + 2 * U)
+           + _gamma(3) * np.abs(s).reshape(R, -1).sum(1) * (1 + g(d * d)) + 64 * d * d * TINY) * 1.0001
+    return m, err
+
+
+def _prove_primal(E: np.ndarray, rows, W: np.ndarray, norm: str, eqb: dict | None = None) -> dict:
     """Proven numbers of W: margins (N,) computed, margin_lo (proven min inequality
     margin; inf without inequality), violation_hi (proven max violation), norm_hi
-    (proven ||W||), norm (||W|| as computed, for the report)."""
+    (proven ||W||), norm (||W|| as computed, for the report), and the proven feasible
+    point near W: eq_shift (a bound of ||delta||_F of the exact correction onto the
+    equalities, :func:`equality_bound`; inf where none is proven), feas_margin (the
+    proven min inequality margin of W + delta), upper (a proven upper bound of the norm
+    of a feasible point, (||W|| + c ||delta||_F) / min(1, feas_margin), c = 1 (fro) or
+    sqrt(d) (nuc); inf where none is proven).
+
+    Margins row by row, m_r = Delta_r^T W z_r, with |fl(m_r) - m_r(exact data)| <=
+    gamma_{2d+1} |Delta_r|^T |W| |z_r| (Higham §3.5; the difference's own rounding
+    <= u |Delta_r| included): the bound scales with the row's own size, not with |E|."""
     E = np.asarray(E, float)
     W = np.asarray(W, float)
     d = E.shape[1]
     ineq, eq = ~rows.eq, rows.eq
-    with np.errstate(over="ignore", invalid="ignore"):
-        G = (E @ W) @ E.T
-        aE = np.abs(E)
-        Ab = (aE @ np.abs(W)) @ aE.T
-        err_g = _gamma(2 * d) * Ab * 1.0001 + 2 * d * TINY
-        m = G[rows.y, rows.k] - G[rows.j, rows.k]
-        err = (err_g[rows.y, rows.k] + err_g[rows.j, rows.k] + 2 * U * np.abs(m)) * 1.0001
+    fro = get_norm(norm).name == "fro"
+    with np.errstate(over="ignore", invalid="ignore", under="ignore"):
+        D, Z = _row_data(E, rows)
+        m = ((D @ W) * Z).sum(1)
+        aW = np.abs(W)
+        B = ((np.abs(D) @ aW) * np.abs(Z)).sum(1) * (1 + _gamma(2 * d + 2))
+        err = (_gamma(2 * d + 1) * B + U * np.abs(m) + 4 * d * TINY) * 1.0001
+        coarse = np.nonzero(err > 2.0 ** -40)[0]  # (a margin from large cancelling terms)
+        aw = float(aW.max(initial=0.0))
+        if coarse.size and np.isfinite(aw) and aw < 2.0 ** 900:
+            for c0 in range(0, coarse.size, max(1, 2 ** 20 // (4 * d * d))):
+                c = coarse[c0:c0 + max(1, 2 ** 20 // (4 * d * d))]
+                Dc, lo = two_diff(E[rows.y[c]], E[rows.j[c]])
+                m2, e2 = _margins_dot2(Dc, lo, W, Z[c])
+                better = np.isfinite(e2) & (e2 < err[c])
+                m[c[better]], err[c[better]] = m2[better], e2[better]
         m_lo, m_hi = m - err, m + err
         margin_lo = float(m_lo[ineq].min()) if ineq.any() else np.inf
         v_in = float(np.maximum(1.0 - m_lo[ineq], 0.0).max()) if ineq.any() else 0.0
-        v_eq = float(np.maximum(np.abs(m_lo[eq]), np.abs(m_hi[eq])).max()) if eq.any() else 0.0
-        if get_norm(norm).name == "fro":
+        r_eq = np.maximum(np.abs(m_lo[eq]), np.abs(m_hi[eq]))
+        v_eq = float(r_eq.max()) if eq.any() else 0.0
+        if fro:
             norm_hi, nrm = _fro_upper(W), None
         else:
             _, norm_hi, sv = _svd_bounds(W)
             nrm = float(sv.sum())
+        shift, feas = 0.0, margin_lo
+        if eq.any():
+            eqb = equality_bound(E, rows) if eqb is None else eqb
+            res = np.maximum(np.abs(m_lo), np.abs(m_hi))[eqb["forest"]]
+            rn = float(np.sqrt(np.sum(res * res))) * (1 + _gamma(len(res) + 2)) * 1.0001
+            shift = rn / eqb["sigma"] * (1 + 4 * U) if eqb["sigma"] > 0 else (
+                0.0 if rn == 0 else np.inf)
+            if ineq.any() and shift > 0:
+                an = np.sqrt(np.einsum("rd,rd->r", D[ineq], D[ineq])
+                             * np.einsum("rd,rd->r", Z[ineq], Z[ineq]))
+                an = an * (1 + _gamma(2 * d + 4)) * 1.0001  # >= ||A_r(exact)||_F
+                feas = float((m_lo[ineq] - an * shift * (1 + 2 * U)).min())
+        c = 1.0 if fro else np.sqrt(d) * (1 + 2 * U)
+        top = (norm_hi + c * shift) * (1 + 2 * U)
+        upper = top / min(1.0, feas) * (1 + 2 * U) if feas > 0 and np.isfinite(top) else np.inf
     if not np.all(np.isfinite(W)):
-        margin_lo, v_in, norm_hi = -np.inf, np.inf, np.inf
+        margin_lo, v_in, norm_hi, upper, shift = -np.inf, np.inf, np.inf, np.inf, np.inf
     return {"margins": m, "margin_lo": margin_lo, "violation_hi": max(v_in, v_eq),
-            "norm_hi": norm_hi, "norm": _norm_value(W, norm) if nrm is None else nrm}
+            "norm_hi": norm_hi, "norm": _norm_value(W, norm) if nrm is None else nrm,
+            "eq_shift": shift, "feas_margin": feas, "upper": float(upper)}
 
 
-def _lam_matrix(rows, lam: np.ndarray, K: int):
-    """Lam (K, K) with sum_r lam_r A_r = E^T Lam E (Lam[y_r, k_r] += lam_r, Lam[j_r, k_r]
-    -= lam_r) and Labs, the same sums of |lam_r| (the rounding bound of Lam's sums)."""
-    iy, ij = rows.y * K + rows.k, rows.j * K + rows.k
-    Lam = np.bincount(iy, lam, K * K) - np.bincount(ij, lam, K * K)
-    a = np.abs(lam)
-    Labs = np.bincount(iy, a, K * K) + np.bincount(ij, a, K * K)
-    return Lam.reshape(K, K), Labs.reshape(K, K)
+def _S_of(E: np.ndarray, rows, lam: np.ndarray) -> np.ndarray:
+    """S = sum_r lam_r A_r = Delta^T diag(lam) z (d, d), row by row (no (K, K) matrix)."""
+    D, Z = _row_data(E, rows)
+    return (D * lam[:, None]).T @ Z
 
 
 def _kkt(E, rows, W, lam, norm, margins, tol, nrm=None, S_lam=None):
@@ -536,15 +767,14 @@ def _kkt(E, rows, W, lam, norm, margins, tol, nrm=None, S_lam=None):
     ineq = ~rows.eq
     nrm = _norm_value(W, norm) if nrm is None else nrm
     tot = float(lam[ineq].sum())
-    f = nrm ** 2 / tot if tot > 0 and nrm > 0 else 1.0
+    f = nrm * (nrm / tot) if tot > 0 and nrm > 0 else 1.0
     lam = lam * f
     if S_lam is None:
-        Lam, _ = _lam_matrix(rows, lam, E.shape[0])
-        S = E.T @ Lam @ E
+        S = _S_of(E, rows, lam)
         s2 = float(np.linalg.norm(S, 2)) if norm != "fro" else 0.0
     else:
         S, s2 = S_lam[0] * f, S_lam[1] * f
-    n2 = max(nrm ** 2, 1e-300)
+    n2 = max(nrm * nrm, 1e-300)
     if norm == "fro":
         stat = float(np.linalg.norm(W - S)) / max(nrm, 1e-300)
     else:
@@ -557,27 +787,28 @@ def _kkt(E, rows, W, lam, norm, margins, tol, nrm=None, S_lam=None):
 
 def _prove_dual(E: np.ndarray, rows, lam: np.ndarray, norm: str) -> float:
     """Proven lower bound lb on the optimal norm from multipliers lam (N,) (negative
-    inequality multipliers are set to 0): lb = sum_ineq lam / ||S||_* with S = E^T Lam E
-    bounded above including the rounding of Lam, of the products and of the norm."""
+    inequality multipliers are set to 0): lb = sum_ineq lam / ||S||_* with S = sum_r
+    lam_r A_r bounded above including the rounding of the data and of the products and
+    of the norm."""
     return _dual_parts(E, rows, lam, norm)[0]
 
 
 def _dual_parts(E: np.ndarray, rows, lam: np.ndarray, norm: str):
     """(lb of :func:`_prove_dual`, S (d, d) as computed, its dual norm as computed (||S||_F
-    or ||S||_2); S None where lb is 0 for want of usable multipliers)."""
-    E = np.asarray(E, float)
-    K = E.shape[0]
+    or ||S||_2); S None where lb is 0 for want of usable multipliers).  S = Delta^T
+    diag(lam) z row by row, |fl(S) - S(exact data)| <= gamma_{N+2} |Delta|^T diag|lam| |z|
+    (the differences' rounding <= u |Delta| included)."""
     ineq = ~rows.eq
     if lam is None or not ineq.any() or not np.all(np.isfinite(lam)):
         return 0.0, None, 0.0
     lam = np.where(ineq, np.maximum(lam, 0.0), lam)
-    Lam, Labs = _lam_matrix(rows, lam, K)
-    aE = np.abs(E)
-    with np.errstate(over="ignore", invalid="ignore"):
-        S = E.T @ (Lam @ E)
-        nr = len(lam)
-        dS = aE.T @ ((_gamma(nr + 1) * Labs + _gamma(2 * K) * np.abs(Lam)) @ aE) * 1.0001
-        errS = _fro_upper(dS) + 4 * K * K * TINY
+    nr = len(lam)
+    with np.errstate(over="ignore", invalid="ignore", under="ignore"):
+        D, Z = _row_data(E, rows)
+        d = D.shape[1]
+        S = (D * lam[:, None]).T @ Z
+        dS = (np.abs(D) * np.abs(lam)[:, None]).T @ np.abs(Z) * _gamma(nr + 3) * 1.0001
+        errS = _fro_upper(dS) * (1 + _gamma(d * d + 4)) + 4 * nr * d * d * TINY
         if get_norm(norm).name == "fro":
             s_hi, s_val = _fro_upper(S), None
         else:
@@ -593,25 +824,30 @@ def _dual_parts(E: np.ndarray, rows, lam: np.ndarray, norm: str):
 
 
 def _gap(primal: dict, lb: float, need: bool) -> float:
-    """Proven relative gap (||W||_up / min(1, margin_lo) - lb) / lb."""
+    """Proven relative gap (upper - lb) / lb, upper the proven norm of a feasible point
+    near the answer (``primal["upper"]``)."""
     if not need:
         return 0.0 if primal["norm_hi"] == 0 else np.inf
-    if lb > 0 and primal["margin_lo"] > 0 and np.isfinite(primal["norm_hi"]):
-        upper = primal["norm_hi"] / min(1.0, primal["margin_lo"]) * (1 + 2 * U)
+    upper = primal["upper"]
+    if lb > 0 and np.isfinite(upper):
         return float(max(upper - lb, 0.0) / lb * (1 + 4 * U) + 4 * U * upper / lb)
     return np.inf
 
 
-def prove(E: np.ndarray, rows, W: np.ndarray, lam: np.ndarray | None, norm: str) -> dict:
+def prove(E: np.ndarray, rows, W: np.ndarray, lam: np.ndarray | None, norm: str,
+          eqb: dict | None = None) -> dict:
     """Proven numbers of an answer W (d, d) with multipliers lam (N,) (None: primal only)
-    on the Graph-SVM rows ``rows`` of embeddings E (module docstring for the bounds).
+    on the Graph-SVM rows ``rows`` of embeddings E (module docstring for the bounds;
+    ``eqb``: :func:`equality_bound` of the rows where the caller has it).
 
     Returns {margins (N,) computed, margin_lo (proven min inequality margin, inf without
-    inequality), violation_hi (proven max violation), norm_hi (proven ||W||), lb (proven
-    lower bound on the optimal norm; 0 without usable lam), gap_hi (proven relative gap;
-    inf when lb = 0 but a margin is needed; 0 for W = 0 with nothing needed)}.
+    inequality), violation_hi (proven max violation), norm_hi (proven ||W||), eq_shift,
+    feas_margin, upper (the proven feasible point near W, :func:`_prove_primal`), lb
+    (proven lower bound on the optimal norm; 0 without usable lam), gap_hi (proven
+    relative gap; inf when lb = 0 but a margin is needed, or when no feasible point is
+    proven; 0 for W = 0 with nothing needed)}.
     """
-    pr = _prove_primal(E, rows, W, norm)
+    pr = _prove_primal(E, rows, W, norm, eqb)
     lb = _prove_dual(E, rows, lam, norm)
     pr["lb"] = lb
     pr["gap_hi"] = _gap(pr, lb, bool((~rows.eq).any()))
@@ -620,7 +856,9 @@ def prove(E: np.ndarray, rows, W: np.ndarray, lam: np.ndarray | None, norm: str)
 
 # --------------------------------------------------------------------- assembly
 def _status(pr: dict) -> str:
-    if not (pr["violation_hi"] <= FEAS_TOL):
+    """'uncertified' unless the answer's violation is within FEAS_TOL AND an exactly
+    feasible point is proven (``upper`` finite); then by the proven gap."""
+    if not (pr["violation_hi"] <= FEAS_TOL and np.isfinite(pr["upper"])):
         return "uncertified"
     g = pr["gap_hi"]
     if g <= GAP_GRAPH:
@@ -631,11 +869,10 @@ def _status(pr: dict) -> str:
 
 
 def _rank(pr: dict) -> tuple:
-    """Order of proven primal answers: feasible first, then the smaller proven norm of
-    W / min(1, margin)."""
-    feas = pr["violation_hi"] <= FEAS_TOL
-    up = pr["norm_hi"] / min(1.0, pr["margin_lo"]) if pr["margin_lo"] > 0 else np.inf
-    return (not feas, up if np.isfinite(up) else np.inf)
+    """Order of proven primal answers: feasible first, then the smaller proven norm of a
+    feasible point near W."""
+    feas = pr["violation_hi"] <= FEAS_TOL and np.isfinite(pr["upper"])
+    return (not feas, pr["upper"])
 
 
 def _farkas(cs: ConstraintSet):
@@ -660,13 +897,66 @@ def _norm_value(W: np.ndarray, norm: str) -> float:
     return float(np.linalg.svd(W, compute_uv=False).sum())
 
 
-def _pow2_scale(E: np.ndarray) -> tuple[np.ndarray, int]:
-    """E * 2^-e with max |E| in [1/2, 1) (exact), and e."""
-    mx = float(np.abs(E).max())
+def _pow2_scale(E: np.ndarray, ref: np.ndarray | None = None) -> tuple[np.ndarray, int]:
+    """E * 2^-e with max |ref| in [1/2, 1) (``ref`` default E; exact unless an entry falls
+    below float64's normal range), and e."""
+    R = E if ref is None else ref
+    mx = max(abs(float(R.max())), abs(float(R.min()))) if R.size else 0.0  # (no |R| copy)
     if mx == 0 or not np.isfinite(mx):
         return E, 0
     e = int(np.frexp(mx)[1])
     return np.ldexp(E, -e), e
+
+
+class _LocalRows:
+    """A row set read on the tokens that occur: k, y, j local ids (rows of E[rows.tokens])."""
+
+    def __init__(self, rows):
+        self.k, self.y, self.j = rows.local(rows.k), rows.local(rows.y), rows.local(rows.j)
+        self.eq = rows.eq
+        self.cache = None  # (E, Delta, z) of _row_data
+
+    def __len__(self) -> int:
+        return len(self.k)
+
+
+#: entries of a dense (rows, d^2) matrix the Frobenius NNLS and the nuclear cvxpy fallbacks
+#: may build (128 MiB); beyond it those paths are not taken
+DENSE_CAP = 2 ** 24
+
+
+def memory_need(n_rows: int, n_eq: int, d: int, norm: str) -> tuple[float, str]:
+    """(bytes, what) a graph_svm solve of ``n_rows`` distinct rows (``n_eq`` equalities)
+    in dimension d needs at least: the solver's largest arrays (Frobenius: the (rows,
+    d^2) NNLS matrix where d^2 <= 4096 and rows d^2 <= DENSE_CAP, else the dual QP's
+    (rows, rows) Gram matrix, its triangle and its factorisation; nuclear: the
+    interior-point method's (rows, rows) Schur complement and factor) plus the proof's
+    (rows, d) arrays and the equalities' (m, m) Gram matrix and eigendecomposition."""
+    N, d = float(n_rows), float(d)
+    proof = 8.0 * (8 * N * d + 4 * float(n_eq) ** 2)
+    if get_norm(norm).name == "fro":
+        if d * d <= 4096 and N * d * d <= DENSE_CAP:
+            return proof + 8.0 * (3 * N * d * d + 2 * d ** 4), "least-distance programming"
+        return proof + 8.0 * 3 * N * N, "the dual QP's (rows, rows) Gram matrix"
+    return proof + 8.0 * 4 * N * N, "the interior-point method's (rows, rows) Schur complement"
+
+
+def _out_scale(x: float, s: int, upper: bool) -> float:
+    """x * 2^s for a proven bound x (an upper bound stays one, a lower bound too, where
+    the result leaves the normal range)."""
+    with np.errstate(over="ignore", under="ignore"):
+        v = float(np.ldexp(x, s))
+    if 0 < abs(v) < TINY or (np.isfinite(x) and not np.isfinite(v)):
+        v = float(np.nextafter(v, np.inf if upper else 0.0))
+    return v
+
+
+def _uncertified(base, extra, names, t0, reason: str) -> Solution:
+    extra["reason"] = reason
+    return Solution(W_=None, norm_=np.inf, margin_=np.nan, violation_=np.nan,
+                    kkt_residual_=np.nan, gap_=np.nan, dual_=None, support_=None,
+                    margins_=None, status_="uncertified", solver_="+".join(names) or "none",
+                    feasible_=False, time_=time.perf_counter() - t0, extra=extra, **base)
 
 
 def graph_svm(E, seqs, y, norm="fro", *, exclude=None, tol: float = 1e-6) -> Solution:
@@ -678,9 +968,16 @@ def graph_svm(E, seqs, y, norm="fro", *, exclude=None, tol: float = 1e-6) -> Sol
     y : (n,) next-token ids, or (n, L) sets of acceptable next tokens (-1 padding; the
         local-convergence setting).
     norm : "fro" (trained W) or "nuc" (trained (K, Q)).
-    exclude : optional (n, T) bool, positions left out of the constraints (the paper's
-        local setting drops tokens of small but non-negligible probability).
-    tol : activity tolerance of ``support_``.
+    exclude : optional (n, T) bool (or 0/1), positions left out of the constraints (the
+        paper's local setting drops tokens of small but non-negligible probability).
+    tol : activity tolerance of ``support_`` (a finite number > 0).
+
+    Works on the tokens that occur (E's other rows are never read past validation); a
+    problem whose solve cannot fit in memory is refused up front (ValueError naming the
+    memory it needs, :func:`memory_need`).  Solved and proven on E scaled by a power of
+    two (max |E| in [1/2, 1): exact), the answer scaled back; an answer that float64
+    cannot hold at the caller's scale (entries beyond its range) is 'uncertified' with
+    the reason, the scaled answer in ``extra``.
 
     Returns
     -------
@@ -690,23 +987,34 @@ def graph_svm(E, seqs, y, norm="fro", *, exclude=None, tol: float = 1e-6) -> Sol
     bound of the inequality margins, ``violation_`` and ``gap_`` proven upper bounds;
     ``extra["proof"]`` holds every proven number.  Without inequality rows (every
     preference is a tie) the answer is W = 0.  ``conflict_`` (infeasible): the samples
-    whose rows carry the verified Farkas certificate.
+    whose rows carry the verified Farkas certificate.  ``extra["reason"]``: why an
+    answer is 'uncertified'.
     """
-    from ..ntp.graph import graph_rows
+    from ..ntp.graph import _as_exclude, _graph_rows
 
-    data, N = _validate(E, seqs, y, norm)
+    data, N, tol = _validate(E, seqs, y, norm, tol)
+    ex = None if exclude is None else _as_exclude(exclude, data.n, data.T)
     t0 = time.perf_counter()
-    rows = graph_rows(data.seqs, data.y, data.K, exclude=exclude)
-    Es, e = _pow2_scale(data.E)
-    cs = graph_constraints(Es, rows)
+    rows = _graph_rows(data.seqs, data.labels, ex, data.K)  # (validated by NTPData)
     d = data.d
+    need, what = memory_need(len(rows), int(rows.eq.sum()), d, N.name)
+    if need > 2 ** 26:  # (below 64 MiB: no question of fitting, and no system call)
+        check_memory(need, f"graph_svm ({N.name}) on {len(rows):,} distinct rows in dimension "
+                     f"{d} ({what})", "use fewer samples or tokens")
+    L = _LocalRows(rows)
+    Eu = data.E[rows.tokens]
+    Es, e = _pow2_scale(Eu, data.E)
+    p = e if np.array_equal(np.ldexp(Es, e), Eu) else 0  # the scale of the proof
+    Ep = Es if p == e else Eu
+    sh = 2 * p - 2 * e  # W on Ep = W on Es * 2^sh
+    cs = graph_constraints(Es, L)
     base = dict(norm=N.name, problem="graph_svm", tol_active=tol)
-    extra = {"rows": rows, "scc": rows.scc, "n_constraints": len(rows),
-             "n_equalities": int(rows.eq.sum())}
+    extra = {"rows": rows, "scc": rows.scc_local, "tokens": rows.tokens,
+             "n_constraints": len(rows), "n_equalities": int(rows.eq.sum())}
     ineq = ~rows.eq
     if not ineq.any():  # nothing to separate: W = 0 meets every equality
         W = np.zeros((d, d))
-        pr = prove(data.E, rows, W, np.zeros(len(rows)), N.name)
+        pr = prove(Ep, L, W, np.zeros(len(rows)), N.name)
         extra["proof"] = pr
         return Solution(W_=W, norm_=0.0, margin_=np.inf, violation_=pr["violation_hi"],
                         kkt_residual_=0.0, gap_=0.0, dual_=np.zeros((len(rows), 1)),
@@ -714,54 +1022,50 @@ def graph_svm(E, seqs, y, norm="fro", *, exclude=None, tol: float = 1e-6) -> Sol
                         status_="optimal", solver_="trivial", feasible_=True,
                         time_=time.perf_counter() - t0, extra=extra, **base)
     zero = (np.abs(cs.Delta[:, 0]).max(1) == 0) | (np.abs(cs.Z).max(1) == 0)
-    best_p = best_lam = None  # (proof, W normalised, W out), (lb, lam normalised, lam out)
+    best_p = best_lam = None  # (proof, W at the proof's scale, name), (lb, lam, name, S, s)
     names = []
     fk = None
+    eqb = equality_bound(Ep, L) if rows.eq.any() else None
+    errors = []
     if not (zero & ineq).any():
         with np.errstate(all="ignore"):  # numpy's error state is per thread (a context variable)
-            for W, lam, name in (_solve_fro if N.name == "fro" else _solve_nuc)(cs):
+            for W, lam, name in _guarded(_solve_fro if N.name == "fro" else _solve_nuc, cs,
+                                         errors):
                 names.append(name)
                 if W is None and best_p is None and fk is None:  # the solver saw no answer
-                    fk = _farkas(cs)
+                    fk = _farkas_guarded(cs, errors)
                     if fk is not None:
                         break
                 if W is not None and np.all(np.isfinite(W)):
-                    W = _to_feasible(cs, W)
-                    Wout = np.ldexp(W, -2 * e)  # exact: the margins are bilinear in E
-                    pp = _prove_primal(data.E, rows, Wout, N.name)
+                    Wp = np.ldexp(_to_feasible(cs, W), sh)  # exact: margins are bilinear in E
+                    pp = _prove_primal(Ep, L, Wp, N.name, eqb)
                     if best_p is None or _rank(pp) < _rank(best_p[0]):
-                        best_p = (pp, W, Wout, name)
+                        best_p = (pp, Wp, name)
                 if lam is not None and np.all(np.isfinite(lam)):
-                    lam_out = np.ldexp(np.where(ineq, np.maximum(lam, 0.0), lam), -2 * e)
-                    lb, S, s_val = _dual_parts(data.E, rows, lam_out, N.name)
+                    lam_p = np.ldexp(np.where(ineq, np.maximum(lam, 0.0), lam), sh)
+                    lb, S, s_val = _dual_parts(Ep, L, lam_p, N.name)
                     if best_lam is None or lb > best_lam[0]:
-                        best_lam = (lb, lam, lam_out, name, S, s_val)
+                        best_lam = (lb, lam_p, name, S, s_val)
                 if best_p is not None and best_lam is not None:
                     g = _gap(best_p[0], best_lam[0], True)
-                    if best_p[0]["violation_hi"] <= FEAS_TOL and g <= GAP_GRAPH:
+                    if _status({**best_p[0], "gap_hi": g}) == "optimal":
                         break
+    if errors:
+        extra["errors"] = errors
     if best_p is not None:
-        pr, W, Wout, name = best_p
-        lb, lam, lam_out, lname, S, s_val = best_lam if best_lam is not None else (
-            0.0, np.zeros(len(rows)), np.zeros(len(rows)), "none", None, 0.0)
+        pr, Wp, name = best_p
+        lb, lam_p, lname, S, s_val = best_lam if best_lam is not None else (
+            0.0, np.zeros(len(rows)), "none", None, 0.0)
         pr = {**pr, "lb": lb, "gap_hi": _gap(pr, lb, True)}
         st = _status(pr)
-        extra["proof"] = pr
         extra["tried"] = names
         if st != "uncertified":
-            nrm = pr["norm"]
-            lam_out, kkt, support = _kkt(data.E, rows, Wout, lam_out, N.name, pr["margins"], tol,
-                                         nrm, None if S is None else (S, s_val))
-            return Solution(
-                W_=Wout, norm_=nrm, margin_=pr["margin_lo"],
-                violation_=pr["violation_hi"], kkt_residual_=kkt,
-                gap_=pr["gap_hi"], dual_=lam_out[:, None], support_=support[:, None],
-                margins_=pr["margins"][:, None], status_=st,
-                solver_=name if lname == name else f"{name} (multipliers: {lname})",
-                feasible_=True, time_=time.perf_counter() - t0, extra=extra, **base)
-    name = "+".join(names) or "none"
-    fk = _farkas(cs) if fk is None else fk
+            return _assemble(pr, Wp, lam_p, S, s_val, name, lname, st, p, Ep, L, N.name, tol,
+                             base, extra, t0)
+        extra["proof"] = pr
+    fk = _farkas_guarded(cs, errors) if fk is None else fk
     if fk is not None:
+        name = "+".join(names) or "none"
         lam_f, bound = fk
         hit = np.abs(lam_f) > 1e-9 * np.abs(lam_f).max()
         conflict = tuple(int(s) for s in rows.samples_of(np.nonzero(hit)[0]))
@@ -771,18 +1075,98 @@ def graph_svm(E, seqs, y, norm="fro", *, exclude=None, tol: float = 1e-6) -> Sol
                         margins_=None, status_="infeasible", solver_=name + "+farkas-lp",
                         feasible_=False, conflict_=conflict, time_=time.perf_counter() - t0,
                         extra=extra, **base)
-    return Solution(W_=None, norm_=np.inf, margin_=np.nan, violation_=np.nan,
-                    kkt_residual_=np.nan, gap_=np.nan, dual_=None, support_=None,
-                    margins_=None, status_="uncertified", solver_=name, feasible_=False,
-                    time_=time.perf_counter() - t0, extra=extra, **base)
+    if best_p is None:
+        reason = ("no solver returned an answer" + (f" ({'; '.join(errors)})" if errors else "")
+                  + ", and no Farkas certificate of infeasibility was verified")
+    elif not best_p[0]["violation_hi"] <= FEAS_TOL:
+        reason = (f"the best answer's proven violation {best_p[0]['violation_hi']:.3g} exceeds "
+                  f"{FEAS_TOL:g}")
+    else:
+        reason = ("no exactly feasible point is proven near the best answer (its equality "
+                  "residuals, on the scale of the equality rows' smallest singular value "
+                  f"{eqb['sigma'] if eqb else np.inf:.3g}, move it off the inequalities)")
+    return _uncertified(base, extra, names, t0, reason)
+
+
+def _assemble(pr, Wp, lam_p, S, s_val, name, lname, st, p, Ep, L, norm, tol, base, extra, t0):
+    """The Solution of a proven answer Wp on Ep = E 2^-p, scaled back to the caller's E
+    (W = Wp 2^-2p: exact unless float64 cannot hold it, then 'uncertified')."""
+    nrm = pr["norm"]
+    try:  # (informative numbers: a failure leaves them NaN, never the proven answer)
+        lam_p, kkt, support = _kkt(Ep, L, Wp, lam_p, norm, pr["margins"], tol, nrm,
+                                   None if S is None else (S, s_val))
+    except (np.linalg.LinAlgError, ArithmeticError, ValueError):
+        kkt, support = np.nan, L.eq | (pr["margins"] <= 1.0 + tol)
+    with np.errstate(over="ignore", under="ignore"):
+        W = np.ldexp(Wp, -2 * p)
+        exact = bool(np.all(np.isfinite(W)) and np.array_equal(np.ldexp(W, 2 * p), Wp))
+        norm_out = float(np.ldexp(nrm, -2 * p))
+    if p:
+        pr = dict(pr)
+        for k_, up in (("norm_hi", True), ("upper", True), ("eq_shift", True), ("lb", False)):
+            pr[k_] = _out_scale(pr[k_], -2 * p, up)
+        pr["norm"] = norm_out
+    extra["proof"] = pr
+    if not (exact and np.isfinite(norm_out) and norm_out > 0):
+        extra.update(W_scaled=Wp, scale_log2=-2 * p)
+        return _uncertified(base, extra, [name], t0, (
+            f"the proven answer (norm {nrm:.6g} x 2^{-2 * p}) is beyond float64's range at the "
+            "caller's scale of E: W_scaled (for E scaled by 2^-p) holds it, W = W_scaled "
+            "* 2^scale_log2"))
+    with np.errstate(over="ignore", under="ignore"):
+        dual = np.ldexp(lam_p, -4 * p)
+    if not np.all(np.isfinite(dual)) or (p and not np.array_equal(np.ldexp(dual, 4 * p), lam_p)):
+        tot = float(lam_p[~L.eq].sum())
+        dual = lam_p / tot if tot > 0 else lam_p
+        extra["dual_normalisation"] = "sum over inequality rows 1 (||W||^2 is beyond float64)"
+    return Solution(
+        W_=W, norm_=norm_out, margin_=pr["margin_lo"],
+        violation_=pr["violation_hi"], kkt_residual_=kkt,
+        gap_=pr["gap_hi"], dual_=dual[:, None], support_=support[:, None],
+        margins_=pr["margins"][:, None], status_=st,
+        solver_=name if lname == name else f"{name} (multipliers: {lname})",
+        feasible_=True, time_=time.perf_counter() - t0, extra=extra, **base)
+
+
+_SOLVER_ERRORS = (np.linalg.LinAlgError, ValueError, ArithmeticError, FloatingPointError,
+                  RuntimeError)
+
+
+def _guarded(solver, cs, errors: list):
+    """The candidates of ``solver(cs)`` until it ends or raises a numerical error (recorded
+    in ``errors``: the caller's verdict is then 'uncertified' with the reason unless
+    another candidate is proven; never a raw exception)."""
+    try:
+        yield from solver(cs)
+    except _SOLVER_ERRORS as exc:
+        errors.append(f"{solver.__name__}: {type(exc).__name__}: {exc}")
+
+
+def _farkas_guarded(cs, errors: list):
+    try:
+        return _farkas(cs)
+    except _SOLVER_ERRORS as exc:
+        errors.append(f"farkas: {type(exc).__name__}: {exc}")
+        return None
 
 
 def graph_svm_batch(problems, norm="fro", **kw) -> list[Solution]:
     """Graph-SVMs of many datasets: ``problems`` a list of (E, seqs, y) tuples or
     :class:`~attnsvm.ntp.NTPData`; returns the list of Solutions (each as
-    :func:`graph_svm`).  Inputs are all validated before any solve starts."""
+    :func:`graph_svm`, ``kw`` its keyword arguments ``exclude`` and ``tol``).  Inputs are
+    all validated before any solve starts (ValueError naming the problem and argument)."""
     from ..ntp.data import NTPData
+    from ..ntp.graph import _check_ids
 
+    if isinstance(problems, (NTPData, np.ndarray, str)) or not isinstance(problems, (list, tuple)):
+        raise ValueError("problems must be a list of NTPData or (E, seqs, y) tuples; got "
+                         f"a {type(problems).__name__}" + (
+                             " (pass [data], or call graph_svm)" if isinstance(problems, NTPData)
+                             else ""))
+    unknown = sorted(set(kw) - {"exclude", "tol"})
+    if unknown:
+        raise ValueError(f"graph_svm_batch: unknown keyword argument(s) {unknown}; "
+                         "graph_svm takes exclude and tol")
     items = []
     for b, p in enumerate(problems):
         if isinstance(p, NTPData):
@@ -794,5 +1178,17 @@ def graph_svm_batch(problems, norm="fro", **kw) -> list[Solution]:
             items.append(NTPData(*p))
         except ValueError as exc:
             raise ValueError(f"problems[{b}]: {exc}") from None
-    get_norm(norm)
+    N = get_norm(norm)
+    if N.name not in ("fro", "nuc"):
+        raise ValueError(f"norm must be 'fro' or 'nuc' for graph_svm; got {norm!r}")
+    if "tol" in kw:
+        from .validate import as_tol
+
+        as_tol(kw["tol"])
+    if kw.get("exclude") is not None:
+        for b, p in enumerate(items):
+            try:
+                _check_ids(p.seqs, p.y, p.K, kw["exclude"])
+            except ValueError as exc:
+                raise ValueError(f"problems[{b}]: {exc}") from None
     return [graph_svm(p.E, p.seqs, p.y, norm, **kw) for p in items]
