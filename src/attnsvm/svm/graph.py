@@ -71,6 +71,7 @@ import numpy as np
 from .._validation import check_memory
 from ..norms import get_norm
 from .certificate import two_diff
+from .conic import solve_quietly
 from .solution import (
     FEAS_TOL,
     GAP_INACCURATE,
@@ -249,7 +250,7 @@ def _nuc_dual(M: np.ndarray, eq: np.ndarray, d: int, e: int, eps: float):
         cons.append(lam[np.nonzero(~eq)[0]] >= 0)
     prob = cp.Problem(cp.Maximize(cp.sum(lam[np.nonzero(~eq)[0]])), cons)
     try:
-        prob.solve(solver="CLARABEL", **_clarabel_kw(eps))
+        solve_quietly(prob, "CLARABEL", False, _clarabel_kw(eps))  # (status read, no warning)
     except (cp.error.SolverError, ValueError, ArithmeticError):
         return None
     return None if lam.value is None else np.asarray(lam.value, float)
@@ -455,7 +456,7 @@ def _nuc_primal(M, eq, d, e, solver: str):
     kw = (_clarabel_kw(1e-12) if solver == "CLARABEL"
           else dict(eps_abs=1e-11, eps_rel=1e-11, max_iters=20_000))
     try:
-        prob.solve(solver=solver, **kw)
+        solve_quietly(prob, solver, False, kw)  # (status read, no warning)
     except (cp.error.SolverError, ValueError, ArithmeticError):
         return None, None
     if W.value is None or cons[0].dual_value is None:
