@@ -108,7 +108,14 @@ def main(argv=None):
     ap.add_argument("--prompt-only", action="store_true",
                     help="only the batched prompt SVMs vs the daqp / quadprog loops")
     ap.add_argument("--rounds", type=int, default=3, help="peers, nuclear: rounds (median)")
+    ap.add_argument("--blas-threads", type=int, default=1,
+                    help="BLAS threads for every path (default 1, as the solvers ran inside "
+                         "the library before they stopped setting it; 0: leave as is)")
     args = ap.parse_args(argv)
+    if args.blas_threads:  # the benchmark's own process-wide choice, every path alike
+        from threadpoolctl import threadpool_limits
+
+        threadpool_limits(args.blas_threads, user_api="blas")
     from attnsvm.svm import att_svm, lean
 
     lean.warmup()  # numba's compile / cache load: set-up, not timed
