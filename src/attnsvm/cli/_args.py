@@ -188,18 +188,12 @@ def check_out_dir(path, option: str = "--out"):
 def write_atomic(out, force: bool, write) -> None:
     """``write(tmp)`` to a temporary name next to ``out``, then rename it to ``out`` (never
     a torn file). Refuses if ``out`` appeared meanwhile and ``force`` is not set."""
-    import os
+    from attnsvm._files import atomic_write
 
     if out.exists() and not force:  # appeared while the command ran
         raise ValueError(f"--out {out}: the file appeared while the command ran; pass "
                          f"--force to overwrite it")
-    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
-    try:
-        write(tmp)
-        os.replace(tmp, out)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
+    atomic_write(out, write)
 
 
 # --------------------------------------------------------------- the .npz format
