@@ -16,7 +16,15 @@ from __future__ import annotations
 import argparse
 import sys
 
-from attnsvm.cli._args import check_out_dir, default_out, nonnegative_int, positive_int
+from attnsvm._words import plural
+from attnsvm.cli._args import (
+    add_progress,
+    check_out_dir,
+    default_out,
+    nonnegative_int,
+    positive_int,
+    progress_on,
+)
 
 HELP = "run the papers' experiments (all, or NAMES) and write a report with figures and verdicts"
 
@@ -47,6 +55,8 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--formats", default="png",
                    help="figure formats, comma-separated from png, pdf, svg (the report links "
                         "the first)")
+    add_progress(p, "the header and a line per experiment as it finishes (the summary "
+                    "and errors are printed either way)")
     p.set_defaults(scale="quick")
 
 
@@ -105,11 +115,14 @@ def run(args: argparse.Namespace) -> int:
     results = []
     t0 = time.perf_counter()
     shift = f", seeds + {args.seed}" if getattr(args, "seed", 0) else ""
-    print(f"attnsvm reproduce: {len(exps)} experiments at scale {args.scale!r}{shift} -> "
-          f"{out}/", flush=True)
+    show = progress_on(args)
+    if show:
+        print(f"attnsvm reproduce: {plural(len(exps), 'experiment')} at scale {args.scale!r}"
+              f"{shift} -> {out}/", flush=True)
     path = out / "report.md"
     for i, exp in enumerate(exps, 1):
-        print(f"[{i}/{len(exps)}] {exp.name:<22s}", end=" ", flush=True)
+        if show:
+            print(f"[{i}/{len(exps)}] {exp.name:<22s}", end=" ", flush=True)
         try:
             res = run_experiment(exp, args.scale, out / exp.name, threads=args.threads,
                                  **seeds[exp.name])
@@ -122,8 +135,10 @@ def run(args: argparse.Namespace) -> int:
         path = update_report(out)  # the report is current after every experiment
         results.append(res)
         if res.error:
+            if not show:
+                print(f"{exp.name}:", end=" ")
             print(f"ERROR after {res.seconds:.1f} s: {res.error.strip().splitlines()[-1]}")
-        else:
+        elif show:
             print(f"{res.seconds:6.1f} s  {_kinds(res.checks)}", flush=True)
     total = time.perf_counter() - t0
     if results:
@@ -131,5 +146,5 @@ def run(args: argparse.Namespace) -> int:
     n_err = sum(r.error is not None for r in results)
     n_fail = sum((r.error is None) and not r.passed for r in results)
     print(f"done in {total:.1f} s: report {path}  ({n_fail} with a failing check, "
-          f"{n_err} errors)")
+          f"{plural(n_err, 'error')})")
     return 1 if n_err else 0

@@ -259,8 +259,8 @@ def train_ntp(model: NTPModel, data, optimizer=None, steps: int = 1000, B: int |
     dataset per trial: a population).  init: "random" | "zero" | {name: (B, ...)};
     scale: the Frobenius norm of each initial tensor (default sqrt(d / 3), that of the
     public code's nn.Linear default init).  references: {name: (d, d) or (B, d, d)} adds
-    corr_<name> = <W, R> / (||W|| ||R||).  Metrics every ``record_every`` steps (default
-    max(1, steps // 100)) and at the last step: loss, log10_loss, norm, corr_<ref>.
+    ``corr_<name>`` = <W, R> / (||W|| ||R||).  Metrics every ``record_every`` steps (default
+    max(1, steps // 100)) and at the last step: loss, log10_loss, norm, ``corr_<ref>``.
     A trial stops ("non-finite step") when an update would overflow; "zero gradient"
     when its gradient is exactly 0.
     """

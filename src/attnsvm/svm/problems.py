@@ -104,7 +104,7 @@ def att_svm(X, z, alpha=None, *, y=None, v=None, norm="fro", rank=None, mask=Non
     alpha : (n,) integer selected tokens; default (None or "opt") argmax_t y_i v^T x_it
         (needs labels y in {-1, +1} and v).
     norm : any norm of :func:`attnsvm.norms.get_norm`: "fro" (default), "nuc",
-        "spectral", "l1", "linf", a float p >= 1 or "l<p>" (entrywise l_p).
+        "spectral", "l1", "linf", a float p >= 1 or ``"l<p>"`` (entrywise l_p).
     rank : optional m with rank(W) <= m (nonconvex): if the convex solution already has
         numerical rank <= m it is returned (exact, status says so); otherwise a heuristic
         (status "heuristic_rank"): the convex problem restricted to W = U C, U the top-m

@@ -1,0 +1,189 @@
+"""The compiled kernels (numba): compiled once, visibly, never timed as a solve.
+
+attnsvm's compiled paths are three groups of numba kernels, each cached on disk by numba
+(``cache=True``: next to the source in ``__pycache__``, or numba's user-wide cache where that
+is not writable, or ``NUMBA_CACHE_DIR``):
+
+========  =================================  ===========================================
+group     kernels                            used by
+========  =================================  ===========================================
+fused     :mod:`attnsvm.fused.kernels`       training (:func:`attnsvm.train.train`)
+active    :mod:`attnsvm.svm._active_kernels`  the Frobenius SVMs, the Farkas screen
+nuclear   :mod:`attnsvm.svm._nuc_kernels`    the nuclear Graph-SVM (:func:`attnsvm.svm.graph_svm`)
+========  =================================  ===========================================
+
+Compiling them takes minutes, once per installation (``make install`` does it;
+from a wheel, ``attnsvm warmup`` or :func:`warmup` does it). Where the disk cache of a
+group is empty when a library call first needs it, that call logs one warning,
+``compiling kernels (once, about N min)``, compiles the whole group on tiny problems (a
+progress line on a terminal) and only then starts its own work: the time a certificate
+reports (``Solution.time_``) never holds the compile.
+
+Example (the kernels loaded from the cache, or compiled on the first run)::
+
+    >>> import attnsvm
+    >>> sorted(attnsvm.warmup(progress=False))
+    ['active', 'fused', 'nuclear']
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import sys
+import threading
+import time
+
+__all__ = ["GROUPS", "warmup", "is_cached", "ensure"]
+
+logger = logging.getLogger(__name__)
+
+#: group -> (kernel module, what it is, minutes to compile on 2 CPU cores, measured)
+GROUPS = {
+    "fused": ("attnsvm.fused.kernels", "the fused training engine", 1),
+    "active": ("attnsvm.svm._active_kernels", "the active-set SVM solver", 2),
+    "nuclear": ("attnsvm.svm._nuc_kernels", "the nuclear-norm kernel", 1),
+}
+_BY_MODULE = {mod: g for g, (mod, _, _) in GROUPS.items()}
+
+_lock = threading.RLock()
+_done: set[str] = set()  # groups warmed (or found cached) in this process
+
+
+def _dispatchers(module) -> list:
+    """The numba dispatchers of ``module`` that cache on disk."""
+    try:
+        from numba.core.registry import CPUDispatcher
+    except ImportError:  # pragma: no cover - numba missing: nothing compiled
+        return []
+    return [v for v in vars(module).values()
+            if isinstance(v, CPUDispatcher) and type(v._cache).__name__ == "FunctionCache"]
+
+
+def is_cached(group: str) -> bool | None:
+    """Whether numba's disk cache holds every kernel of ``group`` for the current sources
+    (numba's own index, which it invalidates when a source file changes); None where numba
+    cannot be imported. Reads the index only: compiles nothing."""
+    if group not in GROUPS:
+        raise ValueError(f"group must be one of {sorted(GROUPS)}, got {group!r}")
+    try:
+        module = importlib.import_module(GROUPS[group][0])
+    except ImportError:
+        return None
+    for f in _dispatchers(module):
+        try:
+            if not f._cache._cache_file._load_index():  # numba's index: empty or stale
+                return False
+        except Exception:  # noqa: BLE001 - an unreadable index: numba recompiles
+            return False
+    return True
+
+
+def _warm(group: str) -> bool:
+    """Run ``group``'s kernels on tiny problems (compiles them, or loads them from the cache)."""
+    if group == "fused":
+        from attnsvm import fused
+
+        return fused.warmup()
+    if group == "active":
+        from attnsvm.svm import lean
+
+        return lean.warmup()
+    from attnsvm.svm import fast
+
+    return fast.warmup_nuclear()
+
+
+class _Ticker:
+    """A progress line on a terminal: ``  compiling WHAT ... 12 s`` rewritten each second."""
+
+    def __init__(self, text: str, stream, live: bool):
+        self.text, self.stream, self.live = text, stream, live
+        self._stop = threading.Event()
+        self._t0 = time.perf_counter()
+        self._thread = threading.Thread(target=self._run, daemon=True) if live else None
+
+    def _run(self):
+        while not self._stop.wait(1.0):
+            self.stream.write(f"\r{self.text} ... {time.perf_counter() - self._t0:.0f} s")
+            self.stream.flush()
+
+    def __enter__(self):
+        if self.stream is not None:
+            self.stream.write(f"{self.text} ..." + ("" if self.live else "\n"))
+            self.stream.flush()
+        if self._thread is not None:
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        if self._thread is not None:
+            self._stop.set()
+            self._thread.join()
+        return False
+
+    def end(self, text: str):
+        if self.stream is not None:
+            self.stream.write(("\r" if self.live else "") + f"{self.text}: {text}\n")
+            self.stream.flush()
+
+
+def _run_group(group: str, progress: bool | None, stream) -> float | None:
+    """Warm ``group`` (under the lock), with a progress line where asked; its seconds, or
+    None where numba is missing."""
+    with _lock:
+        _done.add(group)
+        cached = is_cached(group)
+        if cached is None:
+            return None
+        what = GROUPS[group][1]
+        show = (stream is not None) and (progress if progress is not None else stream.isatty())
+        verb = "loading" if cached else "compiling"
+        t0 = time.perf_counter()
+        with _Ticker(f"{verb} {what} (numba)", stream if show else None,
+                     live=show and stream.isatty()) as tick:
+            ok = _warm(group)
+        seconds = time.perf_counter() - t0
+        if ok:
+            tick.end(f"{'loaded' if cached else 'compiled'} in {seconds:.1f} s")
+        return seconds if ok else None
+
+
+def warmup(progress: bool | None = None, stream=None) -> dict[str, float | None]:
+    """Compile every numba kernel of attnsvm (or load it from numba's disk cache), one
+    group after the other, each on tiny problems, so that no later call compiles.
+
+    ``progress``: one line per group on ``stream`` (default ``sys.stderr``), rewritten each
+    second on a terminal (None: on where ``stream`` is a terminal). Returns
+    ``{group: seconds}`` (None for a group where numba cannot be imported). Run once per
+    installation (``attnsvm warmup`` runs it; ``make install`` too); later runs load the
+    kernels in about a second.
+
+    >>> times = warmup(progress=False)
+    >>> sorted(times) == sorted(GROUPS)
+    True
+    """
+    stream = sys.stderr if stream is None else stream
+    return {g: _run_group(g, progress, stream) for g in GROUPS}
+
+
+def ensure(module_name: str) -> None:
+    """Called once per kernel module when attnsvm first imports it: where numba's disk cache
+    lacks the module's group, log ``compiling kernels (once, about N min)`` and compile the
+    group now, before the caller's timer starts. Otherwise nothing (the kernels load from
+    the cache as they are called)."""
+    group = _BY_MODULE.get(module_name)
+    if group is None or group in _done:
+        return
+    with _lock:
+        if group in _done:
+            return
+        _done.add(group)
+        if is_cached(group) is not False:
+            return
+        _, what, minutes = GROUPS[group]
+        logger.warning("compiling kernels (once, about %d min): %s; `attnsvm warmup` "
+                       "compiles them all ahead", minutes, what)
+        t0 = time.perf_counter()
+        _run_group(group, None, sys.stderr)
+        logger.info("compiled %s in %.0f s", what, time.perf_counter() - t0)
