@@ -34,6 +34,8 @@ import sys
 import threading
 import time
 
+from attnsvm.progress import Ticker
+
 __all__ = ["GROUPS", "warmup", "is_cached", "ensure"]
 
 logger = logging.getLogger(__name__)
@@ -61,9 +63,14 @@ def _dispatchers(module) -> list:
 
 
 def is_cached(group: str) -> bool | None:
-    """Whether numba's disk cache holds every kernel of ``group`` for the current sources
-    (numba's own index, which it invalidates when a source file changes); None where numba
-    cannot be imported. Reads the index only: compiles nothing."""
+    """Whether numba's disk cache holds ``group``'s kernels for the current sources; None
+    where numba cannot be imported. Reads numba's own index files only (compiles nothing).
+
+    numba stamps a cache with its source file (modification time and size) and drops it
+    when the file changes, so the kernels of one module are valid or stale together; a
+    kernel that only other kernels call is compiled into them and has no index of its own.
+    The group counts as cached when any of its kernels has a valid index: a compile of the
+    group (:func:`warmup`, or the first call that needed it) wrote them all."""
     if group not in GROUPS:
         raise ValueError(f"group must be one of {sorted(GROUPS)}, got {group!r}")
     try:
@@ -72,11 +79,11 @@ def is_cached(group: str) -> bool | None:
         return None
     for f in _dispatchers(module):
         try:
-            if not f._cache._cache_file._load_index():  # numba's index: empty or stale
-                return False
+            if f._cache._cache_file._load_index():  # numba's index: empty where stale
+                return True
         except Exception:  # noqa: BLE001 - an unreadable index: numba recompiles
-            return False
-    return True
+            continue
+    return False
 
 
 def _warm(group: str) -> bool:
@@ -94,40 +101,6 @@ def _warm(group: str) -> bool:
     return fast.warmup_nuclear()
 
 
-class _Ticker:
-    """A progress line on a terminal: ``  compiling WHAT ... 12 s`` rewritten each second."""
-
-    def __init__(self, text: str, stream, live: bool):
-        self.text, self.stream, self.live = text, stream, live
-        self._stop = threading.Event()
-        self._t0 = time.perf_counter()
-        self._thread = threading.Thread(target=self._run, daemon=True) if live else None
-
-    def _run(self):
-        while not self._stop.wait(1.0):
-            self.stream.write(f"\r{self.text} ... {time.perf_counter() - self._t0:.0f} s")
-            self.stream.flush()
-
-    def __enter__(self):
-        if self.stream is not None:
-            self.stream.write(f"{self.text} ..." + ("" if self.live else "\n"))
-            self.stream.flush()
-        if self._thread is not None:
-            self._thread.start()
-        return self
-
-    def __exit__(self, *exc):
-        if self._thread is not None:
-            self._stop.set()
-            self._thread.join()
-        return False
-
-    def end(self, text: str):
-        if self.stream is not None:
-            self.stream.write(("\r" if self.live else "") + f"{self.text}: {text}\n")
-            self.stream.flush()
-
-
 def _run_group(group: str, progress: bool | None, stream) -> float | None:
     """Warm ``group`` (under the lock), with a progress line where asked; its seconds, or
     None where numba is missing."""
@@ -140,7 +113,7 @@ def _run_group(group: str, progress: bool | None, stream) -> float | None:
         show = (stream is not None) and (progress if progress is not None else stream.isatty())
         verb = "loading" if cached else "compiling"
         t0 = time.perf_counter()
-        with _Ticker(f"{verb} {what} (numba)", stream if show else None,
+        with Ticker(f"{verb} {what} (numba)", stream if show else None,
                      live=show and stream.isatty()) as tick:
             ok = _warm(group)
         seconds = time.perf_counter() - t0

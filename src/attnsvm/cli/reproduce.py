@@ -93,6 +93,7 @@ def run(args: argparse.Namespace) -> int:
     from attnsvm import plotting
     from attnsvm.experiments import registry, run_experiment
     from attnsvm.experiments.base import offset_seeds
+    from attnsvm.progress import Ticker
     from attnsvm.report import save_result, update_report
 
     formats = tuple(f.strip().lower() for f in args.formats.split(",") if f.strip())
@@ -120,12 +121,18 @@ def run(args: argparse.Namespace) -> int:
         print(f"attnsvm reproduce: {plural(len(exps), 'experiment')} at scale {args.scale!r}"
               f"{shift} -> {out}/", flush=True)
     path = out / "report.md"
+    live = show and sys.stdout.isatty()  # a terminal: the running experiment's seconds tick
     for i, exp in enumerate(exps, 1):
-        if show:
-            print(f"[{i}/{len(exps)}] {exp.name:<22s}", end=" ", flush=True)
+        head = f"[{i}/{len(exps)}] {exp.name:<22s}"
+        if show and not live:
+            print(head, end=" ", flush=True)
+        tick = Ticker(head, sys.stdout if live else None, live=live)
         try:
-            res = run_experiment(exp, args.scale, out / exp.name, threads=args.threads,
-                                 **seeds[exp.name])
+            with tick:
+                res = run_experiment(exp, args.scale, out / exp.name, threads=args.threads,
+                                     **seeds[exp.name])
+            if live:
+                print(f"\r{head}\033[K", end=" ", flush=True)  # the ticking line, cleared
         except KeyboardInterrupt:
             done = ", ".join(r.experiment.name for r in results) or "none"
             print(f"\nattnsvm reproduce: interrupted during {exp.name}; finished in this run "

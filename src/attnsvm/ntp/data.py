@@ -92,6 +92,14 @@ class NTPData:
     Raises ValueError naming the argument for: E not a finite 2-d float array, seqs not
     (n, T) integer ids in [0, K), y not (n,) or (n, L) ids (-1 = padding in (n, L)), a
     sample without label, or a label that does not occur in its own sequence.
+
+    Example::
+
+        >>> import numpy as np
+        >>> from attnsvm.ntp import NTPData
+        >>> data = NTPData(E=np.eye(3), seqs=[[0, 1, 2], [1, 0, 2]], y=[0, 1])
+        >>> data, data.query, data.X.shape
+        (NTPData(n=2, T=3, K=3, d=3, single-label), array([2, 2]), (2, 3, 3))
     """
 
     E: np.ndarray
@@ -266,7 +274,15 @@ def ntp_random(n: int, T: int, K: int, d: int, graph: str = "any", seed=0,
     Graph-SVM has equality constraints and W_fin is not 0); "acyclic": every SCC of
     every G_k is a single token; "any": no condition.  ``seed``: an int or a numpy
     SeedSequence entropy list.  Raises ValueError for bad sizes, RuntimeError when no
-    draw in ``max_tries`` meets the condition."""
+    draw in ``max_tries`` meets the condition.
+
+    Example::
+
+        >>> from attnsvm.ntp import ntp_random
+        >>> data = ntp_random(4, 6, 8, 8, graph="cyclic", seed=0)   # the paper's n4T6K8d8 size
+        >>> data
+        NTPData(n=4, T=6, K=8, d=8, single-label)
+    """
     from .graph import scc_table
 
     for name, v in (("n", n), ("T", T), ("K", K), ("d", d)):

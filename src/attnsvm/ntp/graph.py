@@ -54,7 +54,17 @@ def _edges(seqs, y, exclude=None):
 
 def priority_graph(seqs, y, K: int, k: int, exclude=None) -> csr_matrix:
     """The adjacency matrix (K, K) of G_k: entry (a, b) = 1 iff some sample with query k
-    has label a and token b != a (a CSR matrix of 0/1 ints)."""
+    has label a and token b != a (a CSR matrix of 0/1 ints).
+
+    Example::
+
+        >>> from attnsvm.ntp import priority_graph
+        >>> seqs, y = [[0, 1, 2], [1, 0, 2]], [0, 1]
+        >>> priority_graph(seqs, y, K=3, k=2).toarray()   # G_2: 0 -> 1, 0 -> 2, 1 -> 0, 1 -> 2
+        array([[0, 1, 1],
+               [1, 0, 1],
+               [0, 0, 0]], dtype=int8)
+    """
     i, q, a, b = _edges(seqs, y, exclude)
     sel = q == k
     A = csr_matrix((np.ones(int(sel.sum()), np.int8), (a[sel], b[sel])), shape=(K, K))
@@ -66,7 +76,15 @@ def scc_table(seqs, y, K: int, exclude=None) -> np.ndarray:
     """(K, K) int: scc[k, j] = the id of the SCC of token j in G_k, -1 in every column for
     a token k that is never a query.  Tokens without an edge are their own component.
     Ids are unique across rows (equal ids within a row = one SCC).  One call of scipy's
-    strong connected_components on the disjoint union of the graphs G_k (node k K + j)."""
+    strong connected_components on the disjoint union of the graphs G_k (node k K + j).
+
+    Example::
+
+        >>> from attnsvm.ntp import scc_table
+        >>> t = scc_table([[0, 1, 2], [1, 0, 2]], [0, 1], K=3)
+        >>> bool(t[2, 0] == t[2, 1]), bool(t[2, 0] == t[2, 2]), bool((t[:2] == -1).all())
+        (True, False, True)
+    """
     _, q, a, b = _edges(seqs, y, exclude)
     return _scc_of_keys(np.unique((q * K + a) * K + b), K, seqs)
 
@@ -95,7 +113,15 @@ class GraphRows:
     """The distinct Graph-SVM constraints (e_y - e_j)^T W e_k  (= 0 | >= 1).
 
     k, y, j (N,) token ids; eq (N,) bool (y, j in the same SCC of G_k); scc the (K, K)
-    table; ``samples`` (a list of N arrays): the samples that produce each row."""
+    table; ``samples`` (a list of N arrays): the samples that produce each row.
+
+    Example::
+
+        >>> from attnsvm.ntp import graph_rows
+        >>> rows = graph_rows([[0, 1, 2], [1, 0, 2], [0, 1, 2]], [0, 1, 0], K=3)
+        >>> [s.tolist() for s in rows.samples]        # samples 0 and 2 give the same rows
+        [[0, 2], [0, 2], [1], [1]]
+    """
 
     k: np.ndarray
     y: np.ndarray
@@ -126,7 +152,15 @@ class GraphRows:
 
 def graph_rows(seqs, y, K: int, exclude=None, scc: np.ndarray | None = None) -> GraphRows:
     """The Graph-SVM rows of a dataset (duplicates merged; ``scc``: a precomputed
-    :func:`scc_table`)."""
+    :func:`scc_table`).
+
+    Example::
+
+        >>> from attnsvm.ntp import graph_rows
+        >>> rows = graph_rows([[0, 1, 2], [1, 0, 2]], [0, 1], K=3)
+        >>> len(rows), rows.y.tolist(), rows.j.tolist(), rows.eq.tolist()
+        (4, [0, 0, 1, 1], [1, 2, 0, 2], [True, False, True, False])
+    """
     i, q, a, b = _edges(seqs, y, exclude)
     uk, inv = np.unique((q * K + a) * K + b, return_inverse=True)
     if scc is None:

@@ -55,7 +55,15 @@ NEG_INF = float("-inf")
 def ntp_tensors(data, device=None, dtype=torch.float64) -> dict:
     """Tensors of one NTPData (Bx = 1) or of a list of same-shape NTPData (Bx = len):
     E (Bx, K, d), X (Bx, n, T, d), Z (Bx, n, d), ymask (Bx, n, T) bool (positions whose
-    token is a label), yid (Bx, n) (the first label), seqs (Bx, n, T)."""
+    token is a label), yid (Bx, n) (the first label), seqs (Bx, n, T).
+
+    Example::
+
+        >>> from attnsvm.ntp import ntp_random, ntp_tensors
+        >>> t = ntp_tensors(ntp_random(4, 6, 8, 8, seed=0))
+        >>> {k: tuple(v.shape) for k, v in t.items()}
+        {'E': (1, 8, 8), 'X': (1, 4, 6, 8), 'Z': (1, 4, 8), 'ymask': (1, 4, 6), 'yid': (1, 4), 'seqs': (1, 4, 6)}
+    """
     items = [data] if isinstance(data, NTPData) else list(data)
     if not items or not all(isinstance(d, NTPData) for d in items):
         raise ValueError("data must be an NTPData or a non-empty list of NTPData")
@@ -91,7 +99,16 @@ class NTPModel:
     """One self-attention layer for next-token prediction (module docstring).
 
     d: embedding dimension; param: "W" (combined key-query, trained W) or "KQ" (W = K Q^T,
-    K, Q (d, m), m = d by default); head: "iden" | "gen"."""
+    K, Q (d, m), m = d by default); head: "iden" | "gen".
+
+    Example::
+
+        >>> from attnsvm.ntp import NTPModel, ntp_random
+        >>> model = NTPModel(8)                                # trained W (d, d), identity head
+        >>> traj = model.fit(ntp_random(4, 6, 8, 8, seed=0), steps=50)
+        >>> model, traj.steps_run
+        (NTPModel(d=8, param='W', head='iden'), 50)
+    """
 
     ntp = True
 
@@ -263,6 +280,17 @@ def train_ntp(model: NTPModel, data, optimizer=None, steps: int = 1000, B: int |
     max(1, steps // 100)) and at the last step: loss, log10_loss, norm, ``corr_<ref>``.
     A trial stops ("non-finite step") when an update would overflow; "zero gradient"
     when its gradient is exactly 0.
+
+    Example::
+
+        >>> from attnsvm.ntp import NTPModel, ntp_random, train_ntp
+        >>> from attnsvm.svm import graph_svm
+        >>> data = ntp_random(4, 6, 8, 8, seed=0)
+        >>> svm = graph_svm(data.E, data.seqs, data.y)
+        >>> traj = train_ntp(NTPModel(8), data, "ngd", steps=200, B=2, references={"svm": svm.W_})
+        >>> last = traj.metrics.groupby("trial").last()
+        >>> bool((last.corr_svm > 0.9).all()), list(last.index)
+        (True, [0, 1])
     """
     from .._validation import INT64_MAX, Interval, check_param
     from ..optim import get as get_optimizer

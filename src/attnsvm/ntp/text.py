@@ -61,9 +61,9 @@ def from_text(texts, T: int, *, model=None, tokenizer=None, stride: int | None =
 
     Example (needs the ``probe`` extra: transformers and the model package)::
 
-        >>> from attnsvm.ntp import from_text  # doctest: +SKIP
-        >>> data, ids = from_text("the cat sat on the mat and the cat sat", T=4)  # doctest: +SKIP
-        >>> data.seqs.shape[1], len(ids) == data.K  # doctest: +SKIP
+        >>> from attnsvm.ntp import from_text
+        >>> data, ids = from_text("the cat sat on the mat and the cat sat on the hat", T=4)
+        >>> data.T, len(ids) == data.K
         (4, True)
     """
     from attnsvm.realdata.probe import load_tokenizer, resolve_model_path

@@ -705,6 +705,19 @@ def graph_svm(E, seqs, y, norm="fro", *, exclude=None, tol: float = 1e-6) -> Sol
     ``extra["proof"]`` holds every proven number.  Without inequality rows (every
     preference is a tie) the answer is W = 0.  ``conflict_`` (infeasible): the samples
     whose rows carry the verified Farkas certificate.
+
+    Example::
+
+        >>> import numpy as np
+        >>> from attnsvm.svm import graph_svm
+        >>> E = np.eye(3)                              # K = 3 tokens in d = 3
+        >>> seqs = np.array([[0, 1, 2], [1, 0, 2]])    # query token 2 (the last) in both
+        >>> sol = graph_svm(E, seqs, y=[0, 1])         # 0 and 1 each beat the other: one SCC, a tie
+        >>> sol.status_, sol.extra["rows"].eq.tolist()
+        ('optimal', [True, False, True, False])
+        >>> sol2 = graph_svm(E, seqs[:1], y=[0])       # 0 alone must beat 1 and 2
+        >>> sol2.status_, round(sol2.norm_, 6)
+        ('optimal', 0.816497)
     """
     from ..ntp.graph import graph_rows
 
@@ -796,7 +809,16 @@ def graph_svm(E, seqs, y, norm="fro", *, exclude=None, tol: float = 1e-6) -> Sol
 def graph_svm_batch(problems, norm="fro", **kw) -> list[Solution]:
     """Graph-SVMs of many datasets: ``problems`` a list of (E, seqs, y) tuples or
     :class:`~attnsvm.ntp.NTPData`; returns the list of Solutions (each as
-    :func:`graph_svm`).  Inputs are all validated before any solve starts."""
+    :func:`graph_svm`).  Inputs are all validated before any solve starts.
+
+    Example::
+
+        >>> from attnsvm.ntp import ntp_random
+        >>> from attnsvm.svm import graph_svm_batch
+        >>> sols = graph_svm_batch([ntp_random(4, 6, 8, 8, seed=s) for s in range(3)])
+        >>> [s.status_ for s in sols]
+        ['optimal', 'optimal', 'optimal']
+    """
     from ..ntp.data import NTPData
 
     items = []
