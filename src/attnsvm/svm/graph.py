@@ -684,7 +684,16 @@ def _pow2_scale(E: np.ndarray) -> tuple[np.ndarray, int]:
 
 @single_thread  # (small factorisations: BLAS threads only cost, badly under oversubscription)
 def graph_svm(E, seqs, y, norm="fro", *, exclude=None, tol: float = 1e-6) -> Solution:
-    """The Graph-SVM of a next-token-prediction dataset, certified (module docstring).
+    """The Graph-SVM of a next-token-prediction dataset, certified (docs/theory.md §10):
+
+        W_svm = argmin ||W||  s.t. for every sample i, label y of i and token j != y of i:
+            (e_y - e_j)^T W e_k  = 0    if y, j are in one SCC of the priority graph G_k
+            (e_y - e_j)^T W e_k >= 1    otherwise                          (k = k_i = s_iT)
+
+    with e_k = E[k] and G_k the token-priority graph of the samples whose query is k
+    (:func:`attnsvm.ntp.graph_rows` enumerates the rows).  The solvers and the proof of
+    ``violation_`` and ``gap_``: the docstring of :mod:`attnsvm.svm.graph` (on the API
+    page: "The Graph-SVM: its solvers and its proof").
 
     Parameters
     ----------
