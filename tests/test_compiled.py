@@ -40,6 +40,7 @@ def demo_group(tmp_path, monkeypatch):
     monkeypatch.setattr(compiled, "GROUPS", groups)
     monkeypatch.setattr(compiled, "_BY_MODULE", {**compiled._BY_MODULE, name: "demo"})
     monkeypatch.setattr(compiled, "_done", set())
+    monkeypatch.setattr(compiled, "_ready", set())
     warm = compiled._warm
 
     def _warm(group):
@@ -79,6 +80,7 @@ def test_an_empty_cache_is_compiled_once_and_said(demo_group, caplog):
 def test_a_filled_cache_is_not_announced(demo_group, caplog):
     __import__(demo_group).plus_one(1.0)
     compiled._done.clear()
+    compiled._ready.clear()
     with caplog.at_level(logging.INFO, logger="attnsvm"):
         compiled.ensure(demo_group)
     assert not caplog.records
@@ -88,6 +90,7 @@ def test_warmup_reports_every_group_with_a_line_each(capsys):
     import io
 
     out = io.StringIO()
+    assert set(compiled.WARMUPS) == set(compiled.GROUPS)  # every group has its warm-up
     times = compiled.warmup(progress=True, stream=out)
     assert set(times) == set(compiled.GROUPS)
     assert all(t is not None and t >= 0 for t in times.values())
@@ -113,6 +116,7 @@ def cold(monkeypatch):
         return warm(group)
 
     monkeypatch.setattr(compiled, "_done", set())
+    monkeypatch.setattr(compiled, "_ready", set())
     monkeypatch.setattr(compiled, "is_cached", lambda group: False)
     monkeypatch.setattr(compiled, "_warm", slow_warm)
     return calls
@@ -140,3 +144,26 @@ def test_graph_svm_time_excludes_the_compile(cold, monkeypatch):
     sol = graph_svm(np.eye(3), [[0, 1, 2]], [0], "nuc")
     assert time.perf_counter() - t0 >= 2 * SLOW and sorted(cold) == ["active", "nuclear"]
     assert sol.status_ == "optimal" and sol.time_ < SLOW / 2, sol.time_
+
+
+def test_a_second_thread_waits_for_the_compile(cold, monkeypatch):
+    """While one thread compiles a group, another that needs it waits instead of running
+    (and timing) a kernel mid-compile."""
+    import threading
+
+    from attnsvm.svm import active
+
+    monkeypatch.setattr(active, "kernels", OptionalImport("._active_kernels", "attnsvm.svm"))
+    ends = {}
+
+    def first():
+        active.kernels()
+        ends["first"] = time.perf_counter()
+
+    t = threading.Thread(target=first)
+    t.start()
+    time.sleep(SLOW / 4)  # the first thread is inside the stand-in compile
+    compiled.ensure("attnsvm.svm._active_kernels")
+    ends["second"] = time.perf_counter()
+    t.join()
+    assert cold == ["active"] and ends["second"] >= ends["first"] - 0.05

@@ -4,13 +4,11 @@ attnsvm's compiled paths are three groups of numba kernels, each cached on disk 
 (``cache=True``: next to the source in ``__pycache__``, or numba's user-wide cache where that
 is not writable, or ``NUMBA_CACHE_DIR``):
 
-========  =================================  ===========================================
-group     kernels                            used by
-========  =================================  ===========================================
-fused     :mod:`attnsvm.fused.kernels`       training (:func:`attnsvm.train.train`)
-active    :mod:`attnsvm.svm._active_kernels`  the Frobenius SVMs, the Farkas screen
-nuclear   :mod:`attnsvm.svm._nuc_kernels`    the nuclear Graph-SVM (:func:`attnsvm.svm.graph_svm`)
-========  =================================  ===========================================
+| group | kernels | used by |
+|---|---|---|
+| fused | `attnsvm.fused.kernels` | training (`attnsvm.train.train`) |
+| active | `attnsvm.svm._active_kernels` | the Frobenius SVMs, their certificates, the Farkas screen |
+| nuclear | `attnsvm.svm._nuc_kernels` | the nuclear Graph-SVM (`attnsvm.svm.graph_svm`) |
 
 Compiling them takes minutes, once per installation (``make install`` does it;
 from a wheel, ``attnsvm warmup`` or :func:`warmup` does it). Where the disk cache of a
@@ -36,30 +34,39 @@ import time
 
 from attnsvm.progress import Ticker
 
-__all__ = ["GROUPS", "warmup", "is_cached", "ensure"]
+__all__ = ["GROUPS", "warmup", "is_cached", "ensure", "ensure_all"]
 
 logger = logging.getLogger(__name__)
 
-#: group -> (kernel module, what it is, minutes to compile on 2 CPU cores, measured)
+#: group -> (kernel module, what it is, minutes to compile on 2 idle CPU cores)
 GROUPS = {
     "fused": ("attnsvm.fused.kernels", "the fused training engine", 1),
     "active": ("attnsvm.svm._active_kernels", "the active-set SVM solver", 2),
     "nuclear": ("attnsvm.svm._nuc_kernels", "the nuclear-norm kernel", 1),
 }
+#: group -> its warm-up, ``module:function`` (runs the kernels on tiny problems; returns
+#: whether numba is available); named here, imported when run (no import cycle)
+WARMUPS = {
+    "fused": "attnsvm.fused:warmup",
+    "active": "attnsvm.svm.lean:warmup",
+    "nuclear": "attnsvm.svm.fast:warmup_nuclear",
+}
 _BY_MODULE = {mod: g for g, (mod, _, _) in GROUPS.items()}
 
 _lock = threading.RLock()
-_done: set[str] = set()  # groups warmed (or found cached) in this process
+_done: set[str] = set()  # groups whose warm-up started in this process (under _lock)
+_ready: set[str] = set()  # groups whose warm-up finished (read without the lock)
 
 
 def _dispatchers(module) -> list:
     """The numba dispatchers of ``module`` that cache on disk."""
     try:
+        from numba.core.caching import FunctionCache
         from numba.core.registry import CPUDispatcher
     except ImportError:  # pragma: no cover - numba missing: nothing compiled
         return []
     return [v for v in vars(module).values()
-            if isinstance(v, CPUDispatcher) and type(v._cache).__name__ == "FunctionCache"]
+            if isinstance(v, CPUDispatcher) and isinstance(v._cache, FunctionCache)]
 
 
 def is_cached(group: str) -> bool | None:
@@ -88,17 +95,8 @@ def is_cached(group: str) -> bool | None:
 
 def _warm(group: str) -> bool:
     """Run ``group``'s kernels on tiny problems (compiles them, or loads them from the cache)."""
-    if group == "fused":
-        from attnsvm import fused
-
-        return fused.warmup()
-    if group == "active":
-        from attnsvm.svm import lean
-
-        return lean.warmup()
-    from attnsvm.svm import fast
-
-    return fast.warmup_nuclear()
+    module, _, function = WARMUPS[group].partition(":")
+    return bool(getattr(importlib.import_module(module), function)())
 
 
 def _run_group(group: str, progress: bool | None, stream) -> float | None:
@@ -106,20 +104,28 @@ def _run_group(group: str, progress: bool | None, stream) -> float | None:
     None where numba is missing."""
     with _lock:
         _done.add(group)
-        cached = is_cached(group)
-        if cached is None:
-            return None
-        what = GROUPS[group][1]
-        show = (stream is not None) and (progress if progress is not None else stream.isatty())
-        verb = "loading" if cached else "compiling"
-        t0 = time.perf_counter()
-        with Ticker(f"{verb} {what} (numba)", stream if show else None,
-                     live=show and stream.isatty()) as tick:
-            ok = _warm(group)
-        seconds = time.perf_counter() - t0
-        if ok:
-            tick.end(f"{'loaded' if cached else 'compiled'} in {seconds:.1f} s")
-        return seconds if ok else None
+        try:
+            return _warm_group(group, progress, stream)
+        finally:
+            _ready.add(group)
+
+
+def _warm_group(group: str, progress: bool | None, stream) -> float | None:
+    """The warm-up of ``group`` itself (:func:`_run_group` holds the lock)."""
+    cached = is_cached(group)
+    if cached is None:
+        return None
+    what = GROUPS[group][1]
+    show = (stream is not None) and (progress if progress is not None else stream.isatty())
+    verb = "loading" if cached else "compiling"
+    t0 = time.perf_counter()
+    with Ticker(f"{verb} {what} (numba)", stream if show else None,
+                 live=show and stream.isatty()) as tick:
+        ok = _warm(group)
+    seconds = time.perf_counter() - t0
+    if ok:
+        tick.end(f"{'loaded' if cached else 'compiled'} in {seconds:.1f} s")
+    return seconds if ok else None
 
 
 def warmup(progress: bool | None = None, stream=None) -> dict[str, float | None]:
@@ -146,13 +152,14 @@ def ensure(module_name: str) -> None:
     group now, before the caller's timer starts. Otherwise nothing (the kernels load from
     the cache as they are called)."""
     group = _BY_MODULE.get(module_name)
-    if group is None or group in _done:
+    if group is None or group in _ready:
         return
-    with _lock:
-        if group in _done:
+    with _lock:  # another thread compiling this group: wait for it
+        if group in _done:  # finished, or this thread's own warm-up calling back
             return
         _done.add(group)
         if is_cached(group) is not False:
+            _ready.add(group)
             return
         _, what, minutes = GROUPS[group]
         logger.warning("compiling kernels (once, about %d min): %s; `attnsvm warmup` "
@@ -160,3 +167,12 @@ def ensure(module_name: str) -> None:
         t0 = time.perf_counter()
         _run_group(group, None, sys.stderr)
         logger.info("compiled %s in %.0f s", what, time.perf_counter() - t0)
+
+
+def ensure_all() -> None:
+    """:func:`ensure` for every group: where a group's cache is empty, compile it now (said
+    in the log), before timed work (``attnsvm reproduce`` and ``attnsvm sweep`` call it,
+    so that no experiment's seconds hold a compile). Reads the cache index only where the
+    kernels are cached (milliseconds)."""
+    for module, _, _ in GROUPS.values():
+        ensure(module)

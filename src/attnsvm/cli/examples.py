@@ -35,7 +35,8 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("name", nargs="?", default=None, metavar="NAME",
                    help="an example to print (or to copy, with --copy); default: list them")
     p.add_argument("--copy", default=None, metavar="DIR",
-                   help="copy the scripts (or NAME) into DIR (made if missing)")
+                   help="copy the scripts (or NAME) into DIR (made if missing; default: print or list "
+                        "them)")
     p.add_argument("--force", action="store_true", help="overwrite files in DIR")
 
 

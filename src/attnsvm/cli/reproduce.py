@@ -91,6 +91,7 @@ def run(args: argparse.Namespace) -> int:
     import time
 
     from attnsvm import plotting
+    from attnsvm.compiled import ensure_all
     from attnsvm.experiments import registry, run_experiment
     from attnsvm.experiments.base import offset_seeds
     from attnsvm.progress import Ticker
@@ -113,6 +114,7 @@ def run(args: argparse.Namespace) -> int:
     for exp in exps:  # an experiment without this scale: refused before any run
         seeds[exp.name] = offset_seeds(exp.config(args.scale), getattr(args, "seed", 0))
     out.mkdir(parents=True, exist_ok=True)
+    ensure_all()  # an empty numba cache: compiled now, said, and in no experiment's seconds
     results = []
     t0 = time.perf_counter()
     shift = f", seeds + {args.seed}" if getattr(args, "seed", 0) else ""

@@ -293,6 +293,9 @@ def run(args: argparse.Namespace) -> int:
     print(f"attnsvm sweep: {exp.name} over {plural(len(cells), 'cell')} "
           f"({' x '.join(f'{k}:{len(v)}' for k, v in axes.items()) or 'defaults'}) "
           f"at scale {args.scale!r}, executor {executor} -> {store}/", flush=True)
+    from attnsvm.compiled import ensure_all
+
+    ensure_all()  # an empty numba cache: compiled once here (said), not in every worker
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("always", StoreWarning)
