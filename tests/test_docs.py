@@ -20,7 +20,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 EXTENDING = ROOT / "docs" / "extending.md"
-EXAMPLES = sorted((ROOT / "examples").glob("*.py"))
+EXAMPLES = sorted((ROOT / "src" / "attnsvm" / "examples").glob("*.py"))
 
 
 def python_blocks(text: str) -> list[str]:
