@@ -76,6 +76,14 @@ class Ticker:
         self.stop()
         return False
 
+    def clear(self) -> None:
+        """Stop, and erase the line where it was drawn live (idempotent): the next output
+        starts on a clean line."""
+        self.stop()
+        if self.live and not getattr(self, "_cleared", False):
+            self._cleared = True
+            self._write("\r\033[K")
+
     def end(self, result: str) -> None:
         """Finish the line with ``result``."""
         self.stop()

@@ -88,6 +88,18 @@ def _kinds(checks) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    from attnsvm.progress import Ticker
+
+    live = progress_on(args) and sys.stdout.isatty()  # a terminal: no silent start either
+    with Ticker("attnsvm reproduce: loading the experiments", sys.stdout if live else None,
+                live=live) as tick:
+        try:
+            return _run(args, tick)
+        finally:
+            tick.clear()
+
+
+def _run(args: argparse.Namespace, loading) -> int:
     import time
 
     from attnsvm import plotting
@@ -114,6 +126,7 @@ def run(args: argparse.Namespace) -> int:
     for exp in exps:  # an experiment without this scale: refused before any run
         seeds[exp.name] = offset_seeds(exp.config(args.scale), getattr(args, "seed", 0))
     out.mkdir(parents=True, exist_ok=True)
+    loading.clear()  # the loading line (a terminal), erased
     ensure_all()  # an empty numba cache: compiled now, said, and in no experiment's seconds
     results = []
     t0 = time.perf_counter()

@@ -19,6 +19,8 @@ def configure(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if progress_on(args):  # before the imports of numba and torch (seconds)
+        print("attnsvm warmup: loading numba and torch, then each kernel group", flush=True)
     from attnsvm.compiled import GROUPS, warmup
 
     times = warmup(progress=progress_on(args))
