@@ -133,3 +133,12 @@ def test_library_log_records_are_printed_by_the_cli_and_the_logger_restored(
     assert rc == 0 and out == ""
     assert err == "attnsvm: compiling kernels (once, about 2 min)\n"
     assert (log.level, log.propagate, list(log.handlers)) == before
+
+
+def test_a_command_configures_its_own_options_only():
+    """``attnsvm reproduce`` does not pay for train's option choices (they import torch)."""
+    sub = {a.dest: a for a in build_parser("reproduce")._actions
+           if isinstance(a, argparse._SubParsersAction)}["command"].choices
+    assert any(a.dest == "scale" for a in sub["reproduce"]._actions)
+    assert not any(a.dest == "loss" for a in sub["train"]._actions)
+    assert any(a.dest == "loss" for a in subparsers()["train"]._actions)  # all, by default

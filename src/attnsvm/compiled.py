@@ -111,20 +111,21 @@ def _run_group(group: str, progress: bool | None, stream) -> float | None:
 
 
 def _warm_group(group: str, progress: bool | None, stream) -> float | None:
-    """The warm-up of ``group`` itself (:func:`_run_group` holds the lock)."""
-    cached = is_cached(group)
-    if cached is None:
-        return None
+    """The warm-up of ``group`` itself (:func:`_run_group` holds the lock); its line starts
+    before anything is imported (numba, torch: seconds), so that nothing is silent."""
     what = GROUPS[group][1]
     show = (stream is not None) and (progress if progress is not None else stream.isatty())
-    verb = "loading" if cached else "compiling"
     t0 = time.perf_counter()
-    with Ticker(f"{verb} {what} (numba)", stream if show else None,
-                 live=show and stream.isatty()) as tick:
+    with Ticker(f"{what} (numba)", stream if show else None,
+                live=show and stream.isatty()) as tick:
+        cached = is_cached(group)
+        if cached is None:
+            tick.end("numba cannot be imported; the plain paths run instead")
+            return None
         ok = _warm(group)
     seconds = time.perf_counter() - t0
     if ok:
-        tick.end(f"{'loaded' if cached else 'compiled'} in {seconds:.1f} s")
+        tick.end(f"{'loaded from the cache' if cached else 'compiled'} in {seconds:.1f} s")
     return seconds if ok else None
 
 

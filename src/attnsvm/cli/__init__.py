@@ -84,7 +84,10 @@ def describe(exc: BaseException) -> str:
     return one_line(msg) or type(exc).__name__
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The ``attnsvm`` parser; ``only``: configure that command's options alone (the others
+    keep their one-line help), so that a command does not pay for the imports another
+    command's options need (``train``'s choices import torch)."""
     parser = _Parser(
         prog="attnsvm",
         description="Max-margin token selection in attention: train, solve, reproduce.",
@@ -108,7 +111,8 @@ def build_parser() -> argparse.ArgumentParser:
             raise
         p = sub.add_parser(name, help=mod.HELP, description=getattr(mod, "DESCRIPTION", mod.HELP),
                            epilog=getattr(mod, "EPILOG", None), formatter_class=HelpFormatter)
-        mod.configure(p)
+        if only is None or name == only:
+            mod.configure(p)
         p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
                        help="show the Python traceback of an error instead of one line")
         p.set_defaults(_module=mod)
@@ -127,7 +131,9 @@ def use_agg() -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """Run ``attnsvm ARGV``; returns the exit status (never raises for a user error)."""
-    parser = build_parser()
+    words = sys.argv[1:] if argv is None else argv
+    command = next((w for w in words if not w.startswith("-")), None)
+    parser = build_parser(command if command in COMMANDS else None)
     try:
         args = parser.parse_args(argv)
     except SystemExit as exc:  # --help (0) or a usage error (2), already printed

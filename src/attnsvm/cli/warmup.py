@@ -20,7 +20,7 @@ def configure(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     if progress_on(args):  # before the imports of numba and torch (seconds)
-        print("attnsvm warmup: loading numba and torch, then each kernel group", flush=True)
+        print("attnsvm warmup: the numba kernels, one group at a time", flush=True)
     from attnsvm.compiled import GROUPS, warmup
 
     times = warmup(progress=progress_on(args))
