@@ -1,8 +1,8 @@
 # Entry points for a fresh clone (see README):  make reproduce  |  make test
 # Each target builds .venv on first use and installs only what it needs: the core (torch
 # pinned to its CPU build first, so that resolving the project's range never pulls a
-# multi-GB CUDA build; then attnsvm with numba, whose kernels are compiled once here into
-# numba's disk cache, not in the first run), plus the extras of that target (reproduce:
+# multi-GB CUDA build; then attnsvm with numba, whose kernels `attnsvm warmup` compiles
+# once here into numba's disk cache, not in the first run), plus the extras of that target (reproduce:
 # transformers, for study-heads; test: the
 # test tools, transformers for the probe tests and dask for the sweep tests; bench: the
 # benchmark peers; docs: mkdocs; dist: build and twine). Every step prints its title and
@@ -23,10 +23,8 @@ $(CORE): pyproject.toml Makefile
 	$(STEP) "upgrade pip" $(PIP) install --upgrade pip
 	$(STEP) "install PyTorch, CPU build ($(TORCH))" $(PIP) install "$(TORCH)"
 	$(STEP) "install attnsvm and its dependencies (editable)" $(PIP) install -e .
-	$(STEP) "compile the fused training engine (numba, cached on disk)" \
-	  $(BIN)/python -c "import attnsvm.fused as f; print('fused engine:', 'compiled' if f.warmup() else 'not available')"
-	$(STEP) "compile the active-set SVM solver (numba, cached on disk)" \
-	  $(BIN)/python -c "import attnsvm.svm.lean as a; print('active-set SVM solver:', 'compiled' if a.warmup() else 'not available')"
+	$(STEP) "compile the numba kernels (attnsvm warmup: training engine, SVM solvers; cached on disk)" \
+	  $(BIN)/attnsvm warmup --progress
 	@rm -f $(VENV)/.for-*
 	@touch $(CORE)
 
@@ -67,7 +65,7 @@ dist: $(VENV)/.for-dist
 	  env ATTNSVM_WHEEL="$$(ls dist/*.whl)" $(BIN)/python -m pytest -q -m installed tests/test_installed.py
 
 lint: $(VENV)/.for-test
-	$(STEP) "ruff" $(BIN)/ruff check src tests benchmarks examples
+	$(STEP) "ruff" $(BIN)/ruff check src tests benchmarks
 
 # what .ci/run runs
 ci: test docs dist

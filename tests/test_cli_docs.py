@@ -82,7 +82,25 @@ def test_experiments_named_in_theory_exist():
 def test_index_example_runs():
     text = (DOCS / "index.md").read_text()
     (code,) = re.findall(r"```python\n(.*?)```", text, flags=re.S)
-    code = code.replace("steps=500, B=100", "steps=20, B=4")  # the same calls, smaller
+    assert "steps=2000, B=100" in code
+    code = code.replace("steps=2000, B=100", "steps=20, B=4")  # the same calls, smaller
     ns: dict = {}
     exec(compile(code, "docs/index.md", "exec"), ns)
     assert ns["sol"].feasible_ and ns["run"].steps_run == 20
+
+
+@pytest.mark.slow
+def test_index_example_reads_as_the_page_says():
+    """The home page's first example at its own size: every start reaches the LMM (corr
+    0.9989); after 500 steps the same runs read 'other' (corr 0.988 < 0.99), as the page
+    explains."""
+    text = (DOCS / "index.md").read_text()
+    (code,) = re.findall(r"```python\n(.*?)```", text, flags=re.S)
+    code = code.replace("print(", "(lambda *a: None)(")
+    for steps, want in ((2000, "LMM 100 of 100"), (500, "other 100 of 100")):
+        ns: dict = {}
+        exec(compile(code.replace("steps=2000", f"steps={steps}"), "docs/index.md", "exec"), ns)
+        line = ns["run"].outcome_line()
+        assert want in line, (steps, line)
+        assert f"outcome (fro SVM): {want}" in text or steps == 500
+    assert "`other 100 of 100`" in text

@@ -20,7 +20,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 EXTENDING = ROOT / "docs" / "extending.md"
-EXAMPLES = sorted((ROOT / "examples").glob("*.py"))
+EXAMPLES = sorted((ROOT / "src" / "attnsvm" / "examples").glob("*.py"))
 
 
 def python_blocks(text: str) -> list[str]:
@@ -96,7 +96,7 @@ def test_the_check_of_named_things_can_fail():
 
 
 def test_every_example_is_a_tutorial_of_the_docs_site():
-    """Each examples/*.py has a page in docs/tutorials that includes it and is in the site's
+    """Each src/attnsvm/examples/*.py has a page in docs/tutorials that includes it and is in the site's
     navigation (and each tutorial includes an example that exists): the examples are the
     site's executed tutorials, run by tests/test_examples.py."""
     assert EXAMPLES
@@ -104,10 +104,10 @@ def test_every_example_is_a_tutorial_of_the_docs_site():
     for ex in EXAMPLES:
         page = ROOT / "docs" / "tutorials" / f"{ex.stem}.md"
         assert page.is_file(), f"{ex.name} has no tutorial page {page.relative_to(ROOT)}"
-        assert f'--8<-- "examples/{ex.name}"' in page.read_text()
+        assert f'--8<-- "src/attnsvm/examples/{ex.name}"' in page.read_text()
         assert f"tutorials/{ex.stem}.md" in nav, f"{page.name} is not in mkdocs.yml's nav"
     for page in (ROOT / "docs" / "tutorials").glob("*.md"):
-        for inc in re.findall(r'--8<-- "(examples/[^"]+)"', page.read_text()):
+        for inc in re.findall(r'--8<-- "(src/attnsvm/examples/[^"]+)"', page.read_text()):
             assert (ROOT / inc).is_file(), f"{page.name} includes {inc}, which does not exist"
 
 

@@ -1,4 +1,4 @@
-"""The runnable examples in examples/ run as a user would run them (a fresh interpreter)."""
+"""The runnable examples in src/attnsvm/examples/ (package data; `attnsvm examples`) run as a user would run them (a fresh interpreter)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-EXAMPLES = sorted((Path(__file__).resolve().parents[1] / "examples").glob("*.py"))
+EXAMPLES = sorted((Path(__file__).resolve().parents[1] / "src" / "attnsvm" / "examples").glob("*.py"))
 
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=[p.stem for p in EXAMPLES])

@@ -88,3 +88,10 @@ def test_installed_wheel_uses_the_compiled_engine_and_svm_path(tmp_path):
     cli = subprocess.run([str(env_dir / "bin" / "attnsvm"), "--help"], env=env, cwd=tmp_path,
                          capture_output=True, text=True, timeout=300)
     assert cli.returncode == 0 and "reproduce" in cli.stdout
+    # its version, and the tutorial scripts shipped as package data (nothing fetched)
+    cli = subprocess.run([str(env_dir / "bin" / "attnsvm"), "--version"], env=env, cwd=tmp_path,
+                         capture_output=True, text=True, timeout=300)
+    assert cli.returncode == 0 and cli.stdout.startswith("attnsvm ")
+    cli = subprocess.run([str(env_dir / "bin" / "attnsvm"), "examples", "--copy", "ex"], env=env,
+                         cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert cli.returncode == 0 and (tmp_path / "ex" / "quick_tour.py").is_file(), cli.stderr

@@ -44,7 +44,7 @@ def test_npz_round_trip(tmp_path):
     assert np.array_equal(D2.E, D.E) and np.array_equal(D2.seqs, D.seqs) and np.array_equal(D2.y, D.y)
     assert D2.multi_label and D2.query.tolist() == [2, 0]
     np.savez(tmp_path / "bad.npz", E=D.E)
-    with pytest.raises(ValueError, match="missing arrays"):
+    with pytest.raises(ValueError, match="missing required arrays"):
         load_ntp(tmp_path / "bad.npz")
     with pytest.raises(FileNotFoundError):
         load_ntp(tmp_path / "none.npz")

@@ -12,9 +12,18 @@ __version__ = "0.1.0"
 #: the public modules (``attnsvm.svm`` etc. import on first use: ``import attnsvm`` stays light)
 _MODULES = ("data", "models", "losses", "optim", "norms", "train", "tokens", "scores",
             "metrics", "svm", "experiments", "sweep", "track", "plotting", "report", "chunks",
-            "progress", "realdata", "fused")
+            "progress", "realdata", "fused", "ntp", "compiled")
 
-__all__ = ["__version__", "single_thread", *_MODULES]
+__all__ = ["__version__", "single_thread", "warmup", *_MODULES]
+
+
+def warmup(progress: bool | None = None) -> dict:
+    """Compile every numba kernel once (or load it from numba's disk cache), with a progress
+    line per group on a terminal; ``{group: seconds}``. See :func:`attnsvm.compiled.warmup`
+    (``attnsvm warmup`` on the command line)."""
+    from attnsvm.compiled import warmup as _warmup
+
+    return _warmup(progress=progress)
 
 
 def __getattr__(name: str):

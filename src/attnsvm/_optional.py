@@ -52,8 +52,13 @@ class OptionalImport:
     def __call__(self) -> ModuleType | None:
         if self.module is None and self.error is None:
             try:
-                self.module = importlib.import_module(self.name, self.package)
+                module = importlib.import_module(self.name, self.package)
             except ImportError as exc:
                 self.error = exc
                 _warn_once(exc)
+            else:
+                from .compiled import ensure  # an empty disk cache: compile visibly, now
+
+                ensure(module.__name__)
+                self.module = module
         return self.module

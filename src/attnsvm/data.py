@@ -12,12 +12,12 @@ Shared parts given without B are broadcast to B at construction.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
 import numpy as np
 
+from ._files import atomic_write
 from ._validation import as_numpy
 
 __all__ = [
@@ -308,15 +308,11 @@ class TokenData:
         arrays = {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) is not None}
         if self._labels is not None:  # the original labels (negative, positive): no pickles
             arrays["labels"] = np.asarray(self._labels)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        try:
+        def write(tmp):
             with open(tmp, "wb") as fh:
                 np.savez(fh, **arrays)
-            os.replace(tmp, path)
-        finally:
-            if tmp.exists():
-                tmp.unlink()
-        return path
+
+        return atomic_write(path, write)
 
     @classmethod
     def load(cls, path) -> TokenData:

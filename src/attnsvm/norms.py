@@ -402,7 +402,7 @@ def get_norm(spec) -> Norm:
     """A :class:`Norm` from a name, a number p >= 1, or a Norm (returned unchanged).
 
     Names: "fro" (aliases "frobenius", "l2", 2), "nuc" ("nuclear", "trace"), "spectral"
-    ("op", "spec"), "l1" (1), "linf" ("inf", "max", inf), "l<p>" or a float p for the
+    ("op", "spec"), "l1" (1), "linf" ("inf", "max", inf), ``"l<p>"`` or a float p for the
     entrywise l_p norm (e.g. "l3", "l1.5", 1.75)."""
     if isinstance(spec, Norm):
         return spec

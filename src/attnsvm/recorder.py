@@ -8,7 +8,7 @@
 Per trial and record step: loss, loss_gap, log10_gap (of the stable objective,
 :meth:`AttentionModel.evaluate`), the model's norms, p_sel_mean / p_sel_min (the attention
 on the selected tokens ``alpha``), p_max and soft_sparsity (1 / sum_t s_t^2) of the
-softmax, corr_<name> = <W, R> / (||W|| ||R||) for each reference, and ``stopped``; the
+softmax, ``corr_<name>`` = <W, R> / (||W|| ||R||) for each reference, and ``stopped``; the
 parameters too when ``record_params``.
 """
 

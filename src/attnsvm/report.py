@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from attnsvm._files import atomic_write, atomic_write_text
 from attnsvm.experiments.base import PAPERS, Check, Result
 
 INLINE_ROWS = 24  # tables up to this many rows are shown in the report itself
@@ -55,24 +56,6 @@ def markdown_table(df: pd.DataFrame, floatfmt: str = ".4g") -> str:
     return "\n".join(lines)
 
 
-# ------------------------------------------------------------------ atomic files
-def _tmp(path: Path) -> Path:
-    return path.with_name(f".{path.name}.{os.getpid()}.tmp")
-
-
-def _atomic(path: Path, write) -> None:
-    """``write(tmp)`` then rename ``tmp`` to ``path``: readers see the old or the new file."""
-    tmp = _tmp(path)
-    try:
-        write(tmp)
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
-
-
-def _atomic_text(path: Path, text: str) -> None:
-    _atomic(path, lambda tmp: tmp.write_text(text))
 
 
 # ----------------------------------------------------------------------- records
@@ -140,7 +123,7 @@ def save_result(res: Result, out: Path | str) -> Path:
     files = {}
     for tname, df in res.tables.items():
         path = tdir / f"{name}__{tname}.parquet"
-        _atomic(path, lambda tmp, df=df: df.to_parquet(tmp, index=False))
+        atomic_write(path, lambda tmp, df=df: df.to_parquet(tmp, index=False))
         files[tname] = _rel(path, out)
     for old in tdir.glob(f"{name}__*.parquet"):
         if _rel(old, out) not in files.values():
@@ -148,7 +131,7 @@ def save_result(res: Result, out: Path | str) -> Path:
     rec_dir = out / name
     rec_dir.mkdir(parents=True, exist_ok=True)
     path = rec_dir / RECORD
-    _atomic_text(path, json.dumps(to_record(res, out, files), indent=1))
+    atomic_write_text(path, json.dumps(to_record(res, out, files), indent=1))
     return path
 
 
@@ -278,7 +261,7 @@ def render(records: list[dict], out: Path | str, problems: Sequence[str] = ()) -
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     verdicts = verdict_frame(records, out)
-    _atomic(out / "verdicts.csv", lambda tmp: verdicts.to_csv(tmp, index=False))
+    atomic_write(out / "verdicts.csv", lambda tmp: verdicts.to_csv(tmp, index=False))
 
     checks = {r["experiment"]["name"]: _checks(r) for r in records}
     n_ok = sum(_passed(r) for r in records)
@@ -327,7 +310,7 @@ def render(records: list[dict], out: Path | str, problems: Sequence[str] = ()) -
     for rec in records:
         lines += _section(rec, checks[rec["experiment"]["name"]], out)
     path = out / "report.md"
-    _atomic_text(path, "\n".join(lines) + "\n")
+    atomic_write_text(path, "\n".join(lines) + "\n")
     return path
 
 

@@ -25,7 +25,16 @@ def scores(X, y, v, mask=None):
 
     X (..., n, T, d); v (..., d); y (..., n) -> gamma (..., n, T), or seq-to-seq labels
     y (..., n, T) -> gamma (..., n, T, T) indexed [i, query k, key t]; mask (..., n, T)
-    bool (True = valid token)."""
+    bool (True = valid token).
+
+    Example::
+
+        >>> import numpy as np
+        >>> from attnsvm.svm import scores
+        >>> X = np.array([[[1.0, 0.0], [0.0, 2.0]]])
+        >>> scores(X, y=np.array([1.0]), v=np.array([1.0, 1.0]))
+        array([[1., 2.]])
+    """
     if _is_torch(X):
         import torch
 
@@ -50,7 +59,15 @@ def scores(X, y, v, mask=None):
 
 
 def opt_tokens(gamma):
-    """opt = argmax_t gamma_t over the last dim (ties: the first, lowest index)."""
+    """opt = argmax_t gamma_t over the last dim (ties: the first, lowest index).
+
+    Example::
+
+        >>> import numpy as np
+        >>> from attnsvm.svm import opt_tokens
+        >>> opt_tokens(np.array([[1.0, 2.0, 0.5], [3.0, 1.0, 1.0]]))
+        array([1, 0])
+    """
     if _is_torch(gamma):
         return gamma.argmax(-1)
     return np.argmax(np.asarray(gamma), axis=-1)

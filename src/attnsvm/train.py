@@ -87,7 +87,7 @@ class Trajectory:
 
     params: final parameters {name: (B, ...) tensor}; metrics: DataFrame with columns
     trial, step, loss, loss_gap, log10_gap, norm [, norm_nuc, norm_head], p_sel_mean,
-    p_sel_min, p_max, soft_sparsity, corr_<ref>..., stopped; W: final model.W(params) as
+    p_sel_min, p_max, soft_sparsity, ``corr_<ref>``..., stopped; W: final model.W(params) as
     numpy; param_history: {name: (n_records, B, ...)} if ``record_params``; record_steps:
     (n_records,) steps at which metrics were recorded; steps_run: steps executed;
     stop_step: (B,) step at which each trial stopped (-1: still running at the end);
@@ -554,7 +554,7 @@ def train(model: AttentionModel, data, *, loss=None, optimizer: Optimizer | None
     models, sqrt(d / 3) for NTP models).
     record_every: metrics every k steps (default max(1, steps // 100)) plus the first
     and last step. references: {name: (d, d) or (B, d, d) [Prompt: (d,) or (B, d)]};
-    adds corr_<name> = <W, R> / (|W| |R|). alpha: selected tokens for p_sel (default
+    adds ``corr_<name>`` = <W, R> / (|W| |R|). alpha: selected tokens for p_sel (default
     opt = argmax gamma when data has v). batch_size (or optimizer.batch_size):
     mini-batch of sequences per trial and step (SGD/SNGD); trial b's batches depend only
     on its seed ``seed + b`` and the step. autograd: torch.autograd of the stable objective

@@ -31,7 +31,9 @@ format). Default outputs go under one root, ``attnsvm-out/<command>/`` (``--out`
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
+import logging
 import os
 import sys
 
@@ -46,6 +48,8 @@ COMMANDS = {
     "vit": "vit",
     "probe": "probe",
     "sweep": "sweep",
+    "warmup": "warmup",
+    "examples": "examples",
 }
 
 USER_ERRORS = (ValueError, OSError)
@@ -80,7 +84,10 @@ def describe(exc: BaseException) -> str:
     return one_line(msg) or type(exc).__name__
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The ``attnsvm`` parser; ``only``: configure that command's options alone (the others
+    keep their one-line help), so that a command does not pay for the imports another
+    command's options need (``train``'s choices import torch)."""
     parser = _Parser(
         prog="attnsvm",
         description="Max-margin token selection in attention: train, solve, reproduce.",
@@ -91,6 +98,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--debug", action="store_true",
                         help="show the Python traceback of an error instead of one line")
+    from attnsvm import __version__
+
+    parser.add_argument("--version", action="version", version=f"attnsvm {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     for name in COMMANDS:
         try:
@@ -101,7 +111,8 @@ def build_parser() -> argparse.ArgumentParser:
             raise
         p = sub.add_parser(name, help=mod.HELP, description=getattr(mod, "DESCRIPTION", mod.HELP),
                            epilog=getattr(mod, "EPILOG", None), formatter_class=HelpFormatter)
-        mod.configure(p)
+        if only is None or name == only:
+            mod.configure(p)
         p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
                        help="show the Python traceback of an error instead of one line")
         p.set_defaults(_module=mod)
@@ -120,7 +131,9 @@ def use_agg() -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """Run ``attnsvm ARGV``; returns the exit status (never raises for a user error)."""
-    parser = build_parser()
+    words = sys.argv[1:] if argv is None else argv
+    command = next((w for w in words if not w.startswith("-")), None)
+    parser = build_parser(command if command in COMMANDS else None)
     try:
         args = parser.parse_args(argv)
     except SystemExit as exc:  # --help (0) or a usage error (2), already printed
@@ -131,6 +144,12 @@ def main(argv: list[str] | None = None) -> int:
     debug = args.debug or os.environ.get("ATTNSVM_DEBUG", "") not in ("", "0")
     prog = f"attnsvm {args.command}"
     use_agg()
+    with log_to_stderr():
+        return _run(args, prog, debug)
+
+
+def _run(args: argparse.Namespace, prog: str, debug: bool) -> int:
+    """The command, its exceptions turned into what the user sees (see the module)."""
     try:
         return int(args._module.run(args) or 0)
     except KeyboardInterrupt:
@@ -162,6 +181,45 @@ def main(argv: list[str] | None = None) -> int:
               f"(a bug; `attnsvm --debug {args.command} ...` shows the traceback)",
               file=sys.stderr)
         return 1
+
+
+class _StderrHandler(logging.StreamHandler):
+    """Writes to the ``sys.stderr`` of the moment (pytest's capture, a redirect)."""
+
+    def __init__(self):
+        super().__init__()
+
+    @property
+    def stream(self):
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value):  # StreamHandler.__init__ sets it; the property reads sys.stderr
+        pass
+
+
+@contextlib.contextmanager
+def log_to_stderr():
+    """The CLI's handler of the library's log records (``logging.getLogger("attnsvm")``):
+    INFO and above as one line each on stderr, ``attnsvm: MESSAGE``, as the commands print.
+    The library itself only logs (a program that imports it configures logging its own
+    way; without any configuration Python prints WARNING and above). The logger's handlers,
+    level and propagation are restored when the command ends."""
+    handler = _StderrHandler()
+    handler.setFormatter(logging.Formatter("attnsvm: %(message)s"))
+    handler.setLevel(logging.INFO)
+    log = logging.getLogger("attnsvm")
+    level, propagate = log.level, log.propagate
+    log.addHandler(handler)
+    if log.level == logging.NOTSET or log.level > logging.INFO:
+        log.setLevel(logging.INFO)
+    log.propagate = False
+    try:
+        yield handler
+    finally:
+        log.removeHandler(handler)
+        log.setLevel(level)
+        log.propagate = propagate
 
 
 if __name__ == "__main__":  # pragma: no cover

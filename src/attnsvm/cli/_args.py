@@ -188,18 +188,12 @@ def check_out_dir(path, option: str = "--out"):
 def write_atomic(out, force: bool, write) -> None:
     """``write(tmp)`` to a temporary name next to ``out``, then rename it to ``out`` (never
     a torn file). Refuses if ``out`` appeared meanwhile and ``force`` is not set."""
-    import os
+    from attnsvm._files import atomic_write
 
     if out.exists() and not force:  # appeared while the command ran
         raise ValueError(f"--out {out}: the file appeared while the command ran; pass "
                          f"--force to overwrite it")
-    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
-    try:
-        write(tmp)
-        os.replace(tmp, out)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
+    atomic_write(out, write)
 
 
 # --------------------------------------------------------------- the .npz format
@@ -219,3 +213,29 @@ Batched files hold B datasets, one per trial: X (B, n, T, d), y (B, n) or (B, n,
 z (B, n, d), mask (B, n, T), v (B, d); an array shared by every trial may leave B out.
 Labels may be any two distinct values (0 / 1, False / True, two strings): they are mapped
 to -1 / +1 in sorted order, and the mapping is printed."""
+
+
+# --------------------------------------------------------------- one progress flag
+def add_progress(p: argparse.ArgumentParser, what: str, *, aliases: tuple[str, ...] = (),
+                 bar: bool = False) -> None:
+    """``--progress / --no-progress`` (every long command has it). Default: on; a bar
+    (``bar=True``: tqdm on stderr) draws only where stderr is a terminal unless --progress
+    asks for it. ``aliases``: older spellings of --no-progress (``--quiet``), kept hidden."""
+    default = "on a terminal" if bar else "on"
+    p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                   help=f"{what} (default: {default})")
+    for alias in aliases:
+        p.add_argument(alias, dest="progress", action="store_false", help=argparse.SUPPRESS)
+    p.set_defaults(_progress_bar=bar)
+
+
+def progress_on(args: argparse.Namespace) -> bool:
+    """Whether the command shows its progress: ``--progress`` / ``--no-progress`` where
+    given, else on (a bar: on where stderr is a terminal)."""
+    import sys
+
+    if getattr(args, "progress", None) is not None:
+        return bool(args.progress)
+    return sys.stderr.isatty() if getattr(args, "_progress_bar", False) else True
+
+

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import argparse
 
+from attnsvm._words import plural
+
 HELP = ("list the reproducible experiments, or show one (claim, verdicts with the paper's "
         "sentence, departures, config per scale)")
 
@@ -129,7 +131,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"  {name:<22s} {e.title}{extra}")
         if args.claims:
             print(f"  {'':<22s} {e.claim}")
-    print(f"\n{len(reg)} experiments. `attnsvm list NAME` shows one (claim, config at each "
+    print(f"\n{plural(len(reg), 'experiment')}. `attnsvm list NAME` shows one (claim, config at each "
           f"scale); `attnsvm reproduce NAME...` runs some, `attnsvm reproduce` all (quick), "
           f"`--full` at the papers' scale.")
     return 0

@@ -10,7 +10,13 @@ from __future__ import annotations
 
 import argparse
 
-from attnsvm.cli._args import check_out_dir, nonnegative_int, positive_int
+from attnsvm.cli._args import (
+    add_progress,
+    check_out_dir,
+    nonnegative_int,
+    positive_int,
+    progress_on,
+)
 
 HELP = ("probe a local pretrained transformer: head sparsity and corr with the max-margin SVM, "
         "against a random-initialisation control")
@@ -46,13 +52,21 @@ def configure(p: argparse.ArgumentParser) -> None:
                    help="key-bias term: constant-1 query coordinate (default) or dropped")
     p.add_argument("--seed", type=nonnegative_int, default=None,
                    help="seed of the sentence sample, the nulls and the controls (default 0)")
-    p.add_argument("--quiet", action="store_true", help="no progress lines")
+    add_progress(p, "a line per stage (model, sentences, heads, controls)",
+                 aliases=("--quiet",))
 
 
 def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from attnsvm.realdata.probe import ModelNotFoundError, ProbeConfig, run_probe, with_overrides
+    from attnsvm.realdata.probe import (
+        ModelNotFoundError,
+        ProbeConfig,
+        check_max_tokens,
+        resolve_model_path,
+        run_probe,
+        with_overrides,
+    )
 
     check_out_dir(args.out)  # before the model loads
     if args.corpus is not None and not Path(args.corpus).is_file():  # before the model loads
@@ -64,8 +78,10 @@ def run(args: argparse.Namespace) -> int:
                          min_attention=args.min_attention, null_draws=args.null_draws,
                          control_seeds=args.control_seeds, bias=args.bias, seed=args.seed)
     try:
+        if args.max_tokens is not None:  # before the model loads
+            check_max_tokens(resolve_model_path(args.model), args.max_tokens, "--max-tokens")
         res = run_probe(args.model, args.corpus, args.out, cfg,
-                        progress=None if args.quiet else print, tokenizer=args.tokenizer)
+                        progress=print if progress_on(args) else None, tokenizer=args.tokenizer)
     except (ModelNotFoundError, FileNotFoundError) as exc:
         raise ValueError(str(exc)) from None  # one line on stderr (attnsvm.cli.main)
     print("\n".join(res.summary))

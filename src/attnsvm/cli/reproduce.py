@@ -16,7 +16,15 @@ from __future__ import annotations
 import argparse
 import sys
 
-from attnsvm.cli._args import check_out_dir, default_out, nonnegative_int, positive_int
+from attnsvm._words import plural
+from attnsvm.cli._args import (
+    add_progress,
+    check_out_dir,
+    default_out,
+    nonnegative_int,
+    positive_int,
+    progress_on,
+)
 
 HELP = "run the papers' experiments (all, or NAMES) and write a report with figures and verdicts"
 
@@ -47,6 +55,8 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--formats", default="png",
                    help="figure formats, comma-separated from png, pdf, svg (the report links "
                         "the first)")
+    add_progress(p, "the header and a line per experiment as it finishes (the summary "
+                    "and errors are printed either way)")
     p.set_defaults(scale="quick")
 
 
@@ -78,11 +88,25 @@ def _kinds(checks) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    from attnsvm.progress import Ticker
+
+    live = progress_on(args) and sys.stdout.isatty()  # a terminal: no silent start either
+    with Ticker("attnsvm reproduce: loading the experiments", sys.stdout if live else None,
+                live=live) as tick:
+        try:
+            return _run(args, tick)
+        finally:
+            tick.clear()
+
+
+def _run(args: argparse.Namespace, loading) -> int:
     import time
 
     from attnsvm import plotting
+    from attnsvm.compiled import ensure_all
     from attnsvm.experiments import registry, run_experiment
     from attnsvm.experiments.base import offset_seeds
+    from attnsvm.progress import Ticker
     from attnsvm.report import save_result, update_report
 
     formats = tuple(f.strip().lower() for f in args.formats.split(",") if f.strip())
@@ -102,17 +126,28 @@ def run(args: argparse.Namespace) -> int:
     for exp in exps:  # an experiment without this scale: refused before any run
         seeds[exp.name] = offset_seeds(exp.config(args.scale), getattr(args, "seed", 0))
     out.mkdir(parents=True, exist_ok=True)
+    loading.clear()  # the loading line (a terminal), erased
+    ensure_all()  # an empty numba cache: compiled now, said, and in no experiment's seconds
     results = []
     t0 = time.perf_counter()
     shift = f", seeds + {args.seed}" if getattr(args, "seed", 0) else ""
-    print(f"attnsvm reproduce: {len(exps)} experiments at scale {args.scale!r}{shift} -> "
-          f"{out}/", flush=True)
+    show = progress_on(args)
+    if show:
+        print(f"attnsvm reproduce: {plural(len(exps), 'experiment')} at scale {args.scale!r}"
+              f"{shift} -> {out}/", flush=True)
     path = out / "report.md"
+    live = show and sys.stdout.isatty()  # a terminal: the running experiment's seconds tick
     for i, exp in enumerate(exps, 1):
-        print(f"[{i}/{len(exps)}] {exp.name:<22s}", end=" ", flush=True)
+        head = f"[{i}/{len(exps)}] {exp.name:<22s}"
+        if show and not live:
+            print(head, end=" ", flush=True)
+        tick = Ticker(head, sys.stdout if live else None, live=live)
         try:
-            res = run_experiment(exp, args.scale, out / exp.name, threads=args.threads,
-                                 **seeds[exp.name])
+            with tick:
+                res = run_experiment(exp, args.scale, out / exp.name, threads=args.threads,
+                                     **seeds[exp.name])
+            if live:
+                print(f"\r{head}\033[K", end=" ", flush=True)  # the ticking line, cleared
         except KeyboardInterrupt:
             done = ", ".join(r.experiment.name for r in results) or "none"
             print(f"\nattnsvm reproduce: interrupted during {exp.name}; finished in this run "
@@ -122,8 +157,10 @@ def run(args: argparse.Namespace) -> int:
         path = update_report(out)  # the report is current after every experiment
         results.append(res)
         if res.error:
+            if not show:
+                print(f"{exp.name}:", end=" ")
             print(f"ERROR after {res.seconds:.1f} s: {res.error.strip().splitlines()[-1]}")
-        else:
+        elif show:
             print(f"{res.seconds:6.1f} s  {_kinds(res.checks)}", flush=True)
     total = time.perf_counter() - t0
     if results:
@@ -131,5 +168,5 @@ def run(args: argparse.Namespace) -> int:
     n_err = sum(r.error is not None for r in results)
     n_fail = sum((r.error is None) and not r.passed for r in results)
     print(f"done in {total:.1f} s: report {path}  ({n_fail} with a failing check, "
-          f"{n_err} errors)")
+          f"{plural(n_err, 'error')})")
     return 1 if n_err else 0

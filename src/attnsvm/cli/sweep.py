@@ -18,7 +18,14 @@ import json
 import sys
 import warnings
 
-from attnsvm.cli._args import check_out_dir, default_out, positive_int
+from attnsvm._words import plural
+from attnsvm.cli._args import (
+    add_progress,
+    check_out_dir,
+    default_out,
+    positive_int,
+    progress_on,
+)
 
 HELP = "run an experiment over a grid of config overrides (local, processes or Dask), " \
        "stored as Parquet with resume"
@@ -66,8 +73,7 @@ def configure(p: argparse.ArgumentParser) -> None:
                    help="leave the cells that failed in an earlier run alone")
     p.add_argument("--no-strict", dest="strict", action="store_false",
                    help="allow keys that the experiment's configuration does not have")
-    p.add_argument("--no-progress", dest="progress", action="store_false",
-                   help="no progress bar")
+    add_progress(p, "a progress bar of the cells on stderr", bar=True)
     p.add_argument("--dry-run", action="store_true",
                    help="check the grid, print the cells and whether each is already stored; "
                         "run nothing")
@@ -145,6 +151,9 @@ def _items(text: str, spec: str) -> list:
             continue
         parts = item.split(":")
         if len(parts) in (2, 3) and all(_is_int(x) for x in parts):
+            if len(parts) == 3 and int(parts[2]) == 0:
+                raise ValueError(f"--grid {spec!r}: range {item!r} has step 0; give a non-zero step "
+                                 f"(START:STOP:STEP), or leave it out (step 1)")
             r = range(*(int(x) for x in parts))
             if len(r) == 0:
                 raise ValueError(f"--grid {spec!r}: range {item!r} is empty")
@@ -277,13 +286,16 @@ def run(args: argparse.Namespace) -> int:
             key = cell_key(cell, args.scale)
             state = (st.status(key) if st else None) or "todo"
             print(f"{key}  {state:<7s} {cell}")
-        print(f"{len(cells)} cells of {exp.name} at scale {args.scale!r}; store {store}")
+        print(f"{plural(len(cells), 'cell')} of {exp.name} at scale {args.scale!r}; store {store}")
         return 0
 
     check_out_dir(store, "--store")  # writable, before any cell runs
-    print(f"attnsvm sweep: {exp.name} over {len(cells)} cells "
+    print(f"attnsvm sweep: {exp.name} over {plural(len(cells), 'cell')} "
           f"({' x '.join(f'{k}:{len(v)}' for k, v in axes.items()) or 'defaults'}) "
           f"at scale {args.scale!r}, executor {executor} -> {store}/", flush=True)
+    from attnsvm.compiled import ensure_all
+
+    ensure_all()  # an empty numba cache: compiled once here (said), not in every worker
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("always", StoreWarning)
@@ -297,13 +309,13 @@ def run(args: argparse.Namespace) -> int:
 
             warnings.showwarning = one_line
             res = sweep(exp, cells, scale=args.scale, store=store, executor=executor,
-                        address=args.address, workers=args.workers, progress=args.progress,
+                        address=args.address, workers=args.workers, progress=progress_on(args),
                         retry_failed=args.retry_failed, strict=args.strict)
     except KeyboardInterrupt as exc:
         how = ("terminated (SIGTERM)" if isinstance(exc, SweepTerminated)
                else "interrupted")
         done = _count_done(store, [cell_key(c, args.scale) for c in cells])
-        print(f"\nattnsvm sweep: {how}; {done} of {len(cells)} cells are finished and "
+        print(f"\nattnsvm sweep: {how}; {done} of {plural(len(cells), 'cell')} are finished and "
               f"stored in {store}/; running the same command again resumes the other "
               f"{len(cells) - done}", file=sys.stderr)
         return 143 if isinstance(exc, SweepTerminated) else 130

@@ -6,11 +6,13 @@ import argparse
 
 from attnsvm.cli._args import (
     NPZ_FORMAT,
+    add_progress,
     check_out_file,
     nonnegative_float,
     nonnegative_int,
     positive_float,
     positive_int,
+    progress_on,
     seed_int,
     torch_device,
     write_atomic,
@@ -80,7 +82,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
                              "(default: steps // 100, at least 1)")
     parser.add_argument("--device", default=None,
                         help="torch device: cpu, cuda, cuda:N or mps (default: cpu)")
-    parser.add_argument("--progress", action="store_true", help="show a progress bar")
+    add_progress(parser, "a progress bar on stderr", bar=True)
     parser.add_argument("--out", default=None, metavar="FILE",
                         help="write the metrics table (.parquet or .csv); an existing file "
                              "is kept unless --force (default: print the summary only)")
@@ -197,7 +199,7 @@ def run(args: argparse.Namespace) -> int:
     model = M.MODELS[args.model](d, **kw)
     traj = train(model, data, loss=args.loss, optimizer=opt, steps=args.steps, B=B, seed=args.seed,
                  init=args.init, scale=args.scale, record_every=args.record_every,
-                 progress=args.progress, device=device)
+                 progress=progress_on(args), device=device)
     last = traj.metrics.groupby("trial").last()
     shown_query = "" if args.model == "Prompt" else f" ({query})"
     print(f"data: {source}; model {args.model}{shown_query}; {opt!r}; "

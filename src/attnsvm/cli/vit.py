@@ -7,7 +7,14 @@ import argparse
 import math
 import re
 
-from attnsvm.cli._args import check_out_dir, default_out, nonnegative_int, positive_int
+from attnsvm.cli._args import (
+    add_progress,
+    check_out_dir,
+    default_out,
+    nonnegative_int,
+    positive_int,
+    progress_on,
+)
 
 HELP = "train a small ViT on the bundled digits with SGD/SNGD/mirror descent; sparsity vs norm"
 
@@ -34,7 +41,7 @@ def configure(p: argparse.ArgumentParser) -> None:
                    help="dtype of the network (default float32; the statistics are float64)")
     p.add_argument("--threads", type=positive_int, default=None,
                    help="torch CPU threads during the run (default 1)")
-    p.add_argument("--quiet", action="store_true", help="no progress lines")
+    add_progress(p, "a line per optimiser and seed", aliases=("--quiet",))
 
 
 def run(args: argparse.Namespace) -> int:
@@ -69,7 +76,7 @@ def run(args: argparse.Namespace) -> int:
     if missing:
         raise ValueError(f"no learning rate for {', '.join(missing)}; give one with "
                          + " ".join(f"--lr {o}=LR" for o in missing))
-    res = run_vit(cfg, out=args.out, progress=None if args.quiet else print)
+    res = run_vit(cfg, out=args.out, progress=print if progress_on(args) else None)
     print()
     print("\n".join(res.summary))
     print(f"\n{len(cfg.optimizers)} optimisers x {len(cfg.seeds)} seeds x {cfg.epochs} epochs "

@@ -40,6 +40,7 @@ import numpy as np
 import pandas as pd
 
 from attnsvm import tokens
+from attnsvm._words import plural
 from attnsvm.data import MMTS_FIG1_W, TokenData, jitter_keys, mmts_fig1, mmts_fig1_notebook
 from attnsvm.experiments.base import Check, Claim, Experiment
 from attnsvm.models import PromptModel
@@ -234,7 +235,7 @@ def _misses(d: pd.DataFrame, ok: pd.Series, n: int = 4) -> str:
             + ("" if not np.isfinite(getattr(r, "opt_margin_at_lmm", np.nan)) else
                f"; there token 1 is {'' if r.token1_locally_optimal else 'not '}locally optimal and the "
                f"optimal token's margin at p_mm(token 1) is {r.opt_margin_at_lmm:.3f}"))
-    return (f"{len(bad)} runs miss: " + "; ".join(
+    return (f"{plural(len(bad), 'run misses', 'runs miss')}: " + "; ".join(
         f"dataset {r.dataset} start {r.start}: token {r.alpha}, corr_gmm {r.corr_gmm:.3f}, "
         f"corr(p, p_mm(alpha)) {r.corr_lmm:.3f}, p_sel {r.p_sel_mean:.3f}{peak(r)}"
         for r in bad.head(n).itertuples()) + ("; ..." if len(bad) > n else "")

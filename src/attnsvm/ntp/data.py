@@ -41,8 +41,19 @@ PUBLISHED_SIZES = {
 GRAPH_KINDS = ("cyclic", "acyclic", "any")
 
 
+def _as_array(a, name: str, what: str) -> np.ndarray:
+    """``np.asarray(a)``, a ragged nesting (rows of different lengths) refused by name."""
+    try:
+        return np.asarray(a)
+    except ValueError:  # numpy: "inhomogeneous shape" of a ragged list
+        lengths = sorted({len(r) for r in a if hasattr(r, "__len__")}) if hasattr(a, "__iter__") \
+            else []
+        raise ValueError(f"{name} must be {what}; got a ragged list (rows of lengths "
+                         f"{lengths})") from None
+
+
 def _int_array(a, name: str, ndim: tuple[int, ...]) -> np.ndarray:
-    arr = np.asarray(a)
+    arr = _as_array(a, name, "an array of integer token ids with rows of one length")
     if arr.dtype == bool or not (np.issubdtype(arr.dtype, np.integer) or (
             np.issubdtype(arr.dtype, np.floating) and arr.size and np.all(np.isfinite(arr))
             and np.all(arr == np.round(arr)))):
@@ -58,9 +69,14 @@ def _pad_ragged(y):
     """A list of label lists of different lengths -> (n, L) padded with -1 (other input
     is returned as it is)."""
     if isinstance(y, (list, tuple)) and y and any(isinstance(r, (list, tuple, np.ndarray)) for r in y):
-        rows = [np.atleast_1d(np.asarray(r)) for r in y]
+        rows = [np.atleast_1d(_as_array(r, f"y[{i}]", "a list of integer token ids"))
+                for i, r in enumerate(y)]
         if any(r.ndim != 1 for r in rows):
             raise ValueError("y must be (n,) ids or (n, L) label sets")
+        for i, r in enumerate(rows):
+            if r.size and (r.dtype == bool or r.dtype.kind not in "iuf"):
+                raise ValueError(f"y[{i}] must hold integer token ids; got {r.tolist()} "
+                                 f"(dtype {r.dtype})")
         L = max(len(r) for r in rows)
         out = np.full((len(rows), max(L, 1)), -1, dtype=np.int64)
         for i, r in enumerate(rows):
@@ -78,6 +94,14 @@ class NTPData:
     Raises ValueError naming the argument for: E not a finite 2-d float array, seqs not
     (n, T) integer ids in [0, K), y not (n,) or (n, L) ids (-1 = padding in (n, L)), a
     sample without label, or a label that does not occur in its own sequence.
+
+    Example::
+
+        >>> import numpy as np
+        >>> from attnsvm.ntp import NTPData
+        >>> data = NTPData(E=np.eye(3), seqs=[[0, 1, 2], [1, 0, 2]], y=[0, 1])
+        >>> data, data.query, data.X.shape
+        (NTPData(n=2, T=3, K=3, d=3, single-label), array([2, 2]), (2, 3, 3))
     """
 
     E: np.ndarray
@@ -85,10 +109,15 @@ class NTPData:
     y: np.ndarray
 
     def __post_init__(self):
-        E = np.asarray(self.E, dtype=float) if not isinstance(self.E, np.ndarray) else self.E
+        E = _as_array(self.E, "E", "a (K, d) array of token embeddings")
+        if E.dtype == bool or E.dtype.kind not in "iuf":
+            what = {"c": "complex numbers (the imaginary part would be dropped; pass E.real "
+                         "where it is 0)", "U": "strings", "S": "bytes", "O": "Python objects",
+                    "b": "booleans"}.get(E.dtype.kind, f"dtype {E.dtype}")
+            raise ValueError(f"E must be a (K, d) array of finite real numbers; got {what}")
         if E.ndim != 2 or E.shape[0] < 1 or E.shape[1] < 1:
             raise ValueError(f"E must be a (K, d) array of token embeddings; got shape {np.shape(E)}")
-        if not np.issubdtype(E.dtype, np.number) or not np.all(np.isfinite(E)):
+        if not np.all(np.isfinite(E)):
             raise ValueError("E must hold finite real numbers")
         E = E.astype(float)
         K = E.shape[0]
@@ -173,25 +202,50 @@ class NTPData:
     def save(self, path) -> Path:
         """Write E, seqs, y to ``path`` (.npz, uncompressed; the suffix is added if
         missing).  :func:`load_ntp` reads it back (and validates it again)."""
+        from attnsvm._files import atomic_write
+
         path = Path(path)
         if path.suffix != ".npz":
             path = path.with_suffix(path.suffix + ".npz")
-        np.savez(path, E=self.E, seqs=self.seqs, y=self.y, kind=np.array("ntp"))
-        return path
+
+        def write(tmp):
+            with open(tmp, "wb") as fh:  # a file object: np.savez adds no suffix
+                np.savez(fh, E=self.E, seqs=self.seqs, y=self.y, kind=np.array("ntp"))
+
+        return atomic_write(path, write)
+
+
+#: what load_ntp expects, in its error messages
+NTP_FILE = "an NTP data file (.npz with arrays E, seqs, y, as NTPData.save writes)"
 
 
 def load_ntp(path) -> NTPData:
-    """Read an :class:`NTPData` written by :meth:`NTPData.save`.  Raises
-    FileNotFoundError / ValueError (missing arrays, or any check of NTPData failing)."""
+    """Read an :class:`NTPData` written by :meth:`NTPData.save` (no pickles).
+
+    Raises FileNotFoundError where there is no file at ``path``; ValueError naming the file
+    and what was expected for anything else: a folder, an empty, truncated or corrupt
+    archive, a plain .npy, a text or pickle file, a missing array, an array of Python
+    objects, or contents that fail a check of :class:`NTPData`.
+
+    >>> import tempfile, pathlib
+    >>> data = NTPData([[1.0, 0.0], [0.0, 1.0]], [[0, 1], [1, 1]], [0, 1])
+    >>> path = data.save(pathlib.Path(tempfile.mkdtemp()) / "ntp.npz")
+    >>> load_ntp(path)
+    NTPData(n=2, T=2, K=2, d=2, single-label)
+    """
+    from attnsvm.data import load_arrays
+
     path = Path(path)
-    if not path.is_file():
+    if not path.exists():
         raise FileNotFoundError(f"no NTP data file at {str(path)!r}")
-    with np.load(path, allow_pickle=False) as z:
-        missing = [k for k in ("E", "seqs", "y") if k not in z.files]
-        if missing:
-            raise ValueError(f"{str(path)!r} is not an NTP data file: missing arrays {missing} "
-                             f"(has {z.files})")
+    try:
+        z = load_arrays(path, required=("E", "seqs", "y"))
+    except ValueError as exc:
+        raise ValueError(f"{exc}; expected {NTP_FILE}") from None
+    try:
         return NTPData(z["E"], z["seqs"], z["y"])
+    except ValueError as exc:
+        raise ValueError(f"{path}: {exc} (in {NTP_FILE})") from None
 
 
 # ---------------------------------------------------------------- generators
@@ -222,7 +276,15 @@ def ntp_random(n: int, T: int, K: int, d: int, graph: str = "any", seed=0,
     Graph-SVM has equality constraints and W_fin is not 0); "acyclic": every SCC of
     every G_k is a single token; "any": no condition.  ``seed``: an int or a numpy
     SeedSequence entropy list.  Raises ValueError for bad sizes, RuntimeError when no
-    draw in ``max_tries`` meets the condition."""
+    draw in ``max_tries`` meets the condition.
+
+    Example::
+
+        >>> from attnsvm.ntp import ntp_random
+        >>> data = ntp_random(4, 6, 8, 8, graph="cyclic", seed=0)   # the paper's n4T6K8d8 size
+        >>> data
+        NTPData(n=4, T=6, K=8, d=8, single-label)
+    """
     from .graph import scc_table
 
     for name, v in (("n", n), ("T", T), ("K", K), ("d", d)):

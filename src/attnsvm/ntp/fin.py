@@ -55,7 +55,16 @@ def reduced_mask(data: NTPData, scc) -> np.ndarray:
 
 def s_fin_basis(data: NTPData, rows=None, tol: float = 1e-10) -> np.ndarray:
     """Orthonormal basis (p, d, d) of S_fin (p = 0 when no tie exists), from the SVD of
-    the vectorised tie rows (e_a - e_b) e_k^T (rank at ``tol`` relative)."""
+    the vectorised tie rows (e_a - e_b) e_k^T (rank at ``tol`` relative).
+
+    Example::
+
+        >>> import numpy as np
+        >>> from attnsvm.ntp import NTPData, s_fin_basis
+        >>> B = s_fin_basis(NTPData(np.eye(3), [[0, 1, 2], [1, 0, 2]], [0, 1]))
+        >>> B.shape, np.round(np.abs(B[0]) * np.sqrt(2), 6)[:, 2].tolist()   # +-(e_0 - e_1) e_2^T / sqrt(2)
+        ((1, 3, 3), [1.0, 1.0, 0.0])
+    """
     rows = graph_rows(data.seqs, data.y, data.K) if rows is None else rows
     m = rows.eq
     d = data.d
@@ -71,7 +80,15 @@ def s_fin_basis(data: NTPData, rows=None, tol: float = 1e-10) -> np.ndarray:
 @dataclass
 class FinResult:
     """W_fin (d, d), the S_fin basis (p, d, d), the reduced mask (n, T), the reduced loss
-    at W_fin, the final gradient norm, Newton iterations, and whether it converged."""
+    at W_fin, the final gradient norm, Newton iterations, and whether it converged.
+
+    Example::
+
+        >>> from attnsvm.ntp import ntp_random, w_fin
+        >>> fin = w_fin(ntp_random(4, 6, 8, 8, graph="acyclic", seed=0))   # no tie: W_fin = 0
+        >>> fin.W.shape, float(abs(fin.W).max()), fin.basis.shape[0]
+        ((8, 8), 0.0, 0)
+    """
 
     W: np.ndarray
     basis: np.ndarray
@@ -107,7 +124,17 @@ def w_fin(data: NTPData, head: str = "iden", tol: float = 1e-10, max_iter: int =
     ``graph_labels`` (n, L) / ``exclude`` (n, T): build the priority graphs (hence the
     SCCs, S_fin and the reduced positions) from these labels and exclusions instead of
     data.y, the loss keeping data.y (the public code's local W_fin: the graph of the
-    tokens a run selected, the loss of the training labels)."""
+    tokens a run selected, the loss of the training labels).
+
+    Example::
+
+        >>> import numpy as np
+        >>> from attnsvm.ntp import NTPData, w_fin
+        >>> data = NTPData(np.eye(3), [[0, 1, 2], [1, 0, 2]], [0, 1])   # 0 and 1 tie under query 2
+        >>> fin = w_fin(data)
+        >>> fin.converged, fin.basis.shape, round(fin.loss, 6)
+        (True, (1, 3, 3), 0.693147)
+    """
     from .._validation import Interval, Options, validate_params
     from .graph import _check_ids
 
@@ -211,7 +238,20 @@ def decompose(W_t: np.ndarray, W_svm: np.ndarray, fin: FinResult) -> dict:
     corr_dec   corr(W_t, R_T D + W_fin) with R_T fitted at the last step (the code's
                second correlation curve)
     Each an array of length R.  ValueError naming the argument for shapes that do not
-    match fin.W (d, d), non-finite entries, or W_svm = 0."""
+    match fin.W (d, d), non-finite entries, or W_svm = 0.
+
+    Example::
+
+        >>> import numpy as np
+        >>> from attnsvm.ntp import ntp_random, w_fin, decompose
+        >>> from attnsvm.svm import graph_svm
+        >>> data = ntp_random(4, 6, 8, 8, graph="cyclic", seed=0)
+        >>> svm, fin = graph_svm(data.E, data.seqs, data.y), w_fin(data)
+        >>> W_t = 5.0 * svm.W_ / svm.norm_ + fin.W              # a W of the form R D + W_fin
+        >>> m = decompose(W_t, svm.W_, fin)
+        >>> np.round(m["R"], 6), bool(m["resid"][0] < 1e-9)
+        (array([5.]), True)
+    """
     from ..svm.validate import as_array
 
     if not isinstance(fin, FinResult):

@@ -100,7 +100,17 @@ def _edges(seqs, y, exclude=None):
 
 def priority_graph(seqs, y, K: int, k: int, exclude=None) -> csr_matrix:
     """The adjacency matrix (K, K) of G_k: entry (a, b) = 1 iff some sample with query k
-    has label a and token b != a (a CSR matrix of 0/1 ints)."""
+    has label a and token b != a (a CSR matrix of 0/1 ints).
+
+    Example::
+
+        >>> from attnsvm.ntp import priority_graph
+        >>> seqs, y = [[0, 1, 2], [1, 0, 2]], [0, 1]
+        >>> priority_graph(seqs, y, K=3, k=2).toarray()   # G_2: 0 -> 1, 0 -> 2, 1 -> 0, 1 -> 2
+        array([[0, 1, 1],
+               [1, 0, 1],
+               [0, 0, 0]], dtype=int8)
+    """
     seqs, y, exclude, K = _check_ids(seqs, y, K, exclude, "priority_graph")
     i, q, a, b = _edges(seqs, y, exclude)
     sel = q == k
@@ -114,7 +124,15 @@ def scc_table(seqs, y, K: int, exclude=None) -> np.ndarray:
     a token k that is never a query.  Tokens without an edge are their own component.
     Ids are unique across rows (equal ids within a row = one SCC).  Computed on the
     tokens that occur (:func:`graph_rows`), then written out at full size (K^2 entries:
-    refused up front, naming the memory, where that cannot fit)."""
+    refused up front, naming the memory, where that cannot fit).
+
+    Example::
+
+        >>> from attnsvm.ntp import scc_table
+        >>> t = scc_table([[0, 1, 2], [1, 0, 2]], [0, 1], K=3)
+        >>> bool(t[2, 0] == t[2, 1]), bool(t[2, 0] == t[2, 2]), bool((t[:2] == -1).all())
+        (True, False, True)
+    """
     return graph_rows(seqs, y, K, exclude).scc
 
 
@@ -148,7 +166,15 @@ class GraphRows:
     list of N arrays): the samples that produce each row.  The SCCs are kept on the
     tokens that occur: ``tokens`` (K',) their sorted ids, ``scc_local`` (K', K') the table
     over them (:meth:`scc_of` reads it by token id); ``scc`` is the full (K, K) table of
-    :func:`scc_table`, written out on first use."""
+    :func:`scc_table`, written out on first use.
+
+    Example::
+
+        >>> from attnsvm.ntp import graph_rows
+        >>> rows = graph_rows([[0, 1, 2], [1, 0, 2], [0, 1, 2]], [0, 1, 0], K=3)
+        >>> [s.tolist() for s in rows.samples]        # samples 0 and 2 give the same rows
+        [[0, 2], [0, 2], [1], [1]]
+    """
 
     k: np.ndarray
     y: np.ndarray
@@ -207,7 +233,15 @@ def graph_rows(seqs, y, K: int, exclude=None, scc: np.ndarray | None = None) -> 
     """The Graph-SVM rows of a dataset (duplicates merged; ``scc``: a precomputed
     :func:`scc_table` (K, K)).  Works on the K' tokens that occur in seqs and y: time and
     memory grow with K'^2, not K^2.  Arguments are validated first (ValueError naming
-    the argument: ids outside [0, K), a non-boolean or mis-shaped ``exclude``)."""
+    the argument: ids outside [0, K), a non-boolean or mis-shaped ``exclude``).
+
+    Example::
+
+        >>> from attnsvm.ntp import graph_rows
+        >>> rows = graph_rows([[0, 1, 2], [1, 0, 2]], [0, 1], K=3)
+        >>> len(rows), rows.y.tolist(), rows.j.tolist(), rows.eq.tolist()
+        (4, [0, 0, 1, 1], [1, 2, 0, 2], [True, False, True, False])
+    """
     seqs, Y, exclude, K = _check_ids(seqs, y, K, exclude)
     return _graph_rows(seqs, Y, exclude, K, scc)
 

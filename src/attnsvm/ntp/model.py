@@ -59,7 +59,15 @@ NEG_INF = float("-inf")
 def ntp_tensors(data, device=None, dtype=torch.float64) -> dict:
     """Tensors of one NTPData (Bx = 1) or of a list of same-shape NTPData (Bx = len):
     E (Bx, K, d), X (Bx, n, T, d), Z (Bx, n, d), ymask (Bx, n, T) bool (positions whose
-    token is a label), yid (Bx, n) (the first label), seqs (Bx, n, T)."""
+    token is a label), yid (Bx, n) (the first label), seqs (Bx, n, T).
+
+    Example::
+
+        >>> from attnsvm.ntp import ntp_random, ntp_tensors
+        >>> t = ntp_tensors(ntp_random(4, 6, 8, 8, seed=0))
+        >>> {k: tuple(v.shape) for k, v in t.items()}
+        {'E': (1, 8, 8), 'X': (1, 4, 6, 8), 'Z': (1, 4, 8), 'ymask': (1, 4, 6), 'yid': (1, 4), 'seqs': (1, 4, 6)}
+    """
     items = [data] if isinstance(data, NTPData) else data
     if (not isinstance(items, (list, tuple)) or not items
             or not all(isinstance(d, NTPData) for d in items)):
@@ -97,7 +105,16 @@ class NTPModel:
     """One self-attention layer for next-token prediction (module docstring).
 
     d: embedding dimension; param: "W" (combined key-query, trained W) or "KQ" (W = K Q^T,
-    K, Q (d, m), m = d by default); head: "iden" | "gen"."""
+    K, Q (d, m), m = d by default); head: "iden" | "gen".
+
+    Example::
+
+        >>> from attnsvm.ntp import NTPModel, ntp_random
+        >>> model = NTPModel(8)                                # trained W (d, d), identity head
+        >>> traj = model.fit(ntp_random(4, 6, 8, 8, seed=0), steps=50)
+        >>> model, traj.steps_run
+        (NTPModel(d=8, param='W', head='iden'), 50)
+    """
 
     ntp = True
     #: train() arguments an NTP model cannot honour, with the only value it accepts

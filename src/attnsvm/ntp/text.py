@@ -20,12 +20,17 @@ def _input_embeddings(path: Path) -> np.ndarray:
     ``word_embeddings.weight`` or ``embed_tokens.weight``), else from the loaded model."""
     st = Path(path) / "model.safetensors"
     if st.is_file():
-        from safetensors import safe_open
+        from safetensors import SafetensorError, safe_open
 
-        with safe_open(str(st), "np") as f:
-            for key in f.keys():
-                if key.endswith(("word_embeddings.weight", "embed_tokens.weight", "wte.weight")):
-                    return np.asarray(f.get_tensor(key), dtype=np.float64)
+        try:
+            with safe_open(str(st), "np") as f:
+                for key in f.keys():
+                    if key.endswith(("word_embeddings.weight", "embed_tokens.weight",
+                                     "wte.weight")):
+                        return np.asarray(f.get_tensor(key), dtype=np.float64)
+        except SafetensorError as exc:
+            raise ValueError(f"{st}: not a readable safetensors file ({exc}); the model's "
+                             f"weights are truncated or damaged") from None
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from transformers import AutoModel
 
@@ -47,8 +52,19 @@ def from_text(texts, T: int, *, model=None, tokenizer=None, stride: int | None =
     input-embedding matrix restricted to the ids used (``vocab="used"``, re-indexed
     0..K-1) or the full one (``vocab="full"``).
 
-    Returns (data, ids) with ids (K,) the tokenizer's id of each vocabulary row.  Raises
-    ValueError when no window qualifies (too short a text, or no repeated token).
+    Returns
+    -------
+    (data, ids): ``data`` the :class:`~attnsvm.ntp.NTPData` (E (K, d), seqs (n, T), y (n,)),
+    ``ids`` (K,) the tokenizer's id of each row of E (``vocab="full"``: 0..K-1).  Unpack
+    both: ``data, ids = from_text(texts, T)``.  Raises ValueError when no window qualifies
+    (too short a text, or no repeated token).
+
+    Example (needs the ``probe`` extra: transformers and the model package)::
+
+        >>> from attnsvm.ntp import from_text
+        >>> data, ids = from_text("the cat sat on the mat and the cat sat on the hat", T=4)
+        >>> data.T, len(ids) == data.K
+        (4, True)
     """
     from attnsvm.realdata.probe import load_tokenizer, resolve_model_path
 

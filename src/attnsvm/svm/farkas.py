@@ -148,7 +148,17 @@ def _subsets(n: int) -> tuple:
 
 def farkas_conflict(cs: ConstraintSet, max_entries: int = 20_000_000) -> tuple[int, ...]:
     """Sequences of an irreducible infeasible subsystem of one problem (LP vertex of the
-    Farkas system, polished and verified); () when no certificate is verified."""
+    Farkas system, polished and verified); () when no certificate is verified.
+
+    Example::
+
+        >>> import numpy as np
+        >>> from attnsvm.svm import ConstraintSet, farkas_conflict
+        >>> cs = ConstraintSet(Delta=np.array([[[1.0]], [[-1.0]]]), Z=np.ones((2, 1)),
+        ...                    valid=np.ones((2, 1), bool), b=np.ones((2, 1)))
+        >>> farkas_conflict(cs)
+        (0, 1)
+    """
     cs1 = cs.batched()
     lam = farkas_lp(cs1.take(0), max_entries)
     if lam is None:

@@ -55,7 +55,7 @@ from .._optional import OptionalImport
 from .solution import ConstraintSet
 
 __all__ = ["primal_ipm", "polish_fro", "batched_mnp", "nuclear_barrier", "nuclear_ipm",
-           "nuclear_ipm_small"]
+           "nuclear_ipm_small", "warmup_nuclear"]
 
 
 def _max_step(x: np.ndarray, dx: np.ndarray, mask: np.ndarray) -> float:
@@ -761,3 +761,15 @@ def nuclear_ipm_small(Delta: np.ndarray, Zk: np.ndarray, b: np.ndarray, *, tol: 
     status = {kern.OPTIMAL: "optimal", kern.STALLED: "optimal",
               kern.INFEASIBLE: "infeasible"}.get(int(code), "failed")
     return W, y, status, int(it)
+
+
+def warmup_nuclear() -> bool:
+    """Compile (or load from numba's disk cache) the kernel of :func:`nuclear_ipm_small` on a
+    tiny problem with an equality row; returns whether numba is available."""
+    if _nuc_kernels() is None:
+        return False
+    Delta = np.array([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0]])
+    Zk = np.array([[1.0, 0.0], [0.0, 1.0], [1.0, 0.0]])
+    nuclear_ipm_small(Delta, Zk, np.array([1.0, 1.0, 0.0]), eq=np.array([False, False, True]),
+                      refine=2, compiled=True)
+    return True

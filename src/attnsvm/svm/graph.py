@@ -328,6 +328,17 @@ def _nuc_reduce(D: np.ndarray, Z: np.ndarray):
                  for i in range(2))
 
 
+def _kernels_ready(N) -> None:
+    """Load (or, where numba's disk cache is empty, compile: :mod:`attnsvm.compiled`) the
+    kernels graph_svm calls in norm ``N``, so that its ``time_`` holds no compile."""
+    from . import active
+    from .fast import _nuc_kernels
+
+    active.available()
+    if N.name == "nuc":
+        _nuc_kernels()
+
+
 def _nuc_ipm(cs: ConstraintSet, tol: float = 3e-10):
     """Nuclear Graph-SVM candidates (W (d, e), lam (N,), name) by the project's primal-dual
     SDP interior-point method (:func:`attnsvm.svm.fast.nuclear_ipm`; compiled:
@@ -961,7 +972,16 @@ def _uncertified(base, extra, names, t0, reason: str) -> Solution:
 
 
 def graph_svm(E, seqs, y, norm="fro", *, exclude=None, tol: float = 1e-6) -> Solution:
-    """The Graph-SVM of a next-token-prediction dataset, certified (module docstring).
+    """The Graph-SVM of a next-token-prediction dataset, certified (docs/theory.md §10):
+
+        W_svm = argmin ||W||  s.t. for every sample i, label y of i and token j != y of i:
+            (e_y - e_j)^T W e_k  = 0    if y, j are in one SCC of the priority graph G_k
+            (e_y - e_j)^T W e_k >= 1    otherwise                          (k = k_i = s_iT)
+
+    with e_k = E[k] and G_k the token-priority graph of the samples whose query is k
+    (:func:`attnsvm.ntp.graph_rows` enumerates the rows).  The solvers and the proof of
+    ``violation_`` and ``gap_``: the docstring of :mod:`attnsvm.svm.graph` (on the API
+    page: "The Graph-SVM: its solvers and its proof").
 
     Parameters
     ----------
@@ -990,11 +1010,25 @@ def graph_svm(E, seqs, y, norm="fro", *, exclude=None, tol: float = 1e-6) -> Sol
     preference is a tie) the answer is W = 0.  ``conflict_`` (infeasible): the samples
     whose rows carry the verified Farkas certificate.  ``extra["reason"]``: why an
     answer is 'uncertified'.
+
+    Example::
+
+        >>> import numpy as np
+        >>> from attnsvm.svm import graph_svm
+        >>> E = np.eye(3)                              # K = 3 tokens in d = 3
+        >>> seqs = np.array([[0, 1, 2], [1, 0, 2]])    # query token 2 (the last) in both
+        >>> sol = graph_svm(E, seqs, y=[0, 1])         # 0 and 1 each beat the other: one SCC, a tie
+        >>> sol.status_, sol.extra["rows"].eq.tolist()
+        ('optimal', [True, False, True, False])
+        >>> sol2 = graph_svm(E, seqs[:1], y=[0])       # 0 alone must beat 1 and 2
+        >>> sol2.status_, round(sol2.norm_, 6)
+        ('optimal', 0.816497)
     """
     from ..ntp.graph import _as_exclude, _graph_rows
 
     data, N, tol = _validate(E, seqs, y, norm, tol)
     ex = None if exclude is None else _as_exclude(exclude, data.n, data.T)
+    _kernels_ready(N)  # an empty numba cache is compiled before the timer starts
     t0 = time.perf_counter()
     rows = _graph_rows(data.seqs, data.labels, ex, data.K)  # (validated by NTPData)
     d = data.d
@@ -1155,7 +1189,16 @@ def graph_svm_batch(problems, norm="fro", **kw) -> list[Solution]:
     """Graph-SVMs of many datasets: ``problems`` a list of (E, seqs, y) tuples or
     :class:`~attnsvm.ntp.NTPData`; returns the list of Solutions (each as
     :func:`graph_svm`, ``kw`` its keyword arguments ``exclude`` and ``tol``).  Inputs are
-    all validated before any solve starts (ValueError naming the problem and argument)."""
+    all validated before any solve starts (ValueError naming the problem and argument).
+
+    Example::
+
+        >>> from attnsvm.ntp import ntp_random
+        >>> from attnsvm.svm import graph_svm_batch
+        >>> sols = graph_svm_batch([ntp_random(4, 6, 8, 8, seed=s) for s in range(3)])
+        >>> [s.status_ for s in sols]
+        ['optimal', 'optimal', 'optimal']
+    """
     from ..ntp.data import NTPData
     from ..ntp.graph import _check_ids
 

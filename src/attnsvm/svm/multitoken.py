@@ -35,7 +35,15 @@ __all__ = ["MultiTokenSolution", "multitoken_svm", "selected_sets"]
 
 
 def selected_sets(s, threshold: float = 1e-3) -> np.ndarray:
-    """O = s >= threshold, bool with the shape of s (..., n, T)."""
+    """O = s >= threshold, bool with the shape of s (..., n, T).
+
+    Example::
+
+        >>> import numpy as np
+        >>> from attnsvm.svm import selected_sets
+        >>> selected_sets(np.array([[0.7, 0.3, 1e-5]]))
+        array([[ True,  True, False]])
+    """
     s = np.asarray(s, dtype=float)
     return s >= threshold
 
@@ -49,7 +57,17 @@ class MultiTokenSolution:
     """W_dir_, W_fin_, W_eq_ (d, e); R_ (float); sets_ (n, T) bool; predictivity_ =
     corr(W_trained, W_eq) (nan without W_trained), corr_dir_ = corr(W_trained, W_dir);
     feasible_, status_, solver_, violation_, gap_ of the W_dir problem; ``dir_`` and
-    ``fin_`` the certified :class:`Solution` of each problem."""
+    ``fin_`` the certified :class:`Solution` of each problem.
+
+    Example::
+
+        >>> import numpy as np
+        >>> from attnsvm.svm import multitoken_svm
+        >>> sol = multitoken_svm(np.array([[[1.0, 0.0], [0.0, 1.0], [-1.0, -1.0]]]), np.array([[1.0, 1.0]]),
+        ...                      np.array([[0.6, 0.4, 0.0]]))
+        >>> sol.status_, sol.W_fin_.shape
+        ('optimal', (2, 2))
+    """
 
     W_dir_: np.ndarray | None
     W_fin_: np.ndarray
@@ -96,6 +114,17 @@ def multitoken_svm(X, z, s, threshold: float = 1e-3, W_trained=None, mask=None, 
     X (n, T, d), z (n, e), s (n, T) final attention probabilities (> 0 on the selected
     sets), mask (n, T) bool, W_trained (d, e) optional.  Both problems are certified by
     the engine; ``feasible_`` / ``status_`` are those of W_dir.
+
+    Example::
+
+        >>> import numpy as np
+        >>> from attnsvm.svm import multitoken_svm
+        >>> X = np.array([[[1.0, 0.0], [0.0, 1.0], [-1.0, -1.0]]])
+        >>> z = np.array([[1.0, 1.0]])
+        >>> s = np.array([[0.6, 0.4, 0.0]])                # final attention: tokens 0 and 1 selected
+        >>> sol = multitoken_svm(X, z, s)
+        >>> sol.feasible_, sol.sets_.tolist()
+        (True, [[True, True, False]])
     """
     tol = as_tol(tol)  # before any work
     X = as_array(X, "X", (3,), "(n, T, d)")

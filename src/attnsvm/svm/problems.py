@@ -104,7 +104,7 @@ def att_svm(X, z, alpha=None, *, y=None, v=None, norm="fro", rank=None, mask=Non
     alpha : (n,) integer selected tokens; default (None or "opt") argmax_t y_i v^T x_it
         (needs labels y in {-1, +1} and v).
     norm : any norm of :func:`attnsvm.norms.get_norm`: "fro" (default), "nuc",
-        "spectral", "l1", "linf", a float p >= 1 or "l<p>" (entrywise l_p).
+        "spectral", "l1", "linf", a float p >= 1 or ``"l<p>"`` (entrywise l_p).
     rank : optional m with rank(W) <= m (nonconvex): if the convex solution already has
         numerical rank <= m it is returned (exact, status says so); otherwise a heuristic
         (status "heuristic_rank"): the convex problem restricted to W = U C, U the top-m
@@ -131,6 +131,19 @@ def att_svm(X, z, alpha=None, *, y=None, v=None, norm="fro", rank=None, mask=Non
     and ``conflict_`` (sequence indices) only when a Farkas certificate is verified.
     Raises :class:`~attnsvm.svm.solution.NotRepresentableError` when W_mm over- or
     underflows float64 at the input's scale.
+
+    Example::
+
+        >>> import numpy as np
+        >>> from attnsvm.svm import att_svm
+        >>> X = np.array([[[1.0, 0.0], [0.0, 1.0]], [[0.0, 1.0], [-1.0, 0.0]]])  # (n=2, T=2, d=2)
+        >>> z = np.array([[1.0, 0.0], [0.0, 1.0]])                                # (n, e=2) queries
+        >>> sol = att_svm(X, z, alpha=[0, 0])          # token 0 selected in both sequences
+        >>> sol.status_, round(sol.norm_, 6), sol.feasible_
+        ('optimal', 1.0, True)
+        >>> np.round(sol.margins_, 6)                  # >= 1 on every other token
+        array([[0., 1.],
+               [0., 1.]])
     """
     tol = as_tol(tol)  # before any work
     X = _tokens(X)
@@ -159,6 +172,15 @@ def prompt_svm(X, W=None, alpha=None, *, y=None, v=None, mask=None, norm="fro", 
     ``W_`` of the result is the vector p (d',).  Equivalent to :func:`att_svm` with
     tokens K = X W and queries z_i = 1 (e = 1).  ``norm``: a vector norm (default l_2;
     "nuc" / "spectral" are l_2 on vectors).  A zero W (all keys equal) is infeasible.
+
+    Example::
+
+        >>> import numpy as np
+        >>> from attnsvm.svm import prompt_svm
+        >>> X = np.array([[[2.0, 0.0], [0.0, 1.0], [1.0, 1.0]]])   # one sequence of 3 tokens
+        >>> sol = prompt_svm(X, alpha=[0])                         # p_mm: token 0 beats the others
+        >>> sol.status_, np.round(sol.W_, 6)
+        ('optimal', array([ 0.5, -0.5]))
     """
     tol = as_tol(tol)  # before any work
     X = _tokens(X)
@@ -202,6 +224,15 @@ def seq2seq_svm(X, alpha, causal: bool = False, mask=None, *, norm="fro", solver
     X (n, T, d), alpha (n, T) integer selected key of each query (causal:
     alpha_ik <= k).  The result's ``dual_``, ``support_``, ``margins_`` have shape
     (n, T, T) indexed [i, query k, key t]; ``conflict_`` lists sequences i.
+
+    Example::
+
+        >>> import numpy as np
+        >>> from attnsvm.svm import seq2seq_svm
+        >>> X = np.array([[[1.0, 0.0], [0.0, 1.0], [1.0, 1.0]]])   # n=1, T=3: every token is a query
+        >>> sol = seq2seq_svm(X, alpha=[[2, 2, 2]])                # each query selects token 2
+        >>> sol.status_, sol.W_.shape
+        ('optimal', (2, 2))
     """
     tol = as_tol(tol)  # before any work
     X = _tokens(X)
@@ -237,6 +268,15 @@ def head_svm(R, y, p=2, *, alpha=None, solver=None, tol=1e-6) -> Solution:
     y (n,) in {-1, +1}; p: any vector norm spec (2 = "fro" default, "l1", 1.5, "linf").
     ``W_`` is v (d,); ``support_`` (n, 1) marks the support vectors
     (``support_indices`` in ``extra``).
+
+    Example::
+
+        >>> import numpy as np
+        >>> from attnsvm.svm import head_svm
+        >>> R = np.array([[2.0, 0.0], [-1.0, 0.0], [0.0, 3.0]])    # selected tokens r_i
+        >>> sol = head_svm(R, y=[1, -1, 1])
+        >>> sol.status_, np.round(sol.W_, 6), sol.extra["support_indices"]
+        ('optimal', array([1.      , 0.333333]), array([1, 2]))
     """
     tol = as_tol(tol)  # before any work
     R = as_array(R, "R", (2, 3), "(n, d) or (n, T, d) with alpha")
@@ -267,6 +307,15 @@ def relaxed_svm(X, alpha, y=None, *, W=None, z=None, support=None, mask=None, no
     ``support`` is not given; ``support`` may be a bool (n,) mask or integer indices).
     Prompt form with keys k = W^T x (W default identity); with ``z`` (n, e) the W form
     (x_{i,alpha_i} - x_it)^T W z_i instead.  Returns a Solution (``extra['S']`` = S).
+
+    Example::
+
+        >>> import numpy as np
+        >>> from attnsvm.svm import relaxed_svm
+        >>> X = np.array([[[1.0, 0.0], [0.0, 1.0]], [[-1.0, 0.0], [0.0, 2.0]]])
+        >>> sol = relaxed_svm(X, alpha=[0, 0], y=[1, -1])
+        >>> sol.status_, sol.extra["S"], np.round(sol.W_, 6)
+        ('optimal', array([0, 1]), array([ 0.333333, -0.666667]))
     """
     tol = as_tol(tol)  # before any work
     X = _tokens(X)

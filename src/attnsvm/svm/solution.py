@@ -93,7 +93,19 @@ class NotRepresentableError(OverflowError, ValueError):
     """The max-margin solution exists but over- or underflows float64 at the input's scale.
 
     ``solution`` holds the certified solution of the normalised problem (W_ in units of
-    2^-scale_exp) and ``scale_exp`` the exponent: W = 2^-scale_exp * solution.W_."""
+    2^-scale_exp) and ``scale_exp`` the exponent: W = 2^-scale_exp * solution.W_.
+
+    Example::
+
+        >>> import numpy as np
+        >>> from attnsvm.svm import NotRepresentableError, att_svm
+        >>> X = np.array([[[1e-300, 0.0], [0.0, 0.0]]])    # a unit margin needs ||W|| ~ 1e600
+        >>> try:
+        ...     att_svm(X, np.array([[1e-300, 0.0]]), alpha=[0])
+        ... except NotRepresentableError as exc:
+        ...     print(exc.solution.status_, exc.scale_exp)  # W = 2^-scale_exp * solution.W_
+        optimal -1992
+    """
 
     def __init__(self, msg, solution=None, scale_exp=None):
         super().__init__(msg)
@@ -104,7 +116,16 @@ class NotRepresentableError(OverflowError, ValueError):
 # ----------------------------------------------------------------------------- norms
 def primal_norm(W: np.ndarray, norm) -> float:
     """||W|| in ``norm`` (any spec of :func:`attnsvm.norms.get_norm`); vectors: the
-    vector norm (l_2 for nuc / spectral)."""
+    vector norm (l_2 for nuc / spectral).
+
+    Example::
+
+        >>> import numpy as np
+        >>> from attnsvm.svm import primal_norm
+        >>> W = np.diag([3.0, 4.0])
+        >>> primal_norm(W, "fro"), primal_norm(W, "nuc"), primal_norm(W, "spectral")
+        (5.0, 7.0, 4.0)
+    """
     from ..norms import get_norm
 
     W = np.asarray(W, dtype=float)
@@ -112,7 +133,16 @@ def primal_norm(W: np.ndarray, norm) -> float:
 
 
 def dual_norm(W: np.ndarray, norm) -> float:
-    """The dual norm ||W||_* (fro -> fro, nuc <-> spectral, l1 <-> linf, l_p -> l_q)."""
+    """The dual norm ||W||_* (fro -> fro, nuc <-> spectral, l1 <-> linf, l_p -> l_q).
+
+    Example::
+
+        >>> import numpy as np
+        >>> from attnsvm.svm import dual_norm
+        >>> W = np.diag([3.0, 4.0])
+        >>> dual_norm(W, "nuc"), dual_norm(W, "l1")        # spectral and linf
+        (4.0, 4.0)
+    """
     from ..norms import get_norm
 
     W = np.asarray(W, dtype=float)
@@ -152,6 +182,15 @@ class ConstraintSet:
     eq (..., n, T) bool or None (no equality), exp (...) int: A(original) = 2^exp A(here).
     Invalid entries (the selected token itself, masked tokens, causal future) carry
     Delta = 0 and are ignored everywhere.  Leading dims are batch dims.
+
+    Example::
+
+        >>> import numpy as np
+        >>> from attnsvm.svm import ConstraintSet
+        >>> cs = ConstraintSet(Delta=np.array([[[1.0, 0.0], [0.0, 0.0]]]), Z=np.array([[1.0, 0.0]]),
+        ...                    valid=np.array([[True, False]]), b=np.ones((1, 2)))
+        >>> cs.shape, cs.n_constraints
+        ((1, 2), 1)
     """
 
     Delta: np.ndarray
@@ -547,6 +586,14 @@ class Solution:
         W * 2^scale_exp), farkas_bound (infeasible: inf, no W meets the constraints),
         lower_bound (the weak-duality lower bound on the optimal norm, evaluated in
         floating point).
+
+    Example::
+
+        >>> import numpy as np
+        >>> from attnsvm.svm import att_svm
+        >>> sol = att_svm(np.array([[[1.0, 0.0], [0.0, 1.0]]]), np.array([[1.0, 0.0]]), alpha=[0])
+        >>> sol.status_, sol.feasible_, sol.W_.shape, sol.gap_ <= 1e-6
+        ('optimal', True, (2, 2), True)
     """
 
     W_: np.ndarray | None
@@ -650,6 +697,15 @@ class BatchSolution:
     margin_, violation_, kkt_residual_, gap_ (B,); dual_, support_, margins_ (B, n, T);
     feasible_ (B,) bool; status_ (B,) str; conflict_ list of B tuples; solver_ (B,) str.
     ``sol[b]`` gives the :class:`Solution` of problem b; ``len(sol)`` = B.
+
+    Example::
+
+        >>> import numpy as np
+        >>> from attnsvm.svm import att_svm_batch
+        >>> X = np.tile(np.array([[[1.0, 0.0], [0.0, 1.0]]]), (3, 1, 1, 1))   # B = 3 copies
+        >>> sol = att_svm_batch(X, np.ones((3, 1, 2)), alpha=np.zeros((3, 1), int))
+        >>> len(sol), sol[0].status_, np.round(sol.norm_, 6)
+        (3, 'optimal', array([0.5, 0.5, 0.5]))
     """
 
     W_: np.ndarray

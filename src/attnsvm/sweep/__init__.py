@@ -77,6 +77,7 @@ from typing import Any
 
 import pandas as pd
 
+from attnsvm._words import plural
 from attnsvm.experiments.base import Experiment
 
 from .cells import _canonical, _unbox, cell_key, grid
@@ -130,7 +131,7 @@ class SweepResult:
         c = self.cells
         n_done = int((c.status == "done").sum()) if len(c) else 0
         n_res = int(c.resumed.sum()) if len(c) else 0
-        lines = [f"sweep {self.experiment} ({self.scale}): {len(c)} cells, {n_done} done "
+        lines = [f"sweep {self.experiment} ({self.scale}): {plural(len(c), 'cell')}, {n_done} done "
                  f"({n_res} read back from the store), {len(self.failed)} failed -> {self.store}"]
         for name, df in self.tables.items():
             lines.append(f"  table {name:<20s} {len(df):>8d} rows x {df.shape[1]} columns")

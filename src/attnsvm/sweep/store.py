@@ -13,6 +13,7 @@ from typing import Any
 
 import pandas as pd
 
+from .._files import atomic_write, atomic_write_text
 from .cells import _canonical
 
 __all__ = ["load", "StoreWarning"]
@@ -84,12 +85,6 @@ def _with_params(df: pd.DataFrame, cell: Mapping[str, Any], key: str) -> pd.Data
         out[col] = value
     out[CELL_COLUMN] = key
     return out
-
-
-def _atomic_write_text(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
 
 
 def _manifest_experiment(root: Path) -> str | None:
@@ -187,22 +182,21 @@ class _Store:
         for name, df in tables.items():
             path = self.table_path(name, key)
             path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-            _with_params(df, cell, key).to_parquet(tmp, index=False)
-            os.replace(tmp, path)
+            table = _with_params(df, cell, key)
+            atomic_write(path, lambda tmp, t=table: t.to_parquet(tmp, index=False))
         return list(tables)
 
     def record(self, key: str, rec: dict) -> None:
         rec = dict(rec, experiment=self.experiment)
         self.records[key] = rec
-        _atomic_write_text(self.root / RECORDS / f"{key}.json", json.dumps(rec, indent=1))
+        atomic_write_text(self.root / RECORDS / f"{key}.json", json.dumps(rec, indent=1))
         if time.monotonic() - self._last_manifest > _MANIFEST_EVERY_S:
             self.write_manifest()
 
     def write_manifest(self) -> None:
         cells = dict(sorted(self.records.items(), key=lambda kv: (kv[1].get("index", 0), kv[0])))
         doc = {"experiment": self.experiment, "updated": _now(), "cells": cells}
-        _atomic_write_text(self.root / MANIFEST, json.dumps(doc, indent=1))
+        atomic_write_text(self.root / MANIFEST, json.dumps(doc, indent=1))
         self._last_manifest = time.monotonic()
 
     def read_cell(self, key: str, quarantine: bool = False) -> dict[str, pd.DataFrame] | None:

@@ -1,7 +1,7 @@
 """A quick tour of attnsvm: train many trials at once, solve the max-margin problem with a
 certificate, and ask which direction each run converged to.
 
-    python examples/quick_tour.py          (about 10 s on a laptop CPU)
+    attnsvm examples --copy ex && python ex/quick_tour.py          (about 10 s on a laptop CPU)
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Your own token data: save it as an .npz, load it, and solve the attention SVM in several
 norms with checkable certificates (and see an infeasible problem named).
 
-    python examples/own_data_svm.py
+    attnsvm examples --copy ex && python ex/own_data_svm.py
 """
 
 from __future__ import annotations

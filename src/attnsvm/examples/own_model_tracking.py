@@ -5,7 +5,7 @@ steps the tracker records, per layer and head, attention sparsity, ||W|| with
 W = W_k^T W_q / sqrt(d_h), the causal seq-to-seq SVM of the tokens the head selects (with
 its certificate) and corr(W, W_mm) against a rotation null.
 
-    python examples/own_model_tracking.py        (about 30 s)
+    attnsvm examples --copy ex && python ex/own_model_tracking.py        (about 30 s)
 """
 
 from __future__ import annotations
