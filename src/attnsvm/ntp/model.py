@@ -110,8 +110,9 @@ class NTPModel:
     Example::
 
         >>> from attnsvm.ntp import NTPModel, ntp_random
+        >>> from attnsvm.train import train
         >>> model = NTPModel(8)                                # trained W (d, d), identity head
-        >>> traj = model.fit(ntp_random(4, 6, 8, 8, seed=0), steps=50)
+        >>> traj = train(model, ntp_random(4, 6, 8, 8, seed=0), optimizer="ngd", steps=50)
         >>> model, traj.steps_run
         (NTPModel(d=8, param='W', head='iden'), 50)
     """
@@ -320,7 +321,18 @@ class NTPModel:
 def train_ntp(model: NTPModel, data, optimizer=None, steps: int = 1000, B: int | None = None,
               seed: int = 0, init="random", scale: float | None = None, **kw):
     """Deprecated: ``attnsvm.train.train(model, data, optimizer=..., ...)`` (the one
-    trainer; same arguments by keyword, same results)."""
+    trainer; same arguments by keyword, same results).
+
+    Example::
+
+        >>> from attnsvm.ntp import NTPModel, ntp_random, train_ntp
+        >>> from attnsvm.train import train
+        >>> data = ntp_random(4, 6, 8, 8, seed=0)
+        >>> new = train(NTPModel(8), data, optimizer="ngd", steps=20, B=2)
+        >>> old = train_ntp(NTPModel(8), data, "ngd", steps=20, B=2)   # a DeprecationWarning
+        >>> bool((old.W == new.W).all())
+        True
+    """
     from importlib import import_module
 
     warnings.warn("attnsvm.ntp.train_ntp is deprecated: use attnsvm.train.train(NTPModel(...), "
