@@ -387,3 +387,40 @@ def joint_gd(data: TokenData, lr: float = 5e-3, steps: int = 1000, record_every:
         Q = torch.einsum("bid,rbi->rbd", Xf, torch.einsum("bij,rbj->rbi", V, Q * Sinv[None]))
     q = Q
     return np.asarray(rec), q.cpu().numpy(), torch.stack(losses).cpu().numpy()
+
+
+def two_step_gd(data: TokenData, lr_v: float, lr_p: float, steps: int = 2):
+    """GD from v = 0, p = 0 on the head v and the prompt p of f(X) = v^T X^T softmax(X p)
+    (mean logistic loss), with step size ``lr_v`` for v and ``lr_p`` for p:
+
+        v <- v - lr_v dL/dv,  p <- p - lr_p dL/dp   (both gradients at the same point)
+
+    dL/dv = (1/n) sum_i l'(y_i f_i) y_i X_i^T s_i; dL/dp = (1/n) sum_i l'(y_i f_i) y_i
+    sum_t s_it (v^T x_it - f_i) x_it, l'(u) = -1 / (1 + e^u). At v = 0 the p-gradient is
+    0, so step 1 moves v only and step 2 is the first to move p. Batched over the B trials
+    of ``data`` (its head, if any, is ignored).
+
+    Returns (steps (S+1,), p (S+1, B, d), v (S+1, B, d)): the iterates from the start.
+    """
+    _check("lr_v", lr_v, np.isfinite(lr_v) and lr_v > 0, "> 0")
+    _check("lr_p", lr_p, np.isfinite(lr_p) and lr_p > 0, "> 0")
+    _check("steps", steps, isinstance(steps, (int, np.integer)) and steps >= 1, "an integer >= 1")
+    if not data.batched:
+        raise ValueError("two_step_gd needs batched TokenData (B, n, T, d)")
+    X, y = data.X, data.y
+    B, n, T, d = X.shape
+    p, v = np.zeros((B, d)), np.zeros((B, d))
+    ps, vs = [p], [v]
+    for _ in range(steps):
+        a = np.einsum("bntd,bd->bnt", X, p)
+        s = np.exp(a - a.max(-1, keepdims=True))
+        s /= s.sum(-1, keepdims=True)
+        g = np.einsum("bntd,bd->bnt", X, v)  # v^T x_it
+        f = (s * g).sum(-1)
+        lp = -0.5 * (1 - np.tanh(0.5 * y * f)) * y / n  # l'(y f) y / n, l'(u) = -sigmoid(-u)
+        gv = np.einsum("bn,bnt,bntd->bd", lp, s, X)
+        gp = np.einsum("bnt,bntd->bd", lp[..., None] * s * (g - f[..., None]), X)
+        p, v = p - lr_p * gp, v - lr_v * gv
+        ps.append(p)
+        vs.append(v)
+    return np.arange(steps + 1), np.stack(ps), np.stack(vs)
