@@ -97,3 +97,20 @@ def test_interpolator_matches_an_independent_svm():
         assert df.corr_final[b] == pytest.approx(
             w.value @ q[b] / np.linalg.norm(w.value) / np.linalg.norm(q[b]), rel=1e-4)
     assert (df.status == "optimal").all()
+
+
+def test_phase_table_counts_regimes_per_cell():
+    rows = []
+    for n, ratio in [(10, 0.2), (20, 0.1)]:
+        for k in range(20):  # n = 10: 12 benign, 8 harmful; n = 20: 5 benign, 15 not fitted
+            benign = k < (12 if n == 10 else 5)
+            fit = benign or n == 10
+            rows.append(dict(n=n, noise_ratio=ratio, signal_norm=5.0, trial=k, step=100,
+                             train_acc=1.0 if fit else 0.9, train_acc_flipped=1.0 if fit else 0.0,
+                             test_acc=0.97 if benign else 0.7))
+    t = S.phase_table(pd.DataFrame(rows)).set_index("n")
+    assert t.benign[10] == pytest.approx(0.6) and t.harmful[10] == pytest.approx(0.4)
+    assert t.regime[10] == "benign" and t.regime[20] == "not fitted"
+    assert t.not_fitted[20] == pytest.approx(0.75)
+    lo, hi = S.wilson(12, 20)
+    assert (t.benign_lo[10], t.benign_hi[10]) == pytest.approx((lo, hi))
