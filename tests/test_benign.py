@@ -84,7 +84,7 @@ def test_generalisation_matches_a_per_sample_loop():
         for b in range(3):
             row = df[(df.trial == b) & (df.step == [0, 7][r])].iloc[0]
 
-            def out(X, y):
+            def out(X, y, r=r, b=b):
                 a = X @ P[r, b]
                 s = np.exp(a - a.max())
                 s /= s.sum()
