@@ -175,3 +175,14 @@ def test_joint_gd_refuses_unbatched_data():
         bn.joint_gd(d)
     with pytest.raises(ValueError, match="lr"):
         bn.joint_gd(TokenData(X=np.ones((1, 2, 3, 2)), y=np.ones((1, 2)), v=np.ones((1, 2))), lr=0.0)
+
+
+def test_predict_with_a_head_per_record_equals_one_record_at_a_time():
+    rng = np.random.default_rng(2)
+    X = rng.standard_normal((3, 4, 2, 6))
+    P, V = rng.standard_normal((5, 3, 6)), rng.standard_normal((5, 3, 6))
+    f, s = bn.predict(X, P, V)
+    for r in range(5):
+        fr, sr = bn.predict(X, P[r], V[r])
+        np.testing.assert_allclose(f[r], fr, rtol=1e-13)
+        np.testing.assert_allclose(s[r], sr, rtol=1e-13)
