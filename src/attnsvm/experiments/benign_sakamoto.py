@@ -223,6 +223,16 @@ def judge(tables: dict, cfg: dict) -> list[Check]:
     ]
 
 
+def _log_x(ax, values) -> None:
+    """Log x axis ticked at the values themselves (plain numbers)."""
+    from matplotlib.ticker import FixedLocator, NullLocator, ScalarFormatter
+
+    ax.set_xscale("log")
+    ax.xaxis.set_major_locator(FixedLocator(sorted(set(values))))
+    ax.xaxis.set_minor_locator(NullLocator())
+    ax.xaxis.set_major_formatter(ScalarFormatter())
+
+
 def plot(tables: dict, cfg: dict, out) -> list:
     curves, svm, path = tables["curves"], tables["svm"], tables["svm_path"]
     lo_s, hi_s = cfg["curve_norms"]
@@ -242,7 +252,7 @@ def plot(tables: dict, cfg: dict, out) -> list:
                    label="share benign (Wilson)")
     mm = svm.groupby("signal_norm").mm_test_acc.mean()
     ax[2].plot(mm.index, mm.values, "x--", color=COLORS[4], label="max-margin interpolator")
-    ax[2].set_xscale("log")
+    _log_x(ax[2], ps.signal_norm)
     label(ax[2], "signal norm ||mu||", "share / accuracy", "final, by signal norm")
     for k, (s, g) in enumerate(path.groupby("signal_norm")):
         band(ax[3], g[g.step > 0], "step", "corr_mm", label=f"||mu|| = {s:g}", color=COLORS[k % 8])
@@ -289,7 +299,7 @@ def phase_plot(table: pd.DataFrame, out=None, name: str = "benign_phase"):
             a.annotate({"benign": "B", "harmful": "H", "not fitted": "N", "mixed": "?"}[r.regime],
                        (r.signal_norm, r.noise_ratio), ha="center", va="center", fontsize=7,
                        color="w" if r.benign < 0.5 else "k")
-        a.set_xscale("log")
+        _log_x(a, t.signal_norm)
         label(a, "signal norm ||mu||", "noise ratio", f"n = {n}" if n is not None else "",
               legend=False)
     fig.colorbar(sc, ax=list(ax), label="share of seeds benign (B benign, H harmful, "
