@@ -123,8 +123,8 @@ def per_setting(curves: pd.DataFrame, cfg: dict) -> pd.DataFrame:
             fit = t[t.train_acc >= FIT]
             delayed.append(bool(len(fit)) and t.test_acc.iloc[-1] - fit.test_acc.iloc[0] >= GAIN)
         K = len(fin)
-        bl, bh = wilson(int(benign.sum()), K)
-        dl, dh = wilson(int(np.sum(delayed)), K)
+        bl, bh = np.clip(wilson(int(benign.sum()), K), 0, 1)
+        dl, dh = np.clip(wilson(int(np.sum(delayed)), K), 0, 1)
         rows.append(dict(signal_norm=s, seeds=K, train_acc=fin.train_acc.mean(),
                          train_acc_flipped=fin.train_acc_flipped.mean(),
                          test_acc=fin.test_acc.mean(), test_acc_start=g[g.step == 0].test_acc.mean(),
