@@ -198,9 +198,9 @@ def two_token(n: int = 200, d: int = 2000, snr: float = 1.0, noise_ratio: float 
     0 (signal) is mu_y, token 1 (noise) is xi ~ N(0, I_d) restricted to the complement of
     span(e_1, e_2), so ||x_0|| / E||x_1|| ~ snr. ``round(n * noise_ratio)`` samples (at
     random positions) have their label flipped. Head nu = (e_1 - e_2) / sqrt(2) (the
-    Bayes direction of the signal token; in Magen et al. the head is trained, see
-    ``attnsvm.experiments.benign_magen``). Test set: ``n_test`` clean samples, drawn
-    independently. Labels uniform in {-1, +1}.
+    Bayes direction of the signal token; in Magen et al. the head is trained:
+    :func:`two_step_gd`). Test set: ``n_test`` clean samples, drawn independently. Labels
+    uniform in {-1, +1}.
     """
     for nm, v, lo in (("n", n, 2), ("d", d, 3), ("n_test", n_test, 2), ("batch", batch, 1)):
         _check(nm, v, isinstance(v, (int, np.integer)) and v >= lo, f"an integer >= {lo}")
