@@ -266,7 +266,8 @@ def phase_table(curves: pd.DataFrame, by=("n", "noise_ratio")) -> pd.DataFrame:
     the final mean train accuracy on flipped samples, the mean clean test accuracy and the
     share of seeds that overfit benignly (every label fitted, test accuracy >= 1 -
     noise_ratio / 2) with its Wilson 95 % interval; ``regime`` names the majority:
-    "benign", "harmful" (fitted, test below the bar), "not fitted" or "mixed"."""
+    "benign", "harmful" (fitted, test below the bar), "not fitted" or "mixed", or "no
+    flips" where the code's rounding, 2 * (ceil(n * ratio) // 2), flips no label."""
     by = [b for b in by if b in curves.columns]
     last = curves[curves.step == curves.step.max()]
     rows = []
@@ -275,10 +276,12 @@ def phase_table(curves: pd.DataFrame, by=("n", "noise_ratio")) -> pd.DataFrame:
         fit = g.train_acc >= FIT
         good = g.test_acc >= 1 - ratio / 2
         K = len(g)
-        lo, hi = wilson(int((fit & good).sum()), K)
+        lo, hi = np.clip(wilson(int((fit & good).sum()), K), 0, 1)
         shares = {"benign": (fit & good).mean(), "harmful": (fit & ~good).mean(),
                   "not fitted": (~fit).mean()}
         top = max(shares, key=shares.get)
+        if g.train_acc_flipped.isna().all():  # the code's rounding flipped no label
+            top, shares[top] = "no flips", 1.0
         rows.append(dict(zip([*by, "signal_norm"], key), seeds=K, benign=shares["benign"],
                          benign_lo=lo, benign_hi=hi, harmful=shares["harmful"],
                          not_fitted=shares["not fitted"], train_acc_flipped=g.train_acc_flipped.mean(),
@@ -293,17 +296,22 @@ def phase_plot(table: pd.DataFrame, out=None, name: str = "benign_phase"):
     fig, ax = subplots(len(ns), width=3.6, height=3.0)
     for a, n in zip(ax, ns):
         t = table if n is None else table[table.n == n]
-        sc = a.scatter(t.signal_norm, t.noise_ratio, c=t.benign, cmap="viridis", vmin=0, vmax=1,
-                       s=260, marker="s", edgecolor="k", lw=0.4)
+        none = t.regime == "no flips"
+        a.scatter(t.signal_norm[none], t.noise_ratio[none], color="0.85", s=260, marker="s",
+                  edgecolor="k", lw=0.4)
+        sc = a.scatter(t.signal_norm[~none], t.noise_ratio[~none], c=t.benign[~none],
+                       cmap="viridis", vmin=0, vmax=1, s=260, marker="s", edgecolor="k", lw=0.4)
         for r in t.itertuples():
-            a.annotate({"benign": "B", "harmful": "H", "not fitted": "N", "mixed": "?"}[r.regime],
+            a.annotate({"benign": "B", "harmful": "H", "not fitted": "N", "mixed": "?",
+                        "no flips": "0"}[r.regime],
                        (r.signal_norm, r.noise_ratio), ha="center", va="center", fontsize=7,
                        color="w" if r.benign < 0.5 else "k")
         _log_x(a, t.signal_norm)
         label(a, "signal norm ||mu||", "noise ratio", f"n = {n}" if n is not None else "",
               legend=False)
-    fig.colorbar(sc, ax=list(ax), label="share of seeds benign (B benign, H harmful, "
-                                        "N flipped not fitted, ? no majority)")
+    fig.colorbar(sc, ax=ax[-1], label="share of seeds benign")
+    fig.suptitle("majority: B benign, H harmful (fitted, test acc < 1 - ratio / 2), "
+                 "N flipped not fitted, ? none, 0 no label flipped", fontsize=8)
     return save(fig, out, name)
 
 
