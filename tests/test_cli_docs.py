@@ -21,7 +21,8 @@ SECTIONS = ["1. Data", "2. Models", "3. Losses", "4. Token scores and optimality
             "8. Numerical stability", "9. Predictions the papers make",
             "10. Next-token prediction: the Graph-SVM",
             "11. The attention SVM of today's models (multi-head, grouped-query, rotary, T5, "
-            "cross-attention)"]
+            "cross-attention)",
+            "12. Label noise: benign and harmful overfitting of token selection"]
 
 
 def test_theory_keeps_the_section_numbers_the_docstrings_cite():

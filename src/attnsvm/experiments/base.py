@@ -35,6 +35,7 @@ PAPERS = {
     "ntp": "Mechanics of Next Token Prediction with Self-Attention (Li, Huang, Ildiz, Rawat, Oymak, 2024)",
     "study": "attnsvm's own study, beyond the papers: do the heads of transformers trained by "
              "next-token prediction become the SVM of the tokens they select?",
+    "benign": "Benign Overfitting in Token Selection of Attention Mechanism (Sakamoto, Sato, ICML 2025)",
 }
 
 
