@@ -287,9 +287,10 @@ def calibrate(model, probe, plant, norms, seed: int, draws: int = 1) -> pd.DataF
     rng = np.random.default_rng((seed, 7))
     same = plant is probe
     rows = []
-    for layer, (cp, cl) in enumerate(zip(_calls(model, probe),
-                                         _calls(model, probe) if same else _calls(model, plant))):
-        for h, (tp, tl) in enumerate(zip(head_tokens(cp), head_tokens(cl))):
+    calls = _calls(model, probe)
+    for layer, (cp, cl) in enumerate(zip(calls, calls if same else _calls(model, plant))):
+        toks = head_tokens(cp)
+        for h, (tp, tl) in enumerate(zip(toks, toks if same else head_tokens(cl))):
             for norm, _ in [(n, d) for n in norms for d in range(draws)]:
                 M0 = rng.standard_normal(tp["M"].shape)
                 a0, m0 = own_selection(M0, tl["X"], tl["z"], tl["allowed"])
