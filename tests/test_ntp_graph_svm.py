@@ -195,7 +195,15 @@ def test_nuclear_equals_clarabel_reference(n, T, K, d, graph, seed):
     assert sol.status_ == "optimal", (sol.status_, sol.solver_, sol.gap_)
     assert sol.gap_ <= GAP_GRAPH and sol.violation_ <= 1e-9
     ref, acc = ref  # (an inaccurate reference may sit on either side of the optimum)
-    assert abs(sol.norm_ - ref) <= acc * ref
+    # our answer checked from the definition, independently of its proof: feasible, and its
+    # nuclear norm what it says
+    m = np.einsum("rd,de,re->r", D.E[rows.y] - D.E[rows.j], sol.W_, D.E[rows.k])
+    assert np.all(m[~rows.eq] >= 1 - 1e-9) and np.all(np.abs(m[rows.eq]) <= 1e-9)
+    assert abs(np.linalg.svd(sol.W_, compute_uv=False).sum() - sol.norm_) <= 1e-9 * sol.norm_
+    # not above the reference's optimum; below it only where Clarabel's "optimal" point is
+    # itself suboptimal (seen: 0.8028139 against our feasible 0.8027943, n8T3K5d6 cyclic
+    # seed 10000): then our feasible point, checked above, is the better one
+    assert sol.norm_ <= ref * (1 + acc)
 
 
 def _graph_ipm_rows(seed, graph):
