@@ -14,7 +14,7 @@ _MODULES = ("data", "models", "losses", "optim", "norms", "train", "tokens", "sc
             "metrics", "svm", "experiments", "sweep", "track", "plotting", "report", "chunks",
             "progress", "realdata", "fused")
 
-__all__ = ["__version__", "single_thread", *_MODULES]
+__all__ = ["__version__", "single_thread", "kernel_threads", *_MODULES]
 
 
 def __getattr__(name: str):
@@ -23,6 +23,10 @@ def __getattr__(name: str):
         from ._parallel import single_thread
 
         return single_thread
+    if name == "kernel_threads":  # the compiled kernels' threads (context-local)
+        from ._parallel import kernel_threads
+
+        return kernel_threads
     if name in _MODULES:
         import importlib
 
