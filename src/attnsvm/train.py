@@ -507,6 +507,7 @@ def _train_one(model, tdata, lossf, optimizer, params, engine, *, steps, every, 
     # (those of grad=False; the autograd paths compute them another way)
     recorder = Recorder(model, tdata, lossf, alpha_t, refs, Q, record_params,
                         start=(a0, first if not autograd and model.head == "linear" else None))
+    del a0, first  # held by the stepper / recorder only until they have used them (memory)
     stepper.init(params)
     steps_run = run_segments(stepper, steps, every,
                              lambda t: recorder.record(t, stepper.params, stops.active), stops,
