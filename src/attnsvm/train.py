@@ -509,6 +509,8 @@ def _train_one(model, tdata, lossf, optimizer, params, engine, *, steps, every, 
                         start=(a0, first if not autograd and model.head == "linear" else None))
     del a0, first  # held by the stepper / recorder only until they have used them (memory)
     stepper.init(params)
+    if stepper.engine == "fused":  # its slots hold a copy: the initial tensors are let go
+        params.clear()  # (train's own dict, made by _init_params: never the caller's)
     steps_run = run_segments(stepper, steps, every,
                              lambda t: recorder.record(t, stepper.params, stops.active), stops,
                              progress)
