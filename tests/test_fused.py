@@ -342,6 +342,51 @@ def test_deterministic_and_thread_independent():
         pd.testing.assert_frame_equal(r.metrics, runs[0].metrics, check_exact=True)
 
 
+def test_kernel_threads_setting_is_local_and_results_independent(monkeypatch):
+    """kernel_threads(n) sets the pool size for this thread only (another thread keeps the
+    default), NUMBA_NUM_THREADS is read, torch's thread count is left alone, and the fused
+    run is bit-identical on 1, 3 and 2 kernel threads."""
+    import threading
+
+    import attnsvm
+    from attnsvm import _parallel as P
+
+    assert attnsvm.kernel_threads is P.kernel_threads
+    monkeypatch.delenv("NUMBA_NUM_THREADS", raising=False)
+    old = torch.get_num_threads()
+    base = P.n_threads()
+    assert base == max(1, min(P.cpu_count(), old))
+    seen = {}
+    with P.kernel_threads(3):
+        assert P.n_threads() == 3
+        th = threading.Thread(target=lambda: seen.setdefault("other", P.n_threads()))
+        th.start()
+        th.join()
+    assert seen["other"] == base and P.n_threads() == base
+    monkeypatch.setenv("NUMBA_NUM_THREADS", "5")
+    assert P.n_threads() == 5
+    with P.kernel_threads(2):  # the context's setting first
+        assert P.n_threads() == 2
+    monkeypatch.setenv("NUMBA_NUM_THREADS", "zero")
+    with pytest.raises(ValueError, match="NUMBA_NUM_THREADS"):
+        P.n_threads()
+    monkeypatch.delenv("NUMBA_NUM_THREADS")
+    for bad in (0, -1, 1.5, True):
+        with pytest.raises(ValueError, match="positive int"):
+            with P.kernel_threads(bad):
+                pass
+    data = D.random_sphere(n=4, T=5, d=6, seed=3, batch=16)
+    runs = []
+    for nt in (1, 3, 2):
+        with P.kernel_threads(nt):
+            runs.append(train(M.WModel(6), data, optimizer=O.ngd(0.2), steps=60, engine="fused",
+                              record_every=7))
+    assert torch.get_num_threads() == old
+    for r in runs[1:]:
+        assert torch.equal(r.params["W"], runs[0].params["W"])
+        pd.testing.assert_frame_equal(r.metrics, runs[0].metrics, check_exact=True)
+
+
 def test_stop_reasons_equal_torch():
     """Zero gradient (a trial whose data make every score equal), a step below the
     resolution of W (GD with a tiny lr), non-finite steps (a huge lr overflows)."""

@@ -151,3 +151,20 @@ def test_cli_train(tmp_path, capsys):
     path = D.random_sphere(n=3, T=4, d=5, seed=1).save(tmp_path / "d.npz")
     assert main(["train", "--data", str(path), "--trials", "2", "--steps", "10",
                  "--optimizer", "polyak", "--model", "KQ"]) == 0
+
+
+def test_default_record_schedule_is_sparse_for_short_runs():
+    """record_every=None: a record every max(steps // 100, min(steps, 25)) steps and at the
+    last: a 100-step run records 5 times (not 101), a long run about 100 times."""
+    from attnsvm.train import default_record_every
+
+    assert [default_record_every(s) for s in (1, 7, 25, 26, 100, 2499, 2500, 2600, 10**5)] == \
+        [1, 7, 25, 25, 25, 25, 25, 26, 1000]
+    data = D.random_sphere(n=3, T=4, d=3, seed=0, batch=2)
+    for steps, want in ((100, list(range(0, 101, 25))), (7, [0, 7]), (60, [0, 25, 50, 60])):
+        t = train(M.WModel(3), data, optimizer=O.ngd(0.1), steps=steps, engine="torch")
+        assert t.record_steps.tolist() == want
+        # the same records as the explicit stride
+        e = train(M.WModel(3), data, optimizer=O.ngd(0.1), steps=steps, engine="torch",
+                  record_every=default_record_every(steps))
+        pd.testing.assert_frame_equal(t.metrics, e.metrics, check_exact=True)

@@ -14,7 +14,7 @@ _MODULES = ("data", "models", "losses", "optim", "norms", "train", "tokens", "sc
             "metrics", "svm", "experiments", "sweep", "track", "plotting", "report", "chunks",
             "progress", "realdata", "fused", "ntp", "compiled")
 
-__all__ = ["__version__", "single_thread", "warmup", *_MODULES]
+__all__ = ["__version__", "single_thread", "kernel_threads", "warmup", *_MODULES]
 
 
 def warmup(progress: bool | None = None) -> dict:
@@ -32,6 +32,10 @@ def __getattr__(name: str):
         from ._parallel import single_thread
 
         return single_thread
+    if name == "kernel_threads":  # the compiled kernels' threads (context-local)
+        from ._parallel import kernel_threads
+
+        return kernel_threads
     if name in _MODULES:
         import importlib
 

@@ -3,9 +3,17 @@
     thread_pool(fn, B, *args, per_thread=1)      # fn(*args, b0, b1) on slices of range(B)
 
 The kernels (numba, ``nogil=True``) release the GIL, so Python threads run them in
-parallel.  The number of threads is ``torch.get_num_threads()``: a worker limited to one
-thread (``torch.set_num_threads(1)``, as the benchmarks and pytest-xdist workers do) stays
-on one.  Problems are independent and every slice writes its own rows, so results do not
+parallel.  The number of threads (:func:`n_threads`), first that applies:
+
+1. ``with kernel_threads(n): ...``: n threads for the calls made in this block by this
+   thread (a context variable: other threads, and the process, are not affected);
+2. the environment variable ``NUMBA_NUM_THREADS`` (a positive integer), read at each call;
+3. the CPUs this process may run on (``len(os.sched_getaffinity(0))``, else
+   ``os.cpu_count()``), capped by ``torch.get_num_threads()``, so that a process limited
+   to one thread (``torch.set_num_threads(1)``, as the sweep's process workers, the
+   benchmarks and pytest-xdist workers do) stays on one.
+
+The library never changes torch's (or BLAS's) thread count itself.  Problems are independent and every slice writes its own rows, so results do not
 depend on the number of threads.  The pool is created on first use and grown, never
 shrunk; it belongs to neither engine (:mod:`attnsvm.fused`, :mod:`attnsvm.svm.active`).
 
@@ -19,13 +27,17 @@ or a block no other thread depends on, never inside a library.
 
 from __future__ import annotations
 
+import contextvars
+import os
 import threading
 from contextlib import contextmanager
 
 import numpy as np
 
-__all__ = ["thread_pool", "n_threads", "single_thread"]
+__all__ = ["thread_pool", "n_threads", "kernel_threads", "single_thread"]
 
+_THREADS: contextvars.ContextVar[int | None] = contextvars.ContextVar(
+    "attnsvm_kernel_threads", default=None)
 _POOL = None
 _LOCK = threading.Lock()
 
@@ -47,14 +59,50 @@ def single_thread():
         yield
 
 
+@contextmanager
+def kernel_threads(n: int):
+    """``with kernel_threads(n): ...``: the batch kernels called from this thread (or task)
+    inside the block use ``n`` threads (a context variable: not process-wide; other
+    threads keep their own setting). n: a positive int."""
+    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
+        raise ValueError(f"kernel_threads: n must be a positive int, got {n!r}")
+    tok = _THREADS.set(int(n))
+    try:
+        yield
+    finally:
+        _THREADS.reset(tok)
+
+
+def cpu_count() -> int:
+    """The CPUs this process may run on: len(os.sched_getaffinity(0)) where the platform
+    has it, else os.cpu_count() (at least 1)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):  # pragma: no cover - macOS, Windows
+        return max(1, os.cpu_count() or 1)
+
+
 def n_threads() -> int:
-    """The number of threads the batch kernels may use: torch.get_num_threads() (1 without
-    torch)."""
+    """The number of threads the batch kernels may use (module docstring): the
+    :func:`kernel_threads` setting of this context, else ``NUMBA_NUM_THREADS``, else
+    min(:func:`cpu_count`, torch.get_num_threads())."""
+    nt = _THREADS.get()
+    if nt is not None:
+        return nt
+    env = os.environ.get("NUMBA_NUM_THREADS", "").strip()
+    if env:
+        try:
+            v = int(env)
+        except ValueError:
+            v = 0
+        if v < 1:
+            raise ValueError(f"NUMBA_NUM_THREADS must be a positive integer, got {env!r}")
+        return v
     try:
         import torch
     except ImportError:  # pragma: no cover - torch is a dependency
-        return 1
-    return max(1, int(torch.get_num_threads()))
+        return cpu_count()
+    return max(1, min(cpu_count(), int(torch.get_num_threads())))
 
 
 def _pool(nt: int):

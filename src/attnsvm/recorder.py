@@ -75,6 +75,8 @@ class Recorder:
         """The metrics at step t of ``params``; ``active`` (B,): the trials still running."""
         names, vals = _record(self.model, params, self.tdata, self.lossf, self.alpha,
                               self.refs, self.Q, self.start if t == 0 else None)
+        if t > 0:  # the step-0 logits and objective (with its gradient) are not kept on
+            self.start = None
         self.names = names
         self.steps.append(t)
         self._vals.append(torch.cat([vals, (~active).to(vals.dtype)[:, None]], dim=1))

@@ -150,7 +150,8 @@ class TorchStepper(Stepper):
         if self.plan is not None:
             return self.plan.evaluate(self.params, self.optimizer.needs_gap)
         if t == 0 and self.bs is None:
-            return self.first
+            first, self.first = self.first, None  # not kept across the run (memory)
+            return first
         batch = self.tdata if self.bs is None else minibatch(self.tdata, self.bs, self.seeds, t)
         return self.model.evaluate(self.params, batch, self.lossf, autograd=self.autograd,
                                    need_gap=self.optimizer.needs_gap)

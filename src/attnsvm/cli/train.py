@@ -79,7 +79,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="Frobenius norm of the random initialisation")
     parser.add_argument("--record-every", type=positive_int, default=None,
                         help="record the metrics every this many steps, and at the last "
-                             "(default: steps // 100, at least 1)")
+                             "(default: max(steps // 100, min(steps, 25)))")
     parser.add_argument("--device", default=None,
                         help="torch device: cpu, cuda, cuda:N or mps (default: cpu)")
     add_progress(parser, "a progress bar on stderr", bar=True)
