@@ -790,7 +790,7 @@ EXPERIMENT = Experiment(
     configs={"tiny": {**_C, "vocab": 4, "context": 6, "n_embd": 16, "n_head": 2, "n_kv_head": 1,
                       "batch": 8, "seeds": 1, "steps": 4, "records": 3},
              "quick": {**_C, "optimizers": OPTIMIZERS[:1], "seeds": 1, "steps": 600,
-                       "records": 4, "calibration_draws": 2},
+                       "records": 4, "calibration_draws": 1},
              "full": {**_C, "seeds": 3, "steps": 3000, "records": 8, "workers": "auto"}},
     compute=compute, judge=judge, plot=plot,
     verdicts=tuple(CLAIMS[k] for k in ORDER),
@@ -799,8 +799,9 @@ EXPERIMENT = Experiment(
         "(or a sanity check of the set-up), none is counted as a paper claim.",
         "Small decoders on a synthetic copy task (1 layer, d = 32, 4 heads of d_h = 8, vocabulary "
         "8, context 8, the 64-sequence population as training set and probe; quick: AdamW only, "
-        "600 steps, 1 seed; full: AdamW, SGD and Muon, 3,000 steps, 3 seeds): nothing may be "
-        "downloaded and the quick scale must fit a CPU budget of about a minute. The text task "
+        "600 steps, 1 seed, one calibration draw per head and norm; full: AdamW, SGD and Muon, "
+        "3,000 steps, 3 seeds, four draws): nothing may be downloaded and the quick scale must "
+        "fit a CPU budget of about a minute. The text task "
         "(task='text') is not in the default run: its instrument is not calibrated (a head that "
         "is the SVM of its training data is not the SVM of held-out queries).",
         "The group-nuclear RoPE-SVM of rotary heads (docs/theory.md section 11) and the atlas's "
