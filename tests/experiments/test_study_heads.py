@@ -188,6 +188,21 @@ def test_measure_of_an_svm_is_one_and_of_a_perturbed_svm_less(norm):
     assert S.measure(P, X, z, allowed, norm)["ratio"] < 1 - 1e-3
 
 
+def test_measure_reuses_a_known_svm_only_for_its_own_problem():
+    """``known``: the same row as a fresh solve when M's selection is the known one; a known
+    solution of another selection is not used (the row is the fresh solve's)."""
+    rng = np.random.default_rng(4)
+    X, z, allowed = _problem(rng, n=40)
+    a, mask = S.own_selection(rng.standard_normal((3, 4)), X, z, allowed)
+    sol = att_svm(X, z, a, mask=mask, irreducible=False)
+    W = np.asarray(sol.W_)
+    fresh = S.measure(W, X, z, allowed, "fro")
+    assert S.measure(W, X, z, allowed, "fro", known=(a, mask, sol)) == fresh
+    R = rng.standard_normal((3, 4))
+    other = S.measure(R, X, z, allowed, "fro", known=(a, mask, sol))
+    assert other == S.measure(R, X, z, allowed, "fro") and other["ratio"] < S.ALIGNED
+
+
 @pytest.fixture(scope="module")
 def tiny():
     cfg = S.EXPERIMENT.config("tiny")
