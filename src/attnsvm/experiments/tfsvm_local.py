@@ -27,6 +27,7 @@ import pandas as pd
 
 from attnsvm.data import TokenData, random_sphere
 from attnsvm.experiments.base import Check, Claim, Experiment
+from attnsvm.experiments.tfsvm_paths import QUOTE as PATHS_QUOTE
 from attnsvm.metrics import correlation, numerical_rank
 from attnsvm.models import KQModel, WModel
 from attnsvm.optim import ngd
@@ -111,13 +112,7 @@ def compute(cfg: dict) -> dict[str, pd.DataFrame]:
 QUOTE = {
     "sat": "We believe these findings inspire the interpretation of transformers as a hierarchy "
            "of SVMs that separates and selects optimal tokens.",
-    "W": "Instead, directly parameterizing by [W] minimizes a Frobenius norm objective. We "
-         "characterize this convergence, highlighting that it can occur toward locally-optimal "
-         "directions rather than global ones.",
-    "KQ": "(1) Optimizing the attention layer with vanishing regularization, parameterized by "
-          "[(K, Q)], converges in direction to an SVM solution minimizing the nuclear norm of the "
-          "combined parameter [W = K Q^T]. [...] We characterize this convergence, highlighting "
-          "that it can occur toward locally-optimal directions rather than global ones.",
+    **PATHS_QUOTE,  # the W and (K, Q) sentences, one home: tfsvm_paths
 }
 WHERE = ("abstract (arXiv:2308.16898v1; 'selects': the attention saturates on one token per "
          "sequence), Theorems 2-3; the local_converge notebook's figure (mean over 100 runs of "
