@@ -67,11 +67,13 @@ class Stops:
 
 class Stepper(ABC):
     """The step loop of one engine (module docstring). ``engine`` names it in
-    ``Trajectory.extra["engine"]``; ``params`` are the current parameters {name: (B, ...)}
-    (what ``record`` reads)."""
+    ``Trajectory.extra["engine"]``, and ``reason`` why it is not the whole compiled loop
+    ("fused"), or None, in ``Trajectory.extra["engine_reason"]``; ``params`` are the current
+    parameters {name: (B, ...)} (what ``record`` reads)."""
 
     engine: str
     params: dict
+    reason: str | None = None
 
     @abstractmethod
     def init(self, params: dict) -> None:
@@ -253,18 +255,21 @@ def make_stepper(model, tdata, lossf, optimizer, engine: str, *, first, Q: int, 
     the rule in the kernel, :class:`TorchStepper` otherwise (with the kernel's gradient
     when only the rule is not compiled). ``engine="fused"`` on a configuration it does not
     support: a ValueError saying what (:func:`attnsvm.fused.unsupported`)."""
-    plan = None
+    plan, why = None, "engine='torch' was asked for"
     if engine != "torch":
         why = fused.unsupported(model, lossf, optimizer, tdata, batch_size, autograd)
         if why is None:
             plan = fused.Plan(model, tdata, lossf, optimizer, Q, B,
                               check_stall=batch_size is None and not optimizer.stateful)
+            why = plan.why
         elif engine == "fused":
             raise ValueError(f"engine='fused' does not support {why}")
     if plan is not None and plan.in_kernel:
         return FusedStepper(plan, optimizer)
-    return TorchStepper(model, tdata, lossf, optimizer, first=first, batch_size=batch_size,
-                        seed=seed, autograd=autograd, plan=plan, copy=copy)
+    stepper = TorchStepper(model, tdata, lossf, optimizer, first=first, batch_size=batch_size,
+                           seed=seed, autograd=autograd, plan=plan, copy=copy)
+    stepper.reason = why  # why not the compiled loop (Trajectory.extra["engine_reason"])
+    return stepper
 
 
 # ------------------------------------------------------------------ mini-batches

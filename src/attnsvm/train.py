@@ -23,7 +23,13 @@ Engines (``engine=``): "torch" is the batched tensor program above (the referenc
 only engine on CUDA); "fused" runs each trial's steps in one compiled loop with its data
 in cache (:mod:`attnsvm.fused`, numba): the same scaled maths, equal to the torch path
 to rounding; "auto" (default) takes "fused" when numba is importable and the
-configuration is supported, else "torch". ``traj.extra["engine"]`` says which ran.
+configuration is supported, else "torch". ``traj.extra["engine"]`` says which ran
+("torch", "fused", or "fused-gradient": the compiled gradient with the rule's update in
+torch) and ``traj.extra["engine_reason"]`` why it is not the whole compiled loop (None
+when it is): the configuration (:func:`attnsvm.fused.unsupported`) or the rule, since the
+kernel's step loops are a closed set (:data:`attnsvm.fused.PROGRAMS`,
+:func:`attnsvm.fused.not_compiled`): e.g. ``normalize_by(l1)`` then a learning rate, whose
+parts each carry a kernel, is no loop of it.
 ``chunk=c`` trains the trials c at a time (memory bounded by the chunk; the result is
 the same as one run: trials are independent).
 
@@ -197,9 +203,22 @@ def _check_device(device):
 
 
 def _check_loss(loss):
-    from .losses import get_loss
+    from .losses import LOSSES, get_loss
+    from .optim import get as get_optimizer
 
+    if isinstance(loss, str) and loss not in LOSSES and _is_rule(loss, get_optimizer):
+        raise ValueError(f"loss={loss!r} is a step rule, not a loss: pass it as "
+                         f"optimizer={loss!r} (train's third positional argument is the loss)")
     return loss if loss is None else get_loss(loss)
+
+
+def _is_rule(name: str, get_optimizer) -> bool:
+    """Whether ``name`` names a registered step rule (a rule passed in the loss slot)."""
+    try:
+        get_optimizer(name)
+    except (ValueError, TypeError):
+        return False
+    return True
 
 
 def _check_model(model):
@@ -245,17 +264,29 @@ TRAIN_CONSTRAINTS = {
     "chunk": [None, Interval(int, 1, None)],
 }
 
-def _check_model_args(model, args: dict) -> None:
+def _check_fixed(model, args: dict) -> None:
     """Refuse, by name, an argument the model cannot honour: ``model.train_fixed`` maps
-    each to the only value it accepts (e.g. an NTP model: its own loss, full batch)."""
+    each to the only value it accepts (e.g. an NTP model: its own loss, full batch).
+    Checked first, on the values as given (an NTP model's loss is refused as a loss it
+    cannot take, whatever it names)."""
     for name, only in getattr(model, "train_fixed", {}).items():
         value = args[name]
         if value is None and only is None:
             continue
         if only is None or value is not only and value != only:
             what = "left out" if only is None else f"{only!r}"
+            from .optim import get as get_optimizer
+
+            rule = (f"; {value!r} is a step rule: pass optimizer={value!r}"
+                    if name == "loss" and isinstance(value, str) and _is_rule(value, get_optimizer)
+                    else "")
             raise ValueError(f"{name}={_short(value)}: {type(model).__name__} cannot honour it "
-                             f"(train's {name} must be {what} for this model)")
+                             f"(train's {name} must be {what} for this model){rule}")
+
+
+def _check_model_args(model, args: dict) -> None:
+    """The checks between the model and the validated arguments: a stochastic rule for a
+    full-batch model, the fused engine for a model without a kernel."""
     bs = getattr(args["optimizer"], "batch_size", None)
     if bs is not None and "batch_size" in getattr(model, "train_fixed", {}):
         raise ValueError(f"optimizer={args['optimizer']!r}: a stochastic rule (batch_size={bs}); "
@@ -476,6 +507,7 @@ def _train_chunked(model, tdata, params, chunk, k, alpha_t, refs, seed, kw) -> T
     if parts[0].state:
         state = {kk: torch.cat([p.state[kk] for p in parts]) for kk in parts[0].state}
     engines = sorted({p.extra.get("engine", "torch") for p in parts})
+    reasons = sorted({p.extra.get("engine_reason") for p in parts} - {None})
     return Trajectory(
         params={kk: torch.cat([p.params[kk] for p in parts]) for kk in parts[0].params},
         metrics=pd.concat(frames, ignore_index=True),
@@ -487,7 +519,8 @@ def _train_chunked(model, tdata, params, chunk, k, alpha_t, refs, seed, kw) -> T
         alpha=None if alpha_t is None else alpha_t.cpu().numpy(),
         stop_reason=np.concatenate([p.stop_reason for p in parts]),
         state=state,
-        extra={"engine": "+".join(engines), "chunks": len(parts)},
+        extra={"engine": "+".join(engines), "engine_reason": "; ".join(reasons) or None,
+               "chunks": len(parts)},
     )
 
 
@@ -527,7 +560,7 @@ def _train_one(model, tdata, lossf, optimizer, params, engine, *, steps, every, 
         alpha=None if alpha_t is None else alpha_t.cpu().numpy(),
         stop_reason=stops.reason.astype(str),
         state=state,
-        extra={"engine": stepper.engine},
+        extra={"engine": stepper.engine, "engine_reason": stepper.reason},
         source=(model, tdata, optimizer),
     )
 
@@ -550,7 +583,7 @@ def default_record_every(steps: int) -> int:
     return max(1, steps // 100, min(steps, RECORD_MIN_STRIDE))
 
 
-def train(model: AttentionModel, data, *, loss=None, optimizer: Optimizer | None = None,
+def train(model: AttentionModel, data, loss=None, optimizer: Optimizer | None = None, *,
           steps: int = 1000, B: int | None = None, seed: int = 0, init="random",
           scale: float | None = None, record_every: int | None = None,
           references: dict | None = None, record_params: bool = False, progress: bool = False,
@@ -564,7 +597,8 @@ def train(model: AttentionModel, data, *, loss=None, optimizer: Optimizer | None
 
     model: an AttentionModel (WModel, KQModel, DiagModel, PromptModel) or an
     :class:`~attnsvm.ntp.NTPModel` (next-token prediction; its data an NTPData or a list
-    of B NTPData). Every argument after ``data`` is a keyword.
+    of B NTPData). ``loss`` and ``optimizer`` may come third and fourth by position (as
+    they always could); every later argument is a keyword.
     loss: a loss name, a Loss or a callable (default None: "logistic"; an NTP model has its
     own next-token loss and takes none).
     optimizer: an :class:`~attnsvm.optim.Optimizer` or a registered name (default NGD, lr 0.1).
@@ -591,10 +625,18 @@ def train(model: AttentionModel, data, *, loss=None, optimizer: Optimizer | None
     engine: "auto" | "torch" | "fused" (module docstring; "fused" raises a ValueError
     naming what it does not support). chunk: train at most ``chunk`` trials at a time
     (same result; the step's memory is that of one chunk; :func:`_train_chunked`).
+
+    Example (a next-token-prediction model through the same trainer)::
+
+        >>> from attnsvm.ntp import NTPModel, ntp_random
+        >>> traj = train(NTPModel(8), ntp_random(4, 6, 8, 8, seed=0), optimizer="ngd", steps=50)
+        >>> traj.steps_run, traj.extra["engine"]
+        (50, 'torch')
     """
-    args = validate_params(TRAIN_CONSTRAINTS, locals(), "train")  # before any work
-    _check_model_args(model, {**args, "loss": loss, "batch_size": batch_size,
-                              "autograd": autograd, "alpha": alpha})  # (as given)
+    _check_fixed(model, {"loss": loss, "batch_size": batch_size, "autograd": autograd,
+                         "alpha": alpha})  # (as given) before any work
+    args = validate_params(TRAIN_CONSTRAINTS, locals(), "train")
+    _check_model_args(model, args)
     lossf, optimizer, steps, seed, device, chunk = (args[a] for a in (
         "loss", "optimizer", "steps", "seed", "device", "chunk"))
     if lossf is None and "loss" not in getattr(model, "train_fixed", {}):
@@ -622,3 +664,29 @@ def train(model: AttentionModel, data, *, loss=None, optimizer: Optimizer | None
     return _train_one(model, tdata, lossf, optimizer, params, engine, steps=steps, every=k, Q=Q,
                       batch_size=bs, seed=seed, autograd=autograd, alpha_t=alpha_t, refs=refs,
                       record_params=record_params, progress=progress, copy=isinstance(init, dict))
+
+
+def train_ntp(model, data, optimizer=None, steps: int = 1000, B: int | None = None,
+              seed: int = 0, init="random", scale: float | None = None, **kw) -> Trajectory:
+    """Deprecated (also ``attnsvm.ntp.train_ntp``): :func:`train` of an
+    :class:`~attnsvm.ntp.NTPModel`, ``train(model, data, optimizer=..., ...)`` (the one
+    trainer; the same arguments, by keyword after ``optimizer``, and the same results).
+
+    Example::
+
+        >>> import warnings
+        >>> from attnsvm.ntp import NTPModel, ntp_random, train_ntp
+        >>> data = ntp_random(4, 6, 8, 8, seed=0)
+        >>> new = train(NTPModel(8), data, optimizer="ngd", steps=20, B=2)
+        >>> with warnings.catch_warnings(record=True) as caught:
+        ...     warnings.simplefilter("always")
+        ...     old = train_ntp(NTPModel(8), data, "ngd", steps=20, B=2)
+        >>> bool((old.W == new.W).all()), caught[0].category.__name__
+        (True, 'DeprecationWarning')
+    """
+    import warnings
+
+    warnings.warn("attnsvm.ntp.train_ntp is deprecated: use attnsvm.train.train(NTPModel(...), "
+                  "data, optimizer=..., ...)", DeprecationWarning, stacklevel=2)
+    return train(model, data, optimizer=optimizer, steps=steps, B=B, seed=seed, init=init,
+                 scale=scale, **kw)

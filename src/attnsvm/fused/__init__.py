@@ -37,7 +37,7 @@ from attnsvm.optim.kernel_ops import Op
 
 from . import codes as C
 
-__all__ = ["available", "unsupported", "Plan", "ENGINES", "warmup"]
+__all__ = ["available", "unsupported", "not_compiled", "Plan", "ENGINES", "PROGRAMS", "warmup"]
 
 ENGINES = ("auto", "torch", "fused")
 
@@ -71,24 +71,46 @@ PROGRAMS = {
 def program(optimizer):
     """(IC_RULE, {integer slot: value}, {real slot: value}) of the rule's compiled
     counterpart, read from the data its transforms carry (``optimizer.kernel``), or None
-    (then the fused gradient feeds the torch update): a stateful or stochastic rule, a
-    transform with no counterpart, or a sequence of opcodes no step loop runs."""
+    (then the fused gradient feeds the torch update; :func:`not_compiled` says why): a
+    stateful or stochastic rule, a transform with no counterpart, or a sequence of
+    opcodes no step loop runs."""
+    return _program(optimizer)[0]
+
+
+def not_compiled(optimizer) -> str | None:
+    """Why the rule's steps do not run inside the kernel (a short phrase), or None when
+    they do. The kernel's step loops are a closed set, :data:`PROGRAMS`: any other chain
+    of transforms, even one whose parts each carry a kernel (``normalize_by(l1)`` then a
+    learning rate), takes the compiled gradient and updates in torch ("fused-gradient");
+    ``Trajectory.extra["engine_reason"]`` records this phrase."""
+    return _program(optimizer)[1]
+
+
+def _program(optimizer):
+    """(the compiled program or None, why not or None): :func:`program`, :func:`not_compiled`."""
     ops = optimizer.kernel
-    if ops is None or optimizer.stateful or optimizer.batch_size is not None:
-        return None
+    if optimizer.stateful:
+        return None, "a stateful rule (the kernel's step loops are stateless)"
+    if optimizer.batch_size is not None:
+        return None, "a stochastic rule (the kernel's step loops are full-batch)"
+    if ops is None:
+        return None, "a transform of the rule has no compiled counterpart"
     seq = tuple(int(o.op) for o in ops)
     if seq not in PROGRAMS:
-        return None
+        names = " + ".join(Op(o).name.lower() for o in seq)
+        return None, (f"no step loop of the kernel runs the chain {names} (fused.PROGRAMS: "
+                      "gd, steepest descent, relative steepest descent, polyak, mirror descent)")
     code, extra = PROGRAMS[seq]
     args = {}
     for o in ops:
         for k, v in o.args.items():
             if k in args and args[k] != v:  # e.g. a relative step measured in another norm
-                return None
+                return None, f"two transforms disagree on {k} ({args[k]!r} and {v!r})"
             args[k] = v
     if args.get("q") is not None and seq[0] == Op.NORMALIZE:  # G / ||G||_q: the mirror's q
         if args["q"] != args["p"] / (args["p"] - 1.0):
-            return None
+            return None, (f"a mirror step of p = {args['p']:g} normalised in l_{args['q']:g} "
+                          f"(the kernel normalises in the dual l_q, q = p / (p - 1))")
     args.update(extra)
     if code == C.R_MIRROR and args["p"] == 2.0:  # l_2 mirror descent is GD / NGD (bit for bit)
         if args.get("normalized"):
@@ -100,7 +122,7 @@ def program(optimizer):
     ints = {C.IC_SLOTS[k]: int(v) for k, v in args.items() if k in C.IC_SLOTS}
     ints[C.IC_NEEDGAP] = int(args.get("needgap", 0))
     reals = {C.FC_SLOTS[k]: float(v) for k, v in args.items() if k in C.FC_SLOTS}
-    return code, ints, reals
+    return (code, ints, reals), None
 
 
 def unsupported(model, lossf, optimizer=None, tdata=None, batch_size=None,
@@ -183,7 +205,7 @@ class Plan:
         else:
             self.Wf = np.zeros((2, 1))
         m = ki.m
-        rc = program(optimizer)
+        rc, self.why = _program(optimizer)  # why: the rule is not compiled (or None)
         self.in_kernel = rc is not None
         ic = np.zeros(C.IC_SIZE, dtype=np.int64)
         fc = np.zeros(C.FC_SIZE, dtype=np.float64)

@@ -14,7 +14,7 @@ SCCs, Graph-SVM rows), :mod:`.fin` (W_fin and the decomposition W_t ~ R W_svm + 
 from .data import GRAPH_KINDS, PUBLISHED_SIZES, NTPData, load_ntp, ntp_random
 from .fin import FinResult, decompose, s_fin_basis, w_fin
 from .graph import GraphRows, graph_rows, priority_graph, scc_table
-from .model import HEADS, NTPModel, ntp_tensors, train_ntp
+from .model import HEADS, NTPModel, ntp_tensors
 from .text import from_text
 
 __all__ = [
@@ -23,3 +23,14 @@ __all__ = [
     "w_fin", "s_fin_basis", "decompose", "FinResult", "NTPModel", "train_ntp", "ntp_tensors",
     "HEADS",
 ]
+
+
+def __getattr__(name):
+    """``train_ntp``: the deprecated alias of :func:`attnsvm.train.train`, kept with the
+    trainer (:func:`attnsvm.train.train_ntp`) and handed on, on first use, by name (no
+    module of this package imports the trainer)."""
+    if name == "train_ntp":
+        from ..train import train_ntp
+
+        return train_ntp
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -252,7 +252,7 @@ def decompose(W_t: np.ndarray, W_svm: np.ndarray, fin: FinResult) -> dict:
         >>> np.round(m["R"], 6), bool(m["resid"][0] < 1e-9)
         (array([5.]), True)
     """
-    from ..svm.validate import as_array
+    from .._validation import as_array
 
     if not isinstance(fin, FinResult):
         raise ValueError(f"fin must be a FinResult (from w_fin); got a {type(fin).__name__}")

@@ -38,11 +38,10 @@ def _check_ids(seqs, y, K, exclude=None, where: str = "graph_rows"):
     or (n, L) ids with -1 padding; exclude None or a boolean (or 0/1) array of shape
     (n, T).  A ValueError naming the argument, before any work (an id beyond K is never
     folded into another token's id)."""
-    from .._validation import Interval, check_param
-    from ..svm.validate import _int_array
+    from .._validation import Interval, as_int_array, check_param
 
     K = check_param("K", K, [Interval(int, 1, None)])
-    seqs = _int_array(seqs, "seqs")
+    seqs = as_int_array(seqs, "seqs")
     if seqs.ndim != 2 or seqs.shape[0] < 1 or seqs.shape[1] < 1:
         raise ValueError(f"{where}: seqs must be (n, T) token ids with n, T >= 1; got shape "
                          f"{seqs.shape}")
@@ -51,7 +50,7 @@ def _check_ids(seqs, y, K, exclude=None, where: str = "graph_rows"):
     if bad.any():
         i, t = np.argwhere(bad)[0]
         raise ValueError(f"{where}: seqs[{i}, {t}] = {seqs[i, t]} is not a token id in [0, K={K})")
-    y = _int_array(y, "y")
+    y = as_int_array(y, "y")
     if y.ndim not in (1, 2):
         raise ValueError(f"{where}: y must be (n,) ids or (n, L) label sets; got shape {y.shape}")
     if y.shape[0] != n:

@@ -33,13 +33,14 @@ dL/dK = G Q, dL/dQ = G^T K.
 :class:`NTPModel` implements the model protocol of :func:`attnsvm.train.train` (the one
 trainer: its torch stepper, stops and recorder): ``train(NTPModel(8), data,
 optimizer=ngd(0.1), steps=1000)`` runs every full-batch step rule of :mod:`attnsvm.optim`
-on B trials at once. ``train_ntp`` is its deprecated alias.
+on B trials at once (the trainer's docstring shows it). ``attnsvm.ntp.train_ntp`` is a
+deprecated alias of it, kept in :mod:`attnsvm.train` (this package does not import the
+trainer above it).
 """
 
 from __future__ import annotations
 
 import math
-import warnings
 
 import numpy as np
 import torch
@@ -47,7 +48,7 @@ import torch
 from ..models.objective import row_factors, scaled_grads, softmax_terms
 from .data import NTPData
 
-__all__ = ["NTPModel", "NTPObjective", "ntp_tensors", "train_ntp", "HEADS"]
+__all__ = ["NTPModel", "NTPObjective", "ntp_tensors", "HEADS"]
 
 HEADS = ("iden", "gen")
 _TENSOR_KEYS = {"E", "X", "Z", "ymask", "yid", "seqs"}
@@ -107,14 +108,14 @@ class NTPModel:
     d: embedding dimension; param: "W" (combined key-query, trained W) or "KQ" (W = K Q^T,
     K, Q (d, m), m = d by default); head: "iden" | "gen".
 
-    Example::
+    Example (training it: :func:`attnsvm.train.train`)::
 
         >>> from attnsvm.ntp import NTPModel, ntp_random
-        >>> from attnsvm.train import train
         >>> model = NTPModel(8)                                # trained W (d, d), identity head
-        >>> traj = train(model, ntp_random(4, 6, 8, 8, seed=0), optimizer="ngd", steps=50)
-        >>> model, traj.steps_run
-        (NTPModel(d=8, param='W', head='iden'), 50)
+        >>> t = model.prepare(ntp_random(4, 6, 8, 8, seed=0))
+        >>> obj = model.evaluate(model.init(B=2, scale=1.0), t)  # L, log L, scaled gradient
+        >>> model, tuple(obj.loss.shape), sorted(obj.grads.tensors)
+        (NTPModel(d=8, param='W', head='iden'), (2,), ['W'])
     """
 
     ntp = True
@@ -315,28 +316,3 @@ class NTPModel:
             else:
                 raw = {"K": G @ params["Q"], "Q": G.transpose(-1, -2) @ params["K"]}
             return NTPObjective(L, logL, scaled_grads(raw, top))
-
-
-# ------------------------------------------------------------------ trainer
-def train_ntp(model: NTPModel, data, optimizer=None, steps: int = 1000, B: int | None = None,
-              seed: int = 0, init="random", scale: float | None = None, **kw):
-    """Deprecated: ``attnsvm.train.train(model, data, optimizer=..., ...)`` (the one
-    trainer; same arguments by keyword, same results).
-
-    Example::
-
-        >>> from attnsvm.ntp import NTPModel, ntp_random, train_ntp
-        >>> from attnsvm.train import train
-        >>> data = ntp_random(4, 6, 8, 8, seed=0)
-        >>> new = train(NTPModel(8), data, optimizer="ngd", steps=20, B=2)
-        >>> old = train_ntp(NTPModel(8), data, "ngd", steps=20, B=2)   # a DeprecationWarning
-        >>> bool((old.W == new.W).all())
-        True
-    """
-    from importlib import import_module
-
-    warnings.warn("attnsvm.ntp.train_ntp is deprecated: use attnsvm.train.train(NTPModel(...), "
-                  "data, optimizer=..., ...)", DeprecationWarning, stacklevel=2)
-    train = import_module("attnsvm.train").train  # (the trainer sits above this package)
-    return train(model, data, optimizer=optimizer, steps=steps, B=B, seed=seed, init=init,
-                 scale=scale, **kw)

@@ -66,7 +66,7 @@ def from_text(texts, T: int, *, model=None, tokenizer=None, stride: int | None =
         >>> data.T, len(ids) == data.K
         (4, True)
     """
-    from attnsvm.realdata.probe import load_tokenizer, resolve_model_path
+    from .._hub import load_tokenizer, resolve_model_path
 
     if isinstance(texts, str):
         texts = [texts]
