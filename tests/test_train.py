@@ -168,3 +168,79 @@ def test_default_record_schedule_is_sparse_for_short_runs():
         e = train(M.WModel(3), data, optimizer=O.ngd(0.1), steps=steps, engine="torch",
                   record_every=default_record_every(steps))
         pd.testing.assert_frame_equal(t.metrics, e.metrics, check_exact=True)
+
+
+# ------------------------------------------------------------------ issue 32: one trainer
+class _Untouchable:
+    """Data that fails the test if train() reads it (the arguments come first)."""
+
+    def __getattr__(self, name):
+        raise AssertionError(f"train() read data.{name} before refusing an argument")
+
+
+def test_the_issues_call_is_refused_by_name_before_any_work():
+    from attnsvm.ntp import NTPModel
+
+    with pytest.raises(ValueError) as e:
+        train(NTPModel(8), _Untouchable(), "no-such-loss", batch_size=2, autograd=True,
+              alpha=[1, 2])
+    assert str(e.value).startswith("loss='no-such-loss': NTPModel cannot honour it"), e.value
+    # a step rule in the loss slot (the third positional argument) is named as a rule
+    with pytest.raises(ValueError, match="'ngd' is a step rule: pass optimizer='ngd'"):
+        train(NTPModel(8), _Untouchable(), "ngd")
+    with pytest.raises(ValueError, match="loss='md3' is a step rule.*optimizer='md3'"):
+        train(M.WModel(3), _Untouchable(), "md3")
+
+
+def test_loss_and_optimizer_by_position_the_rest_by_keyword():
+    data = D.random_sphere(n=3, T=4, d=3, seed=0)
+    by_pos = train(M.WModel(3), data, "exponential", O.gd(0.5), steps=4, engine="torch")
+    by_kw = train(M.WModel(3), data, loss="exponential", optimizer=O.gd(0.5), steps=4,
+                  engine="torch")
+    np.testing.assert_array_equal(by_pos.W, by_kw.W)
+    with pytest.raises(TypeError, match="positional"):
+        train(M.WModel(3), data, "exponential", O.gd(0.5), 4)
+
+
+@pytest.mark.parametrize("rule, engine, why", [
+    (O.ngd(0.1), "fused", None),
+    # every part carries a kernel, but no step loop of fused.PROGRAMS runs the chain
+    (O.rule("l1n", {"lr": 0.1}, O.normalize_by("l1"), O.scale_by_learning_rate(0.1)),
+     "fused-gradient", "no step loop of the kernel runs the chain normalize + learning_rate"),
+    (O.adam(0.01), "fused-gradient", "a stateful rule"),
+    (O.rule("sp", {"lr": 0.1}, O.scale_by_steepest("spectral"), O.scale_by_learning_rate(0.1)),
+     "fused-gradient", "no compiled counterpart"),
+])
+def test_the_trajectory_says_which_engine_ran_and_why(rule, engine, why):
+    from attnsvm import fused
+
+    if not fused.available():
+        pytest.skip("numba is not importable")
+    data = D.random_sphere(n=3, T=4, d=3, seed=0)
+    tr = train(M.WModel(3), data, optimizer=rule, steps=3)
+    assert tr.extra["engine"] == engine
+    assert fused.not_compiled(rule) == tr.extra["engine_reason"]
+    if why is None:
+        assert tr.extra["engine_reason"] is None
+    else:
+        assert why in tr.extra["engine_reason"], tr.extra["engine_reason"]
+    # the torch reference says it was asked for; chunks keep the reason
+    assert "engine='torch'" in train(M.WModel(3), data, optimizer=rule, steps=3,
+                                     engine="torch").extra["engine_reason"]
+    ch = train(M.WModel(3), data, optimizer=rule, steps=3, B=2, chunk=1)
+    assert ch.extra["engine_reason"] == tr.extra["engine_reason"]
+
+
+def test_train_ntp_is_a_deprecated_alias_kept_with_the_trainer():
+    import attnsvm.ntp
+    import attnsvm.train as T
+    from attnsvm.ntp import NTPModel, ntp_random
+
+    assert attnsvm.ntp.train_ntp is T.train_ntp
+    data = ntp_random(4, 6, 8, 8, seed=0)
+    with pytest.warns(DeprecationWarning, match="train_ntp is deprecated"):
+        old = attnsvm.ntp.train_ntp(NTPModel(8), data, "ngd", steps=5, B=2)
+    new = train(NTPModel(8), data, optimizer="ngd", steps=5, B=2)
+    np.testing.assert_array_equal(old.W, new.W)
+    with pytest.raises(AttributeError, match="no_such_name"):
+        attnsvm.ntp.no_such_name  # noqa: B018
