@@ -154,25 +154,11 @@ class NTPData:
         object.__setattr__(self, "y", y)
 
     # ----------------------------------------------------------------- views
-    @property
-    def K(self) -> int:
-        """Vocabulary size K (rows of E)."""
-        return self.E.shape[0]
-
-    @property
-    def d(self) -> int:
-        """Embedding dimension d (columns of E)."""
-        return self.E.shape[1]
-
-    @property
-    def n(self) -> int:
-        """Number of sequences n."""
-        return self.seqs.shape[0]
-
-    @property
-    def T(self) -> int:
-        """Sequence length T (the last token is the query)."""
-        return self.seqs.shape[1]
+    K = property(lambda self: self.E.shape[0], doc="Vocabulary size K (rows of E), an int.")
+    d = property(lambda self: self.E.shape[1], doc="Embedding dimension d (columns of E), an int.")
+    n = property(lambda self: self.seqs.shape[0], doc="Number of sequences n, an int.")
+    T = property(lambda self: self.seqs.shape[1],
+                 doc="Sequence length T (the last token is the query), an int.")
 
     @property
     def query(self) -> np.ndarray:

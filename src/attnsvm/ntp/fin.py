@@ -237,6 +237,7 @@ def decompose(W_t: np.ndarray, W_svm: np.ndarray, fin: FinResult) -> dict:
     resid      ||W_t - R_t D - W_fin|| / ||W_t||  (relative residual of the decomposition)
     corr_dec   corr(W_t, R_T D + W_fin) with R_T fitted at the last step (the code's
                second correlation curve)
+    (corr: :func:`attnsvm.metrics.correlation`, NaN where a side is 0: no direction.)
     Each an array of length R.  ValueError naming the argument for shapes that do not
     match fin.W (d, d), non-finite entries, or W_svm = 0.
 
@@ -253,6 +254,7 @@ def decompose(W_t: np.ndarray, W_svm: np.ndarray, fin: FinResult) -> dict:
         (array([5.]), True)
     """
     from .._validation import as_array
+    from ..metrics import correlation
 
     if not isinstance(fin, FinResult):
         raise ValueError(f"fin must be a FinResult (from w_fin); got a {type(fin).__name__}")
@@ -271,7 +273,7 @@ def decompose(W_t: np.ndarray, W_svm: np.ndarray, fin: FinResult) -> dict:
     Wf = fin.W
     Rt = np.einsum("rde,de->r", Wt - Wf, D)
     nt = np.linalg.norm(Wt.reshape(len(Wt), -1), axis=1)
-    corr = np.einsum("rde,de->r", Wt, D) / np.where(nt > 0, nt, 1.0)
+    corr = correlation(Wt, D)  # (R,); NaN where W_t = 0 (no direction)
     if fin.basis.shape[0]:
         coef = np.einsum("rde,pde->rp", Wt, fin.basis)
         P = np.einsum("rp,pde->rde", coef, fin.basis)
@@ -280,6 +282,6 @@ def decompose(W_t: np.ndarray, W_svm: np.ndarray, fin: FinResult) -> dict:
     fin_diff = np.linalg.norm((P - Wf).reshape(len(Wt), -1), axis=1)
     res = np.linalg.norm((Wt - Rt[:, None, None] * D - Wf).reshape(len(Wt), -1), axis=1)
     ref = Rt[-1] * D + Wf
-    corr_dec = np.einsum("rde,de->r", Wt, ref) / np.where(nt > 0, nt, 1.0) / max(np.linalg.norm(ref), 1e-300)
+    corr_dec = correlation(Wt, ref)
     return {"corr_svm": corr, "R": Rt, "fin_diff": fin_diff,
             "resid": res / np.where(nt > 0, nt, 1.0), "corr_dec": corr_dec}

@@ -108,6 +108,27 @@ class AttentionCall:
     rotary: torch.Tensor | None = None
     pos_bias: torch.Tensor | None = None
 
+    @classmethod
+    def random(cls, N: int = 2, T: int = 5, d: int = 4, heads: int = 2, d_head: int = 2,
+               seed: int = 0, **fields) -> AttentionCall:
+        """A random self-attention call in float64, for examples and tests: hidden (N, T, d)
+        and one map W (heads, d_head, d), i.i.d. N(0, 1) in that order from
+        ``torch.Generator().manual_seed(seed)``, with W_q = W_k = W; ``fields`` set the
+        others (``causal=True``, ``attn=...``).
+
+        ```pycon
+        >>> from attnsvm.track import AttentionCall
+        >>> call = AttentionCall.random(causal=True)
+        >>> tuple(call.hidden.shape), tuple(call.W_q.shape), call.kind, call.W_k is call.W_q
+        ((2, 5, 4), (2, 2, 4), 'causal', True)
+
+        ```
+        """
+        g = torch.Generator().manual_seed(int(seed))
+        x = torch.randn(N, T, d, generator=g, dtype=torch.float64)
+        W = torch.randn(heads, d_head, d, generator=g, dtype=torch.float64)
+        return cls(hidden=x, W_q=W, W_k=W, **fields)
+
     @property
     def n_heads(self) -> int:
         """Number of heads H (W_q is (H, d_head, d))."""

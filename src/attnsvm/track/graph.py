@@ -61,18 +61,14 @@ def graph_data(x, s_h, allowed, qv, sub, bias, mass, max_queries, rng):
     sequences, query, keys, logits (N', T') and mass (N', K'), or (None, reason).
 
     ```pycon
-    >>> import numpy as np, torch
-    >>> from attnsvm.track import AttentionCall, recompute_attention
-    >>> g = torch.Generator().manual_seed(0)
-    >>> x = torch.randn(2, 5, 4, generator=g, dtype=torch.float64)
-    >>> W = torch.randn(2, 2, 4, generator=g, dtype=torch.float64)
-    >>> call = AttentionCall(hidden=x, W_q=W, W_k=W, causal=True)
-    >>> from attnsvm.track import head_subspace
+    >>> import numpy as np
+    >>> from attnsvm.track import AttentionCall, head_subspace, recompute_attention
     >>> from attnsvm.track.graph import graph_data
+    >>> call = AttentionCall.random(causal=True)
     >>> s, allowed, qv = (t.numpy() for t in recompute_attention(call))
-    >>> sub = head_subspace(W[0].numpy(), W[0].numpy())
-    >>> prob, why = graph_data(x.numpy(), s[:, 0], allowed, qv, sub, "augment", None, 8,
-    ...                        np.random.default_rng(0))
+    >>> W0 = call.W_q[0].numpy()
+    >>> prob, why = graph_data(call.hidden.numpy(), s[:, 0], allowed, qv, head_subspace(W0, W0),
+    ...                        "augment", None, 8, np.random.default_rng(0))
     >>> prob["seqs"].shape, why
     ((2, 5), '')
 
@@ -135,14 +131,10 @@ def unsupported(call) -> str:
     """Why a call has no Graph-SVM ("" when it has one).
 
     ```pycon
-    >>> import numpy as np, torch
-    >>> from attnsvm.track import AttentionCall, recompute_attention
-    >>> g = torch.Generator().manual_seed(0)
-    >>> x = torch.randn(2, 5, 4, generator=g, dtype=torch.float64)
-    >>> W = torch.randn(2, 2, 4, generator=g, dtype=torch.float64)
-    >>> call = AttentionCall(hidden=x, W_q=W, W_k=W, causal=True)
+    >>> from attnsvm.track import AttentionCall
     >>> from attnsvm.track.graph import unsupported
-    >>> unsupported(call), unsupported(AttentionCall(hidden=x, W_q=W, W_k=W, keys=x))[:15]
+    >>> call = AttentionCall.random(causal=True)
+    >>> unsupported(call), unsupported(AttentionCall.random(keys=call.hidden))[:15]
     ('', 'cross-attention')
 
     ```
@@ -165,18 +157,14 @@ def graph_head(x, s_h, allowed, qv, sub, cfg, rng, call=None, ref_logits=None) -
     ``ref_logits`` (N, T, T) the head's logits [query, key]: the self-check.
 
     ```pycon
-    >>> import numpy as np, torch
-    >>> from attnsvm.track import AttentionCall, recompute_attention
-    >>> g = torch.Generator().manual_seed(0)
-    >>> x = torch.randn(2, 5, 4, generator=g, dtype=torch.float64)
-    >>> W = torch.randn(2, 2, 4, generator=g, dtype=torch.float64)
-    >>> call = AttentionCall(hidden=x, W_q=W, W_k=W, causal=True)
-    >>> from attnsvm.track import TrackConfig, head_subspace
+    >>> import numpy as np
+    >>> from attnsvm.track import AttentionCall, TrackConfig, head_subspace, recompute_attention
     >>> from attnsvm.track.graph import graph_head
+    >>> call = AttentionCall.random(causal=True)
     >>> s, allowed, qv = (t.numpy() for t in recompute_attention(call))
-    >>> sub = head_subspace(W[0].numpy(), W[0].numpy())
-    >>> row = graph_head(x.numpy(), s[:, 0], allowed, qv, sub, TrackConfig(graph=True),
-    ...                  np.random.default_rng(0))
+    >>> W0 = call.W_q[0].numpy()
+    >>> row = graph_head(call.hidden.numpy(), s[:, 0], allowed, qv, head_subspace(W0, W0),
+    ...                  TrackConfig(graph=True), np.random.default_rng(0))
     >>> row["graph_status"], bool(-1 <= row["graph_corr"] <= 1)
     ('optimal', True)
 

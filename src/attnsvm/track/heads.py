@@ -165,14 +165,12 @@ class RecomputeError(ValueError):
     unsupported extractor. Raised instead of returning statistics of the wrong matrix.
 
     ```pycon
-    >>> import torch
     >>> from attnsvm.track import AttentionCall, RecomputeError, analyse_call, recompute_attention
-    >>> g = torch.Generator().manual_seed(0)
-    >>> x = torch.randn(2, 5, 4, generator=g, dtype=torch.float64)
-    >>> W = torch.randn(2, 2, 4, generator=g, dtype=torch.float64)
-    >>> attn = recompute_attention(AttentionCall(hidden=x, W_q=W, W_k=W))[0]  # "the model's"
+    >>> call = AttentionCall.random()
+    >>> attn = recompute_attention(call)[0]                 # "the model's" probabilities
     >>> try:
-    ...     analyse_call(AttentionCall(hidden=x, W_q=1.1 * W, W_k=W, attn=attn))   # 10% off
+    ...     analyse_call(AttentionCall(hidden=call.hidden, W_q=1.1 * call.W_q, W_k=call.W_k,
+    ...                                attn=attn))          # a query map 10% off
     ... except RecomputeError:
     ...     print("refused")
     refused
@@ -216,13 +214,9 @@ def head_logits(call: AttentionCall) -> torch.Tensor:
     R = identity without rotary embeddings, b = 0 without a position bias).
 
     ```pycon
-    >>> import numpy as np, torch
-    >>> from attnsvm.track import AttentionCall, recompute_attention
-    >>> g = torch.Generator().manual_seed(0)
-    >>> x = torch.randn(2, 5, 4, generator=g, dtype=torch.float64)
-    >>> W = torch.randn(2, 2, 4, generator=g, dtype=torch.float64)
-    >>> call = AttentionCall(hidden=x, W_q=W, W_k=W, causal=True)
+    >>> from attnsvm.track import AttentionCall
     >>> from attnsvm.track.heads import head_logits
+    >>> call = AttentionCall.random(causal=True)
     >>> tuple(head_logits(call).shape)
     (2, 2, 5, 5)
 
@@ -413,13 +407,10 @@ def recompute_error(call: AttentionCall, s: np.ndarray, allowed: np.ndarray, qv:
     |s_recomputed - s_model| / bound (the check passes iff ratio <= 1).
 
     ```pycon
-    >>> import numpy as np, torch
+    >>> import torch
     >>> from attnsvm.track import AttentionCall, recompute_attention
-    >>> g = torch.Generator().manual_seed(0)
-    >>> x = torch.randn(2, 5, 4, generator=g, dtype=torch.float64)
-    >>> W = torch.randn(2, 2, 4, generator=g, dtype=torch.float64)
-    >>> call = AttentionCall(hidden=x, W_q=W, W_k=W, causal=True)
     >>> from attnsvm.track.heads import recompute_error
+    >>> call = AttentionCall.random(causal=True)
     >>> s, allowed, qv = (t.numpy() for t in recompute_attention(call))
     >>> call.attn = torch.as_tensor(s) * 1.01          # "the model's" probabilities, 1% off
     >>> round(float(recompute_error(call, s, allowed, qv) / s.max()), 6)
@@ -446,13 +437,10 @@ def check_recompute(call: AttentionCall, err: float, tol: float | None = None, w
     returned probabilities (NaN on a valid query or allowed key) also raises.
 
     ```pycon
-    >>> import numpy as np, torch
-    >>> from attnsvm.track import AttentionCall, recompute_attention
-    >>> g = torch.Generator().manual_seed(0)
-    >>> x = torch.randn(2, 5, 4, generator=g, dtype=torch.float64)
-    >>> W = torch.randn(2, 2, 4, generator=g, dtype=torch.float64)
-    >>> call = AttentionCall(hidden=x, W_q=W, W_k=W, causal=True)
+    >>> import torch
+    >>> from attnsvm.track import AttentionCall
     >>> from attnsvm.track.heads import check_recompute, RecomputeError
+    >>> call = AttentionCall.random(causal=True)
     >>> call.attn = torch.zeros(2, 2, 5, 5, dtype=torch.float64)
     >>> check_recompute(call, 1e-9, tol=1e-6)             # within an absolute tolerance: silent
     >>> try:
@@ -504,14 +492,8 @@ def attention_stats(attn, allowed, query_valid=None) -> dict:
     ```
     """
     attn = np.asarray(attn, dtype=np.float64)
-    allowed = np.asarray(allowed, dtype=bool)
     N, H, T, S = attn.shape
-    if allowed.ndim == 2:
-        qv = allowed if query_valid is None else np.asarray(query_valid, bool)
-        allowed = np.broadcast_to(allowed[:, None, :], (N, T, S))
-    else:
-        qv = (np.diagonal(allowed, axis1=1, axis2=2) if query_valid is None
-              else np.asarray(query_valid, bool))
+    allowed, qv = _allowed_queries(allowed, query_valid, T, S)
     with np.errstate(divide="ignore"):
         ss = soft_sparsity(attn)  # (N, H, T)
     mx = attn.max(-1)
@@ -541,6 +523,31 @@ def _orth(A, rtol=1e-10):
     return U[:, s > rtol * max(s.max(), 1e-300)]
 
 
+def _allowed_queries(allowed, query_valid, T: int, S: int):
+    """(allowed (N, T, S) bool, qv (N, T) bool): a (N, S) key mask is the same for every
+    query (then the queries valid are ``query_valid``, default the mask itself), a (N, T, S)
+    one is kept; a self-attention query is valid by default iff it may attend to itself."""
+    allowed = np.asarray(allowed, dtype=bool)
+    if allowed.ndim == 2:
+        qv = allowed if query_valid is None else np.asarray(query_valid, bool)
+        return np.broadcast_to(allowed[:, None, :], (allowed.shape[0], T, S)), qv
+    qv = (np.diagonal(allowed, axis1=1, axis2=2) if query_valid is None
+          else np.asarray(query_valid, bool))
+    return allowed, qv
+
+
+def _head_matrix(W_q, W_k, b_q, scale):
+    """(W_q, W_k, b_q (zeros when None), scale, W, u) of one head in float64: the head's
+    matrix W = scale W_k^T W_q (d, d) and key term u = scale W_k^T b_q (d,), scale
+    defaulting to 1/sqrt(d_h)."""
+    Wq = np.asarray(W_q, np.float64)
+    Wk = np.asarray(W_k, np.float64)
+    dh = Wq.shape[0]
+    scale = 1.0 / math.sqrt(dh) if scale is None else float(scale)
+    bq = np.zeros(dh) if b_q is None else np.asarray(b_q, np.float64)
+    return Wq, Wk, bq, scale, scale * Wk.T @ Wq, scale * Wk.T @ bq
+
+
 def head_subspace(W_q, W_k, b_q=None, scale=None, bias: str = "augment") -> dict:
     """One head's key-query algebra (float64 numpy).
 
@@ -558,12 +565,8 @@ def head_subspace(W_q, W_k, b_q=None, scale=None, bias: str = "augment") -> dict
 
     ```
     """
-    Wq = np.asarray(W_q, np.float64)
-    Wk = np.asarray(W_k, np.float64)
+    Wq, Wk, bq, scale, W, u = _head_matrix(W_q, W_k, b_q, scale)
     dh = Wq.shape[0]
-    scale = 1.0 / math.sqrt(dh) if scale is None else float(scale)
-    W = scale * Wk.T @ Wq
-    u = scale * Wk.T @ (np.zeros(dh) if b_q is None else np.asarray(b_q, np.float64))
     U_Q, U_K = _orth(Wq.T), _orth(Wk.T)
     M = U_K.T @ W @ U_Q
     if bias == "augment":
@@ -655,14 +658,9 @@ def rotary_subspace(W_q, W_k, b_q, b_k, scale, B, bias: str = "augment") -> dict
 
     ```
     """
-    Wq = np.asarray(W_q, np.float64)
-    Wk = np.asarray(W_k, np.float64)
+    Wq, Wk, bq, scale, W, u = _head_matrix(W_q, W_k, b_q, scale)
     dh = Wq.shape[0]
-    scale = 1.0 / math.sqrt(dh) if scale is None else float(scale)
-    W = scale * Wk.T @ Wq
-    bq = np.zeros(dh) if b_q is None else np.asarray(b_q, np.float64)
     bk = np.zeros(dh) if b_k is None else np.asarray(b_k, np.float64)
-    u = scale * Wk.T @ bq
     if bias == "augment":
         Wq, Wk = np.concatenate([Wq, bq[:, None]], 1), np.concatenate([Wk, bk[:, None]], 1)
     U_Q, U_K = _orth(Wq.T), _orth(Wk.T)
@@ -722,14 +720,8 @@ def selection_problem(hidden, allowed, attn_h, sub, bias="augment", min_attentio
     else:
         keys, _ = subspace_tokens(y, sub["U_Q"], sub["U_K"], bias)
         _, queries = subspace_tokens(x, sub["U_Q"], sub["U_K"], bias)
-    allowed = np.asarray(allowed, bool)
-    N, T = allowed.shape[:2]
-    if allowed.ndim == 2:
-        qv = allowed if query_valid is None else np.asarray(query_valid, bool)
-        allowed = np.broadcast_to(allowed[:, None, :], (N, T, T))
-    else:
-        qv = (np.diagonal(allowed, axis1=1, axis2=2) if query_valid is None
-              else np.asarray(query_valid, bool))
+    N, T = np.shape(allowed)[:2]
+    allowed, qv = _allowed_queries(allowed, query_valid, T, T)
     pairs, n_elig, mx, am = _pairs(allowed, attn_h, qv, min_attention, max_queries, rng)
     i, k = pairs[:, 0], pairs[:, 1]
     X, alpha, mask = keys[i], am[i, k], allowed[i, k]
@@ -883,12 +875,8 @@ def graph_problem(call: AttentionCall, head: int, config: TrackConfig | None = N
     Raises ValueError naming the reason for a call without one.
 
     ```pycon
-    >>> import torch
     >>> from attnsvm.track import AttentionCall, graph_problem
-    >>> g = torch.Generator().manual_seed(0)
-    >>> x = torch.randn(2, 5, 4, generator=g, dtype=torch.float64)
-    >>> W = torch.randn(2, 2, 4, generator=g, dtype=torch.float64)
-    >>> prob = graph_problem(AttentionCall(hidden=x, W_q=W, W_k=W, causal=True), head=0)
+    >>> prob = graph_problem(AttentionCall.random(causal=True), head=0)
     >>> prob["seqs"].shape, prob["y"].shape, prob["E"].shape[1] == prob["W"].shape[0]
     ((2, 5), (2, 1), True)
 
@@ -931,12 +919,8 @@ def analyse_call(call: AttentionCall, cfg: TrackConfig | None = None, *, key=(0,
     mapped back: U_K W_mm U_Q^T; rotary heads: the lifted M and W_mm instead) or None.
 
     ```pycon
-    >>> import torch
     >>> from attnsvm.track import AttentionCall, analyse_call
-    >>> g = torch.Generator().manual_seed(0)
-    >>> x = torch.randn(2, 5, 4, generator=g, dtype=torch.float64)
-    >>> W = torch.randn(2, 2, 4, generator=g, dtype=torch.float64)
-    >>> rows, sel, _ = analyse_call(AttentionCall(hidden=x, W_q=W, W_k=W, causal=True))
+    >>> rows, sel, _ = analyse_call(AttentionCall.random(causal=True))
     >>> [(r["head"], r["status"], r["recompute_check"][:11]) for r in rows], len(sel)
     ([(0, 'optimal', 'not checked'), (1, 'optimal', 'not checked')], 20)
 

@@ -22,6 +22,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from attnsvm.metrics import correlation
+
 __all__ = ["plane_basis", "rope_rotations", "rope_head_study"]
 
 
@@ -71,7 +73,8 @@ def plane_basis(d_head: int) -> np.ndarray:
 
 
 def _corr(a, b):
-    return float((a * b).sum() / np.linalg.norm(a) / np.linalg.norm(b))
+    """corr(a, b) over all entries (:func:`attnsvm.metrics.correlation` of the flattened arrays)."""
+    return float(correlation(np.ravel(a), np.ravel(b), vector=True))
 
 
 def rope_head_study(seed: int = 0, n: int = 6, T: int = 5, d: int = 4, base: float = 10.0,
