@@ -54,7 +54,9 @@ device=, dtype=)``, ``default_scale`` (the init's norm when ``scale`` is None),
 scaled gradient), ``head`` ("linear": the closed-form start is reused), ``train_fixed``
 ({argument: the only value the model accepts}: refused by name otherwise) and
 ``has_kernel`` / ``kernel_inputs(tdata, Q)`` (the fused engine's arrays,
-:mod:`attnsvm.fused`).
+:mod:`attnsvm.fused`); where the data hold a head ``v``, ``_gamma(tdata, Q)`` (the selected
+tokens alpha = argmax gamma), and with an ``alpha`` given, ``_key_mask(tdata)``.
+docs/extending.md ("A model for the trainer") writes a model from this list.
 """
 
 from __future__ import annotations
