@@ -244,3 +244,32 @@ def test_train_ntp_is_a_deprecated_alias_kept_with_the_trainer():
     np.testing.assert_array_equal(old.W, new.W)
     with pytest.raises(AttributeError, match="no_such_name"):
         attnsvm.ntp.no_such_name  # noqa: B018
+
+
+def test_ntp_imports_nothing_above_it():
+    """ntp/ sits below the solvers, the probe and the trainer (svm/ builds the Graph-SVM on
+    its data): no import of attnsvm.train, attnsvm.svm or attnsvm.realdata anywhere in it,
+    lazy ones included, but the forwarder of the deprecated name train_ntp."""
+    import ast
+    from pathlib import Path
+
+    import attnsvm.ntp
+
+    above = ("train", "svm", "realdata")
+    found = []
+    for path in Path(attnsvm.ntp.__file__).parent.glob("*.py"):
+        tree = ast.parse(path.read_text())
+        forwarder = {id(n) for f in tree.body if isinstance(f, ast.FunctionDef)
+                     and f.name == "__getattr__" for n in ast.walk(f)}
+        for node in ast.walk(tree):
+            if id(node) in forwarder or not isinstance(node, (ast.Import, ast.ImportFrom)):
+                continue
+            level = getattr(node, "level", 0)
+            mods = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
+            for mod in mods:
+                parts = mod.split(".")
+                target = parts[1] if parts[0] == "attnsvm" and len(parts) > 1 else (
+                    parts[0] if level >= 2 else "")
+                if target in above:
+                    found.append(f"{path.name}:{node.lineno} {'.' * level}{mod}")
+    assert not found, found
