@@ -509,13 +509,29 @@ def _train_one(model, tdata, lossf, optimizer, params, engine, *, steps, every, 
                         start=(a0, first if not autograd and model.head == "linear" else None))
     del a0, first  # held by the stepper / recorder only until they have used them (memory)
     stepper.init(params)
+    extra = {"engine": stepper.engine}
     if stepper.engine == "fused":  # its slots hold a copy: the initial tensors are let go
         params.clear()  # (train's own dict, made by _init_params: never the caller's)
-    steps_run = run_segments(stepper, steps, every,
-                             lambda t: recorder.record(t, stepper.params, stops.active), stops,
-                             progress)
-    params, state = stepper.result()
-    recorder.close(steps_run, params, stops.active)
+        # the records inside the kernel: the run is one segment (a progress bar: one per
+        # record stride), unless the recorder must keep the parameters of every record
+        if record_params:
+            extra["records"] = "segments (record_params=True: the recorder keeps the parameters)"
+        else:
+            stepper.records = stepper.plan.records(alpha_t, refs, steps, every)
+            extra["records"] = "kernel"
+    if stepper.engine == "fused" and stepper.records is not None:
+        recorder.start = None
+        steps_run = run_segments(stepper, steps, every if progress else max(steps, 1),
+                                 lambda t: None, stops, progress)
+        params, state = stepper.result()
+        recorder.take_kernel(stepper.records, stepper.plan.record(stepper.records), steps_run,
+                             stops.stop_step.numpy())
+    else:
+        steps_run = run_segments(stepper, steps, every,
+                                 lambda t: recorder.record(t, stepper.params, stops.active),
+                                 stops, progress)
+        params, state = stepper.result()
+        recorder.close(steps_run, params, stops.active)
     return Trajectory(
         params={kk: v.detach() for kk, v in params.items()},
         metrics=recorder.metrics(),
@@ -527,7 +543,7 @@ def _train_one(model, tdata, lossf, optimizer, params, engine, *, steps, every, 
         alpha=None if alpha_t is None else alpha_t.cpu().numpy(),
         stop_reason=stops.reason.astype(str),
         state=state,
-        extra={"engine": stepper.engine},
+        extra=extra,
         source=(model, tdata, optimizer),
     )
 
