@@ -10,6 +10,11 @@ Per trial and record step: loss, loss_gap, log10_gap (of the stable objective,
 on the selected tokens ``alpha``), p_max and soft_sparsity (1 / sum_t s_t^2) of the
 softmax, ``corr_<name>`` = <W, R> / (||W|| ||R||) for each reference, and ``stopped``; the
 parameters too when ``record_params``.
+
+The fused engine computes the same metrics inside its kernel (:class:`attnsvm.fused.Records`,
+:func:`attnsvm.fused.kernels._trial_record`; equal to :func:`_record` to 1e-12 relative,
+tests/test_fused.py) and hands them over with :meth:`Recorder.take_kernel`; the
+recorder's own path remains for the torch engine and for ``record_params=True``.
 """
 
 from __future__ import annotations

@@ -16,7 +16,9 @@ of steps run once every trial has stopped (None while some run on). The engines:
   ("fused-gradient");
 * :class:`FusedStepper`: the whole segment inside the compiled kernel
   (:meth:`attnsvm.fused.Plan.run`) for a rule whose transforms all carry a compiled
-  counterpart.
+  counterpart; with ``records`` (:class:`attnsvm.fused.Records`, what ``train`` sets
+  unless ``record_params``) the kernel takes the metric records itself and the run is one
+  segment.
 
 Both follow the same semantics (module docstring of :mod:`attnsvm.train`): a zero gradient
 stops a trial before its update; an update that makes a parameter non-finite, or (full
