@@ -561,3 +561,11 @@ def test_records_in_kernel_run_in_one_segment(monkeypatch):
     data = D.random_sphere(n=3, T=4, d=3, seed=1, batch=4)
     tr = train(M.WModel(3), data, steps=40, record_every=1)
     assert calls == [(0, 40)] and list(tr.record_steps) == list(range(41))
+    # with a progress bar: one call per stride, the same records; in chunks: the same
+    calls.clear()
+    tp = train(M.WModel(3), data, steps=40, record_every=15, progress=True)
+    assert calls == [(0, 15), (15, 30), (30, 40)]
+    for other in (train(M.WModel(3), data, steps=40, record_every=15),
+                  train(M.WModel(3), data, steps=40, record_every=15, chunk=3)):
+        pd.testing.assert_frame_equal(tp.metrics, other.metrics, check_exact=True)
+        assert other.extra["records"] == "kernel"

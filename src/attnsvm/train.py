@@ -477,6 +477,7 @@ def _train_chunked(model, tdata, params, chunk, k, alpha_t, refs, seed, kw) -> T
     if parts[0].state:
         state = {kk: torch.cat([p.state[kk] for p in parts]) for kk in parts[0].state}
     engines = sorted({p.extra.get("engine", "torch") for p in parts})
+    recs = sorted({p.extra["records"] for p in parts if "records" in p.extra})
     return Trajectory(
         params={kk: torch.cat([p.params[kk] for p in parts]) for kk in parts[0].params},
         metrics=pd.concat(frames, ignore_index=True),
@@ -488,7 +489,8 @@ def _train_chunked(model, tdata, params, chunk, k, alpha_t, refs, seed, kw) -> T
         alpha=None if alpha_t is None else alpha_t.cpu().numpy(),
         stop_reason=np.concatenate([p.stop_reason for p in parts]),
         state=state,
-        extra={"engine": "+".join(engines), "chunks": len(parts)},
+        extra={"engine": "+".join(engines), "chunks": len(parts),
+               **({"records": "+".join(recs)} if recs else {})},
     )
 
 
