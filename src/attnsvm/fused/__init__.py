@@ -368,4 +368,7 @@ def warmup() -> bool:
     plan.load(params)
     z = np.zeros(1, dtype=np.int64)
     plan.run(0, 2, np.ones(1, dtype=np.uint8), z - 1, z.copy())  # the step kernel
+    rec = plan.records(None, {}, 2, 1)  # the step kernel with its records, a record alone
+    plan.run(0, 2, np.ones(1, dtype=np.uint8), z - 1, z.copy(), rec)
+    plan.record(rec)
     return True
