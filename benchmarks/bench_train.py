@@ -23,13 +23,30 @@ are measured in the same run, and each contender's throughput is reported as a f
 of both: flops of the step (4 n d^2 + 4 n T d + 5 d^2 per trial) and the bytes a batched
 step must stream at least (X, z, scores, W read and written: 8 (n T d + n d + n T + 2 d^2)).
 
+Then (``--extras``, on by default; ``--no-extras`` skips them), at 1 thread unless said:
+
+  records          a default ``train()`` of 100 steps (``record_every`` None: the default
+                   schedule, records inside the fused kernel) against the same run with two
+                   records (0 and 100) and with a record every step: time ratios;
+  threads          the fused engine's scaling: the same run on 1 and 2 kernel threads
+                   (``attnsvm.kernel_threads``), wall and process CPU time, and the load
+                   average around it (a shared machine: CPU time / wall says how much of the
+                   second core the run got);
+  jax              JAX ``jit(vmap(step))`` inside ``lax.fori_loop`` (float64, plain softmax
+                   and autodiff, NGD, the same problem) against the fused engine, 1 thread
+                   each (XLA's CPU threads limited by ``XLA_FLAGS`` before jax is imported),
+                   cost per step = the difference of two run lengths in process CPU time
+                   (set-up and compilation excluded), B in --jax-B, d in --d. Skipped without jax.
+
     python benchmarks/bench_train.py [--quick] [--B 1000 10000] [--d 10 32 64] [--rounds 3]
+                                     [--no-extras] [--jax-B 1000 10000]
 """
 
 from __future__ import annotations
 
 import argparse
 import math
+import os
 import statistics
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -331,6 +348,149 @@ def run_contender(name, dat, gam, W0, steps, threads, pool):
     return time.perf_counter() - t, None
 
 
+# ------------------------------------------------------------------------ extras
+def _timed(fn):
+    """(wall seconds, process CPU seconds) of fn()."""
+    w, c = time.perf_counter(), time.process_time()
+    fn()
+    return time.perf_counter() - w, time.process_time() - c
+
+
+def _fused_train(dat, W0, steps, record_every, threads=1):
+    from attnsvm import kernel_threads
+    from attnsvm import models as M
+    from attnsvm.optim import ngd
+    from attnsvm.train import train
+
+    with kernel_threads(threads):
+        return train(M.WModel(W0.shape[1]), dat, optimizer=ngd(LR), steps=steps,
+                     init={"W": W0}, record_every=record_every)
+
+
+def bench_records(B, d, rounds):
+    """A default train() of 100 steps against two records and a record every step."""
+    dat, _ = make_problem(B, d)
+    W0 = 0.1 * np.random.default_rng(1).standard_normal((B, d, d)) / d
+    _fused_train(dat, W0, 2, None)  # warm-up (compiled kernels from the disk cache)
+    cases = {"default": None, "two records": 100, "every step": 1}
+    times = {k: [] for k in cases}
+    walls = {k: [] for k in cases}
+    for _ in range(rounds):
+        for k, ev in cases.items():
+            w, c = _timed(lambda ev=ev: _fused_train(dat, W0, 100, ev))
+            times[k].append(c)
+            walls[k].append(w)
+    med = {k: statistics.median(v) for k, v in times.items()}
+    tr = _fused_train(dat, W0, 100, None)
+    print(f"\nrecords, B = {B}, d = {d}, 100 NGD steps, fused, 1 thread, process CPU time "
+          f"({len(tr.record_steps)} default records, {tr.extra.get('records')}):")
+    for k in cases:
+        print(f"  {k:<12s} {med[k]:7.3f} s CPU ({med[k] / med['two records']:.2f}x two records; "
+              f"rounds {', '.join(f'{x:.3f}' for x in times[k])}; wall "
+              f"{', '.join(f'{x:.3f}' for x in walls[k])})")
+    r = med["default"] / med["two records"]
+    print(f"  default / two records: {r:.2f}x CPU time [{'met' if r <= 1.3 else 'MISSED'}: <= 1.3x]")
+    return r
+
+
+def bench_threads(B, d, steps, rounds):
+    """The fused engine on 1 and 2 kernel threads: wall, CPU time, load."""
+    dat, _ = make_problem(B, d)
+    W0 = 0.1 * np.random.default_rng(1).standard_normal((B, d, d)) / d
+    _fused_train(dat, W0, 2, 2, threads=2)
+    res = {1: [], 2: []}
+    load0 = os.getloadavg()[0]
+    for _ in range(rounds):
+        for nt in (1, 2):
+            res[nt].append(_timed(lambda nt=nt: _fused_train(dat, W0, steps, steps, nt)))
+    load1 = os.getloadavg()[0]
+    w = {nt: statistics.median(x[0] for x in v) for nt, v in res.items()}
+    c = {nt: statistics.median(x[1] for x in v) for nt, v in res.items()}
+    sp = w[1] / w[2]
+    print(f"\nthreads, B = {B}, d = {d}, {steps} NGD steps, fused, two records "
+          f"(load average {load0:.2f} before, {load1:.2f} after; {os.cpu_count()} CPUs):")
+    for nt in (1, 2):
+        print(f"  {nt} thread(s): wall {w[nt]:.3f} s, CPU {c[nt]:.3f} s "
+              f"({c[nt] / w[nt]:.2f} cores busy), {B * steps / w[nt] / 1e6:.3f} M trial-steps/s "
+              f"[rounds {', '.join(f'{x[0]:.3f}' for x in res[nt])}]")
+    print(f"  2 threads / 1 thread: {sp:.2f}x wall (target >= 1.7x on an idle machine; "
+          f"{'idle' if load0 < 0.5 else 'NOT idle: the second core was shared'})")
+    return sp
+
+
+def _jax_runner(d):
+    """A jitted JAX run: fori_loop over steps of vmap(NGD step), float64, plain softmax."""
+    import jax
+    import jax.numpy as jnp
+
+    jax.config.update("jax_enable_x64", True)
+
+    def loss(W, X, z, y, v):  # one trial: X (n, T, d), z (n, d), y (n,), v (d,)
+        a = jnp.einsum("ntd,de,ne->nt", X, W, z)  # a_t = x_t^T W z
+        s = jax.nn.softmax(a, axis=-1)
+        f = jnp.einsum("nt,ntd,d->n", s, X, v)
+        return jnp.mean(jax.nn.softplus(-y * f))
+
+    def step(W, X, z, y, v):
+        g = jax.grad(loss)(W, X, z, y, v)
+        return W - LR * g / jnp.linalg.norm(g)
+
+    vstep = jax.vmap(step)
+
+    @jax.jit
+    def run(W, X, z, y, v, steps):
+        return jax.lax.fori_loop(0, steps, lambda i, W: vstep(W, X, z, y, v), W)
+
+    return run, jnp
+
+
+def bench_jax(Bs, ds, rounds):
+    """Fused (two records) against JAX jit(vmap(step)) in fori_loop, 1 thread each."""
+    if "jax" not in __import__("sys").modules:  # XLA's CPU threads: one (before import)
+        os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
+                                   " --xla_cpu_multi_thread_eigen=false"
+                                   " intra_op_parallelism_threads=1").strip()
+    try:
+        import jax  # noqa: F401
+    except ImportError:
+        print("\njax: not installed (skipped)")
+        return []
+    print(f"\nJAX {jax.__version__} (jit(vmap(step)) in lax.fori_loop, float64) against the "
+          "fused engine, 1 thread each; cost per step = difference of two run lengths")
+    out = []
+    for d in ds:
+        run, jnp = _jax_runner(d)
+        for B in Bs:
+            dat, _ = make_problem(B, d)
+            W0 = 0.1 * np.random.default_rng(1).standard_normal((B, d, d)) / d
+            args = [jnp.asarray(a) for a in (dat.X, dat.z, dat.y.astype(np.float64), dat.v)]
+            Wj = jnp.asarray(W0)
+            run(Wj, *args, 1).block_until_ready()  # compile
+            s1 = max(10, int(2e6 / (B * d * d / 10)))  # ~1-2 s at the slower contender
+            s1 = min(s1, 2000)
+
+            def jx(n, run=run, Wj=Wj, args=args):
+                return _timed(lambda: run(Wj, *args, n).block_until_ready())
+
+            def fu(n, dat=dat, W0=W0):
+                return _timed(lambda: _fused_train(dat, W0, n, n))
+
+            fu(2)
+            rj, rf = [], []
+            for _ in range(rounds):
+                a1, a2 = jx(s1), jx(2 * s1)
+                b1, b2 = fu(s1), fu(2 * s1)
+                rj.append(B * s1 / max(a2[1] - a1[1], 1e-9))  # CPU time: a shared machine
+                rf.append(B * s1 / max(b2[1] - b1[1], 1e-9))
+            mj, mf = statistics.median(rj), statistics.median(rf)
+            print(f"  B = {B:>6d}, d = {d:>3d}: fused {mf / 1e6:.3f} M/s, jax {mj / 1e6:.3f} M/s, "
+                  f"fused / jax {mf / mj:.2f}x [{'met' if mf >= mj else 'MISSED'}: >= 1x] "
+                  f"(rounds fused {', '.join(f'{x / 1e6:.3f}' for x in rf)}; "
+                  f"jax {', '.join(f'{x / 1e6:.3f}' for x in rj)}; {s1} and {2 * s1} steps)")
+            out.append((B, d, mf / mj))
+    return out
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="B=200, d=10, 1 round (a smoke test)")
@@ -342,9 +502,18 @@ def main(argv=None):
     ap.add_argument("--threads", type=int, default=1,
                     help="threads for every contender and the peak (default 1: on this shared "
                          "2-core machine two torch threads ran up to 7x slower under load)")
+    ap.add_argument("--no-extras", dest="extras", action="store_false",
+                    help="skip the records, thread-scaling and JAX comparisons")
+    ap.add_argument("--extras-only", action="store_true",
+                    help="only the records, thread-scaling and JAX comparisons")
+    ap.add_argument("--jax-B", type=int, nargs="+", default=[1000, 10000])
     args = ap.parse_args(argv)
     if args.quick:
         args.B, args.d, args.rounds, args.seconds = [200], [10], 1, 0.3
+        args.jax_B = [200]
+    if args.extras_only:
+        torch.set_num_threads(1)
+        return extras(args)
     torch.set_num_threads(args.threads)
     pool = ThreadPoolExecutor(args.threads) if args.threads > 1 else None
     has_numba = njit is not None
@@ -426,6 +595,17 @@ def main(argv=None):
             s += f", vs numba-plain {row['vs_numba']:.2f}x " \
                  f"[{'met' if row['vs_numba'] >= 0.5 else 'MISSED'}]"
         print(s)
+    if args.extras:
+        extras(args)
+    return 0
+
+
+def extras(args) -> int:
+    """The records ratio, the thread scaling and the JAX comparison (module docstring)."""
+    Bx = 200 if args.quick else 10000
+    bench_records(Bx, 10, args.rounds)
+    bench_threads(Bx, 10, 20 if args.quick else 200, args.rounds)
+    bench_jax(args.jax_B, [d for d in args.d if d <= 32] or [10], args.rounds)
     return 0
 
 

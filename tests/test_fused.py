@@ -490,3 +490,82 @@ def test_polyak_range_cap_equals_torch(mname):
         assert (tt.state["polyak_capped"] > 0).all() and not tt.stopped.any()
         norm = torch.stack([v.reshape(2, -1).norm(dim=1) for v in tt.params.values()]).norm(dim=0)
         assert (norm <= kernel_ops.PARAM_MAX * (1 + 1e-12)).all()
+
+
+# ------------------------------------------------------------ records inside the kernel
+def _kernel_vs_recorder(model, data, opt, steps, **kw):
+    """The same fused run with its records taken inside the kernel (the default) and by the
+    recorder between segments (record_params=True keeps the segment path): the same
+    records, every metric to 1e-12 relative (assert_same's tolerances), the same stops."""
+    tk = train(model, data, optimizer=opt, steps=steps, engine="fused", **kw)
+    ts = train(model, data, optimizer=opt, steps=steps, engine="fused", record_params=True, **kw)
+    assert tk.extra == {"engine": "fused", "records": "kernel"}, tk.extra
+    assert ts.extra["records"].startswith("segments (record_params"), ts.extra
+    ts.extra["engine"] = "torch"  # (assert_same's labels: the recorder is the reference)
+    assert_same(tk, ts)
+    for k in tk.params:
+        assert torch.equal(tk.params[k], ts.params[k])  # the records do not touch the run
+    return tk
+
+
+def test_records_in_kernel_equal_the_recorder_every_model_and_rule():
+    """Every compiled model x head x rule, with p_sel (alpha: opt), a shared and a per-trial
+    reference (corr_*), KQ's nuclear norm, a stride that does not divide the run."""
+    d = 3
+    data = D.random_sphere(n=3, T=4, d=d, seed=11, batch=2)
+    rng = np.random.default_rng(0)
+    for mname, make in _models(d).items():
+        shp = (d,) if mname == "Prompt" else (d, d)
+        refs = {"eye": np.ones(d) if mname == "Prompt" else np.eye(d),
+                "each": rng.standard_normal((2, *shp))}
+        dd = data if mname != "Prompt" else D.random_sphere(n=3, T=4, d=d, seed=11, batch=2,
+                                                            cross=False)
+        for trained in (False, True):
+            for rname, mk in IN_KERNEL.items():
+                try:
+                    _kernel_vs_recorder(make(trained), dd, mk(), 11, record_every=4, seed=3,
+                                        scale=0.5, references=refs)
+                except AssertionError as exc:
+                    raise AssertionError(f"{mname} trained={trained} {rname}: {exc}") from None
+
+
+def test_records_in_kernel_past_saturation_and_at_stops():
+    """A run far past saturation (L - L* ~ 1e-1200, p_sel -> 1 and the gap in the log
+    domain), every-step records; runs whose trials stop (zero gradient at step 0 on one
+    trial, a step below the resolution of W, an overflowing step): the stopped trials'
+    later records hold their frozen parameters, as the recorder's."""
+    data = D.planted(n=3, T=3, d=4, seed=0, batch=2, score_gap=0.5)
+    tk = _kernel_vs_recorder(M.WModel(4), data, O.ngd(2.0), 3000, record_every=500, seed=0,
+                             references={"eye": np.eye(4)})
+    assert float(tk.metrics.log10_gap.min()) < -500
+    _kernel_vs_recorder(M.KQModel(4, m=2), data, O.ngd(0.5), 30, record_every=1, seed=0)
+    sd = D.random_sphere(n=3, T=4, d=3, seed=4, batch=3)
+    X = sd.X.copy()
+    X[1] = X[1, :, :1, :]  # trial 1: a zero gradient at step 0
+    sd = sd.replace(X=X)
+    for opt in (O.gd(1e-30), O.ngd(1e305), O.ngd(0.1)):
+        tk = _kernel_vs_recorder(M.WModel(3), sd, opt, 20, record_every=3, scale=0.5)
+        assert tk.stopped.any()
+
+
+def test_records_in_kernel_run_in_one_segment(monkeypatch):
+    """A default fused run calls the kernel once, whatever its stride; the recorder's
+    per-segment record is never called."""
+    from attnsvm import recorder
+
+    calls = []
+    real = fused.Plan.run
+    monkeypatch.setattr(fused.Plan, "run", lambda self, *a, **k: calls.append(a[:2]) or
+                        real(self, *a, **k))
+    monkeypatch.setattr(recorder.Recorder, "record", lambda *a, **k: pytest.fail("recorded"))
+    data = D.random_sphere(n=3, T=4, d=3, seed=1, batch=4)
+    tr = train(M.WModel(3), data, steps=40, record_every=1)
+    assert calls == [(0, 40)] and list(tr.record_steps) == list(range(41))
+    # with a progress bar: one call per stride, the same records; in chunks: the same
+    calls.clear()
+    tp = train(M.WModel(3), data, steps=40, record_every=15, progress=True)
+    assert calls == [(0, 15), (15, 30), (30, 40)]
+    for other in (train(M.WModel(3), data, steps=40, record_every=15),
+                  train(M.WModel(3), data, steps=40, record_every=15, chunk=3)):
+        pd.testing.assert_frame_equal(tp.metrics, other.metrics, check_exact=True)
+        assert other.extra["records"] == "kernel"

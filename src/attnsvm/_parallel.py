@@ -13,6 +13,22 @@ parallel.  The number of threads (:func:`n_threads`), first that applies:
    to one thread (``torch.set_num_threads(1)``, as the sweep's process workers, the
    benchmarks and pytest-xdist workers do) stays on one.
 
+So by default the pool uses every CPU the process may run on: torch's default intra-op
+count is the machine's core count (2 = 2 CPUs on the development machine; a run of the
+fused engine on 2 threads does the same work, CPU time within a few percent of 1 thread:
+``python benchmarks/bench_train.py --extras-only``).
+
+torch's OpenMP workers spin-wait after each parallel op. The fused engine issues no torch
+op per step (its records are taken inside the kernel: :class:`attnsvm.fused.Records`), so
+nothing spins while it runs. The torch engine's small per-step ops do: measured on the
+shared 2-core machine under load (load average 15), 200 torch-engine steps at B = 1 took
+17.9 s wall / 3.1 s CPU on 2 torch threads against 2.6 s / 0.37 s on 1 (B = 1000:
+130-200 s against 10-15 s). torch offers no per-call way to keep an op on one thread
+(``torch.set_num_threads`` sets OpenMP's and MKL's counts for the process), so the
+library leaves it; the opt-in is the program's: ``OMP_WAIT_POLICY=PASSIVE`` in the
+environment before torch starts (the same B = 1 run: 1.3-3.3 s wall / 0.38-0.55 s CPU on
+2 threads) or ``torch.set_num_threads(1)``.
+
 The library never changes torch's (or BLAS's) thread count itself.  Problems are independent and every slice writes its own rows, so results do not
 depend on the number of threads.  The pool is created on first use and grown, never
 shrunk; it belongs to neither engine (:mod:`attnsvm.fused`, :mod:`attnsvm.svm.active`).

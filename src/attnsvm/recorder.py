@@ -10,6 +10,11 @@ Per trial and record step: loss, loss_gap, log10_gap (of the stable objective,
 on the selected tokens ``alpha``), p_max and soft_sparsity (1 / sum_t s_t^2) of the
 softmax, ``corr_<name>`` = <W, R> / (||W|| ||R||) for each reference, and ``stopped``; the
 parameters too when ``record_params``.
+
+The fused engine computes the same metrics inside its kernel (:class:`attnsvm.fused.Records`,
+:func:`attnsvm.fused.kernels._trial_record`; equal to :func:`_record` to 1e-12 relative,
+tests/test_fused.py) and hands them over with :meth:`Recorder.take_kernel`; the
+recorder's own path remains for the torch engine and for ``record_params=True``.
 """
 
 from __future__ import annotations
@@ -92,6 +97,25 @@ class Recorder:
             if self.record_params:
                 self._hist.pop()
         self.record(steps_run, params, active)
+
+    def take_kernel(self, records, final: np.ndarray, steps_run: int, stop_step) -> None:
+        """The records of a fused run taken inside the kernel (:class:`attnsvm.fused.Records`,
+        the same metrics as :meth:`record`) and ``final`` (B, n_metrics), the record at
+        ``steps_run``: rows at the steps t = 0, every, 2 every, ... < steps_run, then the
+        final one. A trial that stopped at step s (``stop_step``) holds its final record,
+        ``stopped``, at every t > s (its parameters are frozen; the torch engine records so)."""
+        ev = records.every
+        steps = list(range(0, steps_run, ev))
+        V = records.values[:, :len(steps)][:, :, records.cols]  # (B, n, M)
+        F = final[:, records.cols]
+        ss = np.asarray(stop_step)
+        stopped = (ss[:, None] >= 0) & (ss[:, None] < np.asarray(steps, dtype=np.int64)[None, :])
+        V = np.where(stopped[..., None], F[:, None, :], V)
+        self.names = list(records.names)
+        self.steps = [*steps, int(steps_run)]
+        self._vals = [torch.from_numpy(np.concatenate([V[:, i], stopped[:, i, None]], axis=1))
+                      for i in range(len(steps))]
+        self._vals.append(torch.from_numpy(np.concatenate([F, (ss >= 0)[:, None]], axis=1)))
 
     def metrics(self) -> pd.DataFrame:
         """One row per (trial, step): trial, step, the metrics, stopped."""

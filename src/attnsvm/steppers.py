@@ -16,7 +16,9 @@ of steps run once every trial has stopped (None while some run on). The engines:
   ("fused-gradient");
 * :class:`FusedStepper`: the whole segment inside the compiled kernel
   (:meth:`attnsvm.fused.Plan.run`) for a rule whose transforms all carry a compiled
-  counterpart.
+  counterpart; with ``records`` (:class:`attnsvm.fused.Records`, what ``train`` sets
+  unless ``record_params``) the kernel takes the metric records itself and the run is one
+  segment.
 
 Both follow the same semantics (module docstring of :mod:`attnsvm.train`): a zero gradient
 stops a trial before its update; an update that makes a parameter non-finite, or (full
@@ -219,6 +221,9 @@ class FusedStepper(Stepper):
 
     def __init__(self, plan, optimizer):
         self.plan, self.optimizer = plan, optimizer
+        #: fused.Records: the metrics taken inside the kernel (``record`` is then not
+        #: called; attnsvm.train._train_one reads them); None: ``record(t0)`` per segment
+        self.records = None
 
     def init(self, params):
         self.state = self.optimizer.init(params)
@@ -234,10 +239,12 @@ class FusedStepper(Stepper):
     def step(self, t0, t1, record, stops):
         """The kernel's stops are reported at their step; when the last trials stop at
         step t, the run ends at t if they all stopped on a zero gradient (checked before
-        the update), else at t + 1 (the torch loop's semantics)."""
-        record(t0)
+        the update), else at t + 1 (the torch loop's semantics). With ``records`` the
+        kernel records the steps of the segment that fall on its stride itself."""
+        if self.records is None:
+            record(t0)
         code, stop_at = self.code, self.stop_at
-        self.plan.run(t0, t1, self.active, stop_at, code)
+        self.plan.run(t0, t1, self.active, stop_at, code, self.records)
         for c, why in fused.STOP_CODES.items():
             for s in np.unique(stop_at[(code == c) & (stop_at >= t0)]):
                 stops.stop(torch.from_numpy((code == c) & (stop_at == s)), int(s), why)

@@ -41,7 +41,8 @@ what the model can honour (:func:`_check_model_args`), then against the data and
 memory; the initial parameters; chunks (:func:`_train_chunked`, a wrapper that
 calls ``train`` on each chunk of trials); then the run (:func:`_train_one`): one engine's :class:`~attnsvm.steppers.Stepper`
 (:func:`~attnsvm.steppers.make_stepper`) run in segments between records
-(:func:`~attnsvm.steppers.run_segments`), the stops kept by
+(:func:`~attnsvm.steppers.run_segments`; the fused engine in one segment, its records
+taken inside the kernel: :class:`attnsvm.fused.Records`), the stops kept by
 :class:`~attnsvm.steppers.Stops` and the metrics by :class:`~attnsvm.recorder.Recorder`.
 
 The model protocol (what the trainer, steppers, recorder and engines read; no model is
@@ -510,6 +511,7 @@ def _train_chunked(model, tdata, params, chunk, k, alpha_t, refs, seed, kw) -> T
         state = {kk: torch.cat([p.state[kk] for p in parts]) for kk in parts[0].state}
     engines = sorted({p.extra.get("engine", "torch") for p in parts})
     reasons = sorted({p.extra.get("engine_reason") for p in parts} - {None})
+    recs = sorted({p.extra["records"] for p in parts if "records" in p.extra})
     return Trajectory(
         params={kk: torch.cat([p.params[kk] for p in parts]) for kk in parts[0].params},
         metrics=pd.concat(frames, ignore_index=True),
@@ -522,7 +524,7 @@ def _train_chunked(model, tdata, params, chunk, k, alpha_t, refs, seed, kw) -> T
         stop_reason=np.concatenate([p.stop_reason for p in parts]),
         state=state,
         extra={"engine": "+".join(engines), "engine_reason": "; ".join(reasons) or None,
-               "chunks": len(parts)},
+               "chunks": len(parts), **({"records": "+".join(recs)} if recs else {})},
     )
 
 
@@ -544,13 +546,29 @@ def _train_one(model, tdata, lossf, optimizer, params, engine, *, steps, every, 
                         start=(a0, first if not autograd and model.head == "linear" else None))
     del a0, first  # held by the stepper / recorder only until they have used them (memory)
     stepper.init(params)
+    extra = {"engine": stepper.engine, "engine_reason": stepper.reason}
     if stepper.engine == "fused":  # its slots hold a copy: the initial tensors are let go
         params.clear()  # (train's own dict, made by _init_params: never the caller's)
-    steps_run = run_segments(stepper, steps, every,
-                             lambda t: recorder.record(t, stepper.params, stops.active), stops,
-                             progress)
-    params, state = stepper.result()
-    recorder.close(steps_run, params, stops.active)
+        # the records inside the kernel: the run is one segment (a progress bar: one per
+        # record stride), unless the recorder must keep the parameters of every record
+        if record_params:
+            extra["records"] = "segments (record_params=True: the recorder keeps the parameters)"
+        else:
+            stepper.records = stepper.plan.records(alpha_t, refs, steps, every)
+            extra["records"] = "kernel"
+    if stepper.engine == "fused" and stepper.records is not None:
+        recorder.start = None
+        steps_run = run_segments(stepper, steps, every if progress else max(steps, 1),
+                                 lambda t: None, stops, progress)
+        params, state = stepper.result()
+        recorder.take_kernel(stepper.records, stepper.plan.record(stepper.records), steps_run,
+                             stops.stop_step.numpy())
+    else:
+        steps_run = run_segments(stepper, steps, every,
+                                 lambda t: recorder.record(t, stepper.params, stops.active),
+                                 stops, progress)
+        params, state = stepper.result()
+        recorder.close(steps_run, params, stops.active)
     return Trajectory(
         params={kk: v.detach() for kk, v in params.items()},
         metrics=recorder.metrics(),
@@ -562,7 +580,7 @@ def _train_one(model, tdata, lossf, optimizer, params, engine, *, steps, every, 
         alpha=None if alpha_t is None else alpha_t.cpu().numpy(),
         stop_reason=stops.reason.astype(str),
         state=state,
-        extra={"engine": stepper.engine, "engine_reason": stepper.reason},
+        extra=extra,
         source=(model, tdata, optimizer),
     )
 
@@ -577,11 +595,14 @@ def default_record_every(steps: int) -> int:
 
     Long runs (steps >= 2500) keep about 100 records (k = steps // 100). A shorter run
     records every 25 steps (every step before: 101 records for 100 steps, now 5), and a
-    run of at most 25 steps records at its first and last step only. Why: each record
-    costs several steps of the fused engine and ends its kernel segment (measured at
-    B = 10^4, d = 10, fused: 100 steps took 4.2x the time of the same run with two
-    records when recording every step, 1.5x with a record every 20 steps). Pass
-    ``record_every`` for a finer grid."""
+    run of at most 25 steps records at its first and last step only. Why: a record costs
+    about two steps. The fused engine takes its records inside the kernel
+    (:class:`attnsvm.fused.Records`: the run is one kernel call whatever k; measured at
+    B = 10^4, d = 10, 100 steps, 1 thread, CPU time: the default 5 records 1.03x the same
+    run with two records, a record every step 3.25x; with the records between kernel
+    segments, as before, 4.2x every step, 1.5x every 20 steps); the torch engine's
+    records are tensor programs of about one step each. Pass ``record_every`` for a
+    finer grid."""
     return max(1, steps // 100, min(steps, RECORD_MIN_STRIDE))
 
 
@@ -612,7 +633,10 @@ def train(model: AttentionModel, data, loss=None, optimizer: Optimizer | None = 
     record_every: metrics every k steps plus the first and last step (default None:
     :func:`default_record_every`, k = max(steps // 100, min(steps, 25)): at most 101
     records, and at most one every 25 steps, so a short run is not dominated by its
-    records: each record costs several steps and ends a fused segment).
+    records: each costs about two steps). The fused engine computes them inside its
+    kernel (one kernel call per run, ``traj.extra["records"] == "kernel"``), except with
+    ``record_params=True``: then the recorder takes them between kernel segments (it keeps
+    the parameters of every record) and ``traj.extra["records"]`` says so.
     references: {name: (d, d) or (B, d, d) [Prompt: (d,) or (B, d)]};
     adds ``corr_<name>`` = <W, R> / (|W| |R|). alpha: selected tokens for p_sel (default
     opt = argmax gamma when data has v). batch_size (or optimizer.batch_size):

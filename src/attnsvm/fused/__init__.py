@@ -37,7 +37,8 @@ from attnsvm.optim.kernel_ops import Op
 
 from . import codes as C
 
-__all__ = ["available", "unsupported", "not_compiled", "Plan", "ENGINES", "PROGRAMS", "warmup"]
+__all__ = ["available", "unsupported", "not_compiled", "Plan", "Records", "ENGINES", "PROGRAMS",
+           "warmup"]
 
 ENGINES = ("auto", "torch", "fused")
 
@@ -278,12 +279,35 @@ class Plan:
         return Objective(None, None, lg, Scaled(tensors, scales))
 
     def run(self, t0: int, t1: int, active: np.ndarray, stop_step: np.ndarray,
-            stop_code: np.ndarray) -> None:
-        """Steps t0 .. t1-1 of the rule inside the kernel, on the loaded slots."""
+            stop_code: np.ndarray, records: Records | None = None) -> None:
+        """Steps t0 .. t1-1 of the rule inside the kernel, on the loaded slots; with
+        ``records``, the metric records of the steps t in [t0, t1) that are multiples of
+        ``records.every`` are taken inside the kernel too (:class:`Records`)."""
         P = self._slots
-        self._map(self.K.run_steps, self.ic, self.fc, self.X, self.Z, self.gam, self.gopt,
-                  self.yl, self.w, self.mask, self.Wf, P[0], P[1], P[2], int(t0), int(t1),
-                  active, stop_step, stop_code, self.capped)
+        if records is None:
+            self._map(self.K.run_steps, self.ic, self.fc, self.X, self.Z, self.gam, self.gopt,
+                      self.yl, self.w, self.mask, self.Wf, P[0], P[1], P[2], int(t0), int(t1),
+                      active, stop_step, stop_code, self.capped)
+            return
+        r = records
+        self._map(self.K.run_steps_rec, self.ic, r.icr, self.fc, self.X, self.Z, self.gam,
+                  self.gopt, self.yl, self.w, self.mask, self.Wf, P[0], P[1], P[2], int(t0),
+                  int(t1), int(r.every), active, stop_step, stop_code, self.capped, r.alpha,
+                  r.ref, r.rc, r.values)
+
+    def records(self, alpha, refs: dict, steps: int, every: int) -> Records:
+        """The in-kernel records of a run of ``steps`` steps recording every ``every``
+        (:class:`Records`)."""
+        return Records(self, alpha, refs, steps, every)
+
+    def record(self, records: Records) -> np.ndarray:
+        """The metrics (B, n_metrics) at the current parameters (in the kernel)."""
+        out = np.full((self.B, records.values.shape[2]), np.nan)
+        P = self._slots
+        self._map(self.K.record_batch, records.icr, self.X, self.Z, self.gam, self.gopt,
+                  self.yl, self.w, self.mask, self.Wf, P[0], P[1], P[2], records.alpha,
+                  records.ref, records.rc, out)
+        return out
 
     def state(self, state: dict) -> dict:
         """The optimiser state after :meth:`run`: ``state`` with Polyak's count of capped
@@ -292,6 +316,56 @@ class Plan:
             return state
         ref = state["polyak_capped"]
         return {**state, "polyak_capped": torch.from_numpy(self.capped.copy()).to(ref.dtype)}
+
+
+class Records:
+    """The metric records of a fused run taken inside the kernel
+    (:func:`kernels._trial_record`): the default metrics of :mod:`attnsvm.recorder`
+    (loss, loss_gap, log10_gap, the model's norms, p_sel_mean / p_sel_min, p_max,
+    soft_sparsity, corr_<ref>), equal to the recorder's to rounding, so that a run is one
+    kernel call whatever its record stride. ``values`` (B, n_records, n_metrics) holds the
+    record at step r ``every`` in row r (NaN where the trial had stopped: the recorder
+    fills those rows from the final record); ``names`` the recorder's column names, in its
+    order; ``cols`` their columns in ``values``."""
+
+    def __init__(self, plan: Plan, alpha, refs: dict, steps: int, every: int):
+        model = plan.model
+        zero = {nm: torch.zeros(1, *shp, dtype=torch.float64) for nm, shp in plan.shapes.items()}
+        norms = list(model.norms(zero))
+        cols = {"loss": C.M_LOSS, "loss_gap": C.M_GAP, "log10_gap": C.M_LOG10_GAP}
+        known = {"norm": C.M_NORM, "norm_nuc": C.M_NORM_NUC, "norm_head": C.M_NORM_HEAD}
+        for nm in norms:  # (a model with other norms is not compiled: a guard)
+            cols[nm] = known[nm]
+        if alpha is not None:
+            cols["p_sel_mean"], cols["p_sel_min"] = C.M_PSEL_MEAN, C.M_PSEL_MIN
+        cols["p_max"], cols["soft_sparsity"] = C.M_PMAX, C.M_SPARSITY
+        for j, name in enumerate(refs):
+            cols[f"corr_{name}"] = C.M_CORR + j
+        self.names, self.cols = list(cols), list(cols.values())
+        self.every = int(every)
+        B, R = plan.B, plan.ic[C.IC_N] * plan.ic[C.IC_Q]
+        self.icr = plan.ic.copy()
+        self.icr[C.IC_NEEDGAP] = 1
+        self.icr[C.IC_RULE] = C.R_NONE
+        rc = np.zeros(C.RC_SIZE, dtype=np.int64)
+        rc[C.RC_ALPHA], rc[C.RC_NREF], rc[C.RC_NUC] = alpha is not None, len(refs), "norm_nuc" in norms
+        self.rc = rc
+        if alpha is None:
+            self.alpha = np.zeros((1, 1), dtype=np.int64)
+        else:
+            a = alpha.detach().cpu().numpy().astype(np.int64)
+            self.alpha = np.ascontiguousarray(a.reshape(a.shape[0], -1))
+            assert self.alpha.shape[1] == R
+        item = len(model.w_shape)
+        rs = [(R_.detach().cpu().numpy() if isinstance(R_, torch.Tensor) else np.asarray(R_))
+              for R_ in refs.values()]
+        Br = max([1] + [r.shape[0] for r in rs if r.ndim == item + 1])
+        flat = [r.reshape(r.shape[0], -1) if r.ndim == item + 1 else r.reshape(1, -1) for r in rs]
+        self.ref = (np.ascontiguousarray(np.concatenate(
+            [np.broadcast_to(r, (Br, r.shape[1])) for r in flat], axis=1), dtype=np.float64)
+            if flat else np.zeros((1, 1)))
+        n_rec = max(1, -(-int(steps) // self.every))
+        self.values = np.full((B, n_rec, C.M_CORR + len(refs)), np.nan)
 
 
 STOP_CODES = {C.STOP_ZERO: "zero gradient", C.STOP_NONFINITE: "non-finite step",
@@ -317,4 +391,7 @@ def warmup() -> bool:
     plan.load(params)
     z = np.zeros(1, dtype=np.int64)
     plan.run(0, 2, np.ones(1, dtype=np.uint8), z - 1, z.copy())  # the step kernel
+    rec = plan.records(None, {}, 2, 1)  # the step kernel with its records, a record alone
+    plan.run(0, 2, np.ones(1, dtype=np.uint8), z - 1, z.copy(), rec)
+    plan.record(rec)
     return True

@@ -35,3 +35,9 @@ FC_LR, FC_P, FC_Q, FC_REG, FC_C, FC_MAXLR, FC_CAP, FC_SIZE = 0, 1, 2, 3, 4, 5, 6
 IC_SLOTS = {"lp": IC_LP, "global": IC_GLOBAL, "relative": IC_RELATIVE,
             "normalized": IC_NORMALIZED, "maxlr": IC_MAXLR}
 FC_SLOTS = {"lr": FC_LR, "p": FC_P, "q": FC_Q, "c": FC_C, "max_lr": FC_MAXLR, "cap": FC_CAP}
+
+# in-kernel metric records (kernels._trial_record): the record configuration ``rc`` and
+# the columns of a record row (attnsvm.recorder's default metrics, in this order)
+RC_ALPHA, RC_NREF, RC_NUC, RC_SIZE = 0, 1, 2, 3
+(M_LOSS, M_GAP, M_LOG10_GAP, M_NORM, M_NORM_NUC, M_NORM_HEAD, M_PSEL_MEAN, M_PSEL_MIN,
+ M_PMAX, M_SPARSITY, M_CORR) = range(11)

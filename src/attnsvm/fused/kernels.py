@@ -79,11 +79,26 @@ from .codes import (  # noqa: E402  (the layout shared with attnsvm.fused)
     LP_GEN,
     LP_INF,
     LP_ONE,
+    M_CORR,
+    M_GAP,
+    M_LOG10_GAP,
+    M_LOSS,
+    M_NORM,
+    M_NORM_HEAD,
+    M_NORM_NUC,
+    M_PMAX,
+    M_PSEL_MEAN,
+    M_PSEL_MIN,
+    M_SPARSITY,
     PARAM_MAX,
+    PROMPT_MODEL,
     R_GD,
     R_NONE,
     R_NSD,
     R_POLYAK,
+    RC_ALPHA,
+    RC_NREF,
+    RC_NUC,
     STOP_NOCHANGE,
     STOP_NONFINITE,
     STOP_ZERO,
@@ -922,6 +937,7 @@ def _trained_head_rows(ic, P, ov, XT, mask, yl, logw, acc, Rr, C, dr, aux, rho, 
             s_ += Rr[_U(ro + t)] * cd
         dr[_U(r)] = s_
         u = yl[_U(r)] * (ck + eM * s_)
+        aux[_U(r)] = u  # the row's output, as the fixed head keeps it (_trial_record)
         rv = lw + _log_neg_deriv(loss, u)
         rhov[_U(r)] = rv if rv == rv else NINF
         rho[_U(r)] = rv + _log_s_j(aux[_U(R + r)], aux[_U(2 * R + r)])
@@ -1241,6 +1257,217 @@ def _trial_run(ic, fc, X, Z, gam, gopt, yl, logw, mask, Wf, P, G, N, so, gm, ls,
     out[2] = lgap
 
 
+# ------------------------------------------------------------ one trial's record
+# The metrics of attnsvm.recorder at one trial's parameters, computed inside the kernel so
+# that a run is one segment whatever its record stride (attnsvm.steppers.FusedStepper).
+# Like _trial_run: no allocation, no exception, scratch and outputs passed in (CUDA-safe).
+LN10 = math.log(10.0)
+
+
+@njit(cache=True, error_model="numpy")
+def _fro_value(x, o, k):
+    """||x[o:o+k]||_F, scale-safe as attnsvm.norms.FRO.value: m sqrt(sum (x / m)^2) with
+    m = max|x| (0 for a zero x; NaN when x has a NaN, inf when it has an inf)."""
+    bad = 0.0
+    for i in range(o, o + k):
+        v = x[i]
+        if v != v:
+            return np.nan
+        if v == np.inf or v == NINF:
+            bad = np.inf
+    if bad > 0.0:
+        return bad
+    m = _max_abs(x, o, k)
+    if m > 0.0:
+        return m * math.sqrt(_sum_sq(x, o, k, 1.0 / m))
+    return 0.0
+
+
+@njit(cache=True, error_model="numpy")
+def _correlation(a, ao, b, bo, k):
+    """<A, B> / (||A||_F ||B||_F) of a[ao:ao+k] and b[bo:bo+k], on A / max|A| and
+    B / max|B| (attnsvm.metrics.correlation: NaN where A or B is 0)."""
+    ma = _max_abs(a, ao, k)
+    mb = _max_abs(b, bo, k)
+    if not ma > 0.0:
+        ma = 1.0
+    if not mb > 0.0:
+        mb = 1.0
+    num = 0.0
+    sa = 0.0
+    sb = 0.0
+    for i in range(k):
+        x = a[ao + i] / ma
+        y = b[bo + i] / mb
+        num += x * y
+        sa += x * x
+        sb += y * y
+    return num / (math.sqrt(sa) * math.sqrt(sb))
+
+
+@njit(cache=True, error_model="numpy")
+def _nuclear(Wm, d, U):
+    """||W||_* = sum of the singular values of W (d, d) (row-major in Wm): one-sided Jacobi
+    (Hestenes) on the rows of W / max|W| in U (d d scratch), rotated until every pair is
+    orthogonal to working precision; the singular values are then the row norms (high
+    relative accuracy: every value to a few ulps of ||W||, as torch.linalg.svdvals)."""
+    dd = d * d
+    nrm = _fro_value(Wm, 0, dd)
+    if not np.isfinite(nrm):
+        return nrm
+    m = _max_abs(Wm, 0, dd)
+    if not m > 0.0:
+        return 0.0
+    for i in range(dd):
+        U[i] = Wm[i] / m
+    for _sweep in range(60):
+        rotated = False
+        for p in range(d - 1):
+            for q in range(p + 1, d):
+                a = 0.0
+                b = 0.0
+                g = 0.0
+                for j in range(d):
+                    up = U[p * d + j]
+                    uq = U[q * d + j]
+                    a += up * up
+                    b += uq * uq
+                    g += up * uq
+                if g == 0.0 or abs(g) <= 2.2e-16 * math.sqrt(a * b):
+                    continue
+                rotated = True
+                zeta = (b - a) / (2.0 * g)
+                t = 1.0 / (abs(zeta) + math.sqrt(1.0 + zeta * zeta))
+                if zeta < 0.0:
+                    t = -t
+                c = 1.0 / math.sqrt(1.0 + t * t)
+                sn = c * t
+                for j in range(d):
+                    up = U[p * d + j]
+                    uq = U[q * d + j]
+                    U[p * d + j] = c * up - sn * uq
+                    U[q * d + j] = sn * up + c * uq
+        if not rotated:
+            break
+    tot = 0.0
+    for p in range(d):
+        tot += math.sqrt(_sum_sq(U, p * d, d, 1.0))
+    return m * tot
+
+
+@njit(cache=True, error_model="numpy", _nrt=False)
+def _trial_record(ic, X, Z, gam, gopt, yl, logw, mask, Wf, P, so, KT, WZ, ZQ, A, S, Rr, C, dr,
+                  rho, rhov, rlg, acc, XT, aux, Wm, U, alpha, ref, rc, rec):
+    """The default metrics of attnsvm.recorder at one trial's parameters P (layout of
+    _trial_run) into rec (M_CORR + rc[RC_NREF],): the risk L, L - L* and log10(L - L*) of
+    the stable objective (as model.evaluate(grad=False): fixed head L = sum_r w_r
+    loss(gopt_r) + exp(log gap), trained head L = sum_r w_r loss(u_r) = the gap), ||W||_F,
+    ||W||_* (rc[RC_NUC]; else NaN), ||v||_F (trained head; else NaN), with s = softmax(a)
+    per query row: p_sel_mean / p_sel_min of s at the tokens alpha (R,) (rc[RC_ALPHA];
+    else NaN), the mean over rows of max_t s_t and of 1 / sum_t s_t^2, and corr(W, R_j)
+    for the rc[RC_NREF] references in ref (flat, one W's size each). ic must ask for the
+    gap (ic[IC_NEEDGAP] = 1). Scratch as _trial_run's, Wm and U (d d each)."""
+    model = ic[IC_MODEL]
+    n = ic[IC_N]
+    Qn = ic[IC_Q]
+    T = ic[IC_T]
+    d = ic[IC_D]
+    R = n * Qn
+    loss = ic[IC_LOSS]
+    trained = ic[IC_TRAINED]
+    na = 2 if (model == KQ_MODEL or model == DIAG_MODEL) else 1
+    o1 = so[1]
+    ov = so[na]
+    _trial_setup(X, logw, XT, aux, n, T, d, R)
+    _query_vectors(ic, Z, P, Wf, o1, KT, ZQ, WZ, acc)
+    _logits(ic, WZ, XT, mask, A)
+    _softmax_rows(A, R, T, Rr, S, aux)
+    if trained == 0:
+        _fixed_head_rows(ic, gam, gopt, logw, Rr, C, dr, aux, rho, rlg)
+    else:
+        _trained_head_rows(ic, P, ov, XT, mask, yl, logw, acc, Rr, C, dr, aux, rho, rhov, rlg)
+    lg = _log_gap_rows(rlg, R)
+    L = 0.0
+    if trained == 0:
+        for r in range(R):
+            L += aux[3 * R + r] * _value(loss, gopt[r])
+        gap = math.exp(lg)
+        L = L + gap
+    else:
+        for r in range(R):
+            L += aux[3 * R + r] * _value(loss, aux[r])
+        gap = L
+    rec[M_LOSS] = L
+    rec[M_GAP] = gap
+    rec[M_LOG10_GAP] = lg / LN10
+    # the softmax s = softmax(a) of every row (as torch.softmax): e_t = exp(a_t - max a)
+    # into C, s_t = e_t / sum e
+    has_alpha = rc[RC_ALPHA]
+    psum = 0.0
+    pmin = np.inf
+    pmax = 0.0
+    spars = 0.0
+    for r in range(R):
+        ro = r * T
+        mx = A[ro]
+        for t in range(1, T):
+            if A[ro + t] > mx:
+                mx = A[ro + t]
+        se = 0.0
+        for t in range(T):
+            e = math.exp(A[ro + t] - mx)
+            C[ro + t] = e
+            se += e
+        top = 0.0
+        sq = 0.0
+        for t in range(T):
+            st = C[ro + t] / se
+            C[ro + t] = st
+            if st > top or st != st:
+                top = st
+            sq += st * st
+        pmax += top
+        spars += 1.0 / sq
+        if has_alpha:
+            ps = C[ro + alpha[r]]
+            psum += ps
+            if ps < pmin or ps != ps:
+                pmin = ps
+    rec[M_PSEL_MEAN] = psum / R if has_alpha else np.nan
+    rec[M_PSEL_MIN] = pmin if has_alpha else np.nan
+    rec[M_PMAX] = pmax / R
+    rec[M_SPARSITY] = spars / R
+    # the norms and the correlations of W (the prompt: p)
+    if model == PROMPT_MODEL:
+        wsz = d
+        for j in range(d):
+            Wm[j] = P[j]
+    else:
+        wsz = d * d
+        if model == W_MODEL:  # P holds W^T
+            for i in range(d):
+                for j in range(d):
+                    Wm[i * d + j] = P[j * d + i]
+        elif model == KQ_MODEL:  # W = K Q^T, K and Q (d, m) row-major
+            m = ic[IC_M]
+            for i in range(d):
+                for j in range(d):
+                    s_ = 0.0
+                    for c in range(m):
+                        s_ += P[i * m + c] * P[o1 + j * m + c]
+                    Wm[i * d + j] = s_
+        else:  # diag(k q)
+            for x in range(wsz):
+                Wm[x] = 0.0
+            for i in range(d):
+                Wm[i * d + i] = P[i] * P[o1 + i]
+    rec[M_NORM] = _fro_value(Wm, 0, wsz)
+    rec[M_NORM_NUC] = _nuclear(Wm, d, U) if rc[RC_NUC] else np.nan
+    rec[M_NORM_HEAD] = _fro_value(P, ov, d) if trained else np.nan
+    for j in range(rc[RC_NREF]):
+        rec[M_CORR + j] = _correlation(Wm, 0, ref, j * wsz, wsz)
+
+
 # ------------------------------------------------------------------- drivers
 @njit(cache=True, error_model="numpy")
 def _transpose(src, so_, dst, do, rows, cols):
@@ -1354,3 +1581,64 @@ def run_steps(ic, fc, X, Z, gam, gopt, yl, w, mask, Wf, P0, P1, P2, t0, t1,
             active[b] = 0
             stop_step[b] = int(out[0])
             stop_code[b] = int(out[1])
+
+
+@njit(nogil=True, cache=True, error_model="numpy")
+def run_steps_rec(ic, icr, fc, X, Z, gam, gopt, yl, w, mask, Wf, P0, P1, P2, t0, t1, every,
+                  active, stop_step, stop_code, capped, alpha, ref, rc, RM, b0, b1):
+    """run_steps with the metric records inside: for every active trial among b0 .. b1-1,
+    the record at each step t in [t0, t1) with t % every == 0 (at the parameters of step t,
+    before its update: _trial_record with icr, ic asking for the gap) into RM[b, t // every]
+    (B, n_records, n_metrics), then the steps up to the next record (_trial_run). One call
+    runs a trial's whole run: its tokens stay in cache from record to record. alpha
+    (Ba, R) int64 (Ba = 1 or B; read when rc[RC_ALPHA]), ref (Br, n_ref W sizes) (Br = 1
+    or B). A trial that stops is not recorded after it (the caller fills its later
+    records with its final one)."""
+    so = _slots(P0, P1, P2)
+    sP = so[3]
+    KT, WZ, ZQ, A, S, Rr, C, dr, rho, rhov, rlg, acc, tmp, D, work, XT, aux = _scratch(ic, sP)
+    P, G, N = np.empty(sP), np.empty(sP), np.empty(sP)
+    d = ic[IC_D]
+    Wm, U = np.empty(d * d), np.empty(d * d)
+    ls, gm, out = np.full(3, NINF), np.ones(3), np.zeros(4)
+    for b in range(b0, b1):
+        if not active[b]:
+            continue
+        _load(ic, P0, P1, P2, b, P, so)
+        Xb, Zb, gb, ob, yb, wb, mb = (_row(X, b), _row(Z, b), _row(gam, b), _row(gopt, b),
+                                      _row(yl, b), _row(w, b), _row(mask, b))
+        t = t0
+        while t < t1:
+            if t % every == 0:
+                _trial_record(icr, Xb, Zb, gb, ob, yb, wb, mb, Wf, P, so, KT, WZ, ZQ, A, S,
+                              Rr, C, dr, rho, rhov, rlg, acc, XT, aux, Wm, U, _row(alpha, b),
+                              _row(ref, b), rc, RM[b, t // every])
+            te = min(t1, (t // every + 1) * every)
+            _trial_run(ic, fc, Xb, Zb, gb, ob, yb, wb, mb, Wf, P, G, N, so, gm, ls, KT, WZ,
+                       ZQ, A, S, Rr, C, dr, rho, rhov, rlg, acc, tmp, D, work, XT, aux, out,
+                       t, te)
+            capped[b] += out[3]
+            if out[0] >= 0:
+                active[b] = 0
+                stop_step[b] = int(out[0])
+                stop_code[b] = int(out[1])
+                break
+            t = te
+        _store(ic, P, so, P0, P1, P2, b)
+
+
+@njit(nogil=True, cache=True, error_model="numpy")
+def record_batch(icr, X, Z, gam, gopt, yl, w, mask, Wf, P0, P1, P2, alpha, ref, rc, RM, b0, b1):
+    """The record (_trial_record) of trials b0 .. b1-1 at their current parameters into
+    RM[b] (B, n_metrics)."""
+    so = _slots(P0, P1, P2)
+    sP = so[3]
+    KT, WZ, ZQ, A, S, Rr, C, dr, rho, rhov, rlg, acc, tmp, D, work, XT, aux = _scratch(icr, sP)
+    P = np.empty(sP)
+    d = icr[IC_D]
+    Wm, U = np.empty(d * d), np.empty(d * d)
+    for b in range(b0, b1):
+        _load(icr, P0, P1, P2, b, P, so)
+        _trial_record(icr, _row(X, b), _row(Z, b), _row(gam, b), _row(gopt, b), _row(yl, b),
+                      _row(w, b), _row(mask, b), Wf, P, so, KT, WZ, ZQ, A, S, Rr, C, dr, rho,
+                      rhov, rlg, acc, XT, aux, Wm, U, _row(alpha, b), _row(ref, b), rc, RM[b])
