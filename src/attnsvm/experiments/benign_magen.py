@@ -337,14 +337,15 @@ def plot(tables: dict, cfg: dict, out) -> list:
         sq = [1 / np.sqrt(n) for n in ns]  # the 1/sqrt(n) curve, in grid coordinates
         a.plot(np.interp(np.log(sq), np.log(snrs), np.arange(len(snrs))), np.arange(len(ns)),
                "w--", lw=1, label="SNR = 1/sqrt(n)")
-        a.set_xticks(range(len(snrs)), [f"{s:g}" for s in snrs])
+        a.set_xticks(range(len(snrs)), [f"{s:g}" for s in snrs], rotation=60, fontsize=7)
         a.set_yticks(range(len(ns)), [str(n) for n in ns])
         a.set_xlabel("SNR ||mu|| / sqrt(d)")
         a.set_ylabel("n (training samples)")
         a.set_title(title, fontsize=8)
         fig.colorbar(im, ax=a)
     fig.suptitle(f"benign-magen: d = {cfg['d']}, eta = {cfg['noise_ratio']}, {cfg['seeds']} seeds per "
-                 f"point; GD regime B benign, H harmful, N not fitted, ? mixed", fontsize=8)
+                 f"point; GD regime B benign, H harmful, N not fitted, ? mixed; dashed: SNR = 1/sqrt(n)",
+                 fontsize=8)
     return [save(fig, out, "benign_magen")]
 
 
