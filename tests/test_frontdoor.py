@@ -227,7 +227,7 @@ def test_license_citation_changelog_and_py_typed():
     ids = [re.search(r'value: "(arXiv:[0-9.]+)"', r).group(1) for r in refs]
     assert sorted(ids) == sorted(["arXiv:2306.13596", "arXiv:2308.16898", "arXiv:2402.05738",
                                   "arXiv:2410.14581", "arXiv:2403.08699", "arXiv:2403.08081",
-                                  "arXiv:2409.17625"])
+                                  "arXiv:2409.17625", "arXiv:2410.07746"])
     assert all("title: " in r and "family-names: " in r and "year: " in r for r in refs)
     assert f"## [{meta['version']}]" in (ROOT / "CHANGELOG.md").read_text()
     assert (ROOT / "src" / "attnsvm" / "py.typed").is_file()

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from attnsvm.experiments import PAPERS, registry
+from attnsvm.experiments.base import paper_key
 
 ROOT = Path(__file__).resolve().parents[1]
 EXCERPTS = Path(__file__).parent / "data" / "paper_excerpts"
@@ -64,7 +65,7 @@ def _claims():
     for name, exp in registry().items():
         for v in exp.verdicts:
             if v.kind == "claim":
-                out.append(pytest.param(name.split("-")[0], v, id=f"{name}:{v.text[:40]}"))
+                out.append(pytest.param(paper_key(name), v, id=f"{name}:{v.text[:40]}"))
     return out
 
 
@@ -115,3 +116,9 @@ def test_normalise_forgives_typography_only():
     assert normalise("\ufb01nite \u2013 the \u201cSVM\u201d\u2019s\n  rows") == 'finite - the "SVM"\'s rows'
     assert quoted_in("we observe that softmax saturates [...] and we observe that the selected "
                      "tokens almost always converges", excerpt("mmts"))
+
+
+def test_paper_key_reads_the_longest_registered_prefix():
+    assert paper_key("benign-magen") == "benign_magen" and paper_key("benign-sakamoto") == "benign"
+    assert paper_key("mmts-fig4") == "mmts" and paper_key("nothing-here") == "nothing"
+    assert "Single-Head" in PAPERS[paper_key("benign-magen")]

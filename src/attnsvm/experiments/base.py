@@ -36,7 +36,17 @@ PAPERS = {
     "study": "attnsvm's own study, beyond the papers: do the heads of transformers trained by "
              "next-token prediction become the SVM of the tokens they select?",
     "benign": "Benign Overfitting in Token Selection of Attention Mechanism (Sakamoto, Sato, ICML 2025)",
+    "benign_magen": "Benign Overfitting in Single-Head Attention (Magen, Shang, Xu, Frei, Hu, Vardi, "
+                    "NeurIPS 2025)",
 }
+
+
+def paper_key(name: str) -> str:
+    """The ``PAPERS`` key of the experiment ``name``: the longest key whose dashed form
+    (``_`` read as ``-``) is the name or a prefix of it followed by ``-`` (``benign-magen``
+    -> ``benign_magen``), else the name's first dash-separated part (``mmts-fig4`` -> ``mmts``)."""
+    hits = [k for k in PAPERS if name == k.replace("_", "-") or name.startswith(k.replace("_", "-") + "-")]
+    return max(hits, key=len) if hits else name.split("-")[0]
 
 
 KINDS = ("claim", "sanity", "finding")
@@ -224,7 +234,7 @@ class Experiment:
     @property
     def paper(self) -> str:
         """The citation of the paper this experiment reproduces (``PAPERS`` by the name's prefix)."""
-        return PAPERS.get(self.name.split("-")[0], "")
+        return PAPERS.get(paper_key(self.name), "")
 
     def config(self, scale: str = "quick", **overrides: Any) -> dict:
         """The configuration at ``scale`` ("tiny" | "quick" | "full") with ``overrides``
