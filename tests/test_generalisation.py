@@ -144,3 +144,14 @@ def test_records_follow_the_device_dtype():
     tr = train(PromptModel(8), data.train, steps=5, B=2, engine="torch", dtype=torch.float32,
                metrics=[Generalisation.of(data)])
     assert np.isfinite(tr.metrics.test_loss).all()
+
+
+def test_fused_engine_records_the_same_columns():
+    pytest.importorskip("numba")
+    data = bn.sakamoto_sato(n=10, T=5, d=12, signal_norm=3.0, noise_ratio=0.2, n_test=30,
+                            seed=1, batch=3)
+    kw = dict(steps=40, B=3, record_every=20, metrics=[Generalisation.of(data)])
+    fused = train(PromptModel(12), data.train, engine="fused", **kw)
+    ref = train(PromptModel(12), data.train, engine="torch", **kw)
+    assert fused.extra["engine"] == "fused"
+    pd.testing.assert_frame_equal(fused.metrics, ref.metrics, rtol=1e-9)
