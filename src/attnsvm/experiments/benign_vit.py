@@ -150,7 +150,7 @@ EXPERIMENT = Experiment(
         "backbones on MNIST, CIFAR-10, AG-news and TREC (not shipped offline); this is the "
         "bundled 8x8 digits with a small ViT trained from scratch (attnsvm vit), symmetric "
         "label noise, and attnsvm's own thresholds (SE, FIT, ATTEND, SVM).",
-        "Not in the default `attnsvm reproduce` (about 10-15 minutes on 2 loaded cores at "
-        "quick scale: 4 ratios x 3 seeds x 30 epochs).",
+        "Not in the default `attnsvm reproduce`: quick scale is 4 ratios x 3 seeds x 30 epochs "
+        "(one seed's 4 runs took 490 s on the shared 2-core machine at load ~15).",
     ),
 )
