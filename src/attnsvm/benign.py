@@ -28,12 +28,9 @@ import numpy as np
 import pandas as pd
 
 from .data import TokenData, load_arrays
+from .generalisation import ROLES, columns
 
 __all__ = ["ROLES", "NoisyLabels", "sakamoto_sato", "two_token", "predict", "generalisation"]
-
-#: Token roles, by code: the class signal, a weakly relevant token aligned with the sample's
-#: class, one aligned with the other class, and pure noise.
-ROLES = ("signal", "weak_same", "weak_other", "noise")
 
 
 @dataclass(frozen=True, eq=False)
@@ -286,7 +283,6 @@ def generalisation(data: NoisyLabels, p: np.ndarray, steps, v: np.ndarray | None
         raise ValueError(f"steps must have shape (R,) = ({p.shape[0]},); got {steps.shape}")
     import torch
 
-    from .generalisation import columns  # the formulas' one home (also the trainer's metric)
     from .losses import logistic
 
     v = data.train.v if v is None else v

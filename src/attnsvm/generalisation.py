@@ -26,17 +26,26 @@ applies it to recorded prompts of any other trainer).
 
 from __future__ import annotations
 
-import numpy as np
-import torch
+from typing import TYPE_CHECKING
 
-from .benign import ROLES
+import numpy as np
+
 from .data import TokenData
 
+if TYPE_CHECKING:  # torch is imported when a metric is computed (attnsvm.benign stays light)
+    import torch
+
 __all__ = ["Generalisation", "columns", "ROLES"]
+
+#: Token roles, by code: the class signal, a weakly relevant token aligned with the sample's
+#: class, one aligned with the other class, and pure noise (also ``attnsvm.benign.ROLES``).
+ROLES = ("signal", "weak_same", "weak_other", "noise")
 
 
 def _share(hit: torch.Tensor, among: torch.Tensor | None) -> torch.Tensor:
     """mean of ``hit`` over the last dim, restricted to ``among`` (NaN where it is empty)."""
+    import torch
+
     if among is None:
         return hit.to(torch.float64).mean(-1)
     return (hit & among).sum(-1).to(torch.float64) / among.sum(-1).to(torch.float64)
@@ -53,6 +62,8 @@ def columns(f, top, y, loss, flipped=None, roles=None, f_test=None, top_test=Non
     no test columns). Leading dims broadcast (e.g. (R, B) records x trials). Returns
     {name: (...) float64 tensor}, in a fixed order.
     """
+    import torch
+
     u = f * y
     ok = u > 0
     cols = {"train_acc": _share(ok, None), "train_loss": loss(u).to(torch.float64).mean(-1)}
@@ -148,6 +159,8 @@ class Generalisation:
     def bind(self, model, tdata: dict, lossf, B: int):
         """Checked against the run (model, prepared training data, loss, B trials):
         returns ``cols(params) -> {name: (B,) tensor}``."""
+        import torch
+
         X = tdata["X"]
         Bx, n, T, d = X.shape
         if model.queries_per_sequence(tdata) != 1 or tdata["y"].ndim != 2:
