@@ -139,3 +139,10 @@ def test_cli_label_noise_ratio_is_checked(capsys):
     assert main(["vit", "--label-noise", "0", "1.5"]) == 2
     err = capsys.readouterr().err
     assert "expected a noise ratio in [0, 1); got '1.5'" in err and "Traceback" not in err
+
+
+def test_study_arguments_are_checked_before_any_work():
+    with pytest.raises(ValueError, match=r"label noise ratios must be in \[0, 1\); got 1.0"):
+        V.label_noise_study((0.0, 1.0))
+    with pytest.raises(ValueError, match="no learning rate for optimizer 'md5'"):
+        V.label_noise_study((0.0,), V.ViTConfig(optimizers=("md5",)))
