@@ -5,9 +5,12 @@
 Usage (from the repository root, with the package importable)::
 
     python tools/benign_phase.py [--scale quick] [--store attnsvm-out/sweep/benign-phase]
-        [--executor dask] [--workers 2] [--out docs/benign]
+        [--executor dask] [--workers 2] [--out docs/benign] [--n 10 20 40]
+        [--ratios 0.1 0.2 0.3] [--norms 2 3.5 5 10]
 
-Running it again resumes the sweep (cells already in the store are read back).
+Running it again resumes the sweep (cells already in the store are read back, not
+recomputed; a killed run keeps every cell it finished: tests/test_benign_phase.py kills
+one with SIGKILL and resumes it).
 """
 
 from __future__ import annotations
@@ -30,10 +33,16 @@ def main(argv=None) -> int:
     ap.add_argument("--executor", default="dask")
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--out", default="docs/benign")
+    ap.add_argument("--n", type=int, nargs="+", default=list(NS), help="training set sizes")
+    ap.add_argument("--ratios", type=float, nargs="+", default=list(RATIOS), help="noise ratios")
+    ap.add_argument("--norms", type=float, nargs="+", default=list(NORMS), help="signal norms")
     a = ap.parse_args(argv)
-    cells = grid(n=list(NS), noise_ratio=list(RATIOS), signal_norms=[NORMS], curve_norms=[NORMS[::3]])
+    norms = tuple(a.norms)
+    cells = grid(n=list(a.n), noise_ratio=list(a.ratios), signal_norms=[norms],
+                 curve_norms=[(norms[0], norms[-1])])
     res = sweep(S.EXPERIMENT, cells, scale=a.scale, store=a.store, executor=a.executor,
                 workers=a.workers)
+    print(res.summary())
     table = S.phase_table(res["curves"])
     Path(a.out).mkdir(parents=True, exist_ok=True)
     table.to_csv(Path(a.out) / "phase.csv", index=False)

@@ -28,12 +28,9 @@ import numpy as np
 import pandas as pd
 
 from .data import TokenData, load_arrays
+from .generalisation import ROLES, columns
 
 __all__ = ["ROLES", "NoisyLabels", "sakamoto_sato", "two_token", "predict", "generalisation"]
-
-#: Token roles, by code: the class signal, a weakly relevant token aligned with the sample's
-#: class, one aligned with the other class, and pure noise.
-ROLES = ("signal", "weak_same", "weak_other", "noise")
 
 
 @dataclass(frozen=True, eq=False)
@@ -257,10 +254,6 @@ def predict(X: np.ndarray, p: np.ndarray, v: np.ndarray, W: np.ndarray | None = 
     return (f[0], s[0]) if single else (f, s)
 
 
-def _logistic(u: np.ndarray) -> np.ndarray:
-    return np.logaddexp(0.0, -u)
-
-
 def generalisation(data: NoisyLabels, p: np.ndarray, steps, v: np.ndarray | None = None,
                    W: np.ndarray | None = None, chunk: int = 250) -> pd.DataFrame:
     """The papers' generalisation metrics of recorded prompts, one row per (trial, step).
@@ -278,7 +271,8 @@ def generalisation(data: NoisyLabels, p: np.ndarray, steps, v: np.ndarray | None
                                    role (``ROLES``)
         test_att_signal            the share of test samples attending most to the signal token
     A sample with f = 0 counts as misclassified. The test set is processed ``chunk``
-    samples at a time (memory).
+    samples at a time (memory). The columns are :func:`attnsvm.generalisation.columns` (the
+    formulas of the trainer's metric ``train(..., metrics=[Generalisation.of(data)])``).
     """
     p = np.asarray(p, dtype=np.float64)
     if p.ndim != 3 or p.shape[1:] != (data.train.B, data.train.d):
@@ -287,33 +281,24 @@ def generalisation(data: NoisyLabels, p: np.ndarray, steps, v: np.ndarray | None
     steps = np.asarray(steps)
     if steps.shape != (p.shape[0],):
         raise ValueError(f"steps must have shape (R,) = ({p.shape[0]},); got {steps.shape}")
+    import torch
+
+    from .losses import logistic
+
     v = data.train.v if v is None else v
-    R, B = p.shape[:2]
     f, s = predict(data.train.X, p, v, W)  # (R, B, n), (R, B, n, T)
-    y = data.train.y[None]
-    ok = f * y > 0
-    fl = np.broadcast_to(data.flipped[None], ok.shape)
-    cols = {"train_acc": ok.mean(-1), "train_loss": _logistic(f * y).mean(-1)}
-    with np.errstate(invalid="ignore", divide="ignore"):
-        cols["train_acc_clean"] = (ok & ~fl).sum(-1) / (~fl).sum(-1)
-        cols["train_acc_flipped"] = (ok & fl).sum(-1) / fl.sum(-1)
-        role = data.roles[s.argmax(-1)]  # (R, B, n)
-        for k, name in enumerate(ROLES):
-            hit = role == k
-            cols[f"att_{name}_clean"] = (hit & ~fl).sum(-1) / (~fl).sum(-1)
-            cols[f"att_{name}_flipped"] = (hit & fl).sum(-1) / fl.sum(-1)
-    Xt, yt = data.test.X, data.test.y
-    acc = np.zeros((R, B))
-    loss = np.zeros((R, B))
-    sig = np.zeros((R, B))
+    Xt = data.test.X
+    ft, tt = [], []
     for i in range(0, Xt.shape[1], chunk):
-        ft, st = predict(Xt[:, i:i + chunk], p, v, W)
-        u = ft * yt[None, :, i:i + chunk]
-        acc += (u > 0).sum(-1)
-        loss += _logistic(u).sum(-1)
-        sig += (data.roles[st.argmax(-1)] == 0).sum(-1)
-    m = Xt.shape[1]
-    cols.update(test_acc=acc / m, test_loss=loss / m, test_att_signal=sig / m)
+        fi, si = predict(Xt[:, i:i + chunk], p, v, W)
+        ft.append(fi)
+        tt.append(si.argmax(-1))
+    T_ = torch.as_tensor
+    cols = columns(T_(f), T_(s.argmax(-1)), T_(data.train.y[None]), logistic.value,
+                   T_(data.flipped[None]), T_(data.roles), T_(np.concatenate(ft, -1)),
+                   T_(np.concatenate(tt, -1)), T_(data.test.y[None]))
+    cols = {k: c.numpy() for k, c in cols.items()}
+    R, B = p.shape[:2]
     df = pd.DataFrame({k: np.asarray(c).T.ravel() for k, c in cols.items()})  # (B, R) order
     df.insert(0, "step", np.tile(steps, B))
     df.insert(0, "trial", np.repeat(np.arange(B), R))

@@ -8,13 +8,16 @@
 Per trial and record step: loss, loss_gap, log10_gap (of the stable objective,
 :meth:`AttentionModel.evaluate`), the model's norms, p_sel_mean / p_sel_min (the attention
 on the selected tokens ``alpha``), p_max and soft_sparsity (1 / sum_t s_t^2) of the
-softmax, ``corr_<name>`` = <W, R> / (||W|| ||R||) for each reference, and ``stopped``; the
-parameters too when ``record_params``.
+softmax, ``corr_<name>`` = <W, R> / (||W|| ||R||) for each reference, the columns of each bound
+metric of ``metrics`` (``cols(params) -> {name: (B,) tensor}``, e.g.
+:class:`attnsvm.generalisation.Generalisation`), and ``stopped``; the parameters too when
+``record_params``.
 
 The fused engine computes the same metrics inside its kernel (:class:`attnsvm.fused.Records`,
 :func:`attnsvm.fused.kernels._trial_record`; equal to :func:`_record` to 1e-12 relative,
 tests/test_fused.py) and hands them over with :meth:`Recorder.take_kernel`; the
-recorder's own path remains for the torch engine and for ``record_params=True``.
+recorder's own path remains for the torch engine, for ``record_params=True`` and for
+further ``metrics`` (computed in torch at each record).
 """
 
 from __future__ import annotations
@@ -67,9 +70,10 @@ class Recorder:
     (nothing has been applied yet)."""
 
     def __init__(self, model, tdata, lossf, alpha, refs: dict, Q: int,
-                 record_params: bool = False, start=None):
+                 record_params: bool = False, start=None, metrics=()):
         self.model, self.tdata, self.lossf, self.alpha, self.refs, self.Q = (
             model, tdata, lossf, alpha, refs, Q)
+        self.extra = tuple(metrics)  # bound metrics: cols(params) -> {name: (B,) tensor}
         self.record_params, self.start = record_params, start
         self.steps: list[int] = []
         self._vals: list[torch.Tensor] = []
@@ -82,6 +86,11 @@ class Recorder:
                               self.refs, self.Q, self.start if t == 0 else None)
         if t > 0:  # the step-0 logits and objective (with its gradient) are not kept on
             self.start = None
+        for cols in self.extra:
+            more = cols(params)
+            names = [*names, *more]
+            vals = torch.cat([vals, torch.stack([c.to(vals.dtype).reshape(-1).expand(
+                vals.shape[0]) for c in more.values()], dim=1)], dim=1)
         self.names = names
         self.steps.append(t)
         self._vals.append(torch.cat([vals, (~active).to(vals.dtype)[:, None]], dim=1))

@@ -245,6 +245,16 @@ _BOOL = [InstanceOf((bool, np.bool_), "True or False")]
 
 #: train()'s arguments: what each may be (attnsvm._validation; the first constraint a value
 #: meets normalises it). Checks against the data and between arguments: _check_against_data.
+def _check_metrics(metrics) -> list:
+    """``metrics`` as a list of objects with ``bind`` and ``take`` (train's docstring)."""
+    ok = isinstance(metrics, (list, tuple)) and all(
+        callable(getattr(m, "bind", None)) and callable(getattr(m, "take", None)) for m in metrics)
+    if not ok:
+        raise ValueError(f"metrics must be a list of metrics (objects with bind and take, e.g. "
+                         f"attnsvm.generalisation.Generalisation); got {metrics!r}")
+    return list(metrics)
+
+
 TRAIN_CONSTRAINTS = {
     "model": [InstanceOf(AttentionModel), Satisfies(_check_model, "an attnsvm model")],
     "loss": [None, Satisfies(_check_loss, "a loss name, a Loss or a callable")],
@@ -265,6 +275,8 @@ TRAIN_CONSTRAINTS = {
     "autograd": _BOOL,
     "engine": [Options(*ENGINES)],
     "chunk": [None, Interval(int, 1, None)],
+    "metrics": [None, Satisfies(_check_metrics, "a list of metrics (objects with bind and "
+                                "take, e.g. attnsvm.generalisation.Generalisation)")],
 }
 
 def _check_fixed(model, args: dict) -> None:
@@ -459,7 +471,8 @@ def _all_finite(t: torch.Tensor) -> bool:
     return bool(torch.isfinite(lo) & torch.isfinite(hi))
 
 
-def _train_chunked(model, tdata, params, chunk, k, alpha_t, refs, seed, kw) -> Trajectory:
+def _train_chunked(model, tdata, params, chunk, k, alpha_t, refs, seed, kw,
+                   metrics=None) -> Trajectory:
     """``train`` of B trials, ``chunk`` at a time, assembled into one Trajectory equal to
     the unchunked run: each chunk starts from its slice of the initial parameters (drawn
     for all B trials at once, as without chunks), trial b keeps its mini-batch seed
@@ -480,8 +493,10 @@ def _train_chunked(model, tdata, params, chunk, k, alpha_t, refs, seed, kw) -> T
             al = al[..., 0] if al.shape[-1] == 1 else al
         item = len(model.w_shape)
         rf = {nm: (R[a:b] if R.ndim == item + 1 else R) for nm, R in refs.items()}
+        ms = [m.take(a, b, B) for m in metrics] if metrics else None
         parts.append(train(model, sub, init={kk: v[a:b] for kk, v in params.items()}, B=b - a,
-                           seed=seed + a, record_every=k, alpha=al, references=rf or None, **kw))
+                           seed=seed + a, record_every=k, alpha=al, references=rf or None,
+                           metrics=ms, **kw))
     steps_run = max(p.steps_run for p in parts)
     rec = sorted({t for t in range(0, steps_run, k)} | {steps_run})
     frames, hist = [], {}
@@ -529,7 +544,8 @@ def _train_chunked(model, tdata, params, chunk, k, alpha_t, refs, seed, kw) -> T
 
 
 def _train_one(model, tdata, lossf, optimizer, params, engine, *, steps, every, Q, batch_size,
-               seed, autograd, alpha_t, refs, record_params, progress, copy) -> Trajectory:
+               seed, autograd, alpha_t, refs, record_params, progress, copy,
+               metrics=()) -> Trajectory:
     """The run of checked arguments: the objective at the start (checked finite), the
     engine's stepper, run in segments of ``every`` steps with its stops and its recorder,
     assembled into a Trajectory. ``copy``: the initial parameters may be the caller's."""
@@ -543,7 +559,8 @@ def _train_one(model, tdata, lossf, optimizer, params, engine, *, steps, every, 
     # the record at step 0 reuses the initial logits, and the closed form's L and gaps
     # (those of grad=False; the autograd paths compute them another way)
     recorder = Recorder(model, tdata, lossf, alpha_t, refs, Q, record_params,
-                        start=(a0, first if not autograd and model.head == "linear" else None))
+                        start=(a0, first if not autograd and model.head == "linear" else None),
+                        metrics=metrics)
     del a0, first  # held by the stepper / recorder only until they have used them (memory)
     stepper.init(params)
     extra = {"engine": stepper.engine, "engine_reason": stepper.reason}
@@ -553,6 +570,8 @@ def _train_one(model, tdata, lossf, optimizer, params, engine, *, steps, every, 
         # record stride), unless the recorder must keep the parameters of every record
         if record_params:
             extra["records"] = "segments (record_params=True: the recorder keeps the parameters)"
+        elif metrics:
+            extra["records"] = "segments (further metrics are computed in torch at each record)"
         else:
             stepper.records = stepper.plan.records(alpha_t, refs, steps, every)
             extra["records"] = "kernel"
@@ -611,7 +630,8 @@ def train(model: AttentionModel, data, loss=None, optimizer: Optimizer | None = 
           scale: float | None = None, record_every: int | None = None,
           references: dict | None = None, record_params: bool = False, progress: bool = False,
           device=None, dtype=torch.float64, alpha=None, batch_size: int | None = None,
-          autograd: bool = False, engine: str = "auto", chunk: int | None = None) -> Trajectory:
+          autograd: bool = False, engine: str = "auto", chunk: int | None = None,
+          metrics: list | None = None) -> Trajectory:
     """Train B independent trials of ``model`` on ``data`` with a step rule.
 
     Each step: (L, log(L - L*), G) = model.evaluate(params, data) (stable form, §8; G in
@@ -651,6 +671,11 @@ def train(model: AttentionModel, data, loss=None, optimizer: Optimizer | None = 
     engine: "auto" | "torch" | "fused" (module docstring; "fused" raises a ValueError
     naming what it does not support). chunk: train at most ``chunk`` trials at a time
     (same result; the step's memory is that of one chunk; :func:`_train_chunked`).
+    metrics: further metrics recorded with the others, each an object with ``bind(model,
+    tdata, loss, B)`` (checked against the run before any work; returns ``cols(params) ->
+    {name: (B,) tensor}``) and ``take(a, b, B)`` (its trials a..b-1, for ``chunk``), e.g.
+    :class:`attnsvm.generalisation.Generalisation` (test accuracy and loss on a held-out
+    set, train accuracy on clean and flipped samples, the role of the attended token).
 
     Example (a next-token-prediction model through the same trainer)::
 
@@ -674,6 +699,8 @@ def train(model: AttentionModel, data, loss=None, optimizer: Optimizer | None = 
     Q = model.queries_per_sequence(tdata)
     alpha_t = _alpha_tensor(model, tdata, alpha, Q, B)
     refs = _check_refs(model, references, B, dtype, tdata["X"].device)
+    metrics = args["metrics"]
+    bound = [m.bind(model, tdata, lossf, B) for m in metrics or ()]  # checked before any work
     _check_train_memory(model, tdata, B, chunk, dtype, device, Q)
     params = _init_params(model, init, B, seed, scale, device, dtype)
     if not bool(model.finite(params).all()):
@@ -683,13 +710,14 @@ def train(model: AttentionModel, data, loss=None, optimizer: Optimizer | None = 
             model, tdata, params, chunk, k, alpha_t, refs, seed,
             dict(loss=lossf, optimizer=optimizer, steps=steps, scale=scale,
                  record_params=record_params, progress=progress, device=device, dtype=dtype,
-                 batch_size=batch_size, autograd=autograd, engine=engine))
+                 batch_size=batch_size, autograd=autograd, engine=engine), metrics=metrics)
         traj.source = (model, tdata, optimizer)
         return traj
 
     return _train_one(model, tdata, lossf, optimizer, params, engine, steps=steps, every=k, Q=Q,
                       batch_size=bs, seed=seed, autograd=autograd, alpha_t=alpha_t, refs=refs,
-                      record_params=record_params, progress=progress, copy=isinstance(init, dict))
+                      record_params=record_params, progress=progress, copy=isinstance(init, dict),
+                      metrics=bound)
 
 
 def train_ntp(model, data, optimizer=None, steps: int = 1000, B: int | None = None,

@@ -26,10 +26,13 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
+import torch
 
 from attnsvm.benign import generalisation, joint_gd, predict, sakamoto_sato
 from attnsvm.experiments.base import Check, Claim, Experiment
 from attnsvm.experiments.mmts_fig9 import wilson
+from attnsvm.generalisation import columns
+from attnsvm.losses import logistic
 from attnsvm.plotting import COLORS, band, label, save, subplots
 from attnsvm.svm import prompt_svm_batch
 
@@ -56,7 +59,7 @@ def mm_interpolator(data, q_final: np.ndarray, W=None):
     test accuracy of the interpolator that saturates attention along it.
 
     Returns (per-trial DataFrame, p_mm (B, d) with NaN rows where infeasible)."""
-    _, s = predict(data.train.X, q_final, data.train.v, W)  # (B, n, T)
+    f_train, s = predict(data.train.X, q_final, data.train.v, W)  # (B, n), (B, n, T)
     alpha = s.argmax(-1)
     sol = prompt_svm_batch(data.train.X, W, alpha)
     P = np.where(sol.feasible_[:, None], np.nan_to_num(sol.W_), np.nan)
@@ -66,14 +69,16 @@ def mm_interpolator(data, q_final: np.ndarray, W=None):
     f = np.einsum("bmd,bd->bm", xs, v)
     corr = np.einsum("bd,bd->b", np.nan_to_num(P), q_final) / np.maximum(
         np.linalg.norm(np.nan_to_num(P), axis=1) * np.linalg.norm(q_final, axis=1), 1e-300)
-    fl = data.flipped
+    T_ = torch.as_tensor  # the run's selection and the interpolator's test outputs, scored
+    g = columns(T_(f_train), T_(alpha), T_(data.train.y), logistic.value, T_(data.flipped),
+                T_(data.roles), T_(f), T_(sel), T_(yt))  # by the generalisation metrics
     df = pd.DataFrame({
         "status": sol.status_, "feasible": sol.feasible_,
         "corr_final": np.where(sol.feasible_, corr, np.nan),
-        "mm_test_acc": np.where(sol.feasible_, (f * yt > 0).mean(1), np.nan),
-        "mm_test_att_signal": np.where(sol.feasible_, (data.roles[sel] == 0).mean(1), np.nan),
-        "sel_signal_clean": ((data.roles[alpha] == 0) & ~fl).sum(1) / np.maximum((~fl).sum(1), 1),
-        "sel_signal_flipped": ((data.roles[alpha] == 0) & fl).sum(1) / np.maximum(fl.sum(1), 1)})
+        "mm_test_acc": np.where(sol.feasible_, g["test_acc"].numpy(), np.nan),
+        "mm_test_att_signal": np.where(sol.feasible_, g["test_att_signal"].numpy(), np.nan),
+        "sel_signal_clean": g["att_signal_clean"].numpy(),
+        "sel_signal_flipped": g["att_signal_flipped"].numpy()})  # NaN: no flipped sample
     return df, P
 
 

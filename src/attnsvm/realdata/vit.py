@@ -266,14 +266,21 @@ def train_vit(
     config: ViTConfig = QUICK,
     device=None,
     dtype=torch.float64,
+    labels=None,
+    on_record=None,
 ):
     """Train one DigitsViT; returns (history rows, layer rows, map rows) as lists of dicts.
 
     data = digits_tokens(...). The initialisation and the mini-batch order depend only on
     ``seed``, so different optimisers with the same seed start from the same weights and
-    see the same batches.
+    see the same batches. ``labels``: the training labels to fit instead of data's (e.g.
+    with flipped labels, :func:`flip_labels`; train_acc is then against them);
+    ``on_record(epoch, model)``: called at every record (eval mode), e.g. for per-sample
+    statistics (:func:`label_noise_study`).
     """
     X_tr, y_tr, X_te, y_te, _ = data
+    if labels is not None:
+        y_tr = np.asarray(labels)
     Xtr = torch.as_tensor(X_tr, device=device, dtype=dtype)
     Xte = torch.as_tensor(X_te, device=device, dtype=dtype)
     ytr = torch.as_tensor(y_tr, device=device, dtype=torch.long)
@@ -308,6 +315,8 @@ def train_vit(
                  train_acc=tr_acc, test_acc=te_acc, test_loss=te_loss,
                  soft_sparsity=last_ss, wqk_norm=last_norm, finite=finite)
         )
+        if on_record is not None:
+            on_record(epoch, model)
         if epoch in map_epochs and seed == config.seeds[0]:
             a = atts[-1][: config.map_images, :, 0, 1:].mean(1)  # (images, 16) patches only
             for i in range(a.shape[0]):
@@ -647,3 +656,178 @@ def config_from(full: bool = False, **overrides) -> ViTConfig:
     """QUICK or FULL with the given fields replaced (None values are ignored)."""
     base = FULL if full else QUICK
     return replace(base, **{k: v for k, v in overrides.items() if v is not None})
+
+
+# ----------------------------------------------------------------------------- label noise
+#: a patch is "ink" when its mean intensity (pixels / 16) is at least this, else "blank"
+INK = 0.25
+#: token kinds of a digits sequence: [CLS], an ink patch, a blank patch
+TOKEN_KINDS = ("cls", "ink", "blank")
+
+
+def flip_labels(y, ratio: float, seed: int, n_classes: int = 10):
+    """Symmetric label noise: round(ratio n) training samples, chosen at random, get a label
+    drawn uniformly from the *other* n_classes - 1 classes. The choice is nested across
+    ratios for one seed (the samples flipped at 0.1 are among those flipped at 0.2, with the
+    same wrong label). Returns (observed labels (n,), flipped (n,) bool)."""
+    if not (isinstance(ratio, (int, float)) and 0 <= ratio < 1):
+        raise ValueError(f"label noise ratio must be a number in [0, 1); got {ratio!r}")
+    y = np.asarray(y)
+    n = len(y)
+    rng = np.random.default_rng(20_000 + int(seed))
+    order, shift = rng.permutation(n), rng.integers(1, n_classes, size=n)
+    flipped = np.zeros(n, bool)
+    flipped[order[:int(round(ratio * n))]] = True
+    return np.where(flipped, (y + shift) % n_classes, y), flipped
+
+
+def token_kinds(X) -> np.ndarray:
+    """(n, 17) the kind of every token (``TOKEN_KINDS`` codes): [CLS] 0, then each patch of
+    X (n, 16, 4): ink (1) when its mean intensity is >= ``INK``, blank (2) otherwise."""
+    ink = np.asarray(X).mean(-1) >= INK
+    return np.concatenate([np.zeros((len(ink), 1), np.int64), np.where(ink, 1, 2)], axis=1)
+
+
+def digits_extractor(module, args, kwargs):
+    """:mod:`attnsvm.track` extractor of :class:`Attention`: the LayerNorm'd tokens u and the
+    per-head maps q_h = W_Q[h]^T u, k_h = W_K[h]^T u, scale 1 / sqrt(d_head)."""
+    from attnsvm.track import AttentionCall
+
+    u = args[0] if args else kwargs["u"]
+    return AttentionCall(hidden=u, W_q=module.W_Q.transpose(1, 2), W_k=module.W_K.transpose(1, 2),
+                         scale=1.0 / math.sqrt(module.d_head))
+
+
+def _noise_stats(model, X, y_obs, y_true, flipped, kinds) -> dict:
+    """Per-record statistics of one run on its training set (module section above)."""
+    with torch.no_grad():
+        logits, atts = model(X)
+    pred = logits.argmax(-1).cpu().numpy()
+    s = atts[-1][:, :, 0, :].mean(1).double().cpu().numpy()  # (n, 17) [CLS] attention
+    ok = pred == y_obs
+    out = {"train_acc": ok.mean()}
+    for part, m in (("clean", ~flipped), ("flipped", flipped)):
+        cnt = max(int(m.sum()), 1)
+        out[f"train_acc_{part}"] = ok[m].sum() / cnt if m.any() else np.nan
+        top = kinds[m, s[m].argmax(-1)] if m.any() else np.zeros(0, np.int64)
+        for k, name in enumerate(TOKEN_KINDS):
+            out[f"att_{name}_{part}"] = float(np.mean(top == k)) if m.any() else np.nan
+        out[f"ink_mass_{part}"] = float((s[m] * (kinds[m] == 1)).sum(-1).mean()) if m.any() else np.nan
+    out["flipped_true"] = float(np.mean(pred[flipped] == y_true[flipped])) if flipped.any() else np.nan
+    return out
+
+
+def label_noise_study(ratios=(0.0, 0.1, 0.2, 0.4), config: ViTConfig = QUICK, n_train=None,
+                      probe: int = 32, progress=None, device=None) -> dict:
+    """The digits ViT trained on flipped labels (:func:`flip_labels`), one run per (ratio,
+    seed) with the first optimiser of ``config`` (same initialisation and batches per seed
+    across ratios), against the clean run (ratio 0).
+
+    Tables: ``history`` one row per (ratio, seed, epoch): test_acc / test_loss (clean test
+    set), train_acc (against the observed labels), train_acc_clean, train_acc_flipped (the
+    flipped samples fitted to their wrong label), flipped_true (flipped samples predicted as
+    their true class), att_<kind>_<part> (the share of clean / flipped training samples whose
+    most-attended token of the last layer's [CLS] attention, mean over heads, is the [CLS],
+    an ink or a blank patch, :func:`token_kinds`) and ink_mass_<part> (the attention mass on
+    ink patches); ``track``: :class:`attnsvm.track.Tracker` rows (corr_mm, status, ...) per
+    (ratio, seed, epoch, layer, head) at the first and last epoch, on the first ``probe``
+    training images (the model in float64); ``flips``: per (ratio, seed) the number of
+    flipped labels and whether each differs from the true one. ``n_train``: use the first
+    n_train training samples only (tests)."""
+    import copy
+
+    from attnsvm.track import TrackConfig, Tracker
+
+    ratios = tuple(float(r) for r in ratios)
+    for r in ratios:
+        if not 0 <= r < 1:
+            raise ValueError(f"label noise ratios must be in [0, 1); got {r!r}")
+    dtype = {"float64": torch.float64, "float32": torch.float32}[config.dtype]
+    opt = config.optimizers[0]
+    if opt not in config.lr:
+        raise ValueError(f"lr has no learning rate for optimizer {opt!r}")
+    X_tr, y_tr, X_te, y_te, img = digits_tokens(config.test_fraction, config.split_seed)
+    if n_train is not None:
+        X_tr, y_tr = X_tr[:n_train], y_tr[:n_train]
+    kinds = token_kinds(X_tr)
+    Xtr = torch.as_tensor(X_tr, device=device, dtype=dtype)
+    probe_x = torch.as_tensor(X_tr[:probe], device=device, dtype=torch.float64)
+    last = config.epochs
+    hist, track, flips = [], [], []
+    threads = torch.get_num_threads()
+    if config.threads:
+        torch.set_num_threads(config.threads)
+    try:
+        for r in ratios:
+            for seed in config.seeds:
+                y_obs, fl = flip_labels(y_tr, r, seed)
+                flips.append(dict(ratio=r, seed=seed, n=len(y_tr), flips=int(fl.sum()),
+                                  changed=int((y_obs != y_tr).sum()), expected=int(round(r * len(y_tr)))))
+                extra = {}
+
+                def on_record(epoch, model, fl=fl, y_obs=y_obs, extra=extra, r=r, seed=seed):
+                    extra[epoch] = _noise_stats(model, Xtr, y_obs, y_tr, fl, kinds)
+                    if epoch in (0, last):
+                        m64 = copy.deepcopy(model).double()
+                        tr = Tracker(m64, probe_x, budget=None, extractors={Attention: digits_extractor},
+                                     config=TrackConfig(max_queries=8, null_draws=0),
+                                     tags={"ratio": r, "seed": seed})
+                        track.append(tr.record(epoch))
+
+                h, _, _ = train_vit(opt, config.lr[opt], seed, (X_tr, y_tr, X_te, y_te, img), config,
+                                    device=device, dtype=dtype, labels=y_obs, on_record=on_record)
+                for row in h:
+                    hist.append({"ratio": r, "seed": seed, "epoch": row["epoch"], "optimizer": opt,
+                                 "test_acc": row["test_acc"], "test_loss": row["test_loss"],
+                                 **extra[row["epoch"]]})
+                if progress:
+                    progress(f"label noise {r:g} seed {seed}: test acc {h[-1]['test_acc']:.3f}, "
+                             f"flipped fitted {extra[h[-1]['epoch']]['train_acc_flipped']:.2f}")
+    finally:
+        torch.set_num_threads(threads)
+    return {"history": pd.DataFrame(hist), "track": pd.concat(track, ignore_index=True),
+            "flips": pd.DataFrame(flips)}
+
+
+def plot_label_noise(tables: dict, path=None):
+    """2x2: clean test accuracy over epochs per noise ratio; flipped samples fitted (solid)
+    and predicted as their true class (dashed); the final attention mass on ink patches of
+    clean and flipped samples; the tracker's corr(W, W_mm) per ratio at the first and last
+    epoch (median over heads, one point per seed). Saved to ``path`` or returned."""
+    import matplotlib.pyplot as plt
+
+    h, tr = tables["history"], tables["track"]
+    ratios = sorted(h.ratio.unique())
+    col = {r: plt.get_cmap("viridis")(i / max(len(ratios) - 1, 1)) for i, r in enumerate(ratios)}
+    fig, ax = plt.subplots(2, 2, figsize=(10, 7.5))
+    for r in ratios:
+        g = h[h.ratio == r].groupby("epoch")
+        m = g.test_acc.mean()
+        ax[0, 0].plot(m.index, m.values, color=col[r], label=f"noise {r:g}")
+        if r > 0:
+            ax[0, 1].plot(m.index, g.train_acc_flipped.mean().values, color=col[r], label=f"{r:g}: fitted")
+            ax[0, 1].plot(m.index, g.flipped_true.mean().values, "--", color=col[r],
+                          label=f"{r:g}: true class")
+    ax[0, 0].set(xlabel="epoch", ylabel="clean test accuracy", title="test accuracy")
+    ax[0, 1].set(xlabel="epoch", ylabel="share of flipped samples",
+                 title="flipped: fitted (solid) / true class (dashed)")
+    fin = h[h.epoch == h.epoch.max()].groupby("ratio")
+    x = np.arange(len(ratios))
+    ax[1, 0].bar(x - 0.2, fin.ink_mass_clean.mean().reindex(ratios), 0.4, label="clean samples")
+    ax[1, 0].bar(x + 0.2, fin.ink_mass_flipped.mean().reindex(ratios).fillna(0), 0.4,
+                 label="flipped samples")
+    ax[1, 0].set(xticks=x, xticklabels=[f"{r:g}" for r in ratios], xlabel="noise ratio",
+                 ylabel="[CLS] attention mass on ink patches", title="final epoch, last layer")
+    med = tr.groupby(["ratio", "seed", "step"]).corr_mm.median().reset_index()
+    for k, step in enumerate(sorted(med.step.unique())):
+        d = med[med.step == step]
+        ax[1, 1].plot(d.ratio.map({r: i for i, r in enumerate(ratios)}) + (k - 0.5) * 0.15,
+                      d.corr_mm, "o" if k else "x", label=f"epoch {step}")
+    ax[1, 1].set(xticks=x, xticklabels=[f"{r:g}" for r in ratios], xlabel="noise ratio",
+                 ylabel="median corr(W, W_mm) over heads",
+                 title="tracker: SVM alignment (one point per seed)")
+    for a in ax.flat:
+        a.grid(alpha=0.3)
+        a.legend(fontsize=7)
+    fig.suptitle("Digits ViT with flipped training labels (mean over seeds)")
+    return _finish(fig, path, dpi=100)
