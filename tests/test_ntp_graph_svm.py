@@ -221,7 +221,7 @@ def test_nuclear_ipm_equalities_and_reduction(seed, graph):
     the reduced C (W = U C V^T, U, V bases of span{Delta_r}, span{z_r}): the same optimum,
     Clarabel's (full and reduced), with ||S(y)||_2 <= 1 and y >= 0 on inequalities."""
     from attnsvm.svm import nuclear as NU
-    from attnsvm.svm.fast import nuclear_ipm
+    from attnsvm.svm.sdp import nuclear_ipm
 
     D, rows, Dd, Z, b, eq = _graph_ipm_rows(seed, graph)
     U, V = NU._nuc_reduce(Dd, Z)
@@ -253,7 +253,7 @@ def test_nuclear_kernel_equals_reference(seed, graph):
     iterates within rounding of each other (W to 1e-4: the optimum is flat to second
     order along some directions, so W at a gap of 1e-10 is fixed to ~1e-5 only)."""
     pytest.importorskip("numba")
-    from attnsvm.svm.fast import nuclear_ipm, nuclear_ipm_small
+    from attnsvm.svm.sdp import nuclear_ipm, nuclear_ipm_small
 
     _, _, Dd, Z, b, eq = _graph_ipm_rows(seed, graph)
     ineq = ~eq
@@ -363,7 +363,7 @@ def test_nuclear_support_resolve_after_a_stalled_run(monkeypatch, seed, graph):
     stop early (10 iterations: both its candidates fail the 1e-9 gap), the answer is
     then the support run's, proven, and equal to the independent reference; the cvxpy
     fallbacks are not reached."""
-    import attnsvm.svm.fast as F
+    import attnsvm.svm.sdp as F
     from attnsvm.svm import nuclear as NU
 
     D = ntp_random(4, 6, 8, 8, graph=graph, seed=[11, seed])

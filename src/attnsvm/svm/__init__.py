@@ -23,7 +23,8 @@ exact scaling of E).
 
 Modules by concern: constraints (:mod:`~attnsvm.svm.constraints`), which solver for which
 norm (:mod:`~attnsvm.svm.strategy`, one table), the solvers (:mod:`~attnsvm.svm.frobenius`,
-:mod:`~attnsvm.svm.nuclear`, :mod:`~attnsvm.svm.conic`, :mod:`~attnsvm.svm.fast`, the
+:mod:`~attnsvm.svm.nuclear`, :mod:`~attnsvm.svm.conic`, :mod:`~attnsvm.svm.fast` (the
+Frobenius interior-point methods), :mod:`~attnsvm.svm.sdp` (the nuclear-norm SDP methods), the
 compiled :mod:`~attnsvm.svm.active` with its plain reference :mod:`~attnsvm.svm.wolfe`),
 the certificate (:mod:`~attnsvm.svm.solution`, :mod:`~attnsvm.svm.certificate`),
 infeasibility (:mod:`~attnsvm.svm.farkas`), results in the caller's units

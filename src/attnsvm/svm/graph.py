@@ -19,8 +19,8 @@ graph_candidates`); a norm without one is refused by name.
   z_k = e_k), solved by Clarabel, W = sum_k lam_k A_k, then the exact active-set polish
   (:func:`attnsvm.svm.fast.polish_fro`: a KKT solve on the support);
 * ``norm="nuc"``: the SDP pair min ||W||_* / max sum_ineq lam s.t. ||S(lam)||_2 <= 1 by
-  the project's primal-dual interior-point method (:func:`attnsvm.svm.fast.nuclear_ipm`,
-  its numba kernel :func:`~attnsvm.svm.fast.nuclear_ipm_small`) with the equalities as
+  the project's primal-dual interior-point method (:func:`attnsvm.svm.sdp.nuclear_ipm`,
+  its numba kernel :func:`~attnsvm.svm.sdp.nuclear_ipm_small`) with the equalities as
   free-multiplier rows, on the reduced problem W = U C V^T (U, V orthonormal bases of
   span{Delta_r}, span{z_r}: ||W||_* = ||C||_*, C at most min(d, K - 1) x (distinct
   queries)), the answer as it is, else corrected onto its tight rows in the tangent

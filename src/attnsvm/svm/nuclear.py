@@ -6,10 +6,10 @@ Three solvers, each by constraint generation on a working set after the exact di
 reduction W = U C V^T (:func:`barrier_working_set`):
 
 * :func:`ipm_working_set` (default): the primal-dual SDP interior-point method
-  :func:`attnsvm.svm.fast.nuclear_ipm` (Mehrotra predictor-corrector, Nesterov-Todd
+  :func:`attnsvm.svm.sdp.nuclear_ipm` (Mehrotra predictor-corrector, Nesterov-Todd
   scaling), rows joining the running method;
 * :func:`barrier_working_set` ("barrier"): the structured dual log-barrier method
-  :func:`attnsvm.svm.fast.nuclear_barrier`;
+  :func:`attnsvm.svm.sdp.nuclear_barrier`;
 * :func:`scs_working_set` ("working_set"): cvxpy + SCS on the working set.
 
 :func:`solve_single` runs them in this order, each answer-less failure (not a verdict of
@@ -30,10 +30,11 @@ from dataclasses import replace
 import numpy as np
 
 from ..norms import NUC
-from . import active, fast, frobenius
+from . import active, frobenius, sdp
 from .conic import solve_cvxpy, solve_quietly
-from .fast import nuclear_barrier, nuclear_ipm, primal_ipm
+from .fast import primal_ipm
 from .records import SOLVER_ERRORS, Raw
+from .sdp import nuclear_barrier, nuclear_ipm
 from .solution import ConstraintSet
 
 __all__ = ["solve_single", "ipm_working_set", "barrier_working_set", "scs_working_set",
@@ -145,7 +146,7 @@ def ipm_working_set(cs: ConstraintSet, max_rounds: int = 10, tol: float = 1e-9,
                          add_slack: float = NUC_ADD_SLACK, check_tol: float = 1e-1,
                          check_min: float = 1e-4, drop_tol: float = NUC_DROP_TOL):
     """Nuclear norm: constraint generation around the primal-dual SDP interior-point method
-    :func:`attnsvm.svm.fast.nuclear_ipm` (Nesterov-Todd direction, N x N Schur
+    :func:`attnsvm.svm.sdp.nuclear_ipm` (Nesterov-Todd direction, N x N Schur
     complement from the rank-two structure of the constraints), after the dimension
     reduction W = U C V^T of :func:`barrier_working_set`.
 
@@ -238,7 +239,7 @@ def barrier_working_set(cs: ConstraintSet, max_rounds: int = 20, gap_tol: float 
                              mu: float = 10.0, loose_tol: float = 1e-2, add_slack: float = 0.1,
                              warm_frac: float = 0.1):
     """Nuclear norm: constraint generation around the structured dual barrier method
-    (:func:`attnsvm.svm.fast.nuclear_barrier`), no cvxpy and no conic-form build.
+    (:func:`attnsvm.svm.sdp.nuclear_barrier`), no cvxpy and no conic-form build.
 
     Dimension reduction.  The constraints see W only through U^T W V, U (d, r1) an
     orthonormal basis of span{Delta_k}, V (e, r2) one of span{z_k}:  for any W,
@@ -439,13 +440,13 @@ def graph_kernels_ready() -> None:
     """Load (or, where numba's disk cache is empty, compile: :mod:`attnsvm.compiled`) the
     kernels the nuclear Graph-SVM calls, so that its ``time_`` holds no compile."""
     active.available()
-    fast._nuc_kernels()
+    sdp._nuc_kernels()
 
 
 def _nuc_ipm(cs: ConstraintSet, tol: float = 3e-10):
     """Nuclear Graph-SVM candidates (W (d, e), lam (N,), name) by the project's primal-dual
-    SDP interior-point method (:func:`attnsvm.svm.fast.nuclear_ipm`; compiled:
-    :func:`~attnsvm.svm.fast.nuclear_ipm_small`; Nesterov-Todd direction) with the equality
+    SDP interior-point method (:func:`attnsvm.svm.sdp.nuclear_ipm`; compiled:
+    :func:`~attnsvm.svm.sdp.nuclear_ipm_small`; Nesterov-Todd direction) with the equality
     rows as free-multiplier rows, on the reduced problem of :func:`_nuc_reduce` (C (r1, r2),
     r1 <= min(d, K - 1), r2 <= the number of distinct queries) and an independent subset of
     the equality rows (:func:`_independent_rows`; the others are implied and get
@@ -474,7 +475,7 @@ def _nuc_ipm(cs: ConstraintSet, tol: float = 3e-10):
     use = ~eq
     use[sel_eq] = True
     for label in ("ipm-sdp", "ipm-sdp on its support"):
-        C, y, status, _ = fast.nuclear_ipm_small(Dr[use], Zr[use], b[use], tol=tol, eq=eq[use],
+        C, y, status, _ = sdp.nuclear_ipm_small(Dr[use], Zr[use], b[use], tol=tol, eq=eq[use],
                                             refine=2)
         if C is None or status == "infeasible" or not np.all(np.isfinite(C)):
             yield None, None, f"{label} ({status})"
