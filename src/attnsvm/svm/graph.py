@@ -72,6 +72,7 @@ import time
 
 import numpy as np
 
+from .._parallel import thread_pool
 from .._validation import check_memory
 from ..norms import FRO, Norm, get_norm
 from .certificate import U, gamma, two_diff
@@ -830,6 +831,12 @@ def graph_svm_batch(problems, norm="fro", **kw) -> list[Solution]:
     :class:`~attnsvm.ntp.NTPData`; returns the list of Solutions (each as
     :func:`graph_svm`, ``kw`` its keyword arguments ``exclude`` and ``tol``).  Inputs are
     all validated before any solve starts (ValueError naming the problem and argument).
+    The problems are solved on attnsvm's worker threads (:func:`attnsvm._parallel.
+    thread_pool`, :func:`~attnsvm._parallel.n_threads` of them: ``kernel_threads(1)``
+    keeps them on the caller's thread); each answer is the one :func:`graph_svm` gives
+    alone (measured on a shared 2-core machine under load 4-7, 16 problems n10T6K8d8,
+    2 threads vs one, wall time, min of 5 interleaved: nuclear 1.11-1.65x, Frobenius
+    1.12-1.15x faster).
 
     Example::
 
@@ -871,4 +878,11 @@ def graph_svm_batch(problems, norm="fro", **kw) -> list[Solution]:
                 _check_ids(p.seqs, p.y, p.K, kw["exclude"])
             except ValueError as exc:
                 raise ValueError(f"problems[{b}]: {exc}") from None
-    return [graph_svm(p.E, p.seqs, p.y, N, **kw) for p in items]
+    out: list = [None] * len(items)
+
+    def run(b0: int, b1: int) -> None:  # each slice writes its own entries
+        for b in range(b0, b1):
+            out[b] = graph_svm(items[b].E, items[b].seqs, items[b].y, N, **kw)
+
+    thread_pool(run, len(items), per_thread=4)
+    return out
