@@ -28,8 +28,17 @@ def data():
 @pytest.fixture
 def no_solve(monkeypatch):
     """Any solve reached is a failure: the error must come first."""
-    for name in ("_solve_fro", "_solve_nuc", "_farkas"):
-        monkeypatch.setattr(G, name, lambda *a, **k: pytest.fail("work started"))
+    from dataclasses import replace
+
+    from attnsvm.svm.strategy import STRATEGIES
+
+    def fail(*a, **k):
+        pytest.fail("work started")
+
+    for N, st in list(STRATEGIES.items()):
+        if st.graph is not None:  # the Graph-SVM solvers of the strategy table
+            monkeypatch.setitem(STRATEGIES, N, replace(st, graph=fail))
+    monkeypatch.setattr(G, "_farkas", fail)
 
 
 @pytest.mark.parametrize("exclude, msg", [

@@ -136,10 +136,10 @@ def test_att_svm_time_excludes_the_compile(cold, monkeypatch, caplog):
 
 
 def test_graph_svm_time_excludes_the_compile(cold, monkeypatch):
-    from attnsvm.svm import active, fast, graph_svm
+    from attnsvm.svm import active, graph_svm, sdp
 
     monkeypatch.setattr(active, "kernels", OptionalImport("._active_kernels", "attnsvm.svm"))
-    monkeypatch.setattr(fast, "_nuc_kernels", OptionalImport("._nuc_kernels", "attnsvm.svm"))
+    monkeypatch.setattr(sdp, "_nuc_kernels", OptionalImport("._nuc_kernels", "attnsvm.svm"))
     t0 = time.perf_counter()
     sol = graph_svm(np.eye(3), [[0, 1, 2]], [0], "nuc")
     assert time.perf_counter() - t0 >= 2 * SLOW and sorted(cold) == ["active", "nuclear"]

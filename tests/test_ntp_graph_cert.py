@@ -407,21 +407,22 @@ def test_solver_errors_are_uncertified_with_the_reason(monkeypatch):
     """A numerical error inside a solver (LinAlgError 'Singular matrix' / 'SVD did not
     converge', as near-collinear instances raised) never leaks: the next solver runs, and
     where none answers the verdict is 'uncertified' naming the error."""
-    from attnsvm.svm import graph as G
+    from attnsvm.svm import frobenius as FR
+    from attnsvm.svm import nuclear as NU
 
     D = ntp_random(4, 6, 8, 8, graph="cyclic", seed=0)
 
     def boom(*a, **k):
         raise np.linalg.LinAlgError("Singular matrix")
 
-    monkeypatch.setattr(G, "_nuc_ipm", boom)
+    monkeypatch.setattr(NU, "_nuc_ipm", boom)
     sol = graph_svm(D.E, D.seqs, D.y, "nuc")  # the cvxpy fallbacks answer
     assert sol.status_ == "optimal" and any("LinAlgError" in t for t in sol.extra["tried"])
-    monkeypatch.setattr(G, "_nuc_dual", boom)
-    monkeypatch.setattr(G, "_nuc_primal", boom)
+    monkeypatch.setattr(NU, "_nuc_dual", boom)
+    monkeypatch.setattr(NU, "_nuc_primal", boom)
     sol = graph_svm(D.E, D.seqs, D.y, "nuc")
     assert sol.status_ == "uncertified" and "Singular matrix" in sol.extra["reason"]
-    monkeypatch.setattr(G, "_fro_ldp", boom)
-    monkeypatch.setattr(G, "_fro_dual", boom)
+    monkeypatch.setattr(FR, "_graph_ldp", boom)
+    monkeypatch.setattr(FR, "_graph_dual_qp", boom)
     sol = graph_svm(D.E, D.seqs, D.y, "fro")
     assert sol.status_ == "uncertified" and "Singular matrix" in sol.extra["reason"]

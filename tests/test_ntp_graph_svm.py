@@ -220,18 +220,18 @@ def test_nuclear_ipm_equalities_and_reduction(seed, graph):
     """fast.nuclear_ipm with equality rows (free multipliers), in full dimension d x d and on
     the reduced C (W = U C V^T, U, V bases of span{Delta_r}, span{z_r}): the same optimum,
     Clarabel's (full and reduced), with ||S(y)||_2 <= 1 and y >= 0 on inequalities."""
-    from attnsvm.svm import graph as G
-    from attnsvm.svm.fast import nuclear_ipm
+    from attnsvm.svm import nuclear as NU
+    from attnsvm.svm.sdp import nuclear_ipm
 
     D, rows, Dd, Z, b, eq = _graph_ipm_rows(seed, graph)
-    U, V = G._nuc_reduce(Dd, Z)
+    U, V = NU._nuc_reduce(Dd, Z)
     assert U.shape[1] < D.E.shape[1] or V.shape[1] < D.E.shape[1]  # the reduction reduces
     sel = np.ones(len(b), bool)
     ie = np.nonzero(eq)[0]
     if ie.size:  # an independent subset of the equalities (dependent ones are implied)
         Me = np.einsum("ra,rb->rab", Dd[ie], Z[ie]).reshape(len(ie), -1)
         sel[ie] = False
-        sel[ie[G._independent_rows(Me)]] = True
+        sel[ie[NU._independent_rows(Me)]] = True
     ref = _reference_tight(D.E, rows)[0]
     assert abs(_reference_tight(D.E, rows, reduce=(U, V))[0] - ref) <= 1e-8 * ref
     for A, B in ((Dd, Z), (Dd @ U, Z @ V)):
@@ -253,7 +253,7 @@ def test_nuclear_kernel_equals_reference(seed, graph):
     iterates within rounding of each other (W to 1e-4: the optimum is flat to second
     order along some directions, so W at a gap of 1e-10 is fixed to ~1e-5 only)."""
     pytest.importorskip("numba")
-    from attnsvm.svm.fast import nuclear_ipm, nuclear_ipm_small
+    from attnsvm.svm.sdp import nuclear_ipm, nuclear_ipm_small
 
     _, _, Dd, Z, b, eq = _graph_ipm_rows(seed, graph)
     ineq = ~eq
@@ -298,12 +298,12 @@ def test_kernel_lmin_equals_eigvalsh(m, seed, clustered):
 
 
 def test_independent_rows_equal_scipy_pivoted_qr():
-    """svm.graph._independent_rows (LAPACK dgeqp3 called directly) selects the rows that
+    """svm.nuclear._independent_rows (LAPACK dgeqp3 called directly) selects the rows that
     scipy.linalg.qr(pivoting=True) selects, on random matrices with exactly dependent rows
     (an SCC's ties: e_a - e_c = (e_a - e_b) + (e_b - e_c)) and full-rank ones."""
     from scipy.linalg import qr
 
-    from attnsvm.svm.graph import _independent_rows
+    from attnsvm.svm.nuclear import _independent_rows
 
     rng = np.random.default_rng(0)
     for t in range(200):
@@ -345,7 +345,12 @@ def test_nuclear_proof_refuses_perturbed_answers(monkeypatch):
     def bad(cs):
         yield tie / scale, lam / scale, "perturbed"
 
-    monkeypatch.setattr(G, "_solve_nuc", bad)
+    from dataclasses import replace
+
+    from attnsvm.norms import NUC
+    from attnsvm.svm.strategy import STRATEGIES
+
+    monkeypatch.setitem(STRATEGIES, NUC, replace(STRATEGIES[NUC], graph=bad))  # the row's solver
     monkeypatch.setattr(G, "_farkas", lambda cs: None)
     out = graph_svm(D.E, D.seqs, D.y, norm="nuc")
     assert out.status_ == "uncertified" and not out.feasible_
@@ -358,8 +363,8 @@ def test_nuclear_support_resolve_after_a_stalled_run(monkeypatch, seed, graph):
     stop early (10 iterations: both its candidates fail the 1e-9 gap), the answer is
     then the support run's, proven, and equal to the independent reference; the cvxpy
     fallbacks are not reached."""
-    import attnsvm.svm.fast as F
-    from attnsvm.svm import graph as G
+    import attnsvm.svm.sdp as F
+    from attnsvm.svm import nuclear as NU
 
     D = ntp_random(4, 6, 8, 8, graph=graph, seed=[11, seed])
     runs = []
@@ -372,7 +377,7 @@ def test_nuclear_support_resolve_after_a_stalled_run(monkeypatch, seed, graph):
         return real(*a, **kw)
 
     monkeypatch.setattr(F, "nuclear_ipm_small", first_stalls)
-    monkeypatch.setattr(G, "_nuc_dual", lambda *a, **k: pytest.fail("cvxpy fallback reached"))
+    monkeypatch.setattr(NU, "_nuc_dual", lambda *a, **k: pytest.fail("cvxpy fallback reached"))
     sol = graph_svm(D.E, D.seqs, D.y, norm="nuc")
     assert len(runs) == 2 and runs[1] < runs[0]  # the second run: fewer rows
     assert sol.status_ == "optimal" and sol.gap_ <= GAP_GRAPH, sol

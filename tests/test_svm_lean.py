@@ -9,6 +9,7 @@ import pytest
 
 pytest.importorskip("numba")
 
+from attnsvm.norms import FRO  # noqa: E402
 from attnsvm.svm import att_svm, engine, farkas, lean  # noqa: E402
 from attnsvm.svm.problems import _run  # noqa: E402
 
@@ -154,7 +155,7 @@ def general_batch(X, z, alpha, valid, xexp=0, irreducible=False, problem="att_sv
     cs = engine.build_constraints(X, z, alpha, valid, x_exp=np.broadcast_to(xexp, (B,)))
     out = engine.solve(cs, "fro", solver=None, tol=1e-6, irreducible=irreducible)
     return engine.to_batch_solution(cs, out, alpha=alpha, problem=problem, vector=vector,
-                                    norm="fro", tol=1e-6)
+                                    norm=FRO, tol=1e-6)
 
 
 BATCH_FIELDS = ("W_", "norm_", "margin_", "violation_", "kkt_residual_", "gap_", "dual_",

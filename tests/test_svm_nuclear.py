@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 
 from attnsvm.svm import att_svm
-from attnsvm.svm.fast import nuclear_barrier, nuclear_ipm
 from attnsvm.svm.problems import _constraints, _solve_cvxpy
+from attnsvm.svm.sdp import nuclear_barrier, nuclear_ipm
 
 
 def planted(n, T, d, seed):

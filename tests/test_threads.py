@@ -1,5 +1,6 @@
 """Library calls leave process-wide state alone (issue 31 item 2, issue 32 item 2): the
-solvers (att_svm, graph_svm in both norms) and the NTP trainer called from 4 threads at once
+solvers (att_svm, att_svm_batch, graph_svm and graph_svm_batch in both norms) and the NTP
+trainer called from 4 threads at once
 give the answers they give alone, the caller's BLAS thread count and warnings filters are
 the same during and after the calls, and a warning issued by another thread while they
 run reaches the caller's filters (none is lost)."""
@@ -14,7 +15,7 @@ import pytest
 
 from attnsvm.ntp import NTPModel, ntp_random
 from attnsvm.optim import ngd
-from attnsvm.svm import att_svm, graph_svm
+from attnsvm.svm import att_svm, att_svm_batch, graph_svm, graph_svm_batch
 from attnsvm.train import train
 
 threadpoolctl = pytest.importorskip("threadpoolctl")
@@ -28,11 +29,22 @@ def _problems():
     rng = np.random.default_rng(0)
     X = rng.standard_normal((6, 5, 4))
     z = rng.standard_normal((6, 4))
+    Xb, zb = rng.standard_normal((5, 6, 5, 4)), rng.standard_normal((5, 6, 4))
+    ab = rng.integers(0, 5, (5, 6))
     D = ntp_random(4, 6, 8, 8, seed=3)
+    Ds = [ntp_random(4, 6, 8, 8, graph="cyclic", seed=s) for s in range(2)]
+
+    def graph_batch(norm):
+        return np.stack([s.W_ for s in graph_svm_batch(Ds, norm)])
+
     return {
         "att_svm": lambda: att_svm(X, z, np.zeros(6, int)).W_,
+        "att_svm_batch": lambda: att_svm_batch(Xb, zb, ab).W_,
+        "att_svm_batch_nuc": lambda: att_svm_batch(Xb[:2], zb[:2], ab[:2], norm="nuc").W_,
         "graph_fro": lambda: graph_svm(D.E, D.seqs, D.labels, "fro").W_,
         "graph_nuc": lambda: graph_svm(D.E, D.seqs, D.labels, "nuc").W_,
+        "graph_batch_fro": lambda: graph_batch("fro"),
+        "graph_batch_nuc": lambda: graph_batch("nuc"),
         "ntp_train": lambda: train(NTPModel(8), D, optimizer=ngd(0.1), steps=20, B=2).W,
     }
 

@@ -49,7 +49,7 @@ GROUPS = {
 WARMUPS = {
     "fused": "attnsvm.fused:warmup",
     "active": "attnsvm.svm.lean:warmup",
-    "nuclear": "attnsvm.svm.fast:warmup_nuclear",
+    "nuclear": "attnsvm.svm.sdp:warmup_nuclear",
 }
 _BY_MODULE = {mod: g for g, (mod, _, _) in GROUPS.items()}
 

@@ -17,10 +17,14 @@ One engine (:mod:`attnsvm.svm.engine`) solves every problem, single (B = 1) or b
 and one certificate (:func:`attnsvm.svm.solution.certify`), computed from the returned W on
 all constraints, sets ``feasible_`` and ``status_``; "infeasible" needs a verified Farkas
 certificate.  Inputs are validated in one place (:mod:`attnsvm.svm.validate`).
+The Graph-SVM (:mod:`~attnsvm.svm.graph`) takes its solvers from the same table (the
+norm's row, field ``graph``) and proves each candidate with its own proof (equality rows,
+exact scaling of E).
 
 Modules by concern: constraints (:mod:`~attnsvm.svm.constraints`), which solver for which
 norm (:mod:`~attnsvm.svm.strategy`, one table), the solvers (:mod:`~attnsvm.svm.frobenius`,
-:mod:`~attnsvm.svm.nuclear`, :mod:`~attnsvm.svm.conic`, :mod:`~attnsvm.svm.fast`, the
+:mod:`~attnsvm.svm.nuclear`, :mod:`~attnsvm.svm.conic`, :mod:`~attnsvm.svm.fast` (the
+Frobenius interior-point methods), :mod:`~attnsvm.svm.sdp` (the nuclear-norm SDP methods), the
 compiled :mod:`~attnsvm.svm.active` with its plain reference :mod:`~attnsvm.svm.wolfe`),
 the certificate (:mod:`~attnsvm.svm.solution`, :mod:`~attnsvm.svm.certificate`),
 infeasibility (:mod:`~attnsvm.svm.farkas`), results in the caller's units

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..norms import Norm, get_norm
+from ..norms import Norm
 from .records import Outcome
 from .solution import BatchSolution, ConstraintSet, NotRepresentableError, Solution, certify, ldexp
 
@@ -47,10 +47,11 @@ def to_user_units(cs: ConstraintSet, out: Outcome, N: Norm, tol: float):
 
 
 def to_batch_solution(cs: ConstraintSet, out: Outcome, *, alpha, problem: str, vector: bool,
-                      norm, tol: float) -> BatchSolution:
+                      norm: Norm, tol: float) -> BatchSolution:
     """A :class:`BatchSolution` in the caller's units.  A problem whose solution is not
-    representable in float64 gets feasible_ False and status 'not_representable'."""
-    N = get_norm(norm)
+    representable in float64 gets feasible_ False and status 'not_representable'.
+    ``norm``: the :class:`~attnsvm.norms.Norm` the problem was solved in."""
+    N = norm
     c = out.cert
     W, nrm, dual, rep, e = to_user_units(cs, out, N, tol)
     feas = c.feasible & rep
@@ -74,10 +75,11 @@ def to_batch_solution(cs: ConstraintSet, out: Outcome, *, alpha, problem: str, v
 
 
 def to_solution(cs: ConstraintSet, out: Outcome, *, alpha, problem: str, vector: bool,
-                norm, tol: float) -> Solution:
+                norm: Norm, tol: float) -> Solution:
     """The :class:`Solution` of a batch of one; raises :class:`NotRepresentableError`
-    (with the normalised solution attached) if W over- or underflows float64."""
-    N = get_norm(norm)
+    (with the normalised solution attached) if W over- or underflows float64.
+    ``norm``: the :class:`~attnsvm.norms.Norm` the problem was solved in."""
+    N = norm
     c = out.cert
     W, nrm, dual, rep, e = to_user_units(cs, out, N, tol)
     extra = {"n_constraints": int(cs.valid[0].sum()), "scale_exp": int(e[0]),

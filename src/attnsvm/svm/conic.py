@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..norms import get_norm
+from ..norms import Norm
 from .solution import ConstraintSet
 
 __all__ = ["solve_cvxpy", "solve_quietly"]
@@ -36,7 +36,7 @@ def solve_quietly(prob, solver: str, warm_start: bool, opts: dict) -> int:
     return int((sol.attr or {}).get(settings.NUM_ITERS, 0) or 0)
 
 
-def solve_cvxpy(cs: ConstraintSet, norm, solver=None, eps: float | None = None, warm=None):
+def solve_cvxpy(cs: ConstraintSet, N: Norm, solver=None, eps: float | None = None, warm=None):
     """min ||W|| s.t. M_in vec(W) >= b_in, M_eq vec(W) == b_eq (cvxpy, vectorised
     constraints; the norm's own expression).  ``solver``: a cvxpy solver name, or None:
     the norm's own default (``Norm.solver``; vectors, e = 1: Clarabel, every norm then
@@ -50,7 +50,6 @@ def solve_cvxpy(cs: ConstraintSet, norm, solver=None, eps: float | None = None, 
     """
     import cvxpy as cp
 
-    N = get_norm(norm)
     d, e = cs.d, cs.e
     ineq, eqm = cs.ineq, cs.eqmask
     ii, ti = np.nonzero(ineq)

@@ -19,7 +19,7 @@ from .solution import ConstraintSet, exp2, ldexp
 from .validate import as_array
 
 __all__ = ["absmax", "normalise", "has_subnormal", "normalise_constraints", "build_constraints",
-           "scaled_keys", "SMALLEST_NORMAL"]
+           "scaled_keys", "margin_ratio", "SMALLEST_NORMAL"]
 
 SMALLEST_NORMAL = np.finfo(float).tiny
 
@@ -164,3 +164,13 @@ def scaled_keys(X: np.ndarray, Wk, valid: np.ndarray, name: str = "W"):
     Ws, eW = normalise(Wk, (-2, -1))
     K = Xs @ (Ws if Ws.ndim == 2 else Ws[:, None])
     return K, np.asarray(eX) + np.asarray(eW)
+
+
+def margin_ratio(cs: ConstraintSet, m: np.ndarray) -> np.ndarray:
+    """min_k m_k / b_k over the inequalities with b_k > 0 (inf where there is none), per
+    problem (shape ``cs.batch_shape``), from the margins m (..., n, T) of an answer W:
+    W / ratio has minimal margin exactly 1 relative to b (feasible where ratio > 0; a
+    smaller norm where ratio > 1).  The one rescaling rule of every answer, the engine's
+    (:func:`attnsvm.svm.engine.solve`) and the Graph-SVM's alike."""
+    pos = cs.ineq & (cs.b > 0)
+    return np.where(pos, m / np.where(pos, cs.b, 1.0), np.inf).min((-2, -1))

@@ -58,7 +58,13 @@ from ..norms import Norm, get_norm
 from . import active
 from .assemble import to_batch_solution, to_solution, to_user_units
 from .certificate import KAPPA
-from .constraints import absmax, build_constraints, normalise, normalise_constraints
+from .constraints import (
+    absmax,
+    build_constraints,
+    margin_ratio,
+    normalise,
+    normalise_constraints,
+)
 from .farkas import conflict_tuples, conflicts, farkas_conflict, farkas_lp, farkas_polish
 from .records import Outcome, Raw
 from .solution import (
@@ -111,9 +117,7 @@ def _to_feasible(cs: ConstraintSet, W: np.ndarray, lam: np.ndarray):
     when an equality with b != 0 fixes the scale."""
     fin = np.isfinite(W).all((1, 2))  # rows that are not finite (no answer) stay as they are
     with np.errstate(invalid="ignore", over="ignore"):
-        m = _margins(cs, np.where(fin[:, None, None], W, 0.0))
-        pos = cs.ineq & (cs.b > 0)
-        ratio = np.where(pos, m / np.where(pos, cs.b, 1.0), np.inf).min((1, 2))
+        ratio = margin_ratio(cs, _margins(cs, np.where(fin[:, None, None], W, 0.0)))
     rhs_eq = np.False_ if cs.eq is None else (cs.eqmask & (cs.b != 0)).any((1, 2))
     fix = (ratio > 0) & np.isfinite(ratio) & ~rhs_eq & fin
     r = np.where(fix, ratio, 1.0)

@@ -16,6 +16,11 @@ The solvers, by shape (the measured rules below):
 each interior-point answer then polished by an exact active-set KKT solve
 (:func:`attnsvm.svm.fast.polish_fro`).  Which of them runs first, and what runs when it
 fails, is the Frobenius row of :data:`attnsvm.svm.strategy.STRATEGIES`.
+
+The Graph-SVM's rows (equalities with b = 0 and inequalities with b = 1, the (N, 1)
+layout of :func:`attnsvm.svm.graph.graph_constraints`): :func:`graph_candidates`
+(least-distance programming by NNLS, else Clarabel on the dual QP, each polished), the
+row's ``graph`` solver.
 """
 
 from __future__ import annotations
@@ -29,7 +34,8 @@ from .solution import ConstraintSet
 
 __all__ = ["solve_single", "solve_batch", "batch_applies", "solve_batch_active",
            "solve_batch_ipm", "polish", "unit_rhs", "MAX_BATCH_N", "MAX_BATCH_N_ACTIVE",
-           "MAX_ACTIVE_N", "ACTIVE_RATIO", "ACTIVE_SMALL_N"]
+           "MAX_ACTIVE_N", "ACTIVE_RATIO", "ACTIVE_SMALL_N", "graph_candidates", "null_basis",
+           "DENSE_CAP"]
 
 MAX_BATCH_N = 100  # constraints per problem up to which B > 1 problems use the batched Gram IPM
 # (measured, 2 cores: N = 70: 3.2 ms/problem batched vs 6.9 one by one; N = 140: 22 vs 15)
@@ -42,6 +48,9 @@ ACTIVE_SMALL_N = 300
 # 1.2 vs 5.7 ms; (100, 16, 32) 1.5: 0.084 vs 0.41 s; (200, 16, 32) 2.9: 0.42 vs 0.63 s;
 # (300, 16, 32) 4.4: 1.4 vs 0.83 s; (200, 16, 8) 47: 0.098 vs 0.016 s; (100, 64, 16) 25:
 # 0.75 vs 0.072 s: the active set costs ~ N |S|^2 with |S| <= d e + 1, the IPM ~ N (d e)^2)
+#: entries of a dense (rows, d^2) matrix the Graph-SVM's Frobenius NNLS and nuclear cvxpy
+#: fallbacks may build (128 MiB); beyond it those paths are not taken
+DENSE_CAP = 2 ** 24
 
 
 def solve_single(cs: ConstraintSet, key) -> Raw | None:
@@ -238,3 +247,107 @@ def polish(cs: ConstraintSet, r: Raw) -> Raw:
     if not ok:
         return r
     return Raw(W, lam, r.status, r.solver + "+polish", r.n_iter, r.farkas, r.fallback)
+
+
+# --------------------------------------------------------------- Graph-SVM rows
+def _graph_dual_qp(cs: ConstraintSet):
+    """The Frobenius Graph-SVM by Clarabel on its dual QP, min 1/2 lam^T G lam - sum_{ineq}
+    lam_k, lam_ineq >= 0, G = (D D^T) o (Z Z^T) (:mod:`attnsvm.svm.graph`); returns (W, lam (N,), status)."""
+    import clarabel
+    from scipy import sparse
+
+    D = cs.Delta[:, 0, :]
+    Z = cs.Z
+    G = (D @ D.T) * (Z @ Z.T)
+    N = G.shape[0]
+    ineq = ~cs.eq[:, 0]
+    P = sparse.triu(sparse.csc_matrix(G), format="csc")
+    q = -ineq.astype(float)
+    idx = np.nonzero(ineq)[0]
+    A = sparse.csc_matrix((-np.ones(len(idx)), (np.arange(len(idx)), idx)), shape=(len(idx), N))
+    b = np.zeros(len(idx))
+    st = clarabel.DefaultSettings()
+    st.verbose = False
+    st.tol_gap_abs = st.tol_gap_rel = 1e-12
+    st.tol_feas = 1e-12
+    st.tol_ktratio = 1e-10
+    st.max_iter = 200
+    cones = [clarabel.NonnegativeConeT(len(idx))] if len(idx) else []
+    sol = clarabel.DefaultSolver(P, q, A, b, cones, st).solve()
+    status = str(sol.status)
+    lam = np.asarray(sol.x, float)
+    if not np.all(np.isfinite(lam)) or "Infeasible" in status:
+        return None, None, status
+    lam = np.where(ineq, np.maximum(lam, 0.0), lam)
+    W = D.T @ (lam[:, None] * Z)
+    return W, lam, status
+
+
+def null_basis(M_eq: np.ndarray, n: int) -> np.ndarray:
+    """Orthonormal basis (n, p) of {w : M_eq w = 0} (SVD; rank at 1e-12 of the largest
+    singular value: equality rows of one SCC are often exactly dependent)."""
+    if M_eq.shape[0] == 0:
+        return np.eye(n)
+    _, s, Vt = np.linalg.svd(M_eq, full_matrices=True)
+    r = int((s > 1e-12 * s[0]).sum()) if s.size and s[0] > 0 else 0
+    return Vt[r:].T
+
+
+def _graph_ldp(cs: ConstraintSet):
+    """Exact min ||w|| s.t. M_in w >= 1, M_eq w = 0 as least-distance programming (Lawson &
+    Hanson, "Solving Least Squares Problems", ch. 23): with w = N c (N an orthonormal
+    basis of the equalities' null space), min ||c|| s.t. G c >= 1 is the NNLS
+    min_u>=0 ||[G^T; 1^T] u - e_last|| (scipy.optimize.nnls, an exact active-set
+    method): r = residual, c = -r[:p] / r[p], lam_in = u / (1 - 1^T u).  Equality
+    multipliers from stationarity w = M_in^T lam_in + M_eq^T lam_eq (least squares).
+    1 - 1^T u = 1 / (1 + ||c||^2) is below rounding where ||c|| >~ 1e7 (near-collinear
+    tokens): the problem is then solved again on G t (optimum c / t, multipliers
+    lam / t^2) with t the norm of the first answer, up to twice."""
+    from scipy.optimize import nnls
+
+    M = cs.dense()
+    eq = cs.eq[:, 0]
+    Nb = null_basis(M[eq], M.shape[1])
+    G = M[~eq] @ Nb
+    p = G.shape[1]
+    f = np.zeros(p + 1)
+    f[-1] = 1.0
+    t = 1.0
+    for _ in range(3):
+        Gt = G * t
+        Em = np.vstack([Gt.T, np.ones((1, G.shape[0]))])
+        u, _ = nnls(Em, f, maxiter=50 * Em.shape[1])
+        den = 1.0 - u.sum()
+        if not den > 0:
+            return None, None, "ldp-infeasible"
+        c = Gt.T @ u / den
+        nc = float(np.linalg.norm(c))
+        if den > 1e-6 or not (np.isfinite(nc) and nc > 0):
+            break
+        t *= nc
+    w = Nb @ (c * t)
+    lam = np.zeros(M.shape[0])
+    lam[~eq] = u / den * (t * t)
+    if eq.any():
+        resid = w - M[~eq].T @ lam[~eq]
+        lam[eq] = np.linalg.lstsq(M[eq].T, resid, rcond=None)[0]
+    return w.reshape(cs.d, cs.e), lam, "optimal"
+
+
+def graph_candidates(cs: ConstraintSet):
+    """Frobenius Graph-SVM candidates (W, lam, name): least-distance programming by NNLS
+    (exact active set; d*d <= 4096), else Clarabel on the dual QP; each followed by the
+    exact active-set KKT polish (:func:`attnsvm.svm.fast.polish_fro`)."""
+    tried = []
+    if cs.d * cs.e <= 4096 and len(cs.eq) * cs.d * cs.e <= DENSE_CAP:
+        tried.append(("ldp-nnls", _graph_ldp))
+    tried.append(("clarabel-dual", _graph_dual_qp))
+    for name, fn in tried:
+        W, lam, _ = fn(cs)
+        if W is None:
+            yield None, None, name
+            continue
+        yield W, lam, name  # an exact active-set answer usually proves as it is
+        Wp, lp, ok = polish_fro(cs, W, lam[:, None])
+        if ok:
+            yield Wp, lp[:, 0], name + "+polish"

@@ -24,6 +24,7 @@ import time
 import numpy as np
 
 from .._parallel import thread_pool
+from ..norms import FRO
 from . import active, frobenius
 from .certificate import farkas_prove, prove_margins
 from .constraints import build_constraints
@@ -258,9 +259,9 @@ def batch_lean(X: np.ndarray, z: np.ndarray, alpha: np.ndarray, valid: np.ndarra
         sub = rest if len(rest) > 1 else np.array([rest[0], 1 - rest[0] if B == 2 else
                                                    (rest[0] + 1) % B])
         cs = build_constraints(X[sub], z[sub], alpha[sub], valid[sub], x_exp=xexp[sub])
-        o = engine.solve(cs, "fro", solver=solver, tol=tol, irreducible=irreducible)
+        o = engine.solve(cs, FRO, solver=solver, tol=tol, irreducible=irreducible)
         bs = engine.to_batch_solution(cs, o, alpha=alpha[sub], problem=problem, vector=False,
-                                      norm="fro", tol=tol)
+                                      norm=FRO, tol=tol)
         k = len(rest)
         for f in out:
             val = getattr(bs, f)

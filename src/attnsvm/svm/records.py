@@ -15,7 +15,12 @@ import numpy as np
 
 from .solution import Certificate
 
-__all__ = ["Raw", "Outcome"]
+__all__ = ["Raw", "Outcome", "SOLVER_ERRORS"]
+
+#: the numerical errors a solver may raise ('Singular matrix', 'SVD did not converge', ...):
+#: caught and recorded, the next solver then runs; never a raw exception to the caller
+SOLVER_ERRORS = (np.linalg.LinAlgError, ValueError, ArithmeticError, FloatingPointError,
+                 RuntimeError)
 
 
 @dataclass

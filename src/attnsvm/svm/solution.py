@@ -382,18 +382,16 @@ def _fro_sums(cs: ConstraintSet, Wz: np.ndarray, lam: np.ndarray):
     return (m, S, *out.T)
 
 
-def certify(cs: ConstraintSet, W: np.ndarray, lam: np.ndarray | None, norm,
+def certify(cs: ConstraintSet, W: np.ndarray, lam: np.ndarray | None, N,
             tol_active: float = 1e-6) -> Certificate:
     """THE certificate of answers ``W`` (B, d, e) with multipliers ``lam`` (B, n, T) for the
     batched constraint set ``cs`` (normalised), computed on ALL constraints, vectorised.
 
     Rows of W that are not finite mean "no answer" (feasible False, numbers NaN).  ``lam``
     may be None (then only the primal numbers are reported; gap and kkt are NaN).
-    See the module docstring for the formulas.
+    See the module docstring for the formulas.  ``N``: the :class:`~attnsvm.norms.Norm`
+    (converted once, at the caller's door).
     """
-    from ..norms import get_norm
-
-    N = get_norm(norm)
     B = cs.batch_shape[0]
     valid, b = cs.valid, cs.b
     ineq, eqm = cs.ineq, cs.eqmask

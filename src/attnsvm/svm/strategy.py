@@ -19,19 +19,25 @@ A row (:class:`Strategy`) says, for one norm:
   second solver (exact solvers must reach GAP_OPTIMAL, conic ones GAP_INACCURATE);
 * ``fallback_default``: the second solver where the first did not name one (its
   :class:`~attnsvm.svm.records.Raw` ``fallback`` field: nuclear IPM -> barrier -> SCS
-  working set, Clarabel -> SCS, :data:`CONIC_SECOND`).
+  working set, Clarabel -> SCS, :data:`CONIC_SECOND`);
+* ``graph``: the Graph-SVM's solver (its strict and equality rows,
+  :func:`attnsvm.svm.graph.graph_svm`): ``cs -> iterator of (W, lam, name)``
+  candidates, in order, each proven by the Graph-SVM's proof until one is optimal
+  (None: the norm has no Graph-SVM, an error naming those that have); ``graph_warm``:
+  loads (or compiles) its kernels before the timer starts.
 
-The engine (:func:`attnsvm.svm.engine.solve`) reads nothing else about solvers.  A new
+The engine (:func:`attnsvm.svm.engine.solve`) and the Graph-SVM
+(:func:`attnsvm.svm.graph.graph_svm`) read nothing else about solvers.  A new
 norm's solver is one module (returning :class:`~attnsvm.svm.records.Raw`) and one row here.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 
 from ..norms import FRO, NUC, SPECTRAL, Norm
-from . import frobenius, nuclear
+from . import active, frobenius, nuclear
 from .conic import solve_cvxpy
 from .records import Raw
 from .solution import GAP_INACCURATE, GAP_OPTIMAL, ConstraintSet
@@ -52,6 +58,8 @@ class Strategy:
     cvxpy_solver: str | None = None
     retry_gap: float = GAP_INACCURATE
     fallback_default: str = "clarabel"
+    graph: Callable[[ConstraintSet], Iterator[tuple]] | None = None
+    graph_warm: Callable[[], object] = active.available
 
     def fallback_key(self, named: str | None) -> str:
         """The second solver: the one the first solver named (``Raw.fallback``), else
@@ -67,11 +75,12 @@ STRATEGIES: dict[Norm, Strategy] = {
     FRO: Strategy(solvers=("auto", "fast", "active", "ipm", "mnp"),
                   single=frobenius.solve_single, polish=frobenius.polish,
                   batch_applies=frobenius.batch_applies, batch=frobenius.solve_batch,
-                  retry_gap=GAP_OPTIMAL),
+                  retry_gap=GAP_OPTIMAL, graph=frobenius.graph_candidates),
     # SDP interior point -> dual barrier -> SCS working set (inside nuclear.solve_single);
     # after the certificate: the next of them, then the conic solvers
     NUC: Strategy(solvers=("auto", "fast", "barrier", "working_set"),
-                  single=nuclear.solve_single),
+                  single=nuclear.solve_single, graph=nuclear.graph_candidates,
+                  graph_warm=nuclear.graph_kernels_ready),
     # Clarabel's SDP vs SCS (the spectral norm's default), measured at (20, 8, 10): gap
     # 5.5e-9 vs 1.2e-7; at (50, 10, 20): 1.4e-9 in 1.7 s vs 2.3e-8 in 3.4 s (SCS stays
     # the fallback)
