@@ -72,6 +72,7 @@ from ._validation import (
 )
 from .fused import ENGINES
 from .models import AttentionModel
+from .models import objective as O
 from .optim import Optimizer, ngd
 from .recorder import LN10, Recorder  # noqa: F401  (LN10: re-exported)
 from .steppers import Stops, make_stepper, minibatch, run_segments
@@ -504,16 +505,19 @@ def _train_one(model, tdata, lossf, optimizer, params, engine, *, steps, every, 
                            batch_size=batch_size, seed=seed, autograd=autograd, copy=copy)
     stops = Stops(B, tdata["X"].device)
     # the record at step 0 reuses the initial logits, and the closed form's L and gaps
-    # (those of grad=False; the autograd paths compute them another way)
-    recorder = Recorder(model, tdata, lossf, alpha_t, refs, Q, record_params,
-                        start=(a0, first if not autograd and model.head == "linear" else None))
-    del a0, first  # held by the stepper / recorder only until they have used them (memory)
+    # (those of grad=False; the autograd paths compute them another way; not its gradient)
+    ev0 = (O.Objective(first.loss, first.gap, first.log_gap, None)
+           if not autograd and model.head == "linear" else None)
+    recorder = Recorder(model, tdata, lossf, alpha_t, refs, Q, record_params, start=(a0, ev0))
+    del a0, first, ev0  # held by the stepper / recorder only until they have used them (memory)
     stepper.init(params)
-    if stepper.engine == "fused":  # its slots hold a copy: the initial tensors are let go
-        params.clear()  # (train's own dict, made by _init_params: never the caller's)
+    # the stepper holds its own dict (the fused slots: a copy): the initial tensors are let
+    # go with the first step (train's own dict, made by _init_params: never the caller's)
+    params.clear()
+    shared = getattr(stepper, "record_inputs", lambda: None)  # the step's own forward pass
     steps_run = run_segments(stepper, steps, every,
-                             lambda t: recorder.record(t, stepper.params, stops.active), stops,
-                             progress)
+                             lambda t: recorder.record(t, stepper.params, stops.active, shared()),
+                             stops, progress)
     params, state = stepper.result()
     recorder.close(steps_run, params, stops.active)
     return Trajectory(

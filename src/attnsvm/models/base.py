@@ -144,7 +144,8 @@ class AttentionModel:
         for name, shape in self.param_shapes().items():
             a = torch.randn((B, *shape), generator=gen, dtype=torch.float64)
             nrm = a.reshape(B, -1).norm(dim=1).reshape(B, *([1] * len(shape)))
-            out[name] = scale * a / nrm if kind != "zero" else torch.zeros_like(a)
+            # in place: one copy of the parameters, not three (the same bits as scale * a / nrm)
+            out[name] = a.mul_(scale).div_(nrm) if kind != "zero" else torch.zeros_like(a)
         out = self._shape_init(out, kind)
         return {k: t.to(device=device, dtype=dtype) for k, t in out.items()}
 
