@@ -77,7 +77,8 @@ from .optim import Optimizer, ngd
 from .recorder import LN10, Recorder  # noqa: F401  (LN10: re-exported)
 from .steppers import Stops, make_stepper, minibatch, run_segments
 
-__all__ = ["train", "Trajectory", "minibatch", "default_record_every", "STOP_REASONS", "ENGINES"]
+__all__ = ["train", "Trajectory", "minibatch", "default_record_every", "STOP_REASONS", "ENGINES",
+           "train_memory"]
 
 STOP_REASONS = ("zero gradient", "non-finite step", "no change in float64")
 
@@ -271,9 +272,30 @@ def _short(value) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-# copies of the parameters a torch step holds at once: the current ones, the previous ones
-# (kept to undo an overflowing step) and the gradient (optimiser state comes on top)
-_PARAM_COPIES = 3
+#: the peak of a run above its data, in copies of the parameters, by engine: measured
+#: (benchmarks/bench_torch_engine.py --mem: B = 2e4, d = 32, NGD: torch 5.9, fused 2.8;
+#: tests/test_train_memory.py holds the prediction above a measured peak). torch: the
+#: parameters, the gradient, the update's direction, its scaled copy and the new
+#: parameters, with the allocator's slack; fused: the start's parameters, its gradient
+#: and its temporaries, then the kernel's slots. Optimiser state comes on top.
+_PARAM_COPIES = {"torch": 6, "fused": 3}
+#: (B, n, Q, T) temporaries of the objective (logits, softmax terms, dL/da, the gaps)
+_ROW_COPIES = 12
+
+
+def train_memory(model, tdata, B: int, chunk: int | None = None, engine: str = "torch",
+                 dtype=torch.float64) -> float:
+    """The bytes a run of ``train`` needs above its data (the pre-run memory check's
+    model): per trial running at once (``chunk``), ``_PARAM_COPIES[engine]`` copies of
+    the parameters and ``_ROW_COPIES`` of the logits (B, n, Q, T); with chunks, the initial
+    parameters of all B trials on top. engine: "torch" or "fused" (the one that runs)."""
+    P = sum(math.prod(s) for s in model.param_shapes().values())
+    _, n, T, _ = tdata["X"].shape
+    Q = model.queries_per_sequence(tdata)
+    run = min(B, chunk or B)
+    item = torch.empty((), dtype=dtype).element_size()
+    step = item * run * (_PARAM_COPIES[engine] * P + _ROW_COPIES * n * Q * T)
+    return step + (item * B * P if run < B else 0.0)
 
 
 def _check_against_data(model, tdata, B, init, batch_size, optimizer, seed):
@@ -299,22 +321,27 @@ def _check_against_data(model, tdata, B, init, batch_size, optimizer, seed):
     return B, bs
 
 
-def _check_train_memory(model, tdata, B, chunk, dtype, device, Q):
-    """Refuse, before the first allocation, a run whose parameters cannot fit: the float64
-    initial draw of all B trials (twice: the draw and its rescaled copy; it stays for the
-    whole run when ``chunk`` trains fewer trials at a time), and per trial running at once,
-    the parameter copies of a step and the attention logits (B, n, Q, T) with their softmax
-    and its gradient (a lower estimate: optimiser state and temporaries come on top)."""
+def _check_train_memory(model, tdata, B, chunk, dtype, device, engine):
+    """Refuse, before the first allocation, a run that cannot fit: :func:`train_memory`
+    (measured copies of the parameters and logits per trial running at once, the initial
+    parameters of all B trials with chunks)."""
     P = sum(math.prod(s) for s in model.param_shapes().values())
-    _, n, T, _ = tdata["X"].shape
-    run = min(B, chunk or B)
-    item = torch.empty((), dtype=dtype).element_size()
-    step = item * run * (_PARAM_COPIES * P + 3 * n * Q * T)
-    need = max(16.0 * B * P, step + (8.0 * B * P if run < B else 0.0))
+    need = train_memory(model, tdata, B, chunk, engine, dtype)
     check_memory(need, f"train({type(model).__name__}(d={model.d}), B={B}"
                        + (f", chunk={chunk}" if chunk else "") + f") with {P:,} parameters "
                        "per trial", "use a smaller model, fewer trials, or chunk= to train "
                        "fewer at a time", device)
+
+
+def _engine_that_runs(model, lossf, optimizer, tdata, batch_size, autograd, engine) -> str:
+    """"fused" when the compiled kernel will run the whole step (the memory model's
+    engine), else "torch"."""
+    from . import fused
+
+    if engine == "torch" or fused.unsupported(model, lossf, optimizer, tdata, batch_size,
+                                              autograd) is not None:
+        return "torch"
+    return "fused" if fused.program(optimizer) is not None else "torch"
 
 
 def _init_params(model, init, B, seed, scale, device, dtype):
@@ -610,7 +637,8 @@ def train(model: AttentionModel, data, *, loss=None, optimizer: Optimizer | None
     Q = model.queries_per_sequence(tdata)
     alpha_t = _alpha_tensor(model, tdata, alpha, Q, B)
     refs = _check_refs(model, references, B, dtype, tdata["X"].device)
-    _check_train_memory(model, tdata, B, chunk, dtype, device, Q)
+    _check_train_memory(model, tdata, B, chunk, dtype, device, _engine_that_runs(
+        model, lossf, optimizer, tdata, bs, autograd, engine))
     params = _init_params(model, init, B, seed, scale, device, dtype)
     if not bool(model.finite(params).all()):
         raise ValueError("the initial parameters overflow float64 in W (e.g. K Q^T): start smaller")

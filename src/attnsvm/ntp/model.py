@@ -186,7 +186,8 @@ class NTPModel:
         out = {}
         for name, shape in self.param_shapes().items():
             a = torch.randn((B, *shape), generator=gen, dtype=torch.float64)
-            a = a.mul_(scale).div_(a.reshape(B, -1).norm(dim=1).reshape(B, 1, 1))  # in place
+            nrm = a.reshape(B, -1).norm(dim=1).reshape(B, 1, 1)
+            a = a.mul_(scale).div_(nrm)  # in place: the same bits as scale * a / nrm
             out[name] = (a if kind == "random" else torch.zeros_like(a)).to(device=device, dtype=dtype)
         return out
 
