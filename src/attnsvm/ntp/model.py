@@ -199,9 +199,12 @@ class NTPModel:
 
     def finite(self, params) -> torch.Tensor:
         """(B,) bool: every parameter and W of the trial is finite."""
-        ok = torch.isfinite(self.W(params)).reshape(self.W(params).shape[0], -1).all(1)
-        for v in params.values():
-            ok &= torch.isfinite(v).reshape(v.shape[0], -1).all(1)
+        ok = None
+        ts = list(params.values()) + ([self.W(params)] if self.param != "W" else [])
+        for v in ts:  # min and max per trial (they propagate NaN): one pass, no temporary
+            lo, hi = torch.aminmax(v.reshape(v.shape[0], -1), dim=1)
+            f = torch.isfinite(lo) & torch.isfinite(hi)
+            ok = f if ok is None else ok & f
         return ok
 
     # -------------------------------------------------------------- forward
