@@ -3,7 +3,8 @@
     python benchmarks/run_all.py [--quick] [NAME ...]
 
 NAME: train, svm, fig9, graph (the NTP Graph-SVM), tracker (the tracker's overhead per
-training step; these five are the default set), cuda (the CUDA engine against the CPU
+training step), torch-engine (the torch engine's step against a plain autograd step, and
+the peak memory of a run; these six are the default set), cuda (the CUDA engine against the CPU
 engines; prints that there is no device and exits without one), fig9-scale (mmts-fig9 at 100,000 trials per d in
 chunks of 10,000, then as a Dask sweep on 2 local workers: about an hour on a 2-core
 machine, so only when named). Each benchmark measures its own baseline in the same run and
@@ -28,12 +29,13 @@ BENCHMARKS = {  # name: (script, arguments, arguments with --quick)
     "fig9": ("bench_fig9.py", [], ["--trials", "50", "--steps", "200", "--baseline-trials", "1"]),
     "graph": ("bench_graph_svm.py", [], ["--quick"]),
     "tracker": ("bench_tracker.py", [], ["--quick"]),
+    "torch-engine": ("bench_torch_engine.py", [], ["--quick"]),
     "cuda": ("bench_cuda.py", [], ["--B", "1000", "--d", "10", "--steps", "20"]),
     "fig9-scale": ("bench_fig9.py", ["--scale", "100000", "--chunk", "10000", "--threads", "2",
                                      "--dask", "2"],
                    ["--scale", "600", "--chunk", "300", "--steps", "200", "--dask", "2"]),
 }
-DEFAULT = ["train", "svm", "fig9", "graph", "tracker"]
+DEFAULT = ["train", "svm", "fig9", "graph", "tracker", "torch-engine"]
 
 
 def main(argv=None) -> int:

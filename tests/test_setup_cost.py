@@ -1,7 +1,9 @@
 """train()'s fixed per-call work (the start check, the metric records) reuses what it has
-computed once per parameter value and sums in cache-sized chunks of trials; none of it
-may change a bit. Every check here recomputes independently: the logits as the plain
-(X * Wz).sum(-1), norms trial by trial, each record's metrics from the recorded
+computed once per parameter value, and the norms sum in cache-sized chunks of trials;
+none of it may change a bit. The logits and sum_t (dL/da_t) x_t are one batched product
+each (models.base._token_product): equal to the plain (X * Wz).sum(-1) to rounding,
+within the bound of a sum of d (or T) products. Every check here recomputes
+independently: norms trial by trial, each record's metrics from the recorded
 parameters, the torch engine's final parameters by a hand-written step loop."""
 
 from __future__ import annotations
@@ -15,7 +17,6 @@ from attnsvm import models as M
 from attnsvm import norms
 from attnsvm.losses import get_loss
 from attnsvm.metrics import correlation
-from attnsvm.models import base
 from attnsvm.optim import gd, ngd
 from attnsvm.scores import scores
 from attnsvm.train import LN10, train
@@ -23,20 +24,34 @@ from attnsvm.train import LN10, train
 
 @pytest.fixture(params=["default", "tiny"])
 def chunks(request, monkeypatch):
-    """The default chunk sizes, and chunks of a few trials (many chunks, a ragged last)."""
+    """The default chunk sizes of the norms, and chunks of a few trials (many chunks, a
+    ragged last)."""
     if request.param == "tiny":
-        monkeypatch.setattr(base, "_CHUNK", 50)
         monkeypatch.setattr(norms, "_CHUNK", 50)
     return request.param
 
 
 def plain_logits(model, params, tdata):
-    """_logits as one full-size product (the computation before chunking)."""
+    """The logits as the plain sum of the products x_itj (W z_iq)_j, and the bound on the
+    rounding error of any order of that sum, gamma_d sum_j |x_itj| |(W z_iq)_j| (twice:
+    both sums are rounded)."""
     X = tdata["X"]
     WZ = model._wz(params, model.queries(tdata) if model.has_query_data else None)
-    a = (X * WZ).sum(-1)[:, :, None, :] if WZ.shape[2] == 1 else WZ @ X.transpose(-1, -2)
+    a = (X[:, :, None] * WZ[:, :, :, None]).sum(-1)  # (B, n, Q, T)
+    d = X.shape[-1]
+    bound = 2 * d * EPS / (1 - d * EPS) * (X.abs()[:, :, None] * WZ.abs()[:, :, :, None]).sum(-1)
     m = model._key_mask(tdata)
-    return a if m is None else a.masked_fill(~m, float("-inf"))
+    return (a, bound) if m is None else (a.masked_fill(~m, float("-inf")), bound)
+
+
+EPS = float(np.finfo(np.float64).eps)
+
+
+def within(got, want, bound) -> bool:
+    """got == want where want is infinite (masked keys), |got - want| <= bound elsewhere."""
+    inf = torch.isinf(want)
+    return bool(torch.equal(got[inf], want[inf])
+                and ((got - want).abs()[~inf] <= bound.expand_as(want)[~inf]).all())
 
 
 def equal(a, b) -> bool:
@@ -59,29 +74,42 @@ MODELS = {
 }
 
 
-@pytest.mark.parametrize("name", sorted(MODELS))
+MODELS_Q = {**MODELS, "W-seq2seq": lambda d: M.WModel(d, query="seq2seq"),
+            "W-causal": lambda d: M.WModel(d, query="causal")}
+
+
+@pytest.mark.parametrize("name", sorted(MODELS_Q))
 @pytest.mark.parametrize("batched", [False, True])
-def test_logits_bit_identical_to_the_full_product(name, batched, chunks):
+def test_logits_are_the_sum_of_the_products(name, batched):
+    """One batched product, shared tokens included (no B copies of X): within the rounding
+    bound of the plain sum; the same values under autograd (with a graph) and without."""
     B, d = 130, 9
     data = D.random_sphere(n=5, T=6, d=d, seed=1, batch=B if batched else None)
-    model = MODELS[name](d)
+    model = MODELS_Q[name](d)
     td = M.prepare(data)
     params = model.init(B, seed=2, scale=3.0)
-    assert torch.equal(model._logits(params, td), plain_logits(model, params, td))
-    with torch.no_grad():  # the no-grad path chunks even for parameters that require grad
-        pg = {k: v.clone().requires_grad_(True) for k, v in params.items()}
-        assert torch.equal(model._logits(pg, td), plain_logits(model, params, td))
-    a = model._logits(pg, td)  # under autograd: one product, with its graph
-    assert a.requires_grad and torch.equal(a.detach(), plain_logits(model, params, td))
+    a = model._logits(params, td)
+    want, bound = plain_logits(model, params, td)
+    assert a.shape == want.shape and within(a, want, bound)
+    assert not within(a + 4 * bound, want, bound)  # the check fails on a violating result
+    pg = {k: v.clone().requires_grad_(True) for k, v in params.items()}
+    ag = model._logits(pg, td)  # under autograd: the same product, with its graph
+    assert ag.requires_grad and torch.equal(ag.detach(), a)
+    g = torch.autograd.grad(ag[torch.isfinite(ag)].sum(), list(pg.values()), allow_unused=True)
+    assert all(bool(torch.isfinite(t).all()) for t in g if t is not None)
 
 
+@pytest.mark.parametrize("Q", [1, 6])
 @pytest.mark.parametrize("batched", [False, True])
-def test_gx_bit_identical_to_the_full_product(batched, chunks):
+def test_gx_is_the_sum_of_the_products(batched, Q):
     B, d = 130, 9
     td = M.prepare(D.random_sphere(n=5, T=6, d=d, seed=1, batch=B if batched else None))
-    Ga = torch.as_tensor(np.random.default_rng(0).standard_normal((B, 5, 1, 6)))
-    plain = (Ga[:, :, 0, :, None] * td["X"]).sum(2)[:, :, None, :]
-    assert torch.equal(M.WModel(d)._gx(td, Ga), plain)
+    Ga = torch.as_tensor(np.random.default_rng(0).standard_normal((B, 5, Q, 6)))
+    X = td["X"][:, :, None]  # (Bx, n, 1, T, d)
+    plain = (Ga[..., None] * X).sum(3)
+    bound = 2 * 6 * EPS / (1 - 6 * EPS) * (Ga.abs()[..., None] * X.abs()).sum(3)
+    got = M.WModel(d)._gx(td, Ga)
+    assert got.shape == (B, 5, Q, d) and within(got, plain, bound)
 
 
 @pytest.mark.parametrize("norm", ["fro", "l1", "linf", 3.0, "nuc"])
@@ -122,8 +150,8 @@ def test_finite_per_trial(name):
 
 
 def expected_metrics(model, params, td, lossf, alpha, refs):
-    """The metrics of a record, recomputed from its parameters (the plain logits)."""
-    a = plain_logits(model, params, td)
+    """The metrics of a record, recomputed from its parameters (fresh logits)."""
+    a = model._logits(params, td)
     ev = model.evaluate(params, td, lossf, grad=False, logits=a)
     s = torch.softmax(a, -1)
     B = s.shape[0]
@@ -203,9 +231,8 @@ def test_train_records_are_the_plain_recomputation(case, engine, chunks):
     if engine == "torch" and case in ("W", "KQ", "prompt", "W-head"):  # no trial stops
         params, state = model.init(B, seed=0), None
         state = opt.init(params)
-        for _ in range(steps):  # the step loop by hand, on the plain logits
-            ev = model.evaluate(params, td, lossf, logits=plain_logits(model, params, td),
-                                need_gap=opt.needs_gap)
+        for _ in range(steps):  # the step loop by hand, on fresh logits
+            ev = model.evaluate(params, td, lossf, need_gap=opt.needs_gap)
             params, state = opt.update(ev.grads, state, params, ev.log_gap)
         for kk, v in tr.params.items():
             assert equal(v.numpy(), params[kk].numpy()), kk

@@ -55,7 +55,9 @@ def _max_abs(A: torch.Tensor, dims) -> torch.Tensor:
     """max |A| over ``dims`` (0 for an empty item)."""
     if A.numel() == 0:
         return torch.zeros(A.shape[: A.ndim - len(dims)], dtype=A.dtype, device=A.device)
-    return A.abs().amax(dim=dims)
+    lo, hi = torch.aminmax(A.flatten(A.ndim - len(dims)) if len(dims) > 1 else A, dim=-1)
+    # max(-min, max): no |A| temporary; NaN propagates; + 0.0: |-0.0| is +0.0
+    return torch.maximum(hi, lo.neg_()).add_(0.0)
 
 
 _CHUNK = 1 << 17  # entries per chunk of items in :meth:`Norm.value` (1 MiB of float64)
@@ -157,7 +159,8 @@ class Norm:
         dims = _item_dims(t, vector)
         G1, m = _scaled(t, dims)
         D = self._steepest(G1, dims)
-        return back(torch.where(_expand(m > 0, len(dims)), D, torch.zeros_like(D)))
+        # in place: D is a fresh tensor (every _steepest computes it from G1, our own copy)
+        return back(D.masked_fill_(_expand(~(m > 0), len(dims)), 0.0))
 
     def _steepest(self, G1, dims):
         raise NotImplementedError
@@ -256,8 +259,8 @@ class Frobenius(Lp):
         return A1.pow(2).sum(dims).sqrt()
 
     def _steepest(self, G1, dims):
-        n = G1.pow(2).sum(dims).sqrt()
-        return G1 / _expand(torch.where(n > 0, n, torch.ones_like(n)), len(dims))
+        n = G1.pow(2).sum(dims).sqrt()  # G1 is Norm.steepest's own copy: divided in place
+        return G1.div_(_expand(torch.where(n > 0, n, torch.ones_like(n)), len(dims)))
 
     def cvxpy(self, expr):
         import cvxpy as cp

@@ -80,10 +80,12 @@ class Recorder:
         self._hist: list[dict] = []
         self.names: list[str] | None = None
 
-    def record(self, t: int, params: dict, active: torch.Tensor) -> None:
-        """The metrics at step t of ``params``; ``active`` (B,): the trials still running."""
+    def record(self, t: int, params: dict, active: torch.Tensor, forward=None) -> None:
+        """The metrics at step t of ``params``; ``active`` (B,): the trials still running;
+        ``forward``: (logits, objective or None) already computed at ``params`` by the
+        step's own forward pass (the torch engine's record steps), not computed again."""
         names, vals = _record(self.model, params, self.tdata, self.lossf, self.alpha,
-                              self.refs, self.Q, self.start if t == 0 else None)
+                              self.refs, self.Q, self.start if t == 0 else forward)
         if t > 0:  # the step-0 logits and objective (with its gradient) are not kept on
             self.start = None
         for cols in self.extra:

@@ -81,11 +81,13 @@ from ._validation import (
 )
 from .fused import ENGINES
 from .models import AttentionModel
+from .models import objective as O
 from .optim import Optimizer, ngd
 from .recorder import LN10, Recorder  # noqa: F401  (LN10: re-exported)
 from .steppers import Stops, make_stepper, minibatch, run_segments
 
-__all__ = ["train", "Trajectory", "minibatch", "default_record_every", "STOP_REASONS", "ENGINES"]
+__all__ = ["train", "Trajectory", "minibatch", "default_record_every", "STOP_REASONS", "ENGINES",
+           "train_memory"]
 
 STOP_REASONS = ("zero gradient", "non-finite step", "no change in float64")
 
@@ -316,9 +318,30 @@ def _short(value) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-# copies of the parameters a torch step holds at once: the current ones, the previous ones
-# (kept to undo an overflowing step) and the gradient (optimiser state comes on top)
-_PARAM_COPIES = 3
+#: the peak of a run above its data, in copies of the parameters, by engine: measured
+#: (benchmarks/bench_torch_engine.py --mem: B = 2e4, d = 32, NGD: torch 4.8, fused 2.8;
+#: tests/test_train_memory.py holds the prediction above a measured peak). torch: the
+#: parameters, the gradient, the update's direction and the new parameters, with the
+#: allocator's slack; fused: the start's parameters, its gradient and its temporaries,
+#: then the kernel's slots. Optimiser state comes on top.
+_PARAM_COPIES = {"torch": 5, "fused": 3}
+#: (B, n, Q, T) temporaries of the objective (logits, softmax terms, dL/da, the gaps)
+_ROW_COPIES = 12
+
+
+def train_memory(model, tdata, B: int, chunk: int | None = None, engine: str = "torch",
+                 dtype=torch.float64) -> float:
+    """The bytes a run of ``train`` needs above its data (the pre-run memory check's
+    model): per trial running at once (``chunk``), ``_PARAM_COPIES[engine]`` copies of
+    the parameters and ``_ROW_COPIES`` of the logits (B, n, Q, T); with chunks, the initial
+    parameters of all B trials on top. engine: "torch" or "fused" (the one that runs)."""
+    P = sum(math.prod(s) for s in model.param_shapes().values())
+    _, n, T, _ = tdata["X"].shape
+    Q = model.queries_per_sequence(tdata)
+    run = min(B, chunk or B)
+    item = torch.empty((), dtype=dtype).element_size()
+    step = item * run * (_PARAM_COPIES[engine] * P + _ROW_COPIES * n * Q * T)
+    return step + (item * B * P if run < B else 0.0)
 
 
 def _check_against_data(model, tdata, B, init, batch_size, optimizer, seed):
@@ -344,22 +367,27 @@ def _check_against_data(model, tdata, B, init, batch_size, optimizer, seed):
     return B, bs
 
 
-def _check_train_memory(model, tdata, B, chunk, dtype, device, Q):
-    """Refuse, before the first allocation, a run whose parameters cannot fit: the float64
-    initial draw of all B trials (twice: the draw and its rescaled copy; it stays for the
-    whole run when ``chunk`` trains fewer trials at a time), and per trial running at once,
-    the parameter copies of a step and the attention logits (B, n, Q, T) with their softmax
-    and its gradient (a lower estimate: optimiser state and temporaries come on top)."""
+def _check_train_memory(model, tdata, B, chunk, dtype, device, engine):
+    """Refuse, before the first allocation, a run that cannot fit: :func:`train_memory`
+    (measured copies of the parameters and logits per trial running at once, the initial
+    parameters of all B trials with chunks)."""
     P = sum(math.prod(s) for s in model.param_shapes().values())
-    _, n, T, _ = tdata["X"].shape
-    run = min(B, chunk or B)
-    item = torch.empty((), dtype=dtype).element_size()
-    step = item * run * (_PARAM_COPIES * P + 3 * n * Q * T)
-    need = max(16.0 * B * P, step + (8.0 * B * P if run < B else 0.0))
+    need = train_memory(model, tdata, B, chunk, engine, dtype)
     check_memory(need, f"train({type(model).__name__}(d={model.d}), B={B}"
                        + (f", chunk={chunk}" if chunk else "") + f") with {P:,} parameters "
                        "per trial", "use a smaller model, fewer trials, or chunk= to train "
                        "fewer at a time", device)
+
+
+def _engine_that_runs(model, lossf, optimizer, tdata, batch_size, autograd, engine) -> str:
+    """"fused" when the compiled kernel will run the whole step (the memory model's
+    engine), else "torch"."""
+    from . import fused
+
+    if engine == "torch" or fused.unsupported(model, lossf, optimizer, tdata, batch_size,
+                                              autograd) is not None:
+        return "torch"
+    return "fused" if fused.program(optimizer) is not None else "torch"
 
 
 def _init_params(model, init, B, seed, scale, device, dtype):
@@ -557,15 +585,18 @@ def _train_one(model, tdata, lossf, optimizer, params, engine, *, steps, every, 
                            batch_size=batch_size, seed=seed, autograd=autograd, copy=copy)
     stops = Stops(B, tdata["X"].device)
     # the record at step 0 reuses the initial logits, and the closed form's L and gaps
-    # (those of grad=False; the autograd paths compute them another way)
-    recorder = Recorder(model, tdata, lossf, alpha_t, refs, Q, record_params,
-                        start=(a0, first if not autograd and model.head == "linear" else None),
+    # (those of grad=False; the autograd paths compute them another way; not its gradient)
+    ev0 = (O.Objective(first.loss, first.gap, first.log_gap, None)
+           if not autograd and model.head == "linear" else None)
+    recorder = Recorder(model, tdata, lossf, alpha_t, refs, Q, record_params, start=(a0, ev0),
                         metrics=metrics)
-    del a0, first  # held by the stepper / recorder only until they have used them (memory)
+    del a0, first, ev0  # held by the stepper / recorder only until they have used them (memory)
     stepper.init(params)
+    # the stepper holds its own dict (the fused slots: a copy): the initial tensors are let
+    # go with the first step (train's own dict, made by _init_params: never the caller's)
+    params.clear()
     extra = {"engine": stepper.engine, "engine_reason": stepper.reason}
-    if stepper.engine == "fused":  # its slots hold a copy: the initial tensors are let go
-        params.clear()  # (train's own dict, made by _init_params: never the caller's)
+    if stepper.engine == "fused":
         # the records inside the kernel: the run is one segment (a progress bar: one per
         # record stride), unless the recorder must keep the parameters of every record
         if record_params:
@@ -583,8 +614,10 @@ def _train_one(model, tdata, lossf, optimizer, params, engine, *, steps, every, 
         recorder.take_kernel(stepper.records, stepper.plan.record(stepper.records), steps_run,
                              stops.stop_step.numpy())
     else:
+        shared = getattr(stepper, "record_inputs", lambda: None)  # the step's own forward pass
         steps_run = run_segments(stepper, steps, every,
-                                 lambda t: recorder.record(t, stepper.params, stops.active),
+                                 lambda t: recorder.record(t, stepper.params, stops.active,
+                                                           shared()),
                                  stops, progress)
         params, state = stepper.result()
         recorder.close(steps_run, params, stops.active)
@@ -701,7 +734,8 @@ def train(model: AttentionModel, data, loss=None, optimizer: Optimizer | None = 
     refs = _check_refs(model, references, B, dtype, tdata["X"].device)
     metrics = args["metrics"]
     bound = [m.bind(model, tdata, lossf, B) for m in metrics or ()]  # checked before any work
-    _check_train_memory(model, tdata, B, chunk, dtype, device, Q)
+    _check_train_memory(model, tdata, B, chunk, dtype, device, _engine_that_runs(
+        model, lossf, optimizer, tdata, bs, autograd, engine))
     params = _init_params(model, init, B, seed, scale, device, dtype)
     if not bool(model.finite(params).all()):
         raise ValueError("the initial parameters overflow float64 in W (e.g. K Q^T): start smaller")

@@ -34,27 +34,23 @@ __all__ = ["AttentionModel", "INIT_KINDS", "KernelInputs"]
 INIT_KINDS = ("random", "zero", "balanced", "unbalanced")
 
 
-_CHUNK = 1 << 15  # entries of the product x_it * (W z_i) per chunk of trials (256 KiB)
+def _token_product(A, X, transpose: bool):
+    """A_iq X_i^T (``transpose``: A (B, n, Q, d) -> (B, n, Q, T), the logits) or A_iq X_i
+    (A (B, n, Q, T) -> (B, n, Q, d), sum_t A_iqt x_it) for every trial and sequence, as
+    one batched product (no chunk loop, no (B, n, T, d) temporary). X (Bx, n, T, d) with
+    Bx = B, or Bx = 1 shared by the B trials: contracted by einsum, never broadcast to B
+    copies; A may broadcast over n (the prompt's one query vector).
 
-
-def _sum_product(X, Y, dim: int):
-    """(X * Y).sum(dim) (X, Y 4-d, broadcasting; dim 2 or 3). On the CPU, many trials are
-    done a chunk at a time into one output, so that the product lives in cache instead of
-    in a (B, n, T, d) temporary: each entry is the same sum of the same products, bit for
-    bit (tests/test_setup_cost.py). (Not under autograd: ``out=`` has no graph.)"""
-    shp = torch.broadcast_shapes(X.shape, Y.shape)
-    B = shp[0]
-    c = max(1, _CHUNK // max(1, shp[1] * shp[2] * shp[3]))
-    if (B <= c or X.device.type != "cpu"
-            or (torch.is_grad_enabled() and (X.requires_grad or Y.requires_grad))):
-        return (X * Y).sum(dim)
-    oshp = [k for i, k in enumerate(shp) if i != dim % 4]
-    out = torch.empty(oshp, dtype=torch.result_type(X, Y), device=X.device)
-    for b in range(0, B, c):
-        xs = X if X.shape[0] == 1 else X[b:b + c]
-        ys = Y if Y.shape[0] == 1 else Y[b:b + c]
-        torch.sum(xs * ys, dim, out=out[b:b + c])
-    return out
+    The contract (tests/test_setup_cost.py): equal to the plain sum of the products to
+    rounding (|error| <= gamma_k sum |A| |X|, k = d or T terms); the last bit may depend on
+    the batch (BLAS blocking), as every other batched op of the torch engine (chunk= runs
+    agree to 1e-12, tests/test_chunked.py). train() reuses the values it has computed at
+    the same parameters, so its records equal a fresh computation bit for bit."""
+    if X.shape[0] != 1 or A.shape[0] == 1:
+        return torch.matmul(A, X.transpose(-1, -2) if transpose else X)
+    if A.shape[1] != X.shape[1]:
+        A = A.expand(A.shape[0], X.shape[1], *A.shape[2:])
+    return torch.einsum("bnqd,ntd->bnqt" if transpose else "bnqt,ntd->bnqd", A, X[0])
 
 
 class KernelInputs(NamedTuple):
@@ -148,7 +144,8 @@ class AttentionModel:
         for name, shape in self.param_shapes().items():
             a = torch.randn((B, *shape), generator=gen, dtype=torch.float64)
             nrm = a.reshape(B, -1).norm(dim=1).reshape(B, *([1] * len(shape)))
-            out[name] = scale * a / nrm if kind != "zero" else torch.zeros_like(a)
+            # in place: one copy of the parameters, not three (the same bits as scale * a / nrm)
+            out[name] = a.mul_(scale).div_(nrm) if kind != "zero" else torch.zeros_like(a)
         out = self._shape_init(out, kind)
         return {k: t.to(device=device, dtype=dtype) for k, t in out.items()}
 
@@ -254,10 +251,7 @@ class AttentionModel:
     def _logits(self, params, data) -> torch.Tensor:
         X = data["X"]
         WZ = self._wz(params, self.queries(data) if self.has_query_data else None)
-        if WZ.shape[2] == 1:  # one query: elementwise beats many tiny batched matmuls
-            a = _sum_product(X, WZ, -1)[:, :, None, :]  # (B, n, 1, T)
-        else:
-            a = WZ @ X.transpose(-1, -2)  # (B, n, Q, T)
+        a = _token_product(WZ, X, transpose=True)  # (B, n, Q, T)
         m = self._key_mask(data)
         if m is not None:
             a = a.masked_fill(~m, float("-inf"))
@@ -353,9 +347,7 @@ class AttentionModel:
 
     def _gx(self, data, Ga):
         """GX_{iq} = sum_t (dL/da_iqt) x_it: (B, n, Q, d)."""
-        if Ga.shape[2] == 1:
-            return _sum_product(Ga[:, :, 0, :, None], data["X"], 2)[:, :, None, :]
-        return Ga @ data["X"]
+        return _token_product(Ga, data["X"], transpose=False)
 
     def _grads_from_ga(self, params, data, Ga) -> dict:
         raise NotImplementedError

@@ -187,7 +187,8 @@ class NTPModel:
         out = {}
         for name, shape in self.param_shapes().items():
             a = torch.randn((B, *shape), generator=gen, dtype=torch.float64)
-            a = scale * a / a.reshape(B, -1).norm(dim=1).reshape(B, 1, 1)
+            nrm = a.reshape(B, -1).norm(dim=1).reshape(B, 1, 1)
+            a = a.mul_(scale).div_(nrm)  # in place: the same bits as scale * a / nrm
             out[name] = (a if kind == "random" else torch.zeros_like(a)).to(device=device, dtype=dtype)
         return out
 
@@ -199,9 +200,12 @@ class NTPModel:
 
     def finite(self, params) -> torch.Tensor:
         """(B,) bool: every parameter and W of the trial is finite."""
-        ok = torch.isfinite(self.W(params)).reshape(self.W(params).shape[0], -1).all(1)
-        for v in params.values():
-            ok &= torch.isfinite(v).reshape(v.shape[0], -1).all(1)
+        ok = None
+        ts = list(params.values()) + ([self.W(params)] if self.param != "W" else [])
+        for v in ts:  # min and max per trial (they propagate NaN): one pass, no temporary
+            lo, hi = torch.aminmax(v.reshape(v.shape[0], -1), dim=1)
+            f = torch.isfinite(lo) & torch.isfinite(hi)
+            ok = f if ok is None else ok & f
         return ok
 
     # -------------------------------------------------------------- forward

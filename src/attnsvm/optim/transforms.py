@@ -536,7 +536,12 @@ def descend() -> Transform:
     """The apply step of every rule but mirror descent: params <- params - u."""
     def update(u, state, params, log_gap=None):
         U = _plain(u)
-        return {k: P - U[k] for k, P in params.items()}, {}
+        # a Lazy's (factor w_k) D_k is a fresh product: the new parameters are written into
+        # it (the same subtraction, one parameter-sized buffer fewer at the step's peak)
+        fresh = isinstance(u, Lazy) and (u.factor is not None or u.weights is not None)
+        return {k: (torch.sub(P, U[k], out=U[k]) if fresh and U[k].shape == P.shape
+                    and U[k].dtype == P.dtype and not P.requires_grad else P - U[k])
+                for k, P in params.items()}, {}
 
     return Transform(no_state, update, KernelOp(Op.DESCEND, {}))
 
