@@ -217,6 +217,7 @@ class FusedStepper(Stepper):
 
     def __init__(self, plan, optimizer):
         self.plan, self.optimizer = plan, optimizer
+        self.engine = plan.engine  # "fused", or "fused-cuda" (attnsvm.fused.cuda)
 
     def init(self, params):
         self.state = self.optimizer.init(params)
@@ -253,18 +254,20 @@ def make_stepper(model, tdata, lossf, optimizer, engine: str, *, first, Q: int, 
     the rule in the kernel, :class:`TorchStepper` otherwise (with the kernel's gradient
     when only the rule is not compiled). ``engine="fused"`` on a configuration it does not
     support: a ValueError saying what (:func:`attnsvm.fused.unsupported`)."""
-    plan = None
+    plan, why = None, None
     if engine != "torch":
         why = fused.unsupported(model, lossf, optimizer, tdata, batch_size, autograd)
         if why is None:
-            plan = fused.Plan(model, tdata, lossf, optimizer, Q, B,
+            plan = fused.plan(model, tdata, lossf, optimizer, Q, B,
                               check_stall=batch_size is None and not optimizer.stateful)
         elif engine == "fused":
             raise ValueError(f"engine='fused' does not support {why}")
     if plan is not None and plan.in_kernel:
         return FusedStepper(plan, optimizer)
-    return TorchStepper(model, tdata, lossf, optimizer, first=first, batch_size=batch_size,
-                        seed=seed, autograd=autograd, plan=plan, copy=copy)
+    stepper = TorchStepper(model, tdata, lossf, optimizer, first=first, batch_size=batch_size,
+                           seed=seed, autograd=autograd, plan=plan, copy=copy)
+    stepper.fallback = why  # why "auto" runs the torch engine (Trajectory.extra["fallback"])
+    return stepper
 
 
 # ------------------------------------------------------------------ mini-batches

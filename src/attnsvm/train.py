@@ -19,11 +19,13 @@ running. A trial stops, with the reason recorded, only when it must:
 A stopped trial's parameters and optimiser state are frozen; the run ends when every
 trial has stopped.
 
-Engines (``engine=``): "torch" is the batched tensor program above (the reference, and the
-only engine on CUDA); "fused" runs each trial's steps in one compiled loop with its data
-in cache (:mod:`attnsvm.fused`, numba): the same scaled maths, equal to the torch path
-to rounding; "auto" (default) takes "fused" when numba is importable and the
-configuration is supported, else "torch". ``traj.extra["engine"]`` says which ran.
+Engines (``engine=``): "torch" is the batched tensor program above (the reference);
+"fused" runs each trial's steps in one compiled loop with its data in cache
+(:mod:`attnsvm.fused`, numba; on CUDA one GPU thread per trial, :mod:`attnsvm.fused.cuda`):
+the same scaled maths, equal to the torch path to rounding; "auto" (default) takes
+"fused" when numba (numba-cuda on CUDA) is importable and the configuration is
+supported, else "torch". ``traj.extra["engine"]`` says which ran ("fused", "fused-cuda",
+"fused-gradient", "torch"), ``traj.extra["fallback"]`` why "auto" fell back to "torch".
 ``chunk=c`` trains the trials c at a time (memory bounded by the chunk; the result is
 the same as one run: trials are independent).
 
@@ -527,7 +529,8 @@ def _train_one(model, tdata, lossf, optimizer, params, engine, *, steps, every, 
         alpha=None if alpha_t is None else alpha_t.cpu().numpy(),
         stop_reason=stops.reason.astype(str),
         state=state,
-        extra={"engine": stepper.engine},
+        extra={"engine": stepper.engine,  # and why "auto" fell back to the torch engine
+               **({"fallback": stepper.fallback} if getattr(stepper, "fallback", None) else {})},
         source=(model, tdata, optimizer),
     )
 
