@@ -70,26 +70,32 @@ def test_fused_cuda_every_rule_equals_cpu():
     from test_fused import IN_KERNEL
 
     data = D.random_sphere(n=3, T=4, d=3, seed=11, batch=4)
-    bad = []
     for rname, make in IN_KERNEL.items():
         tc, tf = (train(M.WModel(3), data, optimizer=make(), steps=200, seed=3, scale=0.5,
                         device=dev) for dev in ("cuda", "cpu"))
-        try:
-            _same(tc, tf, 1e-9, rname)
-        except AssertionError as exc:
-            bad.append(f"{exc} (CPU vs CPU from a start perturbed by 4e-16: "
-                       f"{_conditioning(M.WModel(3), data, make, 200):.3g})")
-    assert not bad, "; ".join(bad)
+        _same_within_conditioning(tc, tf, M.WModel(3), data, make, 200, rname)
 
 
-def _conditioning(model, data, make, steps, **kw):
-    """How far the CPU run moves when its start is perturbed by a few ulps (the rounding
-    amplification of the dynamics itself)."""
+def _conditioning(model, data, make, steps):
+    """How far the CPU run moves when its start is perturbed by a few ulps: the rounding
+    amplification of the dynamics itself (tests/test_fused.py's uncapped-Polyak test)."""
     init = model.init(4, seed=3, scale=0.5)
-    a = train(model, data, optimizer=make(), steps=steps, init=init, **kw)
+    a = train(model, data, optimizer=make(), steps=steps, init=init)
     b = train(model, data, optimizer=make(), steps=steps,
-              init={k: v * (1 + 4e-16) for k, v in init.items()}, **kw)
+              init={k: v * (1 + 4e-16) for k, v in init.items()})
     return _err(a, b)
+
+
+def _same_within_conditioning(tc, tf, model, data, make, steps, what):
+    """CUDA = CPU to 1e-9, or, where the dynamics amplify rounding past that (the relative
+    rule, trained heads: measured on an H200, 2026-11-27: 0.041, 3.4e-8, 1.6e-9 against
+    0.046, 1.7e-8, 2.1e-9 for the CPU run from a start perturbed by 4e-16), to no more than
+    10x the CPU's own difference after such a perturbation."""
+    try:
+        _same(tc, tf, 1e-9, what)
+    except AssertionError:
+        cond = _conditioning(model, data, make, steps)
+        _same(tc, tf, max(1e-9, 10 * cond), f"{what} (conditioning {cond:.3g})")
 
 
 @fused_cuda
@@ -98,18 +104,13 @@ def test_fused_cuda_every_model_equals_cpu(mname):
     from test_fused import _models
 
     data = D.random_sphere(n=3, T=4, d=3, seed=11, batch=4, cross=mname != "Prompt")
-    bad = []
     for trained in (False, True):
         for make in (lambda: ngd(0.3), lambda: polyak(0.2, max_lr=2.0)):
             model = _models(3)[mname](trained)
             tc, tf = (train(model, data, optimizer=make(), steps=100, seed=3, scale=0.5,
                             device=dev) for dev in ("cuda", "cpu"))
-            try:
-                _same(tc, tf, 1e-9, f"{mname} trained={trained} {make()}")
-            except AssertionError as exc:
-                bad.append(f"{exc} (CPU vs CPU from a start perturbed by 4e-16: "
-                           f"{_conditioning(model, data, make, 100):.3g})")
-    assert not bad, "; ".join(bad)
+            _same_within_conditioning(tc, tf, model, data, make, 100,
+                                      f"{mname} trained={trained} {make()}")
 
 
 @fused_cuda

@@ -9,6 +9,7 @@ the fallback reason on the Trajectory. On a GPU, tests/test_device.py runs it fo
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import subprocess
 import sys
@@ -25,7 +26,8 @@ from attnsvm import models as M
 from attnsvm import optim as O
 from attnsvm.train import train
 
-pytest.importorskip("numba_cuda")
+needs_numba_cuda = pytest.mark.skipif(
+    importlib.util.find_spec("numba_cuda") is None, reason="numba-cuda not installed")
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -67,13 +69,13 @@ SIM_SCRIPT = textwrap.dedent(r"""
                 rtol * float(np.abs(y).max()) if c == "loss" else 0.0)
             np.testing.assert_allclose(x, y, rtol=rtol, atol=atol, err_msg=what + c)
 
-    def check(model, data, opt, steps, what, **kw):
+    def check(model, data, opt, steps, what, torch=True, **kw):
         tc = run(model, data, opt, steps, "cuda", **kw)
         tf = run(model, data, opt, steps, "fused", **kw)
-        tt = run(model, data, opt, steps, "torch", **kw)
         assert tc.extra["engine"] == "fused-cuda" and tf.extra["engine"] == "fused", what
         same(tc, tf, 0, what + " cuda/cpu ")
-        same(tc, tt, 1e-12, what + " cuda/torch ")
+        if torch:
+            same(tc, run(model, data, opt, steps, "torch", **kw), 1e-12, what + " cuda/torch ")
         return tc
 
     d = 3
@@ -83,27 +85,30 @@ SIM_SCRIPT = textwrap.dedent(r"""
     seen = set()
     for rname, make in IN_KERNEL.items():  # every compiled rule: W model, fixed head
         opt = make()
-        seen.add(tuple(int(k.op) for k in opt.kernel))
-        check(models["W"](False), data, opt, 10, f"W {rname}", **kw)
+        seq = tuple(int(k.op) for k in opt.kernel)
+        # torch for the first rule of each step loop; the others equal the CPU engine bit
+        # for bit, which tests/test_fused.py holds to torch on every rule
+        check(models["W"](False), data, opt, 10, f"W {rname}", torch=seq not in seen, **kw)
+        seen.add(seq)
     assert seen == set(fused.PROGRAMS), "a step loop of fused.PROGRAMS is not covered"
     for mname, mk in models.items():  # every model, fixed and trained head
         dm = D.random_sphere(n=3, T=4, d=d, seed=11, batch=2, cross=mname != "Prompt")
-        for trained in (False, True):
-            for rname in ("ngd", "polyak", "mirror3"):
-                check(mk(trained), dm, IN_KERNEL[rname](), 10,
-                      f"{mname} trained={trained} {rname}", **kw)
+        for trained, rname in ((False, "ngd"), (True, "polyak"), (True, "mirror3")):
+            check(mk(trained), dm, IN_KERNEL[rname](), 10,
+                  f"{mname} trained={trained} {rname}", **kw)
     dq = D.random_sphere(n=3, T=4, d=d, seed=11, batch=2, cross=False)
     for query in ("last", "causal"):  # other query kinds (Q > 1 rows for causal)
         check(M.WModel(d, query=query), dq, O.ngd(0.3), 10, f"query {query}", **kw)
     # far past saturation (tests/test_fused.py's setting: ||W|| grows to ~5000)
     dp = D.planted(n=3, T=3, d=4, seed=0, batch=2, score_gap=0.5)
-    tc = check(M.WModel(4), dp, O.ngd(2.0), 3000, "saturation", record_every=1000, seed=0)
-    assert float(tc.metrics.log10_gap.min()) < -500
+    tc = check(M.WModel(4), dp, O.ngd(2.0), 2000, "saturation", record_every=1000, seed=0)
+    assert float(tc.metrics.log10_gap.min()) < -300
     assert (tc.stop_reason == "").all()
     print("SIM-OK")
 """)
 
 
+@needs_numba_cuda
 def test_cuda_kernel_in_simulator_equals_cpu_and_torch():
     env = {**os.environ, "NUMBA_ENABLE_CUDASIM": "1"}
     out = subprocess.run([sys.executable, "-c", SIM_SCRIPT, HERE], env=env,
@@ -136,6 +141,7 @@ PTX_SCRIPT = textwrap.dedent(r"""
 """)
 
 
+@needs_numba_cuda
 @pytest.mark.slow
 def test_cuda_kernel_compiles_to_ptx():
     """The real CUDA compile path (numba-cuda -> NVVM -> PTX) of the kernel with the
@@ -180,6 +186,7 @@ def test_fallback_reason_on_trajectory():
     assert "fallback" not in tr.extra  # asked for, not a fallback
 
 
+@needs_numba_cuda
 def test_workspace_rows_cover_the_scratch():
     """The workspace column holds kernels._scratch's arrays (same sizes, same order) and
     P, G, N: the CPU drivers' scratch is the layout's reference."""
