@@ -8,11 +8,16 @@ vector is a column, strided by B), so that the 32 threads of a warp, running 32
 consecutive trials through the same instruction, read 32 consecutive float64 (one
 coalesced load) wherever the per-trial code reads ``x[o + i]``. The data (X, Z, gamma,
 ...) are copied in that layout once per run; the parameters' slots are torch tensors
-(s, B) on the device (:class:`attnsvm.fused.CudaPlan` hands out (B, ...) views of them);
+(s, B) on the device (:class:`CudaPlan` hands out (B, ...) views of them);
 the kernel's scratch (the CPU drivers' ``_scratch``, the parameters' three working copies
 P, G, N) is one workspace (rows, block) of the device, allocated once per run for a block
 of trials sized to the device's memory; a run of B trials is launched block by block.
-Scalars and tiny per-thread arrays (ls, gm, out) are thread-local.
+Scalars and tiny per-thread arrays (ls, gm, out) are thread-local. The first launch
+compiles the kernel (about a minute; numba-cuda's disk cache afterwards).
+
+Without a GPU: the simulator (NUMBA_ENABLE_CUDASIM=1) runs :func:`segment` in Python with
+the CPU build of ``_trial_run`` (:func:`_run_trial`), and ``numba.cuda.compile_ptx``
+compiles the real thing with NVVM alone (tests/test_fused_cuda.py).
 """
 
 from __future__ import annotations
