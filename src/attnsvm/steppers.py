@@ -254,6 +254,7 @@ class FusedStepper(Stepper):
         #: fused.Records: the metrics taken inside the kernel (``record`` is then not
         #: called; attnsvm.train._train_one reads them); None: ``record(t0)`` per segment
         self.records = None
+        self.engine = plan.engine  # "fused", or "fused-cuda" (attnsvm.fused.cuda)
 
     def init(self, params):
         self.state = self.optimizer.init(params)
@@ -296,7 +297,7 @@ def make_stepper(model, tdata, lossf, optimizer, engine: str, *, first, Q: int, 
     if engine != "torch":
         why = fused.unsupported(model, lossf, optimizer, tdata, batch_size, autograd)
         if why is None:
-            plan = fused.Plan(model, tdata, lossf, optimizer, Q, B,
+            plan = fused.plan(model, tdata, lossf, optimizer, Q, B,
                               check_stall=batch_size is None and not optimizer.stateful)
             why = plan.why
         elif engine == "fused":

@@ -19,12 +19,13 @@ running. A trial stops, with the reason recorded, only when it must:
 A stopped trial's parameters and optimiser state are frozen; the run ends when every
 trial has stopped.
 
-Engines (``engine=``): "torch" is the batched tensor program above (the reference, and the
-only engine on CUDA); "fused" runs each trial's steps in one compiled loop with its data
-in cache (:mod:`attnsvm.fused`, numba): the same scaled maths, equal to the torch path
-to rounding; "auto" (default) takes "fused" when numba is importable and the
-configuration is supported, else "torch". ``traj.extra["engine"]`` says which ran
-("torch", "fused", or "fused-gradient": the compiled gradient with the rule's update in
+Engines (``engine=``): "torch" is the batched tensor program above (the reference);
+"fused" runs each trial's steps in one compiled loop with its data in cache
+(:mod:`attnsvm.fused`, numba; on CUDA one GPU thread per trial, :mod:`attnsvm.fused.cuda`):
+the same scaled maths, equal to the torch path to rounding; "auto" (default) takes
+"fused" when numba (numba-cuda on CUDA) is importable and the configuration is
+supported, else "torch". ``traj.extra["engine"]`` says which ran ("torch", "fused",
+"fused-cuda", or "fused-gradient": the compiled gradient with the rule's update in
 torch) and ``traj.extra["engine_reason"]`` why it is not the whole compiled loop (None
 when it is): the configuration (:func:`attnsvm.fused.unsupported`) or the rule, since the
 kernel's step loops are a closed set (:data:`attnsvm.fused.PROGRAMS`,

@@ -5,8 +5,10 @@ cache (numba, CPU), instead of one batched tensor program per step.
 
 "auto" runs the fused engine when numba is importable and the configuration is
 supported (:func:`unsupported` says why not), else the torch path; "fused" raises a
-ValueError naming what is not supported; "torch" is the reference (and the only engine
-on CUDA). Two fused modes:
+ValueError naming what is not supported; "torch" is the reference. On a CUDA device the
+fused engine is :mod:`attnsvm.fused.cuda` (the same per-trial code, one GPU thread per
+trial; numba-cuda, ``attnsvm[cuda]``), for the rules that run in the kernel. Two fused
+modes:
 
 * ``"fused"``: a stateless rule whose transforms all carry a compiled counterpart
   (``Optimizer.kernel``, :mod:`attnsvm.optim.kernel_ops`) in a sequence of opcodes that
@@ -20,7 +22,7 @@ on CUDA). Two fused modes:
 
 Supported: WModel, KQModel, DiagModel, PromptModel with a linear head (fixed or
 trained), every query kind and key mask, the logistic / exponential / correlation
-losses, full-batch steps, float64 on the CPU. The maths is the stable scaled form of
+losses, full-batch steps, float64 on the CPU (and on CUDA, in-kernel rules). The maths is the stable scaled form of
 :mod:`attnsvm.models.objective` (saturation-safe), so the fused path equals the torch
 path to rounding (tests/test_fused.py) and is bit-for-bit deterministic for any number
 of threads (trials are independent; sums run in a fixed order; no fastmath).
@@ -37,8 +39,8 @@ from attnsvm.optim.kernel_ops import Op
 
 from . import codes as C
 
-__all__ = ["available", "unsupported", "not_compiled", "Plan", "Records", "ENGINES", "PROGRAMS",
-           "warmup"]
+__all__ = ["available", "unsupported", "not_compiled", "Plan", "plan", "Records", "ENGINES",
+           "PROGRAMS", "warmup"]
 
 ENGINES = ("auto", "torch", "fused")
 
@@ -146,11 +148,44 @@ def unsupported(model, lossf, optimizer=None, tdata=None, batch_size=None,
         return "mini-batches (batch_size; fused: full-batch steps)"
     if tdata is not None:
         X = tdata["X"]
-        if X.device.type != "cpu":
-            return f"device {X.device.type} (fused: CPU; use engine='torch' on {X.device.type})"
+        if X.device.type == "cuda":
+            why = _cuda_engine()[1]
+            if why is not None:
+                return why
+            if optimizer is not None and program(optimizer) is None:  # whole steps only
+                return (f"rule {optimizer} on CUDA (fused-cuda: the stateless rules of "
+                        "fused.PROGRAMS, full-batch)")
+        elif X.device.type != "cpu":
+            return f"device {X.device.type} (fused: CPU and CUDA; use engine='torch' on " \
+                   f"{X.device.type})"
         if X.dtype != torch.float64:
             return f"dtype {X.dtype} (fused: float64)"
     return None
+
+
+def _cuda_engine():
+    """(attnsvm.fused.cuda, None) when the CUDA engine can run here, else (None or the
+    module, why not): numba-cuda importable and a CUDA device visible to it."""
+    try:
+        from . import cuda as module
+    except ImportError as exc:
+        return None, f"numba-cuda is not importable ({exc}); install attnsvm[cuda]"
+    return module, module.device_ok()
+
+
+def plan(model, tdata, lossf, optimizer, Q: int, B: int, check_stall: bool) -> Plan:
+    """The plan of a supported configuration (:func:`unsupported` is None) on the data's
+    device: :class:`Plan` on the CPU, :class:`attnsvm.fused.cuda.CudaPlan` on CUDA."""
+    cls = Plan
+    if _on_cuda(tdata):
+        cls = _cuda_engine()[0].CudaPlan
+    return cls(model, tdata, lossf, optimizer, Q, B, check_stall)
+
+
+def _on_cuda(tdata) -> bool:
+    """Whether the run takes the CUDA engine (the data live on a CUDA device;
+    tests/test_fused_cuda.py patches it to drive the simulator with CPU data)."""
+    return tdata["X"].device.type == "cuda"
 
 
 # --------------------------------------------------------------------- the plan
@@ -166,7 +201,11 @@ class Plan:
     ``Plan(model, tdata, lossf, optimizer, Q, B)``; ``plan.in_kernel`` says whether the
     rule runs inside the kernel (:meth:`run`) or only the gradient does (:meth:`evaluate`).
     Parameters live in flat slots (B, s) while the plan runs (:meth:`load`, :meth:`params`).
+    :class:`attnsvm.fused.cuda.CudaPlan` is the same plan on a CUDA device.
     """
+
+    engine = "fused"
+    _flat = staticmethod(_flat)  # the data arrays' layout (CudaPlan: trial-minor, on the device)
 
     def __init__(self, model, tdata, lossf, optimizer, Q: int, B: int, check_stall: bool):
         K = _kernels()
@@ -179,25 +218,25 @@ class Plan:
         self.slots = {nm: (i if i < na else na) for i, nm in enumerate(self.names)}
         X = tdata["X"]
         n, T, d = X.shape[1:]
-        self.X = _flat(X)
+        self.X = self._flat(X)
         trained = ki.trained
         if ki.Z is not None:
-            self.Z = _flat(ki.Z.expand(ki.Z.shape[0], n, Q, d))
+            self.Z = self._flat(ki.Z.expand(ki.Z.shape[0], n, Q, d))
         else:
             self.Z = np.zeros((1, 1))
-        self.w = _flat(torch.log(ki.weights))  # log w: the kernels' form
+        self.w = self._flat(torch.log(ki.weights))  # log w: the kernels' form
         if trained:
             self.gam, self.gopt = np.zeros((1, 1)), np.zeros((1, 1))
-            self.yl = _flat(ki.labels.expand(-1, n, Q))
+            self.yl = self._flat(ki.labels.expand(-1, n, Q))
         else:
-            self.gam, self.gopt = _flat(ki.gamma), _flat(ki.gamma_opt)
+            self.gam, self.gopt = self._flat(ki.gamma), self._flat(ki.gamma_opt)
             self.yl = np.zeros((1, 1))
         km = ki.key_mask
         if km is None:
             self.mask = np.ones((1, 1), dtype=np.uint8)
         else:
             km = km if km.ndim == 4 else km[None, None]
-            self.mask = _flat(km.expand(km.shape[0], n, Q, T), np.uint8)
+            self.mask = self._flat(km.expand(km.shape[0], n, Q, T), np.uint8)
         wid = False
         if ki.W_fixed is not None:
             wid = bool(np.array_equal(ki.W_fixed, np.eye(d)))

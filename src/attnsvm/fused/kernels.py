@@ -127,6 +127,19 @@ def _log(x):
 
 
 @njit(cache=True, error_model="numpy")
+def _sign(x):
+    """np.sign of a float (+0.0 at both zeros, nan at nan) as a plain function: numba-cuda
+    compiles no numpy ufunc on scalars (math.isfinite likewise stands for np.isfinite)."""
+    if x > 0.0:
+        return 1.0
+    if x < 0.0:
+        return -1.0
+    if x == 0.0:
+        return 0.0
+    return x
+
+
+@njit(cache=True, error_model="numpy")
 def _softplus(x):
     """torch.nn.functional.softplus (beta 1, threshold 20)."""
     if x > 20.0:
@@ -206,12 +219,12 @@ def _log_gap(loss, g, logD, D):
         D = 1.0
     lead = _log_neg_deriv(loss, g)
     direct = _log(_gap(loss, g, D))
-    if (not np.isfinite(direct)) and D > 0.0:
+    if (not math.isfinite(direct)) and D > 0.0:
         l1 = _log_value(loss, g - D)
         l2 = _log_value(loss, g)
         diff = l1 + math.log1p(-math.exp(l2 - l1))
         near = lead + _log(math.expm1(D))
-        if np.isfinite(diff) and D >= 1e-3:
+        if math.isfinite(diff) and D >= 1e-3:
             direct = diff
         else:
             direct = near
@@ -360,7 +373,7 @@ def _scale(x, o, k, top, gm, slot):
     x; NaN when x has a NaN or inf entry: an overflow, see _trial_run). x stays raw: the
     scaled tensor of optim.base.Scaled is x / gm[slot]."""
     m = _max_abs(x, o, k)
-    if not np.isfinite(m) or not np.isfinite(_sum(x, o, k) * 0.0):
+    if not math.isfinite(m) or not math.isfinite(_sum(x, o, k) * 0.0):
         gm[slot] = 1.0
         return np.nan
     if m > 0.0:
@@ -385,14 +398,14 @@ def _steepest(t, o, k, kind, q, out):
             out[i] = t[o + i] / n
     elif kind == LP_INF:
         for i in range(k):
-            out[i] = np.sign(t[o + i])
+            out[i] = _sign(t[o + i])
     elif kind == LP_ONE:
         cnt = 0
         for i in range(k):
             if abs(t[o + i]) == m:
                 cnt += 1
         for i in range(k):
-            out[i] = np.sign(t[o + i]) / cnt if abs(t[o + i]) == m else 0.0
+            out[i] = _sign(t[o + i]) / cnt if abs(t[o + i]) == m else 0.0
     else:
         s = 0.0
         for i in range(k):
@@ -400,7 +413,7 @@ def _steepest(t, o, k, kind, q, out):
         nq = s ** (1.0 / q)
         den = nq ** (q - 1.0)
         for i in range(k):
-            out[i] = np.sign(t[o + i]) * abs(t[o + i]) ** (q - 1.0) / den
+            out[i] = _sign(t[o + i]) * abs(t[o + i]) ** (q - 1.0) / den
 
 
 @njit(cache=True, error_model="numpy")
@@ -409,7 +422,7 @@ def _scaled_add(a, o, la, ga, e, k):
     scale (optim.base.Scaled.add: the ridge term of KQ)."""
     le = _normalize(e, 0, k, 0.0)
     L = max(la, le)
-    Lf = L if np.isfinite(L) else 0.0
+    Lf = L if math.isfinite(L) else 0.0
     fa = math.exp(la - Lf)
     fe = math.exp(le - Lf)
     for i in range(k):
@@ -501,12 +514,12 @@ def _vecmat_rows(a, ao, ars, ast, M, mo, mrs, out, oo, ors, R, K, N):
 # ------------------------------------------------------------------ the rules
 @njit(cache=True, error_model="numpy")
 def _mirror_map(x, p):
-    return np.sign(x) * abs(x) ** (p - 1.0)
+    return _sign(x) * abs(x) ** (p - 1.0)
 
 
 @njit(cache=True, error_model="numpy")
 def _inv_mirror_map(x, p):
-    return np.sign(x) * abs(x) ** (1.0 / (p - 1.0))
+    return _sign(x) * abs(x) ** (1.0 / (p - 1.0))
 
 
 @njit(cache=True, error_model="numpy")
@@ -541,7 +554,7 @@ def _apply_generic(ic, fc, P, G, N, so, ls, lgap, D, work):
                 ld2[k] = 2.0 * ld[k]
             lt = 0.5 * _logsumexp(ld2, nP)
             for k in range(nP):
-                wts[k] = math.exp(ld[k] - lt) if np.isfinite(lt) else 0.0
+                wts[k] = math.exp(ld[k] - lt) if math.isfinite(lt) else 0.0
         step = lr
         if ic[IC_RELATIVE]:
             vals = work[3 * nP:4 * nP]
@@ -675,7 +688,7 @@ def _apply_rule(ic, fc, P, G, N, so, gm, ls, lgap, D, work):
         if ic[IC_MAXLR]:
             lr_ = min(lr_, math.log(fc[FC_MAXLR]) + lg)
         pn = _param_norm(P, so, nP, work[nP:2 * nP])
-        if lr_ > _log(max(PARAM_MAX - pn, 0.0)) and np.isfinite(lg):  # the range cap
+        if lr_ > _log(max(PARAM_MAX - pn, 0.0)) and math.isfinite(lg):  # the range cap
             lr_ = _log(fc[FC_CAP] * max(pn, 1.0))
             cap = 1
         for k in range(nP):
@@ -683,7 +696,7 @@ def _apply_rule(ic, fc, P, G, N, so, gm, ls, lgap, D, work):
                 fk = math.exp(lr_ + (ls[k] - lg))
             else:
                 fk = math.exp(lr_ + ls[k] - lg)
-            if not (np.isfinite(lg) and np.isfinite(lr_)):
+            if not (math.isfinite(lg) and math.isfinite(lr_)):
                 fk = 0.0
             f = _step_checked(P, G, N, so[k], so[k + 1] - so[k], fk / gm[k])
             fin &= f & 1
@@ -710,7 +723,7 @@ def _apply_rule(ic, fc, P, G, N, so, gm, ls, lgap, D, work):
         tot = 0.0
         for k in range(nP):
             tot += _sum(N, so[k], so[k + 1] - so[k])
-        fin = 1 if np.isfinite(tot) else 0
+        fin = 1 if math.isfinite(tot) else 0
     return fin | (chg << 1) | (cap << 2)
 
 
@@ -987,7 +1000,7 @@ def _row_factors(ic, vtop, logw, aux, rho):
             rho[r] = NINF
         if rho[r] > top:
             top = rho[r]
-    topf = top if np.isfinite(top) else 0.0
+    topf = top if math.isfinite(top) else 0.0
     for r in range(R):
         rho[_U(r)] = math.exp(rho[_U(r)] - topf)
     return top
@@ -1104,7 +1117,7 @@ def _head_grad(ic, rhov, yl, S, X, ov, na, G, acc, gm, ls):
     for r in range(R):
         if rhov[r] > topv:
             topv = rhov[r]
-    topvf = topv if np.isfinite(topv) else 0.0
+    topvf = topv if math.isfinite(topv) else 0.0
     for j in range(d):
         acc[j] = 0.0
     for i in range(n):
@@ -1170,7 +1183,7 @@ def _gradient_stop(ls, nP):
         if ls[k] != ls[k] or ls[k] == np.inf:
             return STOP_NONFINITE
     for k in range(nP):
-        if np.isfinite(ls[k]):
+        if math.isfinite(ls[k]):
             return 0
     return STOP_ZERO
 
