@@ -757,14 +757,14 @@ def train(model: AttentionModel, data, loss=None, optimizer: Optimizer | None = 
 
 def train_ntp(model, data, optimizer=None, steps: int = 1000, B: int | None = None,
               seed: int = 0, init="random", scale: float | None = None, **kw) -> Trajectory:
-    """Deprecated (also ``attnsvm.ntp.train_ntp``): :func:`train` of an
+    """Deprecated (``attnsvm.ntp`` no longer hands it on): :func:`train` of an
     :class:`~attnsvm.ntp.NTPModel`, ``train(model, data, optimizer=..., ...)`` (the one
     trainer; the same arguments, by keyword after ``optimizer``, and the same results).
 
     Example::
 
         >>> import warnings
-        >>> from attnsvm.ntp import NTPModel, ntp_random, train_ntp
+        >>> from attnsvm.ntp import NTPModel, ntp_random
         >>> data = ntp_random(4, 6, 8, 8, seed=0)
         >>> new = train(NTPModel(8), data, optimizer="ngd", steps=20, B=2)
         >>> with warnings.catch_warnings(record=True) as caught:
@@ -775,7 +775,7 @@ def train_ntp(model, data, optimizer=None, steps: int = 1000, B: int | None = No
     """
     import warnings
 
-    warnings.warn("attnsvm.ntp.train_ntp is deprecated: use attnsvm.train.train(NTPModel(...), "
+    warnings.warn("attnsvm.train.train_ntp is deprecated: use attnsvm.train.train(NTPModel(...), "
                   "data, optimizer=..., ...)", DeprecationWarning, stacklevel=2)
     return train(model, data, optimizer=optimizer, steps=steps, B=B, seed=seed, init=init,
                  scale=scale, **kw)

@@ -20,17 +20,16 @@ from .text import from_text
 __all__ = [
     "NTPData", "ntp_random", "from_text", "load_ntp", "PUBLISHED_SIZES", "GRAPH_KINDS",
     "priority_graph", "scc_table", "graph_rows", "GraphRows",
-    "w_fin", "s_fin_basis", "decompose", "FinResult", "NTPModel", "train_ntp", "ntp_tensors",
+    "w_fin", "s_fin_basis", "decompose", "FinResult", "NTPModel", "ntp_tensors",
     "HEADS",
 ]
 
 
 def __getattr__(name):
-    """``train_ntp``: the deprecated alias of :func:`attnsvm.train.train`, kept with the
-    trainer (:func:`attnsvm.train.train_ntp`) and handed on, on first use, by name (no
-    module of this package imports the trainer)."""
+    """``train_ntp`` left this package (it imports nothing above it): the deprecated alias
+    lives with the trainer, :func:`attnsvm.train.train_ntp`; the one trainer is
+    :func:`attnsvm.train.train`."""
     if name == "train_ntp":
-        from ..train import train_ntp
-
-        return train_ntp
+        raise AttributeError("attnsvm.ntp.train_ntp moved: use attnsvm.train.train(NTPModel(...), "
+                             "data, optimizer=...) (the deprecated alias is attnsvm.train.train_ntp)")
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -33,9 +33,8 @@ dL/dK = G Q, dL/dQ = G^T K.
 :class:`NTPModel` implements the model protocol of :func:`attnsvm.train.train` (the one
 trainer: its torch stepper, stops and recorder): ``train(NTPModel(8), data,
 optimizer=ngd(0.1), steps=1000)`` runs every full-batch step rule of :mod:`attnsvm.optim`
-on B trials at once (the trainer's docstring shows it). ``attnsvm.ntp.train_ntp`` is a
-deprecated alias of it, kept in :mod:`attnsvm.train` (this package does not import the
-trainer above it).
+on B trials at once (the trainer's docstring shows it). The deprecated alias
+``train_ntp`` lives in :mod:`attnsvm.train` (this package imports nothing above it).
 """
 
 from __future__ import annotations
