@@ -101,3 +101,27 @@ def test_four_threads_same_answers_and_process_state_untouched():
     for (_, k), v in results.items():
         np.testing.assert_array_equal(v, alone[k], err_msg=k)
     assert len(results) == 4 * len(probs)
+
+
+def test_hub_loads_leave_the_environment_alone():
+    """Loading the shipped model's tokenizer and embeddings (ntp.from_text) sets no
+    environment variable (HF_HUB_OFFLINE was set process-wide before; every load now
+    passes local_files_only=True instead). Calibrated: a planted setdefault is seen."""
+    import os
+
+    from attnsvm.ntp import from_text
+
+    def changed(before):
+        keys = set(os.environ) | set(before)
+        return {k for k in keys if before.get(k) != os.environ.get(k)}
+
+    pytest.importorskip("transformers")
+    before = dict(os.environ)
+    data, ids = from_text("the cat sat on the mat and the cat sat on the hat", T=4)
+    assert data.E.shape[0] == len(ids)
+    assert not changed(before) - {"TORCHINDUCTOR_CACHE_DIR"}, changed(before)  # (torch's own)
+    os.environ.setdefault("ATTNSVM_PLANTED_ENV", "1")  # the check sees a change
+    try:
+        assert "ATTNSVM_PLANTED_ENV" in changed(before)
+    finally:
+        del os.environ["ATTNSVM_PLANTED_ENV"]

@@ -100,16 +100,10 @@ def _hf_dir(path: Path) -> Path:
     )
 
 
-def _offline():
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-
-
 def load_tokenizer(path: Path, tokenizer=None):
     """The tokenizer of ``path`` (or of the directory ``tokenizer``), offline. Raises
     TokenizerError when the directory holds no vocabulary file (``TOKENIZER_FILES``):
     transformers would otherwise build an empty tokenizer that maps every word to [UNK]."""
-    _offline()
     tdir = Path(tokenizer).expanduser() if tokenizer is not None else Path(path)
     if not tdir.is_dir():
         raise TokenizerError(f"tokenizer path {str(tdir)!r} is not a directory")

@@ -4,7 +4,6 @@ embeddings of that model."""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import numpy as np
@@ -31,8 +30,7 @@ def _input_embeddings(path: Path) -> np.ndarray:
         except SafetensorError as exc:
             raise ValueError(f"{st}: not a readable safetensors file ({exc}); the model's "
                              f"weights are truncated or damaged") from None
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    from transformers import AutoModel
+    from transformers import AutoModel  # local_files_only: never downloads
 
     m = AutoModel.from_pretrained(path, local_files_only=True)
     return m.get_input_embeddings().weight.detach().double().numpy()

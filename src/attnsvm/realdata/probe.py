@@ -39,7 +39,6 @@ from attnsvm._hub import (  # the local model folders (offline), re-exported her
     TOKENIZER_FILES,
     ModelNotFoundError,
     TokenizerError,
-    _offline,
     load_tokenizer,
     resolve_model_path,
 )
@@ -223,7 +222,6 @@ def load_model(model=None, dtype=torch.float64, tokenizer=None):
     folder (:func:`check_model_dir`) before any weight is loaded; then AutoModel from
     safetensors, local files only, under the library's default attention (SDPA; the tracker
     runs its probe pass eagerly to check every extraction)."""
-    _offline()
     path = resolve_model_path(model)
     check_model_dir(path)
     tok = load_tokenizer(path, tokenizer)
@@ -240,7 +238,6 @@ def load_model(model=None, dtype=torch.float64, tokenizer=None):
 def control_model(path, seed: int, dtype=torch.float64):
     """The same architecture as the model in ``path`` with random weights (the library's own
     initialisation, ``AutoModel.from_config`` after ``torch.manual_seed(seed)``)."""
-    _offline()
     from transformers import AutoConfig, AutoModel
 
     cfg = AutoConfig.from_pretrained(path, local_files_only=True)
