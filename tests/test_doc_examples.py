@@ -57,7 +57,7 @@ def _examples(obj) -> list[doctest.Example]:
 @pytest.mark.parametrize("package", WITH_EXAMPLES)
 def test_every_public_function_and_class_has_a_runnable_example(package):
     objs = public_objects(package)
-    assert len(objs) >= 15
+    assert len(objs) >= 10  # the enumeration found the package's public API
     missing = [name for name, obj in objs if not _examples(obj)]
     assert not missing, f"no >>> example (or only skipped ones) in: {missing}"
 

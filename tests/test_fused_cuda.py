@@ -62,8 +62,12 @@ SIM_SCRIPT = textwrap.dedent(r"""
                                            err_msg=what + k)
         for c in b.metrics.columns:
             x, y = a.metrics[c].to_numpy(), b.metrics[c].to_numpy()
-            if x.dtype == bool or c in ("trial", "step") or rtol == 0:
+            if x.dtype == bool or c in ("trial", "step"):
                 np.testing.assert_array_equal(x, y, err_msg=what + c)
+                continue
+            if rtol == 0:  # the same parameters; the CPU engine takes its records inside
+                # its kernel (its own order of sums), the CUDA run through the recorder
+                np.testing.assert_allclose(x, y, rtol=1e-13, atol=1e-15, err_msg=what + c)
                 continue
             atol = rtol if c.startswith("corr_") else (
                 rtol * float(np.abs(y).max()) if c == "loss" else 0.0)

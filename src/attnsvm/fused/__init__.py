@@ -361,7 +361,7 @@ class Records:
     """The metric records of a fused run taken inside the kernel
     (:func:`kernels._trial_record`): the default metrics of :mod:`attnsvm.recorder`
     (loss, loss_gap, log10_gap, the model's norms, p_sel_mean / p_sel_min, p_max,
-    soft_sparsity, corr_<ref>), equal to the recorder's to rounding, so that a run is one
+    soft_sparsity, ``corr_<ref>``), equal to the recorder's to rounding, so that a run is one
     kernel call whatever its record stride. ``values`` (B, n_records, n_metrics) holds the
     record at step r ``every`` in row r (NaN where the trial had stopped: the recorder
     fills those rows from the final record); ``names`` the recorder's column names, in its

@@ -726,9 +726,9 @@ def label_noise_study(ratios=(0.0, 0.1, 0.2, 0.4), config: ViTConfig = QUICK, n_
     Tables: ``history`` one row per (ratio, seed, epoch): test_acc / test_loss (clean test
     set), train_acc (against the observed labels), train_acc_clean, train_acc_flipped (the
     flipped samples fitted to their wrong label), flipped_true (flipped samples predicted as
-    their true class), att_<kind>_<part> (the share of clean / flipped training samples whose
+    their true class), ``att_<kind>_<part>`` (the share of clean / flipped training samples whose
     most-attended token of the last layer's [CLS] attention, mean over heads, is the [CLS],
-    an ink or a blank patch, :func:`token_kinds`) and ink_mass_<part> (the attention mass on
+    an ink or a blank patch, :func:`token_kinds`) and ``ink_mass_<part>`` (the attention mass on
     ink patches); ``track``: :class:`attnsvm.track.Tracker` rows (corr_mm, status, ...) per
     (ratio, seed, epoch, layer, head) at the first and last epoch, on the first ``probe``
     training images (the model in float64); ``flips``: per (ratio, seed) the number of
