@@ -1,8 +1,36 @@
-"""Certificates that are proofs: the feasibility and infeasibility verdicts of the max-margin
-problems, proven from the returned numbers (plain numpy and Python integers; this module
-imports no compiled kernel and nothing else of :mod:`attnsvm.svm`).
+"""THE certificate of the max-margin problems (:func:`certify`) and its proofs: the
+feasibility and infeasibility verdicts, proven from the returned numbers (plain numpy and
+Python integers; this module imports nothing else of :mod:`attnsvm.svm`; only the
+floating-point sums that :func:`certify` reports for the Frobenius norm may come from one
+compiled pass, :func:`attnsvm.svm._active_kernels.certify_fro`, never a proof).
 
-The constraints of a (batched, normalised) :class:`~attnsvm.svm.solution.ConstraintSet`
+The certificate (:func:`certify`), computed from the returned W alone against ALL
+constraints, vectorised over the batch:
+
+    margin      min_k m_k / b_k over inequalities with b_k > 0
+    violation   max( max_ineq (b_k - m_k)^+, max_eq |m_k - b_k| ) / max(1, |b_k|)
+    gap         (||W|| / min(1, margin) - lb) / lb,  lb = sum_k lam_k b_k / ||sum_k lam_k A_k||_*
+                (weak duality: lb <= ||W'|| for every feasible W', for any lam >= 0 on the
+                inequalities, so gap bounds the relative suboptimality of W)
+    kkt         stationarity of min 1/2||W||^2 (||W - S||/||W|| for the self-dual Frobenius
+                norm; max(| ||S||_*/||W|| - 1 |, | <S, W>/||W||^2 - 1 |) otherwise) and
+                complementarity max_k |lam_k (m_k - b_k)| / ||W||^2
+
+``feasible_`` and ``status_`` are derived from the returned numbers only (never from a
+solver's word), and both verdicts are proofs (below): feasible iff every inequality
+margin is PROVEN >= b_k for the caller's exact data (a rigorous rounding-error bound,
+exact rational arithmetic where it is undecided; equalities and the relaxed problem's
+m_k >= 0 to FEAS_TOL, a stated tolerance); "optimal" iff feasible and gap <= GAP_OPTIMAL
+(the gap evaluated in floating point, its rounding error far below that threshold:
+stated, not machine-proven).  An infeasible verdict needs a Farkas certificate verified
+in exact arithmetic (:func:`attnsvm.svm.farkas.farkas_verify`: sum lam_k A_k = 0
+exactly).
+
+Multipliers ``dual_`` always refer to the squared problem min 1/2 ||W||^2 (whatever the
+norm), so that sum_k lam_k b_k = ||W_mm||^2 at the optimum and, for the Frobenius norm,
+W_mm = sum_k lambda_k A_k.
+
+The constraints of a (batched, normalised) :class:`~attnsvm.svm.constraints.ConstraintSet`
 ``cs`` are  m_k(W) = Delta_k^T W z_k >= b_k  (inequalities) with the EXACT difference
 
     Delta_k = cs.Delta_k + cs.Delta_lo_k          (Delta_lo None: cs.Delta is exact)
@@ -54,7 +82,7 @@ candidate replaced by the exact null vector nearest to it (unique up to scale wh
 support is that of an LP vertex, Gleeson & Ryan 1990); the verdict needs that exact
 vector to satisfy the sign and b conditions.
 
-Optimality.  The relative duality gap of :func:`attnsvm.svm.solution.certify`
+Optimality.  The relative duality gap of :func:`certify`
 (||W|| / lb - 1 with the weak-duality bound lb = sum lam_k b_k / ||S||_*) is evaluated in
 floating point; with W proven feasible it bounds the suboptimality up to the rounding of
 lb, a relative error of about (N + d e) u (sum_k lam_k ||A_k|| / ||S||_*), reported
@@ -64,9 +92,15 @@ cancel by more than 1e8.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from fractions import Fraction
 
 import numpy as np
+
+from attnsvm._optional import OptionalImport
+
+# the compiled sums of the certificate (numba), or None; the proofs themselves are plain
+_kernels = OptionalImport("._active_kernels", __package__)
 
 __all__ = [
     "U",
@@ -81,6 +115,11 @@ __all__ = [
     "farkas_enclosure",
     "farkas_prove",
     "farkas_exact",
+    "Certificate",
+    "certify",
+    "FEAS_TOL",
+    "GAP_OPTIMAL",
+    "GAP_INACCURATE",
 ]
 
 U = 2.0 ** -53  # unit roundoff of float64 (round to nearest)
@@ -545,3 +584,165 @@ def farkas_exact(cs, lam: np.ndarray, which: np.ndarray | None = None):
             for (i, t), c in r.items():
                 out[b, i, t] = float(c)
     return ok, out
+
+
+FEAS_TOL = 1e-9  # equality constraints, and inequalities with b_k <= 0 (relaxed problem):
+# violation / max(1, |b_k|) of a feasible answer (a stated tolerance; inequalities with
+# b_k > 0 are proven exactly, certificate.prove_feasible)
+GAP_OPTIMAL = 1e-6  # certified relative duality gap of an "optimal" answer
+GAP_INACCURATE = 1e-3  # ... of an "optimal_inaccurate" one (larger: "suboptimal")
+
+
+# ---------------------------------------------------------------------- certificate
+@dataclass
+class Certificate:
+    """The certificate of B candidate answers (all arrays over the batch, normalised units).
+
+    W (B, d, e) the answer (NaN rows: none), lam (B, n, T) multipliers of
+    min 1/2||W||^2 (0 where none), margins (B, n, T), norm, margin, violation, kkt, gap,
+    lower (lb) (B,), feasible (B,) bool, support (B, n, T) bool.
+    """
+
+    W: np.ndarray
+    lam: np.ndarray
+    margins: np.ndarray
+    norm: np.ndarray
+    margin: np.ndarray
+    violation: np.ndarray
+    kkt: np.ndarray
+    gap: np.ndarray
+    lower: np.ndarray
+    feasible: np.ndarray
+    support: np.ndarray
+
+    def take(self, idx) -> Certificate:
+        """The certificates of the problems ``idx`` (every field indexed by ``idx``)."""
+        return Certificate(**{k: getattr(self, k)[idx] for k in self.__dataclass_fields__})
+
+    def put(self, idx, other: Certificate) -> None:
+        """Write ``other``'s fields into the problems ``idx`` of this certificate (in place)."""
+        for k in self.__dataclass_fields__:
+            getattr(self, k)[idx] = getattr(other, k)
+
+
+def _fro_norm(A: np.ndarray) -> np.ndarray:
+    """||A||_F over the last two dims (finite A), shape A.shape[:-2]: m ||A / m||_F with
+    m = max |A| per item (no overflow or underflow in the squares; 0 for A = 0), as
+    :meth:`attnsvm.norms.Norm.value` computes it."""
+    if A.size == 0:
+        return np.zeros(A.shape[:-2])
+    m = np.abs(A).max((-2, -1))
+    A1 = A / np.where(m > 0, m, 1.0)[..., None, None]
+    return m * np.sqrt(np.einsum("...ij,...ij->...", A1, A1))
+
+
+def _fro_sums(cs, Wz: np.ndarray, lam: np.ndarray):
+    """The Frobenius certificate's per-problem numbers (inequalities only) by the compiled
+    :func:`attnsvm.svm._active_kernels.certify_fro`, which evaluates every constraint on
+    Wz itself: (m (B, n, T), S = sum lam_k A_k (B, d, e), margin, violation, ||W||_F,
+    ||S||_F, sum lam_k b_k, ||W - S||_F, max |lam_k (m_k - b_k)|), each (B,).  None without
+    numba or where anything overflowed (the numpy path then gives inf / NaN as it should)."""
+    K = _kernels()
+    if K is None or cs.Delta.ndim != 4:
+        return None
+    B = Wz.shape[0]
+    m = np.empty(cs.valid.shape)
+    S = np.empty(Wz.shape)
+    out = np.empty((B, 7))
+    c = np.ascontiguousarray
+    K.certify_fro(c(cs.Delta, dtype=float), c(cs.Z, dtype=float), c(cs.valid, dtype=bool),
+                  c(cs.b, dtype=float), c(Wz, dtype=float), c(lam, dtype=float), m, S, out)
+    if not (np.isfinite(m).all() and np.isfinite(S).all() and np.isfinite(out[:, 1:]).all()):
+        return None
+    return (m, S, *out.T)
+
+
+def certify(cs, W: np.ndarray, lam: np.ndarray | None, N,
+            tol_active: float = 1e-6) -> Certificate:
+    """THE certificate of answers ``W`` (B, d, e) with multipliers ``lam`` (B, n, T) for the
+    batched constraint set ``cs`` (normalised), computed on ALL constraints, vectorised.
+
+    Rows of W that are not finite mean "no answer" (feasible False, numbers NaN).  ``lam``
+    may be None (then only the primal numbers are reported; gap and kkt are NaN).
+    See the module docstring for the formulas.  ``N``: the :class:`~attnsvm.norms.Norm`
+    (converted once, at the caller's door).
+    """
+    B = cs.batch_shape[0]
+    valid, b = cs.valid, cs.b
+    ineq, eqm = cs.ineq, cs.eqmask
+    W = np.asarray(W, dtype=float)
+    has = np.isfinite(W).all((-2, -1))
+    Wz = np.where(has[:, None, None], W, 0.0)
+    if lam is None:
+        lam_given = np.zeros(B, bool)
+        lam = np.zeros(valid.shape)
+    else:
+        lam = np.asarray(lam, dtype=float)
+        lam_given = np.isfinite(lam).all((-2, -1))
+    lam = np.where(lam_given[:, None, None], lam, 0.0)  # (rows given are finite)
+    if cs.eq is None:  # inequalities only: lam >= 0 on the valid ones
+        lam = np.where(valid, np.maximum(lam, 0.0), 0.0)
+    else:
+        lam = np.where(ineq, np.maximum(lam, 0.0), np.where(eqm, lam, 0.0))
+    # the proof of feasibility (certificate.prove_feasible): every inequality margin
+    # proven >= b_k from the returned W (a rounding-size scale-up where that proves it)
+    Wz, lam, proven = prove_feasible(cs, Wz, lam, has)
+    W = np.where(has[:, None, None], Wz, W)
+    eq_ok = np.ones(B, bool)
+    fro = N.name == "fro"  # the Frobenius norm (self-dual) in numpy, no torch round trip
+    with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+        bs = np.maximum(1.0, np.abs(b))
+        sums = _fro_sums(cs, Wz, lam) if fro and cs.eq is None else None
+        if sums is not None:  # the same numbers from one compiled pass per problem
+            m, S, margin, viol, nrm, dn, lb_num, wms, comp = sums
+        else:
+            m = cs.margins(Wz)
+            pos = ineq & (b > 0)
+            margin = np.where(pos, m / np.where(pos, b, 1.0), np.inf).min((1, 2))
+            viol = np.where(ineq, np.maximum(b - m, 0.0) / bs, 0.0).max((1, 2))
+            if cs.eq is not None:
+                v_eq = np.where(eqm, np.abs(m - b) / bs, 0.0).max((1, 2))
+                viol = np.maximum(viol, v_eq)
+                eq_ok = v_eq <= FEAS_TOL  # equalities: to a stated tolerance
+            nrm = _fro_norm(Wz) if fro else np.asarray(N.value(Wz, vector=False), dtype=float)
+            S = cs.combine(lam)
+            dn = (_fro_norm(S) if fro and np.isfinite(S).all()
+                  else np.asarray(N.dual.value(S, vector=False), dtype=float))
+            lb_num = (lam * b).sum((1, 2))
+            wms = np.linalg.norm((Wz - S).reshape(B, -1), axis=1)
+            comp = np.where(ineq, np.abs(lam * (m - b)), 0.0).max((1, 2))
+        # inequalities with b_k <= 0 (relaxed problem): to FEAS_TOL, stated (see
+        # certificate.prove_feasible); those with b_k > 0: proven
+        nonpos = ineq & (b <= 0)
+        if nonpos.any():
+            eq_ok = eq_ok & (np.where(nonpos, np.maximum(b - m, 0.0) / bs, 0.0).max((1, 2))
+                             <= FEAS_TOL)
+        feasible = has & proven & eq_ok & np.isfinite(nrm)
+        lower = np.where((dn > 0) & (lb_num > 0), lb_num / np.where(dn > 0, dn, 1.0), 0.0)
+        rhs_eq = np.zeros(B, bool) if cs.eq is None else (eqm & (b != 0)).any((1, 2))
+        # W / margin is feasible (and no larger in norm when margin >= 1) unless an
+        # equality with b != 0 pins the scale
+        fix = np.where((margin > 0) & (margin < 1) & ~rhs_eq, margin, 1.0)
+        upper = nrm / fix
+        need = cs.needs_margin()
+        gap = np.where(lower > 0, np.maximum(upper - lower, 0.0) / lower, np.inf)
+        gap = np.where(need, gap, np.where(nrm == 0, 0.0, np.inf))
+        gap = np.where(feasible & lam_given, gap, np.nan)
+        n2 = np.where(nrm > 0, nrm**2, 1.0)
+        if N.dual == N:  # self-dual (Hilbert) norm: stationarity is W = sum lam_k A_k
+            stat = wms / np.sqrt(n2)
+        else:  # S in ||W|| d||W||  <=>  ||S||_* = ||W|| and <S, W> = ||W||^2
+            stat = np.maximum(np.abs(dn / np.sqrt(n2) - 1.0),
+                              np.abs((S * Wz).sum((1, 2)) / n2 - 1.0))
+        comp = comp / n2
+        kkt = np.maximum(stat, comp)
+        kkt = np.where(need, np.where(nrm > 0, kkt, np.inf), np.where(nrm == 0, 0.0, kkt))
+        kkt = np.where(has & lam_given, kkt, np.nan)
+    support = valid & (eqm | (m <= b + tol_active * bs)) & has[:, None, None]
+    nan = np.full(B, np.nan)
+    return Certificate(
+        W=W, lam=lam, margins=np.where(has[:, None, None], m, np.nan),
+        norm=np.where(has, nrm, np.inf), margin=np.where(has, margin, nan),
+        violation=np.where(has, viol, nan), kkt=kkt, gap=gap, lower=lower,
+        feasible=feasible, support=support,
+    )

@@ -28,9 +28,9 @@ from __future__ import annotations
 import numpy as np
 
 from . import active
+from .constraints import ConstraintSet
 from .fast import batched_mnp, polish_fro, primal_ipm
 from .records import Raw
-from .solution import ConstraintSet
 
 __all__ = ["solve_single", "solve_batch", "batch_applies", "solve_batch_active",
            "solve_batch_ipm", "polish", "unit_rhs", "MAX_BATCH_N", "MAX_BATCH_N_ACTIVE",

@@ -57,7 +57,7 @@ Higham, "Accuracy and Stability of Numerical Algorithms", §3):
 status_: "optimal" when the proven violation is <= FEAS_TOL (1e-9), a feasible point is
 proven and the proven gap <= GAP_GRAPH (1e-9); "optimal_inaccurate" / "suboptimal" for
 larger proven gaps; "infeasible" only with a Farkas certificate verified by
-:func:`attnsvm.svm.solution.farkas_verify` (``conflict_`` then names the samples);
+:func:`attnsvm.svm.farkas.farkas_verify` (``conflict_`` then names the samples);
 "uncertified" when neither is proven (``extra["reason"]`` says why; a solver's
 numerical error is recorded there, never raised).
 
@@ -75,18 +75,12 @@ import numpy as np
 from .._parallel import thread_pool
 from .._validation import check_memory
 from ..norms import FRO, Norm, get_norm
-from .certificate import U, gamma, two_diff
-from .constraints import margin_ratio
-from .farkas import farkas_lp, farkas_polish
+from .certificate import FEAS_TOL, GAP_INACCURATE, U, gamma, two_diff
+from .constraints import ConstraintSet, margin_ratio
+from .farkas import farkas_lp, farkas_polish, farkas_verify
 from .frobenius import DENSE_CAP
 from .records import SOLVER_ERRORS
-from .solution import (
-    FEAS_TOL,
-    GAP_INACCURATE,
-    ConstraintSet,
-    Solution,
-    farkas_verify,
-)
+from .result import Solution
 from .strategy import STRATEGIES, strategy
 from .validate import as_tol
 

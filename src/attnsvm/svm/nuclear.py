@@ -32,10 +32,10 @@ import numpy as np
 from ..norms import NUC
 from . import active, frobenius, sdp
 from .conic import solve_cvxpy, solve_quietly
+from .constraints import ConstraintSet
 from .fast import primal_ipm
 from .records import SOLVER_ERRORS, Raw
 from .sdp import nuclear_barrier, nuclear_ipm
-from .solution import ConstraintSet
 
 __all__ = ["solve_single", "ipm_working_set", "barrier_working_set", "scs_working_set",
            "warm_start", "NUC_ALL_N", "NUC_SEED_K", "NUC_SEED_ACTIVE_RATIO", "NUC_ADD_SLACK",

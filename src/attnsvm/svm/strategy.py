@@ -38,9 +38,10 @@ from dataclasses import dataclass, replace
 
 from ..norms import FRO, NUC, SPECTRAL, Norm
 from . import active, frobenius, nuclear
+from .certificate import GAP_INACCURATE, GAP_OPTIMAL
 from .conic import solve_cvxpy
+from .constraints import ConstraintSet
 from .records import Raw
-from .solution import GAP_INACCURATE, GAP_OPTIMAL, ConstraintSet
 
 __all__ = ["Strategy", "STRATEGIES", "DEFAULT", "SOLVERS", "strategy", "solver_key",
            "solve_one", "solve_conic"]
