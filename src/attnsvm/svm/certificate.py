@@ -115,6 +115,7 @@ __all__ = [
     "farkas_enclosure",
     "farkas_prove",
     "farkas_exact",
+    "fro_norm",
     "Certificate",
     "certify",
     "FEAS_TOL",
@@ -530,7 +531,9 @@ def _cholesky(A: np.ndarray):
     column algorithm in floating point, vectorised over the batch (r_jj = sqrt(a_jj -
     sum_k r_jk^2), r_ij = (a_ij - sum_k r_ik r_jk) / r_jj: the algorithm of Higham's
     Theorem 10.3, its inner products in any order); ok where it runs to completion
-    (every pivot > 0), L finite garbage elsewhere."""
+    (every pivot > 0), L finite garbage elsewhere.  The one hand-written Cholesky routine
+    of :mod:`attnsvm.svm` (elsewhere LAPACK's ``np.linalg.cholesky``); its compiled twin
+    :func:`attnsvm.svm._nuc_kernels._chol` is held equal to it by tests/test_svm_formulas.py."""
     B, p, _ = A.shape
     L = np.zeros_like(A)
     with np.errstate(all="ignore"):
@@ -625,10 +628,13 @@ class Certificate:
             getattr(self, k)[idx] = getattr(other, k)
 
 
-def _fro_norm(A: np.ndarray) -> np.ndarray:
+def fro_norm(A: np.ndarray) -> np.ndarray:
     """||A||_F over the last two dims (finite A), shape A.shape[:-2]: m ||A / m||_F with
     m = max |A| per item (no overflow or underflow in the squares; 0 for A = 0), as
-    :meth:`attnsvm.norms.Norm.value` computes it."""
+    :meth:`attnsvm.norms.Norm.value` computes it.  The one scale-safe Frobenius norm of
+    :mod:`attnsvm.svm` (its compiled twin :func:`attnsvm.svm._active_kernels._fro` is held
+    equal to it by tests/test_svm_formulas.py); the computed value is the exact one to
+    gamma_{size + 4} (a sum of squares in any order, Higham §3.1, plus the scalings)."""
     if A.size == 0:
         return np.zeros(A.shape[:-2])
     m = np.abs(A).max((-2, -1))
@@ -704,9 +710,9 @@ def certify(cs, W: np.ndarray, lam: np.ndarray | None, N,
                 v_eq = np.where(eqm, np.abs(m - b) / bs, 0.0).max((1, 2))
                 viol = np.maximum(viol, v_eq)
                 eq_ok = v_eq <= FEAS_TOL  # equalities: to a stated tolerance
-            nrm = _fro_norm(Wz) if fro else np.asarray(N.value(Wz, vector=False), dtype=float)
+            nrm = fro_norm(Wz) if fro else np.asarray(N.value(Wz, vector=False), dtype=float)
             S = cs.combine(lam)
-            dn = (_fro_norm(S) if fro and np.isfinite(S).all()
+            dn = (fro_norm(S) if fro and np.isfinite(S).all()
                   else np.asarray(N.dual.value(S, vector=False), dtype=float))
             lb_num = (lam * b).sum((1, 2))
             wms = np.linalg.norm((Wz - S).reshape(B, -1), axis=1)

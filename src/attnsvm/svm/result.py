@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .certificate import fro_norm
+
 __all__ = ["Solution", "BatchSolution", "NotRepresentableError", "primal_norm", "dual_norm"]
 
 
@@ -157,7 +159,7 @@ class Solution:
         if m == 0:
             return self.W_
         W1 = self.W_ / m
-        return W1 / np.linalg.norm(W1)
+        return W1 / float(fro_norm(W1.reshape(1, -1)))  # (a vector W_ too)
 
     def rank(self, rtol: float = 1e-7) -> int:
         """Numerical rank of W_ (singular values > rtol * largest)."""

@@ -13,7 +13,6 @@ from .certificate import (
     GAP_INACCURATE,
     GAP_OPTIMAL,
     Certificate,
-    _fro_norm,
     _fro_sums,
     certify,
 )
@@ -37,6 +36,5 @@ __all__ = [
     "FARKAS_BOUND",
     "exp2",
     "ldexp",
-    "_fro_norm",
     "_fro_sums",
 ]
