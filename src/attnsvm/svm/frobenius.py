@@ -334,6 +334,17 @@ def _graph_ldp(cs: ConstraintSet):
     return w.reshape(cs.d, cs.e), lam, "optimal"
 
 
+def graph_memory(n_rows: int, d: int) -> tuple[float, str]:
+    """(bytes, what) the largest arrays of :func:`graph_candidates` need for ``n_rows``
+    rows in dimension d: the (rows, d^2) NNLS matrix where d^2 <= 4096 and rows d^2 <=
+    DENSE_CAP, else the dual QP's (rows, rows) Gram matrix, its triangle and its
+    factorisation (the ``graph_memory`` field of the norm's strategy row)."""
+    N, d = float(n_rows), float(d)
+    if d * d <= 4096 and N * d * d <= DENSE_CAP:
+        return 8.0 * (3 * N * d * d + 2 * d ** 4), "least-distance programming"
+    return 8.0 * 3 * N * N, "the dual QP's (rows, rows) Gram matrix"
+
+
 def graph_candidates(cs: ConstraintSet):
     """Frobenius Graph-SVM candidates (W, lam, name): least-distance programming by NNLS
     (exact active set; d*d <= 4096), else Clarabel on the dual QP; each followed by the

@@ -78,7 +78,6 @@ from ..norms import FRO, Norm, get_norm
 from .certificate import FEAS_TOL, GAP_INACCURATE, U, fro_norm, gamma, two_diff
 from .constraints import ConstraintSet, margin_ratio
 from .farkas import farkas_lp, farkas_polish, farkas_verify
-from .frobenius import DENSE_CAP
 from .records import SOLVER_ERRORS
 from .result import Solution
 from .strategy import STRATEGIES, strategy
@@ -575,18 +574,17 @@ class _LocalRows:
 
 def memory_need(n_rows: int, n_eq: int, d: int, norm) -> tuple[float, str]:
     """(bytes, what) a graph_svm solve of ``n_rows`` distinct rows (``n_eq`` equalities)
-    in dimension d needs at least: the solver's largest arrays (Frobenius: the (rows,
-    d^2) NNLS matrix where d^2 <= 4096 and rows d^2 <= DENSE_CAP, else the dual QP's
-    (rows, rows) Gram matrix, its triangle and its factorisation; nuclear: the
-    interior-point method's (rows, rows) Schur complement and factor) plus the proof's
-    (rows, d) arrays and the equalities' (m, m) Gram matrix and eigendecomposition."""
-    N, d = float(n_rows), float(d)
-    proof = 8.0 * (8 * N * d + 4 * float(n_eq) ** 2)
-    if graph_norm(norm) is FRO:
-        if d * d <= 4096 and N * d * d <= DENSE_CAP:
-            return proof + 8.0 * (3 * N * d * d + 2 * d ** 4), "least-distance programming"
-        return proof + 8.0 * 3 * N * N, "the dual QP's (rows, rows) Gram matrix"
-    return proof + 8.0 * 4 * N * N, "the interior-point method's (rows, rows) Schur complement"
+    in dimension d needs at least: the solver's largest arrays (the ``graph_memory`` field
+    of the norm's row of :data:`attnsvm.svm.strategy.STRATEGIES`: Frobenius
+    :func:`attnsvm.svm.frobenius.graph_memory`, nuclear :func:`attnsvm.svm.nuclear.
+    graph_memory`) plus the proof's (rows, d) arrays and the equalities' (m, m) Gram
+    matrix and eigendecomposition."""
+    proof = 8.0 * (8 * float(n_rows) * float(d) + 4 * float(n_eq) ** 2)
+    mem = strategy(graph_norm(norm)).graph_memory
+    if mem is None:  # (a row that states no solver memory: the proof's alone)
+        return proof, "the proof's (rows, d) arrays"
+    solve, what = mem(n_rows, d)
+    return proof + solve, what
 
 
 def _out_scale(x: float, s: int, upper: bool) -> float:

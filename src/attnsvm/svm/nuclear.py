@@ -517,6 +517,14 @@ def _nuc_on_rows(Dr, Zr, b, eq, sel_eq, C, lam, m):
     return C + Uc[:, :k] @ p[:k * r2].reshape(k, r2) + p[k * r2:].reshape(r1, k) @ Vct[:k]
 
 
+def graph_memory(n_rows: int, d: int) -> tuple[float, str]:
+    """(bytes, what) the largest arrays of :func:`graph_candidates` need for ``n_rows``
+    rows: the interior-point method's (rows, rows) Schur complement and its factor (the
+    ``graph_memory`` field of the norm's strategy row; d enters through the proof)."""
+    N = float(n_rows)
+    return 8.0 * 4 * N * N, "the interior-point method's (rows, rows) Schur complement"
+
+
 def graph_candidates(cs: ConstraintSet):
     """Nuclear Graph-SVM candidates, yielded one at a time (the caller proves each and
     stops as soon as the proven gap is small): (W or None, lam or None, name).
