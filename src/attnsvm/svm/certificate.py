@@ -92,6 +92,7 @@ cancel by more than 1e8.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from fractions import Fraction
 
@@ -116,6 +117,11 @@ __all__ = [
     "farkas_prove",
     "farkas_exact",
     "fro_norm",
+    "fro_upper",
+    "svd_bounds",
+    "NormBounds",
+    "FRO_BOUNDS",
+    "NUC_BOUNDS",
     "Certificate",
     "certify",
     "FEAS_TOL",
@@ -752,3 +758,87 @@ def certify(cs, W: np.ndarray, lam: np.ndarray | None, N,
         violation=np.where(has, viol, nan), kkt=kkt, gap=gap, lower=lower,
         feasible=feasible, support=support,
     )
+
+
+# ------------------------------------------------- proven bounds of a norm (Graph-SVM)
+def svd_bounds(A: np.ndarray):
+    """(upper bound of ||A||_2, upper bound of ||A||_*, the computed singular values) for a
+    float matrix A, from its computed SVD A ~ U diag(s) V^T: with R = A - U diag(s) V^T,
+    ||A||_2 <= ||U||_2 ||V||_2 max s + ||R||_F and ||A||_* <= ||U||_2 ||V||_2 sum s +
+    sqrt(rank bound) ||R||_F, where ||U||_2^2 <= 1 + ||U^T U - I||_F; every computed
+    quantity carries its rounding bound (Higham §3.5: |fl(X Y) - X Y| <= gamma_n |X| |Y|,
+    and || |X| |Y| ||_F <= ||X||_F ||Y||_F)."""
+    d1, d2 = A.shape
+    if not np.all(np.isfinite(A)):
+        return np.inf, np.inf, np.zeros(0)
+    try:
+        Uu, s, Vt = np.linalg.svd(A, full_matrices=False)
+    except np.linalg.LinAlgError:  # (no bound without a decomposition)
+        return np.inf, np.inf, np.zeros(0)
+    r = len(s)
+    if r == 0:
+        return 0.0, 0.0, s
+    def orth_defect(G, Q):  # upper bound of ||Q^T Q - I||_F from G = fl(Q^T Q)
+        n = Q.size // r
+        fq = float(np.linalg.norm(Q)) ** 2 * (1 + gamma(Q.size + 2))  # >= ||Q||_F^2
+        G.flat[::r + 1] -= 1.0
+        err = gamma(n + 1) * (fq + np.sqrt(r))  # >= || gamma_n |Q|^T|Q| + u |I| ||_F
+        return (float(np.linalg.norm(G)) * (1 + gamma(r * r + 2)) + err) * 1.0001, fq
+
+    eu, _ = orth_defect(Uu.T @ Uu, Uu)
+    ev, fv = orth_defect(Vt @ Vt.T, Vt)
+    US = Uu * s
+    rF = float(np.linalg.norm(A - US @ Vt)) * (1 + gamma(d1 * d2 + 2))
+    # rounding of fl(A - US Vt): gamma_{r+2} |U||s| |Vt| + u |A|, in Frobenius norm
+    rerr = (gamma(r + 2) * float(np.linalg.norm(US)) * np.sqrt(fv) * (1 + gamma(d1 * r + 2))
+            + U * float(np.linalg.norm(A)) * (1 + gamma(d1 * d2 + 2)))
+    rF = (rF + rerr * 1.0001) * 1.0001
+    fac = np.sqrt((1 + eu) * (1 + ev)) * (1 + 4 * U)
+    smax = float(s[0])
+    s_sum = float(s.sum()) * (1 + gamma(r + 1))
+    two = smax * fac * (1 + 4 * U) + rF
+    nuc = s_sum * fac * (1 + 4 * U) + np.sqrt(min(d1, d2)) * rF * (1 + 4 * U)
+    return float(two), float(nuc), s
+
+
+def fro_upper(A: np.ndarray) -> float:
+    """A proven upper bound of ||A||_F (float A): the computed :func:`fro_norm` times
+    1 + gamma_{size + 4}."""
+    return float(fro_norm(A)) * (1 + gamma(A.size + 4))
+
+
+@dataclass(frozen=True)
+class NormBounds:
+    """The proven bounds of one norm that the Graph-SVM's proof plugs in (the
+    ``graph_bounds`` field of the norm's row of :data:`attnsvm.svm.strategy.STRATEGIES`):
+
+    value(A) -> (a proven upper bound of ||A||, ||A|| as computed);
+    dual(S) -> (a proven upper bound of ||S||_*, ||S||_* as computed);
+    fro_factor(d) -> c with ||X|| <= c ||X||_F for every (d, d) X (the cost, in the norm,
+    of a correction bounded in the Frobenius norm);
+    self_dual: whether ||.||_* = ||.|| (stationarity is then W = sum lam_r A_r)."""
+
+    value: Callable[[np.ndarray], tuple[float, float]]
+    dual: Callable[[np.ndarray], tuple[float, float]]
+    fro_factor: Callable[[int], float]
+    self_dual: bool
+
+
+def _fro_both(A: np.ndarray) -> tuple[float, float]:
+    return fro_upper(A), float(fro_norm(A))
+
+
+def _nuc_value(A: np.ndarray) -> tuple[float, float]:
+    _, nuc, s = svd_bounds(A)
+    return nuc, float(s.sum())
+
+
+def _nuc_dual(A: np.ndarray) -> tuple[float, float]:
+    two, _, s = svd_bounds(A)
+    return two, float(s[0]) if s.size else 0.0
+
+
+#: the Frobenius norm (self-dual) and the nuclear norm (dual: spectral; ||X||_* <=
+#: sqrt(d) ||X||_F)
+FRO_BOUNDS = NormBounds(_fro_both, _fro_both, lambda d: 1.0, True)
+NUC_BOUNDS = NormBounds(_nuc_value, _nuc_dual, lambda d: np.sqrt(d) * (1 + 2 * U), False)
