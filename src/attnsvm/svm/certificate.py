@@ -127,6 +127,7 @@ __all__ = [
     "FEAS_TOL",
     "GAP_OPTIMAL",
     "GAP_INACCURATE",
+    "verdict",
 ]
 
 U = 2.0 ** -53  # unit roundoff of float64 (round to nearest)
@@ -600,6 +601,29 @@ FEAS_TOL = 1e-9  # equality constraints, and inequalities with b_k <= 0 (relaxed
 # b_k > 0 are proven exactly, certificate.prove_feasible)
 GAP_OPTIMAL = 1e-6  # certified relative duality gap of an "optimal" answer
 GAP_INACCURATE = 1e-3  # ... of an "optimal_inaccurate" one (larger: "suboptimal")
+
+
+def verdict(feasible, gap, infeasible, gap_optimal: float = GAP_OPTIMAL) -> np.ndarray:
+    """THE status rule, from proven numbers only (arrays broadcast; an object array of
+    str): where ``feasible`` (a proven feasible answer), "optimal" for gap <=
+    ``gap_optimal`` (GAP_OPTIMAL; the Graph-SVM's proven gap: its GAP_GRAPH),
+    "optimal_inaccurate" for gap <= GAP_INACCURATE, else "suboptimal" (a NaN gap too);
+    elsewhere "infeasible" where ``infeasible`` (a proven Farkas certificate), else
+    "uncertified".
+
+    Example::
+
+        >>> import numpy as np
+        >>> from attnsvm.svm.certificate import verdict
+        >>> verdict(np.array([True, True, False, False]), np.array([1e-9, 1e-2, np.nan, np.nan]),
+        ...         np.array([False, False, True, False])).tolist()
+        ['optimal', 'suboptimal', 'infeasible', 'uncertified']
+    """
+    return np.where(
+        feasible,
+        np.where(gap <= gap_optimal, "optimal",
+                 np.where(gap <= GAP_INACCURATE, "optimal_inaccurate", "suboptimal")),
+        np.where(infeasible, "infeasible", "uncertified")).astype(object)
 
 
 # ---------------------------------------------------------------------- certificate

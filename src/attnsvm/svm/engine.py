@@ -56,7 +56,7 @@ import numpy as np
 from ..norms import Norm, get_norm
 from . import active
 from .assemble import to_batch_solution, to_solution, to_user_units
-from .certificate import GAP_INACCURATE, GAP_OPTIMAL, KAPPA, Certificate, certify
+from .certificate import KAPPA, Certificate, certify, verdict
 from .constraints import (
     ConstraintSet,
     absmax,
@@ -258,11 +258,7 @@ def solve(cs: ConstraintSet, norm="fro", *, solver=None, tol: float = 1e-6,
         try_lp(b)
     # a feasible answer and a verified Farkas certificate cannot both exist
     fk_ok &= ~cert.feasible
-    status = np.where(
-        cert.feasible,
-        np.where(cert.gap <= GAP_OPTIMAL, "optimal",
-                 np.where(cert.gap <= GAP_INACCURATE, "optimal_inaccurate", "suboptimal")),
-        np.where(fk_ok, "infeasible", "uncertified")).astype(object)
+    status = verdict(cert.feasible, cert.gap, fk_ok)
     conflict = conflicts(fk_lam, fk_ok)
     out = Outcome(cert=cert, status=status, solver=names, conflict=conflict, n_iter=iters,
                   farkas_bound=np.where(fk_ok, fk_bound, np.nan), farkas_lam=fk_lam,

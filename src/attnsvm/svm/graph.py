@@ -75,7 +75,7 @@ import numpy as np
 from .._parallel import thread_pool
 from .._validation import check_memory
 from ..norms import Norm, get_norm
-from .certificate import FEAS_TOL, GAP_INACCURATE, U, fro_upper, gamma, two_diff
+from .certificate import FEAS_TOL, U, fro_upper, gamma, two_diff, verdict
 from .constraints import ConstraintSet, margin_ratio
 from .farkas import farkas_lp, farkas_polish, farkas_verify
 from .records import SOLVER_ERRORS
@@ -459,15 +459,10 @@ def prove(E: np.ndarray, rows, W: np.ndarray, lam: np.ndarray | None, norm,
 # --------------------------------------------------------------------- assembly
 def _status(pr: dict) -> str:
     """'uncertified' unless the answer's violation is within FEAS_TOL AND an exactly
-    feasible point is proven (``upper`` finite); then by the proven gap."""
-    if not (pr["violation_hi"] <= FEAS_TOL and np.isfinite(pr["upper"])):
-        return "uncertified"
-    g = pr["gap_hi"]
-    if g <= GAP_GRAPH:
-        return "optimal"
-    if g <= GAP_INACCURATE:
-        return "optimal_inaccurate"
-    return "suboptimal"
+    feasible point is proven (``upper`` finite); then by the proven gap (the one rule,
+    :func:`attnsvm.svm.certificate.verdict`, with GAP_GRAPH for "optimal")."""
+    feas = pr["violation_hi"] <= FEAS_TOL and np.isfinite(pr["upper"])
+    return str(verdict(feas, pr["gap_hi"], False, GAP_GRAPH)[()])
 
 
 def _rank(pr: dict) -> tuple:
