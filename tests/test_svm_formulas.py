@@ -93,3 +93,31 @@ def test_compiled_cholesky_is_the_plain_one():
     A0[3, 3] = -1.0  # not positive definite
     assert not NK._chol(A0, np.zeros((6, 6)))
     assert not _cholesky(A0[None])[1][0]
+
+
+def test_margins_are_one_formula():
+    """ConstraintSet.margins and the Graph-SVM's rows are row_margins; the compiled
+    margins_batch (the engine's fast path) equals it to rounding (|error| <= gamma_{d+e}
+    |D|^T |W| |z|, checked against the exact margins in fractions)."""
+    from attnsvm.svm.constraints import ConstraintSet, row_margins
+
+    rng = np.random.default_rng(7)
+    B, n, T, d, e = 3, 4, 5, 3, 2
+    D, Z, W = rng.standard_normal((B, n, T, d)), rng.standard_normal((B, n, e)), \
+        rng.standard_normal((B, d, e))
+    valid = rng.random((B, n, T)) < 0.8
+    cs = ConstraintSet(D, Z, valid, np.ones((B, n, T)))
+    m = cs.margins(W)
+    exact = np.array([[[float(sum(Fraction(float(D[b, i, t, c])) * Fraction(float(W[b, c, f]))
+                                   * Fraction(float(Z[b, i, f])) for c in range(d) for f in range(e)))
+                        for t in range(T)] for i in range(n)] for b in range(B)])
+    size = np.einsum("bitc,bcf,bif->bit", np.abs(D), np.abs(W), np.abs(Z))
+    assert np.all(np.abs(m - np.where(valid, exact, 0.0)) <= gamma(d + e) * size)
+    assert np.array_equal(np.where(valid[0, 0], row_margins(D[0, 0], Z[0, 0], W[0]), 0.0), m[0, 0])
+    pytest.importorskip("numba")
+    from attnsvm.svm import active
+
+    mc = np.empty((B, n, T))
+    active.kernels().margins_batch(D, Z, valid, W, mc)
+    assert np.all(np.abs(mc - np.where(valid, exact, 0.0)) <= gamma(d + e) * size)
+    assert np.all(mc[~valid] == 0) and np.all(m[~valid] == 0)

@@ -39,10 +39,26 @@ import numpy as np
 from .certificate import two_diff
 from .validate import as_array
 
-__all__ = ["ConstraintSet", "exp2", "ldexp", "absmax", "normalise", "has_subnormal", "normalise_constraints", "build_constraints",
+__all__ = ["ConstraintSet", "row_margins", "exp2", "ldexp", "absmax", "normalise", "has_subnormal", "normalise_constraints", "build_constraints",
            "scaled_keys", "margin_ratio", "SMALLEST_NORMAL"]
 
 SMALLEST_NORMAL = np.finfo(float).tiny
+
+
+def row_margins(D: np.ndarray, Z: np.ndarray, W: np.ndarray) -> np.ndarray:
+    """THE margin formula of :mod:`attnsvm.svm`: m_r = D_r^T W z_r = ((D @ W) * Z).sum(-1)
+    for rows D (..., d) and Z (..., e) (broadcast) and W (..., d, e); the compiled twins
+    (:mod:`attnsvm.svm._active_kernels`) are held equal to it by tests/test_svm_fastpath.py.
+
+    Example::
+
+        >>> import numpy as np
+        >>> from attnsvm.svm.constraints import row_margins
+        >>> row_margins(np.array([[1.0, 0.0], [0.0, 2.0]]), np.array([[1.0], [1.0]]),
+        ...             np.array([[3.0], [4.0]])).tolist()
+        [3.0, 8.0]
+    """
+    return ((D @ W) * Z).sum(-1)
 
 
 def exp2(m: np.ndarray) -> np.ndarray:
@@ -177,8 +193,9 @@ class ConstraintSet:
 
     # ---------------------------------------------------------- algebra
     def margins(self, W: np.ndarray) -> np.ndarray:
-        """m_it = Delta_it^T W z_i, (..., n, T) (0 at invalid entries); W (..., d, e)."""
-        m = ((self.Delta @ W[..., None, :, :]) * self.Z[..., :, None, :]).sum(-1)
+        """m_it = Delta_it^T W z_i, (..., n, T) (0 at invalid entries); W (..., d, e)
+        (:func:`row_margins`)."""
+        m = row_margins(self.Delta, self.Z[..., :, None, :], W[..., None, :, :])
         return np.where(self.valid, m, 0.0)
 
     def combine(self, lam: np.ndarray) -> np.ndarray:

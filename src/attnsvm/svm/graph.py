@@ -76,7 +76,7 @@ from .._parallel import thread_pool
 from .._validation import check_memory
 from ..norms import Norm, get_norm
 from .certificate import FEAS_TOL, U, fro_upper, gamma, two_diff, verdict
-from .constraints import ConstraintSet, margin_ratio
+from .constraints import ConstraintSet, margin_ratio, row_margins
 from .farkas import farkas_lp, farkas_polish, farkas_verify
 from .records import SOLVER_ERRORS
 from .result import Solution
@@ -316,7 +316,7 @@ def _prove_primal(E: np.ndarray, rows, W: np.ndarray, N: Norm, eqb: dict | None 
     nb = strategy(N).graph_bounds  # the norm's proven bounds (certificate.NormBounds)
     with np.errstate(over="ignore", invalid="ignore", under="ignore"):
         D, Z = _row_data(E, rows)
-        m = ((D @ W) * Z).sum(1)
+        m = row_margins(D, Z, W)
         aW = np.abs(W)
         B = ((np.abs(D) @ aW) * np.abs(Z)).sum(1) * (1 + gamma(2 * d + 2))
         err = (gamma(2 * d + 1) * B + U * np.abs(m) + 4 * d * TINY) * 1.0001

@@ -32,7 +32,7 @@ import numpy as np
 from ..norms import NUC
 from . import active, frobenius, sdp
 from .conic import solve_cvxpy, solve_quietly
-from .constraints import ConstraintSet
+from .constraints import ConstraintSet, row_margins
 from .fast import primal_ipm
 from .records import SOLVER_ERRORS, Raw
 from .sdp import nuclear_barrier, nuclear_ipm
@@ -488,7 +488,7 @@ def _nuc_ipm(cs: ConstraintSet, tol: float = 3e-10):
             Me = Mr_eq[np.searchsorted(ie, sel_eq)]
             c = c - np.linalg.lstsq(Me, Me @ c, rcond=None)[0]  # (robust where Me is near-singular)
         yield U @ c.reshape(C.shape) @ V.T, lam, name
-        m = ((Dr @ C) * Zr).sum(1)  # margins of C
+        m = row_margins(Dr, Zr, C)  # margins of C
         yield U @ _nuc_on_rows(Dr, Zr, b, eq, sel_eq, C, lam, m) @ V.T, lam, name + "+rows"
         lmax = float(lam[~eq].max(initial=0.0))
         use = ~eq & ((lam > 1e-6 * lmax) | (m < 1 + 1e-3))
