@@ -119,6 +119,7 @@ __all__ = [
     "fro_norm",
     "fro_upper",
     "svd_bounds",
+    "lmin_lower",
     "NormBounds",
     "FRO_BOUNDS",
     "NUC_BOUNDS",
@@ -784,7 +785,7 @@ def certify(cs, W: np.ndarray, lam: np.ndarray | None, N,
     )
 
 
-# ------------------------------------------------- proven bounds of a norm (Graph-SVM)
+# ------------------------------- proven bounds of norms and eigenvalues (Graph-SVM proof)
 def svd_bounds(A: np.ndarray):
     """(upper bound of ||A||_2, upper bound of ||A||_*, the computed singular values) for a
     float matrix A, from its computed SVD A ~ U diag(s) V^T: with R = A - U diag(s) V^T,
@@ -829,6 +830,33 @@ def fro_upper(A: np.ndarray) -> float:
     """A proven upper bound of ||A||_F (float A): the computed :func:`fro_norm` times
     1 + gamma_{size + 4}."""
     return float(fro_norm(A)) * (1 + gamma(A.size + 4))
+
+
+def lmin_lower(G: np.ndarray) -> float:
+    """A proven lower bound of the smallest eigenvalue of the symmetric float matrix G
+    (m, m) (0 where none > 0 is proven), from its computed eigendecomposition
+    G ~ Q diag(w) Q^T: with R = G - Q diag(w) Q^T, lambda_min(G) >= min(w) (1 - ||Q^T Q -
+    I||_F) - ||R||_F when min(w) >= 0 (x^T Q diag(w) Q^T x >= min(w) ||Q^T x||^2); every
+    computed norm carries its rounding bound (Higham §3.5), as in :func:`svd_bounds`."""
+    m = G.shape[0]
+    if m == 0:
+        return np.inf
+    try:
+        w, Q = np.linalg.eigh(G)
+    except np.linalg.LinAlgError:  # (nothing proven)
+        return 0.0
+    if not (np.all(np.isfinite(w)) and w[0] > 0):
+        return 0.0
+    fq = float(np.linalg.norm(Q)) ** 2 * (1 + gamma(Q.size + 2))
+    O = Q.T @ Q
+    O.flat[::m + 1] -= 1.0
+    eo = (float(np.linalg.norm(O)) * (1 + gamma(m * m + 2)) + gamma(m + 1) * (fq + np.sqrt(m)))
+    QW = Q * w
+    rF = float(np.linalg.norm(G - QW @ Q.T)) * (1 + gamma(m * m + 2))
+    rerr = (gamma(m + 2) * float(np.linalg.norm(QW)) * np.sqrt(fq) * (1 + gamma(m * m + 2))
+            + U * float(np.linalg.norm(G)) * (1 + gamma(m * m + 2)))
+    lo = float(w[0]) * (1 - eo * 1.0001) * (1 - 4 * U) - (rF + rerr * 1.0001) * 1.0001
+    return max(lo, 0.0)
 
 
 @dataclass(frozen=True)

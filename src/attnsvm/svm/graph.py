@@ -75,7 +75,7 @@ import numpy as np
 from .._parallel import thread_pool
 from .._validation import check_memory
 from ..norms import Norm, get_norm
-from .certificate import FEAS_TOL, U, fro_upper, gamma, two_diff, verdict
+from .certificate import FEAS_TOL, U, fro_upper, gamma, lmin_lower, two_diff, verdict
 from .constraints import ConstraintSet, margin_ratio, row_margins
 from .farkas import farkas_lp, farkas_polish, farkas_verify
 from .records import SOLVER_ERRORS
@@ -151,33 +151,6 @@ def _row_data(E: np.ndarray, rows):
     return D, Z
 
 
-def _lmin_lower(G: np.ndarray) -> float:
-    """A proven lower bound of the smallest eigenvalue of the symmetric float matrix G
-    (m, m) (0 where none > 0 is proven), from its computed eigendecomposition
-    G ~ Q diag(w) Q^T: with R = G - Q diag(w) Q^T, lambda_min(G) >= min(w) (1 - ||Q^T Q -
-    I||_F) - ||R||_F when min(w) >= 0 (x^T Q diag(w) Q^T x >= min(w) ||Q^T x||^2); every
-    computed norm carries its rounding bound (Higham §3.5), as in :func:`attnsvm.svm.certificate.svd_bounds`."""
-    m = G.shape[0]
-    if m == 0:
-        return np.inf
-    try:
-        w, Q = np.linalg.eigh(G)
-    except np.linalg.LinAlgError:  # (nothing proven)
-        return 0.0
-    if not (np.all(np.isfinite(w)) and w[0] > 0):
-        return 0.0
-    fq = float(np.linalg.norm(Q)) ** 2 * (1 + gamma(Q.size + 2))
-    O = Q.T @ Q
-    O.flat[::m + 1] -= 1.0
-    eo = (float(np.linalg.norm(O)) * (1 + gamma(m * m + 2)) + gamma(m + 1) * (fq + np.sqrt(m)))
-    QW = Q * w
-    rF = float(np.linalg.norm(G - QW @ Q.T)) * (1 + gamma(m * m + 2))
-    rerr = (gamma(m + 2) * float(np.linalg.norm(QW)) * np.sqrt(fq) * (1 + gamma(m * m + 2))
-            + U * float(np.linalg.norm(G)) * (1 + gamma(m * m + 2)))
-    lo = float(w[0]) * (1 - eo * 1.0001) * (1 - 4 * U) - (rF + rerr * 1.0001) * 1.0001
-    return max(lo, 0.0)
-
-
 def _tie_forest(rows) -> np.ndarray:
     """Indices of a spanning forest of the equality rows, per query token: rows (k, a, b)
     joining tokens not yet joined in G_k's tie graph (union-find).  Every other equality
@@ -229,7 +202,7 @@ def equality_bound(E: np.ndarray, rows) -> dict:
         aD, aZ = np.abs(D), np.abs(Z)
         errG = fro_upper((aD @ aD.T) * (aZ @ aZ.T)) * gamma(2 * d + 3) * 1.0001 \
             + 4 * len(f) * d * TINY
-        lam = _lmin_lower(G) if np.all(np.isfinite(G)) else 0.0
+        lam = lmin_lower(G) if np.all(np.isfinite(G)) else 0.0
         rn = np.sqrt((np.einsum("rd,rd->r", D, D) * np.einsum("rd,rd->r", Z, Z)).sum())
         lo_part = U * float(rn) * (1 + gamma(2 * d + 4)) * 1.0001  # ||M_exact - M_fl||_F
         s = np.sqrt(max(lam - errG, 0.0)) * (1 - 2 * U) - lo_part
