@@ -351,7 +351,7 @@ def test_lmin_lower_is_a_lower_bound():
     """_lmin_lower of random Gram matrices (well and badly conditioned) never exceeds the
     smallest eigenvalue computed at 50 digits (mpmath), and is close where it is well
     conditioned; an indefinite matrix gives 0."""
-    from attnsvm.svm.graph import _lmin_lower
+    from attnsvm.svm.certificate import lmin_lower as _lmin_lower
 
     mp.mp.dps = 50
     rng = np.random.default_rng(1)

@@ -264,7 +264,8 @@ def _farkas_loop(cs, lam):
 def test_farkas_verify_compiled_equals_numpy_and_loops(seed, with_eq, certificate):
     """The compiled Farkas check (farkas_batch: engine and batched path) against the numpy
     one and explicit loops: the same verdicts, bounds to 1e-12, the same multipliers."""
-    from attnsvm.svm.solution import ConstraintSet, _farkas_numpy, farkas_verify
+    from attnsvm.svm.constraints import ConstraintSet
+    from attnsvm.svm.farkas import _farkas_numpy, farkas_verify
 
     rng = np.random.default_rng(seed)
     B, n, T, d, e = 7, 3, 4, 3, 2

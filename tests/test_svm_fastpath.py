@@ -1,7 +1,7 @@
 """The engine's fast paths against its general ones, on random feasible, degenerate and
 infeasible instances, single and batched:
 
-* the compiled Frobenius certificate (``solution._fro_sums`` -> ``certify_fro``) and the
+* the compiled Frobenius certificate (``certificate._fro_sums`` -> ``certify_fro``) and the
   compiled margins of the feasibility rescaling (``engine._margins``) against the numpy
   certificate (the same solver answers, certified both ways): identical statuses,
   feasibility, supports and conflicts; margins, norms and multipliers to 1e-12 relative;
@@ -23,6 +23,7 @@ from attnsvm.svm import (  # noqa: E402
     active,
     att_svm,
     att_svm_batch,
+    certificate,
     engine,
     prompt_svm,
     prompt_svm_batch,
@@ -36,7 +37,7 @@ FIELDS_EQ = ("feasible_", "status_", "support_", "conflict_", "solver_")
 
 def _general(monkeypatch):
     """Force the numpy certificate and margins (the general path)."""
-    monkeypatch.setattr(solution, "_fro_sums", lambda cs, Wz, lam: None)
+    monkeypatch.setattr(certificate, "_fro_sums", lambda cs, Wz, lam: None)
     monkeypatch.setattr(engine, "_margins", lambda cs, W: cs.margins(W))
 
 

@@ -84,7 +84,7 @@ def dual_rank(X, z, alpha, lam, delta: float = DELTA) -> int:
 
 def lower_bound(sol) -> float:
     """The certified lower bound on the optimum of a Solution: lb with gap = (ub - lb) / lb,
-    ub = ||W|| / min(1, margin) (attnsvm.svm.solution.certify)."""
+    ub = ||W|| / min(1, margin) (attnsvm.svm.certificate.certify)."""
     ub = sol.norm_ / min(1.0, sol.margin_)
     return ub / (1.0 + sol.gap_)
 

@@ -14,7 +14,7 @@ Public API::
         support_, margins_, status_, solver_, feasible_, conflict_, alpha_
 
 One engine (:mod:`attnsvm.svm.engine`) solves every problem, single (B = 1) or batched,
-and one certificate (:func:`attnsvm.svm.solution.certify`), computed from the returned W on
+and one certificate (:func:`attnsvm.svm.certificate.certify`), computed from the returned W on
 all constraints, sets ``feasible_`` and ``status_``; "infeasible" needs a verified Farkas
 certificate.  Inputs are validated in one place (:mod:`attnsvm.svm.validate`).
 The Graph-SVM (:mod:`~attnsvm.svm.graph`) takes its solvers from the same table (the
@@ -26,12 +26,13 @@ norm (:mod:`~attnsvm.svm.strategy`, one table), the solvers (:mod:`~attnsvm.svm.
 :mod:`~attnsvm.svm.nuclear`, :mod:`~attnsvm.svm.conic`, :mod:`~attnsvm.svm.fast` (the
 Frobenius interior-point methods), :mod:`~attnsvm.svm.sdp` (the nuclear-norm SDP methods), the
 compiled :mod:`~attnsvm.svm.active` with its plain reference :mod:`~attnsvm.svm.wolfe`),
-the certificate (:mod:`~attnsvm.svm.solution`, :mod:`~attnsvm.svm.certificate`),
-infeasibility (:mod:`~attnsvm.svm.farkas`), results in the caller's units
-(:mod:`~attnsvm.svm.assemble`).
+the certificate (:mod:`~attnsvm.svm.certificate`), infeasibility
+(:mod:`~attnsvm.svm.farkas`), the results (:mod:`~attnsvm.svm.result`) in the caller's
+units (:mod:`~attnsvm.svm.assemble`).
 """
 
 from .batch import att_svm_batch, prompt_svm_batch
+from .constraints import ConstraintSet
 from .graph import graph_svm, graph_svm_batch
 from .multitoken import MultiTokenSolution, multitoken_svm, selected_sets
 from .problems import (
@@ -44,14 +45,7 @@ from .problems import (
     scores,
     seq2seq_svm,
 )
-from .solution import (
-    BatchSolution,
-    ConstraintSet,
-    NotRepresentableError,
-    Solution,
-    dual_norm,
-    primal_norm,
-)
+from .result import BatchSolution, NotRepresentableError, Solution, dual_norm, primal_norm
 
 __all__ = [
     "att_svm",

@@ -22,7 +22,8 @@ OPTIMAL, STALLED, FAILED, INFEASIBLE = 0, 1, 2, 3
 @njit(cache=True)
 def _chol(A, L):
     """Lower Cholesky factor of the symmetric A into L; False if A is not (numerically)
-    positive definite."""
+    positive definite.  The compiled twin of :func:`attnsvm.svm.certificate._cholesky`
+    (the same column algorithm, one matrix), held equal to it by tests/test_svm_formulas.py."""
     n = A.shape[0]
     for j in range(n):
         s = A[j, j]

@@ -20,7 +20,7 @@ tolerance), which for rho > 0 gives the hard-margin SVM
 min ||W||_F s.t. <A_k, W> >= 1; the multipliers on S then solve G_SS lam_S = 1 and are
 refined twice with residuals 1 - <A_k, W> computed from W itself (not from G).  rho ~ 0
 (the origin in the convex hull) leaves mu as a Farkas candidate, sum mu_k A_k ~ 0,
-which the engine verifies (:func:`attnsvm.svm.solution.farkas_verify`) before any
+which the engine verifies (:func:`attnsvm.svm.farkas.farkas_verify`) before any
 "infeasible".  The kernel's own verdict only chooses between answers: the engine
 certifies every W / lam it returns.
 

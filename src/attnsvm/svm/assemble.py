@@ -1,13 +1,13 @@
 """Results in the caller's units: the engine's :class:`~attnsvm.svm.engine.Outcome`
-(normalised units) -> :class:`~attnsvm.svm.solution.Solution` /
-:class:`~attnsvm.svm.solution.BatchSolution`.
+(normalised units) -> :class:`~attnsvm.svm.result.Solution` /
+:class:`~attnsvm.svm.result.BatchSolution`.
 
     sol = to_solution(cs, out, alpha=..., problem=..., vector=..., norm=..., tol=...)
     bs = to_batch_solution(cs, out, ...)
 
 W = 2^-exp W_normalised (exact: a power of two), dual = 2^-2exp lam; a W that over- or
 underflows float64 is "not_representable" (batches) or raises
-:class:`~attnsvm.svm.solution.NotRepresentableError` (single problems).
+:class:`~attnsvm.svm.result.NotRepresentableError` (single problems).
 """
 
 from __future__ import annotations
@@ -15,8 +15,10 @@ from __future__ import annotations
 import numpy as np
 
 from ..norms import Norm
+from .certificate import certify
+from .constraints import ConstraintSet, ldexp
 from .records import Outcome
-from .solution import BatchSolution, ConstraintSet, NotRepresentableError, Solution, certify, ldexp
+from .result import BatchSolution, NotRepresentableError, Solution
 
 __all__ = ["to_user_units", "to_batch_solution", "to_solution", "MIN_REPRESENTABLE"]
 

@@ -24,7 +24,7 @@ import numpy as np
 from ..norms import FRO
 from . import engine, lean
 from .constraints import build_constraints, scaled_keys
-from .solution import BatchSolution
+from .result import BatchSolution
 from .validate import as_alpha, as_array, as_mask, as_norm, as_tol
 
 __all__ = ["BatchSolution", "att_svm_batch", "prompt_svm_batch"]

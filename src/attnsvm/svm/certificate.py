@@ -1,8 +1,36 @@
-"""Certificates that are proofs: the feasibility and infeasibility verdicts of the max-margin
-problems, proven from the returned numbers (plain numpy and Python integers; this module
-imports no compiled kernel and nothing else of :mod:`attnsvm.svm`).
+"""THE certificate of the max-margin problems (:func:`certify`) and its proofs: the
+feasibility and infeasibility verdicts, proven from the returned numbers (plain numpy and
+Python integers; this module imports nothing else of :mod:`attnsvm.svm`; only the
+floating-point sums that :func:`certify` reports for the Frobenius norm may come from one
+compiled pass, :func:`attnsvm.svm._active_kernels.certify_fro`, never a proof).
 
-The constraints of a (batched, normalised) :class:`~attnsvm.svm.solution.ConstraintSet`
+The certificate (:func:`certify`), computed from the returned W alone against ALL
+constraints, vectorised over the batch:
+
+    margin      min_k m_k / b_k over inequalities with b_k > 0
+    violation   max( max_ineq (b_k - m_k)^+, max_eq |m_k - b_k| ) / max(1, |b_k|)
+    gap         (||W|| / min(1, margin) - lb) / lb,  lb = sum_k lam_k b_k / ||sum_k lam_k A_k||_*
+                (weak duality: lb <= ||W'|| for every feasible W', for any lam >= 0 on the
+                inequalities, so gap bounds the relative suboptimality of W)
+    kkt         stationarity of min 1/2||W||^2 (||W - S||/||W|| for the self-dual Frobenius
+                norm; max(| ||S||_*/||W|| - 1 |, | <S, W>/||W||^2 - 1 |) otherwise) and
+                complementarity max_k |lam_k (m_k - b_k)| / ||W||^2
+
+``feasible_`` and ``status_`` are derived from the returned numbers only (never from a
+solver's word), and both verdicts are proofs (below): feasible iff every inequality
+margin is PROVEN >= b_k for the caller's exact data (a rigorous rounding-error bound,
+exact rational arithmetic where it is undecided; equalities and the relaxed problem's
+m_k >= 0 to FEAS_TOL, a stated tolerance); "optimal" iff feasible and gap <= GAP_OPTIMAL
+(the gap evaluated in floating point, its rounding error far below that threshold:
+stated, not machine-proven).  An infeasible verdict needs a Farkas certificate verified
+in exact arithmetic (:func:`attnsvm.svm.farkas.farkas_verify`: sum lam_k A_k = 0
+exactly).
+
+Multipliers ``dual_`` always refer to the squared problem min 1/2 ||W||^2 (whatever the
+norm), so that sum_k lam_k b_k = ||W_mm||^2 at the optimum and, for the Frobenius norm,
+W_mm = sum_k lambda_k A_k.
+
+The constraints of a (batched, normalised) :class:`~attnsvm.svm.constraints.ConstraintSet`
 ``cs`` are  m_k(W) = Delta_k^T W z_k >= b_k  (inequalities) with the EXACT difference
 
     Delta_k = cs.Delta_k + cs.Delta_lo_k          (Delta_lo None: cs.Delta is exact)
@@ -54,7 +82,7 @@ candidate replaced by the exact null vector nearest to it (unique up to scale wh
 support is that of an LP vertex, Gleeson & Ryan 1990); the verdict needs that exact
 vector to satisfy the sign and b conditions.
 
-Optimality.  The relative duality gap of :func:`attnsvm.svm.solution.certify`
+Optimality.  The relative duality gap of :func:`certify`
 (||W|| / lb - 1 with the weak-duality bound lb = sum lam_k b_k / ||S||_*) is evaluated in
 floating point; with W proven feasible it bounds the suboptimality up to the rounding of
 lb, a relative error of about (N + d e) u (sum_k lam_k ||A_k|| / ||S||_*), reported
@@ -64,9 +92,16 @@ cancel by more than 1e8.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from fractions import Fraction
 
 import numpy as np
+
+from attnsvm._optional import OptionalImport
+
+# the compiled sums of the certificate (numba), or None; the proofs themselves are plain
+_kernels = OptionalImport("._active_kernels", __package__)
 
 __all__ = [
     "U",
@@ -81,6 +116,19 @@ __all__ = [
     "farkas_enclosure",
     "farkas_prove",
     "farkas_exact",
+    "fro_norm",
+    "fro_upper",
+    "svd_bounds",
+    "lmin_lower",
+    "NormBounds",
+    "FRO_BOUNDS",
+    "NUC_BOUNDS",
+    "Certificate",
+    "certify",
+    "FEAS_TOL",
+    "GAP_OPTIMAL",
+    "GAP_INACCURATE",
+    "verdict",
 ]
 
 U = 2.0 ** -53  # unit roundoff of float64 (round to nearest)
@@ -491,7 +539,9 @@ def _cholesky(A: np.ndarray):
     column algorithm in floating point, vectorised over the batch (r_jj = sqrt(a_jj -
     sum_k r_jk^2), r_ij = (a_ij - sum_k r_ik r_jk) / r_jj: the algorithm of Higham's
     Theorem 10.3, its inner products in any order); ok where it runs to completion
-    (every pivot > 0), L finite garbage elsewhere."""
+    (every pivot > 0), L finite garbage elsewhere.  The one hand-written Cholesky routine
+    of :mod:`attnsvm.svm` (elsewhere LAPACK's ``np.linalg.cholesky``); its compiled twin
+    :func:`attnsvm.svm._nuc_kernels._chol` is held equal to it by tests/test_svm_formulas.py."""
     B, p, _ = A.shape
     L = np.zeros_like(A)
     with np.errstate(all="ignore"):
@@ -545,3 +595,302 @@ def farkas_exact(cs, lam: np.ndarray, which: np.ndarray | None = None):
             for (i, t), c in r.items():
                 out[b, i, t] = float(c)
     return ok, out
+
+
+FEAS_TOL = 1e-9  # equality constraints, and inequalities with b_k <= 0 (relaxed problem):
+# violation / max(1, |b_k|) of a feasible answer (a stated tolerance; inequalities with
+# b_k > 0 are proven exactly, certificate.prove_feasible)
+GAP_OPTIMAL = 1e-6  # certified relative duality gap of an "optimal" answer
+GAP_INACCURATE = 1e-3  # ... of an "optimal_inaccurate" one (larger: "suboptimal")
+
+
+def verdict(feasible, gap, infeasible, gap_optimal: float = GAP_OPTIMAL) -> np.ndarray:
+    """THE status rule, from proven numbers only (arrays broadcast; an object array of
+    str): where ``feasible`` (a proven feasible answer), "optimal" for gap <=
+    ``gap_optimal`` (GAP_OPTIMAL; the Graph-SVM's proven gap: its GAP_GRAPH),
+    "optimal_inaccurate" for gap <= GAP_INACCURATE, else "suboptimal" (a NaN gap too);
+    elsewhere "infeasible" where ``infeasible`` (a proven Farkas certificate), else
+    "uncertified".
+
+    Example::
+
+        >>> import numpy as np
+        >>> from attnsvm.svm.certificate import verdict
+        >>> verdict(np.array([True, True, False, False]), np.array([1e-9, 1e-2, np.nan, np.nan]),
+        ...         np.array([False, False, True, False])).tolist()
+        ['optimal', 'suboptimal', 'infeasible', 'uncertified']
+    """
+    return np.where(
+        feasible,
+        np.where(gap <= gap_optimal, "optimal",
+                 np.where(gap <= GAP_INACCURATE, "optimal_inaccurate", "suboptimal")),
+        np.where(infeasible, "infeasible", "uncertified")).astype(object)
+
+
+# ---------------------------------------------------------------------- certificate
+@dataclass
+class Certificate:
+    """The certificate of B candidate answers (all arrays over the batch, normalised units).
+
+    W (B, d, e) the answer (NaN rows: none), lam (B, n, T) multipliers of
+    min 1/2||W||^2 (0 where none), margins (B, n, T), norm, margin, violation, kkt, gap,
+    lower (lb) (B,), feasible (B,) bool, support (B, n, T) bool.
+    """
+
+    W: np.ndarray
+    lam: np.ndarray
+    margins: np.ndarray
+    norm: np.ndarray
+    margin: np.ndarray
+    violation: np.ndarray
+    kkt: np.ndarray
+    gap: np.ndarray
+    lower: np.ndarray
+    feasible: np.ndarray
+    support: np.ndarray
+
+    def take(self, idx) -> Certificate:
+        """The certificates of the problems ``idx`` (every field indexed by ``idx``)."""
+        return Certificate(**{k: getattr(self, k)[idx] for k in self.__dataclass_fields__})
+
+    def put(self, idx, other: Certificate) -> None:
+        """Write ``other``'s fields into the problems ``idx`` of this certificate (in place)."""
+        for k in self.__dataclass_fields__:
+            getattr(self, k)[idx] = getattr(other, k)
+
+
+def fro_norm(A: np.ndarray) -> np.ndarray:
+    """||A||_F over the last two dims (finite A), shape A.shape[:-2]: m ||A / m||_F with
+    m = max |A| per item (no overflow or underflow in the squares; 0 for A = 0), as
+    :meth:`attnsvm.norms.Norm.value` computes it.  The one scale-safe Frobenius norm of
+    :mod:`attnsvm.svm` (its compiled twin :func:`attnsvm.svm._active_kernels._fro` is held
+    equal to it by tests/test_svm_formulas.py); the computed value is the exact one to
+    gamma_{size + 4} (a sum of squares in any order, Higham §3.1, plus the scalings)."""
+    if A.size == 0:
+        return np.zeros(A.shape[:-2])
+    m = np.abs(A).max((-2, -1))
+    A1 = A / np.where(m > 0, m, 1.0)[..., None, None]
+    return m * np.sqrt(np.einsum("...ij,...ij->...", A1, A1))
+
+
+def _fro_sums(cs, Wz: np.ndarray, lam: np.ndarray):
+    """The Frobenius certificate's per-problem numbers (inequalities only) by the compiled
+    :func:`attnsvm.svm._active_kernels.certify_fro`, which evaluates every constraint on
+    Wz itself: (m (B, n, T), S = sum lam_k A_k (B, d, e), margin, violation, ||W||_F,
+    ||S||_F, sum lam_k b_k, ||W - S||_F, max |lam_k (m_k - b_k)|), each (B,).  None without
+    numba or where anything overflowed (the numpy path then gives inf / NaN as it should)."""
+    K = _kernels()
+    if K is None or cs.Delta.ndim != 4:
+        return None
+    B = Wz.shape[0]
+    m = np.empty(cs.valid.shape)
+    S = np.empty(Wz.shape)
+    out = np.empty((B, 7))
+    c = np.ascontiguousarray
+    K.certify_fro(c(cs.Delta, dtype=float), c(cs.Z, dtype=float), c(cs.valid, dtype=bool),
+                  c(cs.b, dtype=float), c(Wz, dtype=float), c(lam, dtype=float), m, S, out)
+    if not (np.isfinite(m).all() and np.isfinite(S).all() and np.isfinite(out[:, 1:]).all()):
+        return None
+    return (m, S, *out.T)
+
+
+def certify(cs, W: np.ndarray, lam: np.ndarray | None, N,
+            tol_active: float = 1e-6) -> Certificate:
+    """THE certificate of answers ``W`` (B, d, e) with multipliers ``lam`` (B, n, T) for the
+    batched constraint set ``cs`` (normalised), computed on ALL constraints, vectorised.
+
+    Rows of W that are not finite mean "no answer" (feasible False, numbers NaN).  ``lam``
+    may be None (then only the primal numbers are reported; gap and kkt are NaN).
+    See the module docstring for the formulas.  ``N``: the :class:`~attnsvm.norms.Norm`
+    (converted once, at the caller's door).
+    """
+    B = cs.batch_shape[0]
+    valid, b = cs.valid, cs.b
+    ineq, eqm = cs.ineq, cs.eqmask
+    W = np.asarray(W, dtype=float)
+    has = np.isfinite(W).all((-2, -1))
+    Wz = np.where(has[:, None, None], W, 0.0)
+    if lam is None:
+        lam_given = np.zeros(B, bool)
+        lam = np.zeros(valid.shape)
+    else:
+        lam = np.asarray(lam, dtype=float)
+        lam_given = np.isfinite(lam).all((-2, -1))
+    lam = np.where(lam_given[:, None, None], lam, 0.0)  # (rows given are finite)
+    if cs.eq is None:  # inequalities only: lam >= 0 on the valid ones
+        lam = np.where(valid, np.maximum(lam, 0.0), 0.0)
+    else:
+        lam = np.where(ineq, np.maximum(lam, 0.0), np.where(eqm, lam, 0.0))
+    # the proof of feasibility (certificate.prove_feasible): every inequality margin
+    # proven >= b_k from the returned W (a rounding-size scale-up where that proves it)
+    Wz, lam, proven = prove_feasible(cs, Wz, lam, has)
+    W = np.where(has[:, None, None], Wz, W)
+    eq_ok = np.ones(B, bool)
+    fro = N.name == "fro"  # the Frobenius norm (self-dual) in numpy, no torch round trip
+    with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+        bs = np.maximum(1.0, np.abs(b))
+        sums = _fro_sums(cs, Wz, lam) if fro and cs.eq is None else None
+        if sums is not None:  # the same numbers from one compiled pass per problem
+            m, S, margin, viol, nrm, dn, lb_num, wms, comp = sums
+        else:
+            m = cs.margins(Wz)
+            pos = ineq & (b > 0)
+            margin = np.where(pos, m / np.where(pos, b, 1.0), np.inf).min((1, 2))
+            viol = np.where(ineq, np.maximum(b - m, 0.0) / bs, 0.0).max((1, 2))
+            if cs.eq is not None:
+                v_eq = np.where(eqm, np.abs(m - b) / bs, 0.0).max((1, 2))
+                viol = np.maximum(viol, v_eq)
+                eq_ok = v_eq <= FEAS_TOL  # equalities: to a stated tolerance
+            nrm = fro_norm(Wz) if fro else np.asarray(N.value(Wz, vector=False), dtype=float)
+            S = cs.combine(lam)
+            dn = (fro_norm(S) if fro and np.isfinite(S).all()
+                  else np.asarray(N.dual.value(S, vector=False), dtype=float))
+            lb_num = (lam * b).sum((1, 2))
+            wms = np.linalg.norm((Wz - S).reshape(B, -1), axis=1)
+            comp = np.where(ineq, np.abs(lam * (m - b)), 0.0).max((1, 2))
+        # inequalities with b_k <= 0 (relaxed problem): to FEAS_TOL, stated (see
+        # certificate.prove_feasible); those with b_k > 0: proven
+        nonpos = ineq & (b <= 0)
+        if nonpos.any():
+            eq_ok = eq_ok & (np.where(nonpos, np.maximum(b - m, 0.0) / bs, 0.0).max((1, 2))
+                             <= FEAS_TOL)
+        feasible = has & proven & eq_ok & np.isfinite(nrm)
+        lower = np.where((dn > 0) & (lb_num > 0), lb_num / np.where(dn > 0, dn, 1.0), 0.0)
+        rhs_eq = np.zeros(B, bool) if cs.eq is None else (eqm & (b != 0)).any((1, 2))
+        # W / margin is feasible (and no larger in norm when margin >= 1) unless an
+        # equality with b != 0 pins the scale
+        fix = np.where((margin > 0) & (margin < 1) & ~rhs_eq, margin, 1.0)
+        upper = nrm / fix
+        need = cs.needs_margin()
+        gap = np.where(lower > 0, np.maximum(upper - lower, 0.0) / lower, np.inf)
+        gap = np.where(need, gap, np.where(nrm == 0, 0.0, np.inf))
+        gap = np.where(feasible & lam_given, gap, np.nan)
+        n2 = np.where(nrm > 0, nrm**2, 1.0)
+        if N.dual == N:  # self-dual (Hilbert) norm: stationarity is W = sum lam_k A_k
+            stat = wms / np.sqrt(n2)
+        else:  # S in ||W|| d||W||  <=>  ||S||_* = ||W|| and <S, W> = ||W||^2
+            stat = np.maximum(np.abs(dn / np.sqrt(n2) - 1.0),
+                              np.abs((S * Wz).sum((1, 2)) / n2 - 1.0))
+        comp = comp / n2
+        kkt = np.maximum(stat, comp)
+        kkt = np.where(need, np.where(nrm > 0, kkt, np.inf), np.where(nrm == 0, 0.0, kkt))
+        kkt = np.where(has & lam_given, kkt, np.nan)
+    support = valid & (eqm | (m <= b + tol_active * bs)) & has[:, None, None]
+    nan = np.full(B, np.nan)
+    return Certificate(
+        W=W, lam=lam, margins=np.where(has[:, None, None], m, np.nan),
+        norm=np.where(has, nrm, np.inf), margin=np.where(has, margin, nan),
+        violation=np.where(has, viol, nan), kkt=kkt, gap=gap, lower=lower,
+        feasible=feasible, support=support,
+    )
+
+
+# ------------------------------- proven bounds of norms and eigenvalues (Graph-SVM proof)
+def svd_bounds(A: np.ndarray):
+    """(upper bound of ||A||_2, upper bound of ||A||_*, the computed singular values) for a
+    float matrix A, from its computed SVD A ~ U diag(s) V^T: with R = A - U diag(s) V^T,
+    ||A||_2 <= ||U||_2 ||V||_2 max s + ||R||_F and ||A||_* <= ||U||_2 ||V||_2 sum s +
+    sqrt(rank bound) ||R||_F, where ||U||_2^2 <= 1 + ||U^T U - I||_F; every computed
+    quantity carries its rounding bound (Higham §3.5: |fl(X Y) - X Y| <= gamma_n |X| |Y|,
+    and || |X| |Y| ||_F <= ||X||_F ||Y||_F)."""
+    d1, d2 = A.shape
+    if not np.all(np.isfinite(A)):
+        return np.inf, np.inf, np.zeros(0)
+    try:
+        Uu, s, Vt = np.linalg.svd(A, full_matrices=False)
+    except np.linalg.LinAlgError:  # (no bound without a decomposition)
+        return np.inf, np.inf, np.zeros(0)
+    r = len(s)
+    if r == 0:
+        return 0.0, 0.0, s
+    def orth_defect(G, Q):  # upper bound of ||Q^T Q - I||_F from G = fl(Q^T Q)
+        n = Q.size // r
+        fq = float(np.linalg.norm(Q)) ** 2 * (1 + gamma(Q.size + 2))  # >= ||Q||_F^2
+        G.flat[::r + 1] -= 1.0
+        err = gamma(n + 1) * (fq + np.sqrt(r))  # >= || gamma_n |Q|^T|Q| + u |I| ||_F
+        return (float(np.linalg.norm(G)) * (1 + gamma(r * r + 2)) + err) * 1.0001, fq
+
+    eu, _ = orth_defect(Uu.T @ Uu, Uu)
+    ev, fv = orth_defect(Vt @ Vt.T, Vt)
+    US = Uu * s
+    rF = float(np.linalg.norm(A - US @ Vt)) * (1 + gamma(d1 * d2 + 2))
+    # rounding of fl(A - US Vt): gamma_{r+2} |U||s| |Vt| + u |A|, in Frobenius norm
+    rerr = (gamma(r + 2) * float(np.linalg.norm(US)) * np.sqrt(fv) * (1 + gamma(d1 * r + 2))
+            + U * float(np.linalg.norm(A)) * (1 + gamma(d1 * d2 + 2)))
+    rF = (rF + rerr * 1.0001) * 1.0001
+    fac = np.sqrt((1 + eu) * (1 + ev)) * (1 + 4 * U)
+    smax = float(s[0])
+    s_sum = float(s.sum()) * (1 + gamma(r + 1))
+    two = smax * fac * (1 + 4 * U) + rF
+    nuc = s_sum * fac * (1 + 4 * U) + np.sqrt(min(d1, d2)) * rF * (1 + 4 * U)
+    return float(two), float(nuc), s
+
+
+def fro_upper(A: np.ndarray) -> float:
+    """A proven upper bound of ||A||_F (float A): the computed :func:`fro_norm` times
+    1 + gamma_{size + 4}."""
+    return float(fro_norm(A)) * (1 + gamma(A.size + 4))
+
+
+def lmin_lower(G: np.ndarray) -> float:
+    """A proven lower bound of the smallest eigenvalue of the symmetric float matrix G
+    (m, m) (0 where none > 0 is proven), from its computed eigendecomposition
+    G ~ Q diag(w) Q^T: with R = G - Q diag(w) Q^T, lambda_min(G) >= min(w) (1 - ||Q^T Q -
+    I||_F) - ||R||_F when min(w) >= 0 (x^T Q diag(w) Q^T x >= min(w) ||Q^T x||^2); every
+    computed norm carries its rounding bound (Higham §3.5), as in :func:`svd_bounds`."""
+    m = G.shape[0]
+    if m == 0:
+        return np.inf
+    try:
+        w, Q = np.linalg.eigh(G)
+    except np.linalg.LinAlgError:  # (nothing proven)
+        return 0.0
+    if not (np.all(np.isfinite(w)) and w[0] > 0):
+        return 0.0
+    fq = float(np.linalg.norm(Q)) ** 2 * (1 + gamma(Q.size + 2))
+    O = Q.T @ Q
+    O.flat[::m + 1] -= 1.0
+    eo = (float(np.linalg.norm(O)) * (1 + gamma(m * m + 2)) + gamma(m + 1) * (fq + np.sqrt(m)))
+    QW = Q * w
+    rF = float(np.linalg.norm(G - QW @ Q.T)) * (1 + gamma(m * m + 2))
+    rerr = (gamma(m + 2) * float(np.linalg.norm(QW)) * np.sqrt(fq) * (1 + gamma(m * m + 2))
+            + U * float(np.linalg.norm(G)) * (1 + gamma(m * m + 2)))
+    lo = float(w[0]) * (1 - eo * 1.0001) * (1 - 4 * U) - (rF + rerr * 1.0001) * 1.0001
+    return max(lo, 0.0)
+
+
+@dataclass(frozen=True)
+class NormBounds:
+    """The proven bounds of one norm that the Graph-SVM's proof plugs in (the
+    ``graph_bounds`` field of the norm's row of :data:`attnsvm.svm.strategy.STRATEGIES`):
+
+    value(A) -> (a proven upper bound of ||A||, ||A|| as computed);
+    dual(S) -> (a proven upper bound of ||S||_*, ||S||_* as computed);
+    fro_factor(d) -> c with ||X|| <= c ||X||_F for every (d, d) X (the cost, in the norm,
+    of a correction bounded in the Frobenius norm);
+    self_dual: whether ||.||_* = ||.|| (stationarity is then W = sum lam_r A_r)."""
+
+    value: Callable[[np.ndarray], tuple[float, float]]
+    dual: Callable[[np.ndarray], tuple[float, float]]
+    fro_factor: Callable[[int], float]
+    self_dual: bool
+
+
+def _fro_both(A: np.ndarray) -> tuple[float, float]:
+    return fro_upper(A), float(fro_norm(A))
+
+
+def _nuc_value(A: np.ndarray) -> tuple[float, float]:
+    _, nuc, s = svd_bounds(A)
+    return nuc, float(s.sum())
+
+
+def _nuc_dual(A: np.ndarray) -> tuple[float, float]:
+    two, _, s = svd_bounds(A)
+    return two, float(s[0]) if s.size else 0.0
+
+
+#: the Frobenius norm (self-dual) and the nuclear norm (dual: spectral; ||X||_* <=
+#: sqrt(d) ||X||_F)
+FRO_BOUNDS = NormBounds(_fro_both, _fro_both, lambda d: 1.0, True)
+NUC_BOUNDS = NormBounds(_nuc_value, _nuc_dual, lambda d: np.sqrt(d) * (1 + 2 * U), False)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..norms import Norm
-from .solution import ConstraintSet
+from .constraints import ConstraintSet
 
 __all__ = ["solve_cvxpy", "solve_quietly"]
 

@@ -3,25 +3,232 @@
     cs = build_constraints(X, Z, alpha, valid)      # (B, n, T, d) tokens -> normalised set
 
 Constraints (x_{i,alpha_i} - x_it)^T W z_i >= b_it (docs/theory.md §5) of B problems, as a
-:class:`~attnsvm.svm.solution.ConstraintSet` whose differences Delta and queries Z are
+:class:`ConstraintSet` whose differences Delta and queries Z are
 scaled by powers of two (exact) so that their largest entries lie in [1/2, 1): no overflow
 at 1e+308, no lost digits for near-duplicate tokens.  The scaling exponents are kept
 (``cs.exp``), so every answer maps back to the caller's units exactly
 (:mod:`attnsvm.svm.assemble`).
+
+
+The layout.  Every problem of docs/theory.md §5 with margin constraints is, after flattening, a set of
+linear constraints on a matrix ``W`` (d, e):
+
+    m_k(W) = Delta_k^T W z_k >= b_k   (inequalities)   or   = b_k   (equalities, ``eq``)
+
+for k = (i, t) with valid[i, t]; ``Delta`` (n, T, d) holds the token differences
+x_{i,alpha_i} - x_{it}, ``Z`` (n, e) the query of sequence i, ``b`` (n, T) the right-hand
+side (1; 0 in the relaxed problem; any value for an equality).  The constraint matrix of
+k is A_k = Delta_k z_k^T.  The prompt problem is the case e = 1, z = 1.
+
+Every array may carry leading batch dims (B problems of the same shape): one code path
+serves a single problem (B = 1) and a batch.
+
+Scale.  A constraint set is stored *normalised*: Delta and Z are divided by powers of two
+so their largest entries lie in [1/2, 1); ``exp`` records the exponent, A_k(original) =
+2^exp A_k(stored).  Power-of-two scaling is exact in floating point, so the solution of
+the original problem is W = 2^-exp W_stored bit for bit, and every solver and the
+certificate work at unit scale (no under/overflow for tokens at 1e-200 or 1e+200).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from .certificate import two_diff
-from .solution import ConstraintSet, exp2, ldexp
 from .validate import as_array
 
-__all__ = ["absmax", "normalise", "has_subnormal", "normalise_constraints", "build_constraints",
+__all__ = ["ConstraintSet", "row_margins", "exp2", "ldexp", "absmax", "normalise", "has_subnormal", "normalise_constraints", "build_constraints",
            "scaled_keys", "margin_ratio", "SMALLEST_NORMAL"]
 
 SMALLEST_NORMAL = np.finfo(float).tiny
+
+
+def row_margins(D: np.ndarray, Z: np.ndarray, W: np.ndarray) -> np.ndarray:
+    """THE margin formula of :mod:`attnsvm.svm`: m_r = D_r^T W z_r = ((D @ W) * Z).sum(-1)
+    for rows D (..., d) and Z (..., e) (broadcast) and W (..., d, e); the compiled twins
+    (:mod:`attnsvm.svm._active_kernels`) are held equal to it by tests/test_svm_fastpath.py.
+
+    Example::
+
+        >>> import numpy as np
+        >>> from attnsvm.svm.constraints import row_margins
+        >>> row_margins(np.array([[1.0, 0.0], [0.0, 2.0]]), np.array([[1.0], [1.0]]),
+        ...             np.array([[3.0], [4.0]])).tolist()
+        [3.0, 8.0]
+    """
+    return ((D @ W) * Z).sum(-1)
+
+
+def exp2(m: np.ndarray) -> np.ndarray:
+    """Integer e with m = f 2^e, f in [1/2, 1) (0 where m == 0 or not finite)."""
+    m = np.asarray(m, dtype=float)
+    ok = np.isfinite(m) & (m > 0)
+    return np.where(ok, np.frexp(np.where(ok, m, 1.0))[1], 0).astype(np.int64)
+
+
+def ldexp(a: np.ndarray, e, out=None) -> np.ndarray:
+    """a * 2^e with e broadcast over a's leading dims (exact unless it over/underflows);
+    ``out``: where to write it (may be ``a`` itself)."""
+    a = np.asarray(a, dtype=float)
+    e = np.asarray(e, dtype=np.int64)
+    if e.size == 1 and e.ndim <= a.ndim and -1022 <= int(e.flat[0]) <= 1023:  # one 2^e
+        with np.errstate(over="ignore", under="ignore"):
+            return np.multiply(a, 2.0 ** int(e.flat[0]), out=out)
+    e = e.reshape(e.shape + (1,) * (a.ndim - e.ndim))
+    with np.errstate(over="ignore", under="ignore"):
+        if e.size and -1022 <= e.min() and e.max() <= 1023:
+            # 2^e is a normal float64: a * 2^e is the correctly rounded a 2^e, as ldexp
+            # (bit for bit, subnormal results included), and 10x faster than np.ldexp
+            return np.multiply(a, np.exp2(e.astype(float)), out=out)
+        return np.ldexp(a, e, out=out)
+
+
+# ----------------------------------------------------------------------- constraints
+@dataclass
+class ConstraintSet:
+    """Constraints Delta_k^T W z_k >= b_k (== b_k where ``eq``) in padded (..., n, T) layout.
+
+    Delta (..., n, T, d), Z (..., n, e), valid (..., n, T) bool, b (..., n, T),
+    eq (..., n, T) bool or None (no equality), exp (...) int: A(original) = 2^exp A(here).
+    Invalid entries (the selected token itself, masked tokens, causal future) carry
+    Delta = 0 and are ignored everywhere.  Leading dims are batch dims.
+
+    Example::
+
+        >>> import numpy as np
+        >>> from attnsvm.svm import ConstraintSet
+        >>> cs = ConstraintSet(Delta=np.array([[[1.0, 0.0], [0.0, 0.0]]]), Z=np.array([[1.0, 0.0]]),
+        ...                    valid=np.array([[True, False]]), b=np.ones((1, 2)))
+        >>> cs.shape, cs.n_constraints
+        ((1, 2), 1)
+    """
+
+    Delta: np.ndarray
+    Z: np.ndarray
+    valid: np.ndarray
+    b: np.ndarray
+    eq: np.ndarray | None = None
+    exp: np.ndarray | int = 0
+    Delta_lo: np.ndarray | None = None
+    data_err: np.ndarray | None = None
+    exact: bool = True
+
+    # Delta_lo (..., n, T, d) or None: the rounding error of the differences, so that the
+    # exact constraint data (that of the caller's tokens) is Delta + Delta_lo
+    # (:func:`attnsvm.svm.certificate.two_diff`); None: Delta is exact, or (``exact``
+    # False) its rounding error, at most u |Delta|, was not kept.  data_err (...) or None (0): a
+    # bound on |exact - stored| for every entry of Delta + Delta_lo and of Z beyond that
+    # (normalised units: bits that scaling into the subnormal range may drop); the data
+    # is held exactly only where it is 0 (the exact-arithmetic checks need that)
+
+    # ------------------------------------------------------------- shape
+    @property
+    def shape(self) -> tuple[int, int]:
+        """(n, T): sequences and tokens per problem."""
+        return (self.Delta.shape[-3], self.Delta.shape[-2])
+
+    @property
+    def batch_shape(self) -> tuple[int, ...]:
+        """The leading batch dims (() for one problem)."""
+        return self.Delta.shape[:-3]
+
+    @property
+    def n_constraints(self):
+        """Number of valid constraints (an int, or an array over the batch)."""
+        c = self.valid.sum((-2, -1))
+        return int(c) if np.ndim(c) == 0 else c
+
+    @property
+    def d(self) -> int:
+        """Key dimension d (W is d x e)."""
+        return self.Delta.shape[-1]
+
+    @property
+    def e(self) -> int:
+        """Query dimension e (W is d x e)."""
+        return self.Z.shape[-1]
+
+    @property
+    def eqmask(self) -> np.ndarray:
+        """valid equality constraints (..., n, T)."""
+        if self.eq is None:
+            return np.zeros(self.valid.shape, bool)
+        return self.valid & self.eq
+
+    @property
+    def ineq(self) -> np.ndarray:
+        """valid inequality constraints (..., n, T)."""
+        return self.valid if self.eq is None else self.valid & ~self.eq
+
+    @property
+    def has_eq(self) -> bool:
+        """Whether any constraint is an equality (Delta_k^T W z_k == b_k)."""
+        return self.eq is not None and bool(self.eqmask.any())
+
+    def take(self, idx) -> ConstraintSet:
+        """The problems ``idx`` of a batched set (idx an int gives an unbatched set)."""
+        exp = np.broadcast_to(np.asarray(self.exp), self.batch_shape)
+        return ConstraintSet(self.Delta[idx], self.Z[idx], self.valid[idx], self.b[idx],
+                             None if self.eq is None else self.eq[idx], exp[idx],
+                             None if self.Delta_lo is None else self.Delta_lo[idx],
+                             None if self.data_err is None else self.data_err[idx], self.exact)
+
+    def with_valid(self, valid: np.ndarray) -> ConstraintSet:
+        """The same constraints restricted to ``valid`` (a working set)."""
+        return ConstraintSet(self.Delta, self.Z, valid, self.b, self.eq, self.exp,
+                             self.Delta_lo, self.data_err, self.exact)
+
+    def batched(self) -> ConstraintSet:
+        """This (unbatched) set as a batch of one."""
+        if self.batch_shape:
+            return self
+        return ConstraintSet(self.Delta[None], self.Z[None], self.valid[None], self.b[None],
+                             None if self.eq is None else self.eq[None],
+                             np.asarray(self.exp)[None],
+                             None if self.Delta_lo is None else self.Delta_lo[None],
+                             None if self.data_err is None else np.asarray(self.data_err)[None],
+                             self.exact)
+
+    # ---------------------------------------------------------- algebra
+    def margins(self, W: np.ndarray) -> np.ndarray:
+        """m_it = Delta_it^T W z_i, (..., n, T) (0 at invalid entries); W (..., d, e)
+        (:func:`row_margins`)."""
+        m = row_margins(self.Delta, self.Z[..., :, None, :], W[..., None, :, :])
+        return np.where(self.valid, m, 0.0)
+
+    def combine(self, lam: np.ndarray) -> np.ndarray:
+        """sum_k lam_k A_k = sum_i (sum_t lam_it Delta_it) z_i^T, shape (..., d, e)."""
+        lam = np.where(self.valid, lam, 0.0)
+        u = np.einsum("...it,...itd->...id", lam, self.Delta)
+        return np.swapaxes(u, -1, -2) @ self.Z
+
+    def dense(self) -> np.ndarray:
+        """The (N, d*e) matrix of vec(A_k) (C order) over the valid constraints (unbatched)."""
+        ii, tt = np.nonzero(self.valid)
+        return np.einsum("kd,ke->kde", self.Delta[ii, tt], self.Z[ii]).reshape(len(ii), -1)
+
+    def row_norms(self) -> np.ndarray:
+        """||A_k||_F = ||Delta_k|| ||z_k|| (..., n, T) (0 where invalid)."""
+        dd = np.einsum("...d,...d->...", self.Delta, self.Delta)  # sums of squares
+        zz = np.einsum("...e,...e->...", self.Z, self.Z)
+        nrm = np.sqrt(dd) * np.sqrt(zz)[..., :, None]
+        return np.where(self.valid, nrm, 0.0)
+
+    def scale(self):
+        """max_k ||A_k||_F (0 if there is no constraint); an array over the batch."""
+        nrm = self.row_norms()
+        if nrm.size == 0:
+            return 0.0 if not self.batch_shape else np.zeros(self.batch_shape)
+        out = nrm.max((-2, -1))
+        return float(out) if np.ndim(out) == 0 else out
+
+    def needs_margin(self) -> np.ndarray:
+        """Problems (batch shape) whose answer cannot be W = 0: an inequality with b > 0 or
+        an equality with b != 0."""
+        pos = (self.ineq & (self.b > 0)) | (self.eqmask & (self.b != 0))
+        return pos.any((-2, -1))
 
 
 def absmax(A: np.ndarray, axes: tuple[int, ...], where=None) -> np.ndarray:

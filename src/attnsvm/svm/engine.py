@@ -7,9 +7,8 @@
 The steps live by concern: constraints (:mod:`attnsvm.svm.constraints`), which solver for
 which norm (:mod:`attnsvm.svm.strategy`, one table), the solvers (:mod:`attnsvm.svm.
 frobenius`, :mod:`attnsvm.svm.nuclear`, :mod:`attnsvm.svm.conic`), the certificate
-(:mod:`attnsvm.svm.solution`, :mod:`attnsvm.svm.certificate`), infeasibility
-(:mod:`attnsvm.svm.farkas`) and the results in the caller's units
-(:mod:`attnsvm.svm.assemble`); this module runs them.  Its former contents are
+(:mod:`attnsvm.svm.certificate`), infeasibility (:mod:`attnsvm.svm.farkas`) and the
+results (:mod:`attnsvm.svm.result`) in the caller's units (:mod:`attnsvm.svm.assemble`); this module runs them.  Its former contents are
 re-exported here (``build_constraints``, ``farkas_lp``, ``to_solution``, ...).
 
 A single problem is a batch of one.  The steps of :func:`solve`:
@@ -27,11 +26,11 @@ A single problem is a batch of one.  The steps of :func:`solve`:
    :mod:`attnsvm.svm.nuclear`; any norm: cvxpy with the norm's own expression,
    :mod:`attnsvm.svm.conic`);
 3. every answer is rescaled to minimal margin 1 (times certificate.KAPPA) and certified
-   by :func:`~attnsvm.svm.solution.certify` (one batched call): feasible only where every
+   by :func:`~attnsvm.svm.certificate.certify` (one batched call): feasible only where every
    margin is proven >= b_k (:mod:`attnsvm.svm.certificate`);
 4. problems without a feasible answer get a Farkas certificate (the solver's own
    multipliers, polished, or an LP vertex), which must be proven by
-   :func:`~attnsvm.svm.solution.farkas_verify` (sum lam_k A_k = 0 exactly) before
+   :func:`~attnsvm.svm.farkas.farkas_verify` (sum lam_k A_k = 0 exactly) before
    "infeasible" is reported; its support names the conflicting sequences;
 5. answers that certify neither way, or certify a gap above what the solver should
    reach (the row's ``retry_gap``), are re-solved with a second, different solver (the
@@ -57,24 +56,24 @@ import numpy as np
 from ..norms import Norm, get_norm
 from . import active
 from .assemble import to_batch_solution, to_solution, to_user_units
-from .certificate import KAPPA
+from .certificate import KAPPA, Certificate, certify, verdict
 from .constraints import (
+    ConstraintSet,
     absmax,
     build_constraints,
     margin_ratio,
     normalise,
     normalise_constraints,
 )
-from .farkas import conflict_tuples, conflicts, farkas_conflict, farkas_lp, farkas_polish
-from .records import Outcome, Raw
-from .solution import (
-    GAP_INACCURATE,
-    GAP_OPTIMAL,
-    Certificate,
-    ConstraintSet,
-    certify,
+from .farkas import (
+    conflict_tuples,
+    conflicts,
+    farkas_conflict,
+    farkas_lp,
+    farkas_polish,
     farkas_verify,
 )
+from .records import Outcome, Raw
 from .strategy import SOLVERS, solve_conic, solve_one, solver_key, strategy
 
 __all__ = [
@@ -259,11 +258,7 @@ def solve(cs: ConstraintSet, norm="fro", *, solver=None, tol: float = 1e-6,
         try_lp(b)
     # a feasible answer and a verified Farkas certificate cannot both exist
     fk_ok &= ~cert.feasible
-    status = np.where(
-        cert.feasible,
-        np.where(cert.gap <= GAP_OPTIMAL, "optimal",
-                 np.where(cert.gap <= GAP_INACCURATE, "optimal_inaccurate", "suboptimal")),
-        np.where(fk_ok, "infeasible", "uncertified")).astype(object)
+    status = verdict(cert.feasible, cert.gap, fk_ok)
     conflict = conflicts(fk_lam, fk_ok)
     out = Outcome(cert=cert, status=status, solver=names, conflict=conflict, n_iter=iters,
                   farkas_bound=np.where(fk_ok, fk_bound, np.nan), farkas_lam=fk_lam,

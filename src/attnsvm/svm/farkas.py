@@ -6,7 +6,7 @@
 
 A certificate lam (lam >= 0 on inequalities, sum_k lam_k A_k = 0, sum_k lam_k b_k > 0)
 proves that no W satisfies the constraints (Farkas' lemma); every candidate found here
-is proven by :func:`attnsvm.svm.solution.farkas_verify` before any "infeasible".
+is proven by :func:`farkas_verify` before any "infeasible".
 """
 
 from __future__ import annotations
@@ -15,10 +15,99 @@ import functools
 
 import numpy as np
 
-from .solution import ConstraintSet, farkas_verify
+from attnsvm._optional import OptionalImport
 
-__all__ = ["farkas_lp", "farkas_polish", "farkas_conflict", "conflict", "conflicts",
+from .certificate import farkas_prove
+from .constraints import ConstraintSet
+
+# the compiled Farkas screen (numba), or None; the proof itself is plain (certificate.py)
+_kernels = OptionalImport("._active_kernels", __package__)
+
+__all__ = ["farkas_verify", "FARKAS_BOUND", "farkas_lp", "farkas_polish", "farkas_conflict", "conflict", "conflicts",
            "conflict_tuples"]
+
+# Farkas SCREEN (not a proof): candidates lam >= 0 with sum lam_k b_k = 1 whose residual
+# ||sum lam_k A_k||_F exceeds 1 / FARKAS_BOUND (data normalised to max |entry| in
+# [1/2, 1)) are not examined by the exact check (certificate.farkas_exact), which alone
+# decides "infeasible"
+FARKAS_BOUND = 1e9
+
+
+def farkas_verify(cs: ConstraintSet, lam: np.ndarray):
+    """Verify Farkas certificates of infeasibility, vectorised over the batch: a proof.
+
+    ``lam`` (B, n, T) candidate multipliers.  A verified certificate is lam with
+    lam_k >= 0 on inequalities (any sign on equalities), sum_k lam_k b_k = 1 and
+    sum_k lam_k A_k = 0 EXACTLY on the exact constraint data
+    (:func:`attnsvm.svm.certificate.farkas_prove`: the existence of such a lam next to the
+    candidate proven by rigorous error bounds where its support spans the space, else in
+    rational arithmetic: the candidate as given, or the exact null vector of the A_k on
+    its support nearest to it).  Then no W is feasible:
+    0 = <sum lam_k A_k, W> = sum lam_k m_k(W) >= sum lam_k b_k = 1.  A residual that is
+    merely small proves nothing (docs/theory.md, "Certificates").
+
+    First a floating-point screen (candidates whose residual ||sum lam_k A_k||_F exceeds
+    sum lam_k b_k / FARKAS_BOUND are not examined further; with numba one compiled pass,
+    :func:`attnsvm.svm._active_kernels.farkas_batch`, else numpy), then the exact check of
+    the screened ones.
+
+    Returns (ok (B,) bool: proven, bound (B,): inf where proven, else the screen's weak
+    lower bound sum lam b / ||S||_F on the Frobenius norm of any feasible W (normalised
+    units; 0 where lam is not usable), lam (B, n, T): the proven exact multipliers (rounded
+    to float) where ok, else the candidate normalised to sum lam b = 1).
+    """
+    K = _kernels()
+    if K is not None:
+        screen, bound, lam_n = _farkas_compiled(K, cs, lam)
+    else:
+        screen, bound, lam_n = _farkas_numpy(cs, lam)
+    if not cs.batch_shape:  # one unbatched problem
+        ok, lam_x = farkas_prove(cs.batched(), np.asarray(lam_n)[None],
+                                 which=np.asarray(screen)[None])
+        ok, lam_x = ok[0], lam_x[0]
+    else:  # (B,) batches (the engine's layout)
+        ok, lam_x = farkas_prove(cs, np.asarray(lam_n), which=screen)
+    bound = np.where(ok, np.inf, bound)
+    lam_out = np.where(ok[..., None, None], lam_x, lam_n)
+    return ok, bound, lam_out
+
+
+def _farkas_numpy(cs: ConstraintSet, lam):
+    """:func:`farkas_verify` in numpy (no numba)."""
+    lam = np.nan_to_num(np.asarray(lam, dtype=float))
+    ineq = cs.ineq
+    lam = np.where(cs.valid, lam, 0.0)
+    sign_ok = np.where(ineq, lam >= 0, True).all((-2, -1))
+    lb = (lam * cs.b).sum((-2, -1))
+    good = sign_ok & (lb > 0) & np.isfinite(lb)
+    lam = lam / np.where(good, lb, 1.0)[..., None, None]
+    with np.errstate(invalid="ignore", over="ignore"):
+        S = cs.combine(lam)
+        r = np.linalg.norm(S.reshape(*S.shape[:-2], -1), axis=-1)
+    good &= np.isfinite(r)
+    bound = np.where(good, np.where(r > 0, 1.0 / np.where(r > 0, r, 1.0), np.inf), 0.0)
+    ok = good & (bound >= FARKAS_BOUND)
+    return ok, bound, lam
+
+
+def _farkas_compiled(K, cs: ConstraintSet, lam):
+    """:func:`farkas_verify` by the compiled kernel (any leading batch shape)."""
+    n, T = cs.shape
+    bs = cs.batch_shape
+    B = int(np.prod(bs, dtype=np.int64))
+    c = np.ascontiguousarray
+
+    def flat(a, tail, dtype=float):
+        return c(np.broadcast_to(np.asarray(a, dtype), (*bs, *tail)).reshape(B, *tail))
+
+    lamf = flat(lam, (n, T))
+    lout = np.empty((B, n, T))
+    ok = np.empty(B, bool)
+    bound = np.empty(B)
+    K.farkas_batch(flat(cs.Delta, (n, T, cs.d)), flat(cs.Z, (n, cs.e)),
+                   flat(cs.valid, (n, T), bool), flat(cs.ineq, (n, T), bool),
+                   flat(cs.b, (n, T)), lamf, lout, ok, bound, FARKAS_BOUND)
+    return ok.reshape(bs), bound.reshape(bs), lout.reshape(*bs, n, T)
 
 
 def farkas_lp(cs: ConstraintSet, max_entries: int = 20_000_000) -> np.ndarray | None:

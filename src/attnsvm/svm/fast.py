@@ -52,6 +52,7 @@ from __future__ import annotations
 import numpy as np
 from scipy.linalg import cho_factor, cho_solve
 
+from .constraints import ConstraintSet
 from .sdp import (  # noqa: F401 - re-exported: the SDP methods' former home
     NUC_KERNEL_MAX_N,
     _nuc_kernels,
@@ -60,7 +61,6 @@ from .sdp import (  # noqa: F401 - re-exported: the SDP methods' former home
     nuclear_ipm_small,
     warmup_nuclear,
 )
-from .solution import ConstraintSet
 
 __all__ = ["primal_ipm", "polish_fro", "batched_mnp", "nuclear_barrier", "nuclear_ipm",
            "nuclear_ipm_small", "warmup_nuclear"]

@@ -28,9 +28,9 @@ from __future__ import annotations
 import numpy as np
 
 from . import active
+from .constraints import ConstraintSet
 from .fast import batched_mnp, polish_fro, primal_ipm
 from .records import Raw
-from .solution import ConstraintSet
 
 __all__ = ["solve_single", "solve_batch", "batch_applies", "solve_batch_active",
            "solve_batch_ipm", "polish", "unit_rhs", "MAX_BATCH_N", "MAX_BATCH_N_ACTIVE",
@@ -332,6 +332,17 @@ def _graph_ldp(cs: ConstraintSet):
         resid = w - M[~eq].T @ lam[~eq]
         lam[eq] = np.linalg.lstsq(M[eq].T, resid, rcond=None)[0]
     return w.reshape(cs.d, cs.e), lam, "optimal"
+
+
+def graph_memory(n_rows: int, d: int) -> tuple[float, str]:
+    """(bytes, what) the largest arrays of :func:`graph_candidates` need for ``n_rows``
+    rows in dimension d: the (rows, d^2) NNLS matrix where d^2 <= 4096 and rows d^2 <=
+    DENSE_CAP, else the dual QP's (rows, rows) Gram matrix, its triangle and its
+    factorisation (the ``graph_memory`` field of the norm's strategy row)."""
+    N, d = float(n_rows), float(d)
+    if d * d <= 4096 and N * d * d <= DENSE_CAP:
+        return 8.0 * (3 * N * d * d + 2 * d ** 4), "least-distance programming"
+    return 8.0 * 3 * N * N, "the dual QP's (rows, rows) Gram matrix"
 
 
 def graph_candidates(cs: ConstraintSet):

@@ -57,7 +57,7 @@ Higham, "Accuracy and Stability of Numerical Algorithms", §3):
 status_: "optimal" when the proven violation is <= FEAS_TOL (1e-9), a feasible point is
 proven and the proven gap <= GAP_GRAPH (1e-9); "optimal_inaccurate" / "suboptimal" for
 larger proven gaps; "infeasible" only with a Farkas certificate verified by
-:func:`attnsvm.svm.solution.farkas_verify` (``conflict_`` then names the samples);
+:func:`attnsvm.svm.farkas.farkas_verify` (``conflict_`` then names the samples);
 "uncertified" when neither is proven (``extra["reason"]`` says why; a solver's
 numerical error is recorded there, never raised).
 
@@ -74,19 +74,12 @@ import numpy as np
 
 from .._parallel import thread_pool
 from .._validation import check_memory
-from ..norms import FRO, Norm, get_norm
-from .certificate import U, gamma, two_diff
-from .constraints import margin_ratio
-from .farkas import farkas_lp, farkas_polish
-from .frobenius import DENSE_CAP
+from ..norms import Norm, get_norm
+from .certificate import FEAS_TOL, U, fro_upper, gamma, lmin_lower, two_diff, verdict
+from .constraints import ConstraintSet, margin_ratio, row_margins
+from .farkas import farkas_lp, farkas_polish, farkas_verify
 from .records import SOLVER_ERRORS
-from .solution import (
-    FEAS_TOL,
-    GAP_INACCURATE,
-    ConstraintSet,
-    Solution,
-    farkas_verify,
-)
+from .result import Solution
 from .strategy import STRATEGIES, strategy
 from .validate import as_tol
 
@@ -114,11 +107,13 @@ def graph_constraints(E: np.ndarray, rows) -> ConstraintSet:
 
 def graph_norm(norm) -> Norm:
     """The :class:`~attnsvm.norms.Norm` of ``norm`` (the one conversion, at the door), which
-    must have a Graph-SVM solver in its row of :data:`attnsvm.svm.strategy.STRATEGIES`
-    (``graph``); ValueError naming the norms that have one otherwise."""
+    must have a Graph-SVM solver and its proven bounds in its row of
+    :data:`attnsvm.svm.strategy.STRATEGIES` (``graph``, ``graph_bounds``); ValueError
+    naming the norms that have them otherwise."""
     N = get_norm(norm)
-    if strategy(N).graph is None:
-        ok = " or ".join(repr(M.name) for M, st in STRATEGIES.items() if st.graph is not None)
+    if strategy(N).graph is None or strategy(N).graph_bounds is None:
+        ok = " or ".join(repr(M.name) for M, st in STRATEGIES.items()
+                         if st.graph is not None and st.graph_bounds is not None)
         raise ValueError(f"norm must be {ok} for graph_svm; got {norm!r}")
     return N
 
@@ -142,53 +137,6 @@ def _to_feasible(cs: ConstraintSet, W):
 
 
 # ------------------------------------------------------------------------ proof
-def _svd_bounds(A: np.ndarray):
-    """(upper bound of ||A||_2, upper bound of ||A||_*, the computed singular values) for a
-    float matrix A, from its computed SVD A ~ U diag(s) V^T: with R = A - U diag(s) V^T,
-    ||A||_2 <= ||U||_2 ||V||_2 max s + ||R||_F and ||A||_* <= ||U||_2 ||V||_2 sum s +
-    sqrt(rank bound) ||R||_F, where ||U||_2^2 <= 1 + ||U^T U - I||_F; every computed
-    quantity carries its rounding bound (Higham §3.5: |fl(X Y) - X Y| <= gamma_n |X| |Y|,
-    and || |X| |Y| ||_F <= ||X||_F ||Y||_F)."""
-    d1, d2 = A.shape
-    if not np.all(np.isfinite(A)):
-        return np.inf, np.inf, np.zeros(0)
-    try:
-        Uu, s, Vt = np.linalg.svd(A, full_matrices=False)
-    except np.linalg.LinAlgError:  # (no bound without a decomposition)
-        return np.inf, np.inf, np.zeros(0)
-    r = len(s)
-    if r == 0:
-        return 0.0, 0.0, s
-    def orth_defect(G, Q):  # upper bound of ||Q^T Q - I||_F from G = fl(Q^T Q)
-        n = Q.size // r
-        fq = float(np.linalg.norm(Q)) ** 2 * (1 + gamma(Q.size + 2))  # >= ||Q||_F^2
-        G.flat[::r + 1] -= 1.0
-        err = gamma(n + 1) * (fq + np.sqrt(r))  # >= || gamma_n |Q|^T|Q| + u |I| ||_F
-        return (float(np.linalg.norm(G)) * (1 + gamma(r * r + 2)) + err) * 1.0001, fq
-
-    eu, _ = orth_defect(Uu.T @ Uu, Uu)
-    ev, fv = orth_defect(Vt @ Vt.T, Vt)
-    US = Uu * s
-    rF = float(np.linalg.norm(A - US @ Vt)) * (1 + gamma(d1 * d2 + 2))
-    # rounding of fl(A - US Vt): gamma_{r+2} |U||s| |Vt| + u |A|, in Frobenius norm
-    rerr = (gamma(r + 2) * float(np.linalg.norm(US)) * np.sqrt(fv) * (1 + gamma(d1 * r + 2))
-            + U * float(np.linalg.norm(A)) * (1 + gamma(d1 * d2 + 2)))
-    rF = (rF + rerr * 1.0001) * 1.0001
-    fac = np.sqrt((1 + eu) * (1 + ev)) * (1 + 4 * U)
-    smax = float(s[0])
-    s_sum = float(s.sum()) * (1 + gamma(r + 1))
-    two = smax * fac * (1 + 4 * U) + rF
-    nuc = s_sum * fac * (1 + 4 * U) + np.sqrt(min(d1, d2)) * rF * (1 + 4 * U)
-    return float(two), float(nuc), s
-
-
-def _fro_upper(A: np.ndarray) -> float:
-    m = float(np.abs(A).max()) if A.size else 0.0
-    if m == 0:
-        return 0.0
-    return float(m * np.linalg.norm(A / m) * (1 + gamma(A.size + 4)))
-
-
 def _row_data(E: np.ndarray, rows):
     """Delta (N, d) = fl(E_y - E_j) with |exact - Delta| <= u |Delta| (a difference of two
     floats, rounded once: TwoSum's error term is below u |Delta|), and z (N, d) = E_k."""
@@ -201,33 +149,6 @@ def _row_data(E: np.ndarray, rows):
     if isinstance(rows, _LocalRows):
         rows.cache = (E, D, Z)
     return D, Z
-
-
-def _lmin_lower(G: np.ndarray) -> float:
-    """A proven lower bound of the smallest eigenvalue of the symmetric float matrix G
-    (m, m) (0 where none > 0 is proven), from its computed eigendecomposition
-    G ~ Q diag(w) Q^T: with R = G - Q diag(w) Q^T, lambda_min(G) >= min(w) (1 - ||Q^T Q -
-    I||_F) - ||R||_F when min(w) >= 0 (x^T Q diag(w) Q^T x >= min(w) ||Q^T x||^2); every
-    computed norm carries its rounding bound (Higham §3.5), as in :func:`_svd_bounds`."""
-    m = G.shape[0]
-    if m == 0:
-        return np.inf
-    try:
-        w, Q = np.linalg.eigh(G)
-    except np.linalg.LinAlgError:  # (nothing proven)
-        return 0.0
-    if not (np.all(np.isfinite(w)) and w[0] > 0):
-        return 0.0
-    fq = float(np.linalg.norm(Q)) ** 2 * (1 + gamma(Q.size + 2))
-    O = Q.T @ Q
-    O.flat[::m + 1] -= 1.0
-    eo = (float(np.linalg.norm(O)) * (1 + gamma(m * m + 2)) + gamma(m + 1) * (fq + np.sqrt(m)))
-    QW = Q * w
-    rF = float(np.linalg.norm(G - QW @ Q.T)) * (1 + gamma(m * m + 2))
-    rerr = (gamma(m + 2) * float(np.linalg.norm(QW)) * np.sqrt(fq) * (1 + gamma(m * m + 2))
-            + U * float(np.linalg.norm(G)) * (1 + gamma(m * m + 2)))
-    lo = float(w[0]) * (1 - eo * 1.0001) * (1 - 4 * U) - (rF + rerr * 1.0001) * 1.0001
-    return max(lo, 0.0)
 
 
 def _tie_forest(rows) -> np.ndarray:
@@ -279,9 +200,9 @@ def equality_bound(E: np.ndarray, rows) -> dict:
     with np.errstate(over="ignore", invalid="ignore", under="ignore"):
         G = (D @ D.T) * (Z @ Z.T)
         aD, aZ = np.abs(D), np.abs(Z)
-        errG = _fro_upper((aD @ aD.T) * (aZ @ aZ.T)) * gamma(2 * d + 3) * 1.0001 \
+        errG = fro_upper((aD @ aD.T) * (aZ @ aZ.T)) * gamma(2 * d + 3) * 1.0001 \
             + 4 * len(f) * d * TINY
-        lam = _lmin_lower(G) if np.all(np.isfinite(G)) else 0.0
+        lam = lmin_lower(G) if np.all(np.isfinite(G)) else 0.0
         rn = np.sqrt((np.einsum("rd,rd->r", D, D) * np.einsum("rd,rd->r", Z, Z)).sum())
         lo_part = U * float(rn) * (1 + gamma(2 * d + 4)) * 1.0001  # ||M_exact - M_fl||_F
         s = np.sqrt(max(lam - errG, 0.0)) * (1 - 2 * U) - lo_part
@@ -365,10 +286,10 @@ def _prove_primal(E: np.ndarray, rows, W: np.ndarray, N: Norm, eqb: dict | None 
     W = np.asarray(W, float)
     d = E.shape[1]
     ineq, eq = ~rows.eq, rows.eq
-    fro = N is FRO
+    nb = strategy(N).graph_bounds  # the norm's proven bounds (certificate.NormBounds)
     with np.errstate(over="ignore", invalid="ignore", under="ignore"):
         D, Z = _row_data(E, rows)
-        m = ((D @ W) * Z).sum(1)
+        m = row_margins(D, Z, W)
         aW = np.abs(W)
         B = ((np.abs(D) @ aW) * np.abs(Z)).sum(1) * (1 + gamma(2 * d + 2))
         err = (gamma(2 * d + 1) * B + U * np.abs(m) + 4 * d * TINY) * 1.0001
@@ -386,11 +307,7 @@ def _prove_primal(E: np.ndarray, rows, W: np.ndarray, N: Norm, eqb: dict | None 
         v_in = float(np.maximum(1.0 - m_lo[ineq], 0.0).max()) if ineq.any() else 0.0
         r_eq = np.maximum(np.abs(m_lo[eq]), np.abs(m_hi[eq]))
         v_eq = float(r_eq.max()) if eq.any() else 0.0
-        if fro:
-            norm_hi, nrm = _fro_upper(W), None
-        else:
-            _, norm_hi, sv = _svd_bounds(W)
-            nrm = float(sv.sum())
+        norm_hi, nrm = nb.value(W)
         shift, feas = 0.0, margin_lo
         if eq.any():
             eqb = equality_bound(E, rows) if eqb is None else eqb
@@ -403,13 +320,13 @@ def _prove_primal(E: np.ndarray, rows, W: np.ndarray, N: Norm, eqb: dict | None 
                              * np.einsum("rd,rd->r", Z[ineq], Z[ineq]))
                 an = an * (1 + gamma(2 * d + 4)) * 1.0001  # >= ||A_r(exact)||_F
                 feas = float((m_lo[ineq] - an * shift * (1 + 2 * U)).min())
-        c = 1.0 if fro else np.sqrt(d) * (1 + 2 * U)
+        c = nb.fro_factor(d)
         top = (norm_hi + c * shift) * (1 + 2 * U)
         upper = top / min(1.0, feas) * (1 + 2 * U) if feas > 0 and np.isfinite(top) else np.inf
     if not np.all(np.isfinite(W)):
         margin_lo, v_in, norm_hi, upper, shift = -np.inf, np.inf, np.inf, np.inf, np.inf
     return {"margins": m, "margin_lo": margin_lo, "violation_hi": max(v_in, v_eq),
-            "norm_hi": norm_hi, "norm": _norm_value(W, N) if nrm is None else nrm,
+            "norm_hi": norm_hi, "norm": nrm,
             "eq_shift": shift, "feas_margin": feas, "upper": float(upper)}
 
 
@@ -427,17 +344,18 @@ def _kkt(E, rows, W, lam, N: Norm, margins, tol, nrm=None, S_lam=None):
     ``nrm``: ||W|| where the caller has it; ``S_lam``: (S, ||S||_2) of the given lam where
     the caller has them (the dual proof computes both)."""
     ineq = ~rows.eq
-    nrm = _norm_value(W, N) if nrm is None else nrm
+    nb = strategy(N).graph_bounds
+    nrm = nb.value(W)[1] if nrm is None else nrm
     tot = float(lam[ineq].sum())
     f = nrm * (nrm / tot) if tot > 0 and nrm > 0 else 1.0
     lam = lam * f
     if S_lam is None:
         S = _S_of(E, rows, lam)
-        s2 = float(np.linalg.norm(S, 2)) if N is not FRO else 0.0
+        s2 = 0.0 if nb.self_dual else float(np.linalg.norm(S, 2))
     else:
         S, s2 = S_lam[0] * f, S_lam[1] * f
     n2 = max(nrm * nrm, 1e-300)
-    if N is FRO:
+    if nb.self_dual:
         stat = float(np.linalg.norm(W - S)) / max(nrm, 1e-300)
     else:
         stat = max(abs(s2 / max(nrm, 1e-300) - 1.0), abs(float(np.sum(S * W)) / n2 - 1.0))
@@ -470,16 +388,10 @@ def _dual_parts(E: np.ndarray, rows, lam: np.ndarray, N: Norm):
         d = D.shape[1]
         S = (D * lam[:, None]).T @ Z
         dS = (np.abs(D) * np.abs(lam)[:, None]).T @ np.abs(Z) * gamma(nr + 3) * 1.0001
-        errS = _fro_upper(dS) * (1 + gamma(d * d + 4)) + 4 * nr * d * d * TINY
-        if N is FRO:
-            s_hi, s_val = _fro_upper(S), None
-        else:
-            s_hi, _, sv = _svd_bounds(S)
-            s_val = float(sv[0]) if sv.size else 0.0
+        errS = fro_upper(dS) * (1 + gamma(d * d + 4)) + 4 * nr * d * d * TINY
+        s_hi, s_val = strategy(N).graph_bounds.dual(S)
         dual_hi = s_hi + errS
         num = float(lam[ineq].sum()) * (1 - gamma(nr + 1))
-        if s_val is None:
-            s_val = float(np.linalg.norm(S))
     if dual_hi > 0 and num > 0 and np.isfinite(dual_hi):
         return num / dual_hi * (1 - 2 * U), S, s_val
     return 0.0, S, s_val
@@ -520,15 +432,10 @@ def prove(E: np.ndarray, rows, W: np.ndarray, lam: np.ndarray | None, norm,
 # --------------------------------------------------------------------- assembly
 def _status(pr: dict) -> str:
     """'uncertified' unless the answer's violation is within FEAS_TOL AND an exactly
-    feasible point is proven (``upper`` finite); then by the proven gap."""
-    if not (pr["violation_hi"] <= FEAS_TOL and np.isfinite(pr["upper"])):
-        return "uncertified"
-    g = pr["gap_hi"]
-    if g <= GAP_GRAPH:
-        return "optimal"
-    if g <= GAP_INACCURATE:
-        return "optimal_inaccurate"
-    return "suboptimal"
+    feasible point is proven (``upper`` finite); then by the proven gap (the one rule,
+    :func:`attnsvm.svm.certificate.verdict`, with GAP_GRAPH for "optimal")."""
+    feas = pr["violation_hi"] <= FEAS_TOL and np.isfinite(pr["upper"])
+    return str(verdict(feas, pr["gap_hi"], False, GAP_GRAPH)[()])
 
 
 def _rank(pr: dict) -> tuple:
@@ -548,14 +455,6 @@ def _farkas(cs: ConstraintSet):
     if not ok[0]:
         return None
     return lv[0][:, 0], float(bound[0])
-
-
-def _norm_value(W: np.ndarray, N: Norm) -> float:
-    """||W||_F or ||W||_* (numpy; W finite and of moderate scale)."""
-    if N is FRO:
-        m = float(np.abs(W).max()) if W.size else 0.0
-        return 0.0 if m == 0 else m * float(np.linalg.norm(W / m))
-    return float(np.linalg.svd(W, compute_uv=False).sum())
 
 
 def _pow2_scale(E: np.ndarray, ref: np.ndarray | None = None) -> tuple[np.ndarray, int]:
@@ -583,18 +482,17 @@ class _LocalRows:
 
 def memory_need(n_rows: int, n_eq: int, d: int, norm) -> tuple[float, str]:
     """(bytes, what) a graph_svm solve of ``n_rows`` distinct rows (``n_eq`` equalities)
-    in dimension d needs at least: the solver's largest arrays (Frobenius: the (rows,
-    d^2) NNLS matrix where d^2 <= 4096 and rows d^2 <= DENSE_CAP, else the dual QP's
-    (rows, rows) Gram matrix, its triangle and its factorisation; nuclear: the
-    interior-point method's (rows, rows) Schur complement and factor) plus the proof's
-    (rows, d) arrays and the equalities' (m, m) Gram matrix and eigendecomposition."""
-    N, d = float(n_rows), float(d)
-    proof = 8.0 * (8 * N * d + 4 * float(n_eq) ** 2)
-    if graph_norm(norm) is FRO:
-        if d * d <= 4096 and N * d * d <= DENSE_CAP:
-            return proof + 8.0 * (3 * N * d * d + 2 * d ** 4), "least-distance programming"
-        return proof + 8.0 * 3 * N * N, "the dual QP's (rows, rows) Gram matrix"
-    return proof + 8.0 * 4 * N * N, "the interior-point method's (rows, rows) Schur complement"
+    in dimension d needs at least: the solver's largest arrays (the ``graph_memory`` field
+    of the norm's row of :data:`attnsvm.svm.strategy.STRATEGIES`: Frobenius
+    :func:`attnsvm.svm.frobenius.graph_memory`, nuclear :func:`attnsvm.svm.nuclear.
+    graph_memory`) plus the proof's (rows, d) arrays and the equalities' (m, m) Gram
+    matrix and eigendecomposition."""
+    proof = 8.0 * (8 * float(n_rows) * float(d) + 4 * float(n_eq) ** 2)
+    mem = strategy(graph_norm(norm)).graph_memory
+    if mem is None:  # (a row that states no solver memory: the proof's alone)
+        return proof, "the proof's (rows, d) arrays"
+    solve, what = mem(n_rows, d)
+    return proof + solve, what
 
 
 def _out_scale(x: float, s: int, upper: bool) -> float:

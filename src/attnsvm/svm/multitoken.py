@@ -11,7 +11,7 @@ Selected set of sequence i: O_i = {t : s_it >= threshold} (final softmax probabi
 
 Both problems go through the shared engine (:func:`attnsvm.svm.engine.solve`) as
 constraint sets with equality constraints, and come back as certified
-:class:`~attnsvm.svm.solution.Solution` objects (``dir_``, ``fin_``).  Layout: one row
+:class:`~attnsvm.svm.result.Solution` objects (``dir_``, ``fin_``).  Layout: one row
 (pseudo-sequence) per pair (i, t in O_i) with selected token t and inequalities over
 tau not in O_i; the row of the reference token o_i (the most attended one) also carries
 the equalities against every other t in O_i (equalities over all pairs follow from these
@@ -28,7 +28,7 @@ import numpy as np
 from ..metrics import correlation
 from . import engine
 from .constraints import build_constraints
-from .solution import Solution
+from .result import Solution
 from .validate import as_array, as_mask, as_norm, as_tol
 
 __all__ = ["MultiTokenSolution", "multitoken_svm", "selected_sets"]

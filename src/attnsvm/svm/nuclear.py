@@ -32,10 +32,10 @@ import numpy as np
 from ..norms import NUC
 from . import active, frobenius, sdp
 from .conic import solve_cvxpy, solve_quietly
+from .constraints import ConstraintSet, row_margins
 from .fast import primal_ipm
 from .records import SOLVER_ERRORS, Raw
 from .sdp import nuclear_barrier, nuclear_ipm
-from .solution import ConstraintSet
 
 __all__ = ["solve_single", "ipm_working_set", "barrier_working_set", "scs_working_set",
            "warm_start", "NUC_ALL_N", "NUC_SEED_K", "NUC_SEED_ACTIVE_RATIO", "NUC_ADD_SLACK",
@@ -488,7 +488,7 @@ def _nuc_ipm(cs: ConstraintSet, tol: float = 3e-10):
             Me = Mr_eq[np.searchsorted(ie, sel_eq)]
             c = c - np.linalg.lstsq(Me, Me @ c, rcond=None)[0]  # (robust where Me is near-singular)
         yield U @ c.reshape(C.shape) @ V.T, lam, name
-        m = ((Dr @ C) * Zr).sum(1)  # margins of C
+        m = row_margins(Dr, Zr, C)  # margins of C
         yield U @ _nuc_on_rows(Dr, Zr, b, eq, sel_eq, C, lam, m) @ V.T, lam, name + "+rows"
         lmax = float(lam[~eq].max(initial=0.0))
         use = ~eq & ((lam > 1e-6 * lmax) | (m < 1 + 1e-3))
@@ -515,6 +515,14 @@ def _nuc_on_rows(Dr, Zr, b, eq, sel_eq, C, lam, m):
     p, *_ = np.linalg.lstsq(T, b[act] - m[act], rcond=None)
     r1, r2 = C.shape
     return C + Uc[:, :k] @ p[:k * r2].reshape(k, r2) + p[k * r2:].reshape(r1, k) @ Vct[:k]
+
+
+def graph_memory(n_rows: int, d: int) -> tuple[float, str]:
+    """(bytes, what) the largest arrays of :func:`graph_candidates` need for ``n_rows``
+    rows: the interior-point method's (rows, rows) Schur complement and its factor (the
+    ``graph_memory`` field of the norm's strategy row; d enters through the proof)."""
+    N = float(n_rows)
+    return 8.0 * 4 * N * N, "the interior-point method's (rows, rows) Schur complement"
 
 
 def graph_candidates(cs: ConstraintSet):

@@ -1,6 +1,6 @@
 """The max-margin problems of docs/theory.md §5 (single instances).
 
-Every problem builds a normalised :class:`~attnsvm.svm.solution.ConstraintSet` (a batch
+Every problem builds a normalised :class:`~attnsvm.svm.constraints.ConstraintSet` (a batch
 of one) and goes through the one engine, :func:`attnsvm.svm.engine.solve`: the same
 solvers, the same certificate and the same verified infeasibility verdict as the
 batched solvers.  Arguments are checked by :mod:`attnsvm.svm.validate`.
@@ -15,9 +15,15 @@ import numpy as np
 from ..norms import FRO
 from ..scores import opt_tokens, scores  # re-exported: the one home is attnsvm.scores
 from . import engine, lean
-from .constraints import build_constraints, normalise, normalise_constraints, scaled_keys
+from .constraints import (
+    ConstraintSet,
+    build_constraints,
+    normalise,
+    normalise_constraints,
+    scaled_keys,
+)
 from .farkas import farkas_conflict
-from .solution import ConstraintSet, Solution
+from .result import Solution
 from .strategy import solve_conic
 from .validate import (
     as_alpha,
@@ -129,7 +135,7 @@ def att_svm(X, z, alpha=None, *, y=None, v=None, norm="fro", rank=None, mask=Non
     1 / (c c').  Returns a :class:`Solution` with ``W_`` (d, e) whose certificate is
     computed from ``W_`` on all constraints; ``feasible_=False`` with status "infeasible"
     and ``conflict_`` (sequence indices) only when a Farkas certificate is verified.
-    Raises :class:`~attnsvm.svm.solution.NotRepresentableError` when W_mm over- or
+    Raises :class:`~attnsvm.svm.result.NotRepresentableError` when W_mm over- or
     underflows float64 at the input's scale.
 
     Example::

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .solution import Certificate
+from .certificate import Certificate
 
 __all__ = ["Raw", "Outcome", "SOLVER_ERRORS"]
 

@@ -38,9 +38,10 @@ from dataclasses import dataclass, replace
 
 from ..norms import FRO, NUC, SPECTRAL, Norm
 from . import active, frobenius, nuclear
+from .certificate import FRO_BOUNDS, GAP_INACCURATE, GAP_OPTIMAL, NUC_BOUNDS, NormBounds
 from .conic import solve_cvxpy
+from .constraints import ConstraintSet
 from .records import Raw
-from .solution import GAP_INACCURATE, GAP_OPTIMAL, ConstraintSet
 
 __all__ = ["Strategy", "STRATEGIES", "DEFAULT", "SOLVERS", "strategy", "solver_key",
            "solve_one", "solve_conic"]
@@ -60,6 +61,8 @@ class Strategy:
     fallback_default: str = "clarabel"
     graph: Callable[[ConstraintSet], Iterator[tuple]] | None = None
     graph_warm: Callable[[], object] = active.available
+    graph_memory: Callable[[int, int], tuple[float, str]] | None = None  # (rows, d) -> bytes, what
+    graph_bounds: NormBounds | None = None  # the norm's proven bounds for the Graph-SVM's proof
 
     def fallback_key(self, named: str | None) -> str:
         """The second solver: the one the first solver named (``Raw.fallback``), else
@@ -75,12 +78,14 @@ STRATEGIES: dict[Norm, Strategy] = {
     FRO: Strategy(solvers=("auto", "fast", "active", "ipm", "mnp"),
                   single=frobenius.solve_single, polish=frobenius.polish,
                   batch_applies=frobenius.batch_applies, batch=frobenius.solve_batch,
-                  retry_gap=GAP_OPTIMAL, graph=frobenius.graph_candidates),
+                  retry_gap=GAP_OPTIMAL, graph=frobenius.graph_candidates,
+                  graph_memory=frobenius.graph_memory, graph_bounds=FRO_BOUNDS),
     # SDP interior point -> dual barrier -> SCS working set (inside nuclear.solve_single);
     # after the certificate: the next of them, then the conic solvers
     NUC: Strategy(solvers=("auto", "fast", "barrier", "working_set"),
                   single=nuclear.solve_single, graph=nuclear.graph_candidates,
-                  graph_warm=nuclear.graph_kernels_ready),
+                  graph_warm=nuclear.graph_kernels_ready, graph_memory=nuclear.graph_memory,
+                  graph_bounds=NUC_BOUNDS),
     # Clarabel's SDP vs SCS (the spectral norm's default), measured at (20, 8, 10): gap
     # 5.5e-9 vs 1.2e-7; at (50, 10, 20): 1.4e-9 in 1.7 s vs 2.3e-8 in 3.4 s (SCS stays
     # the fallback)
