@@ -77,6 +77,7 @@ __all__ = [
     "margin_enclosure",
     "exact_margins",
     "prove_margins",
+    "prove_unit_margins",
     "prove_feasible",
     "farkas_enclosure",
     "farkas_prove",
@@ -140,20 +141,50 @@ def margin_enclosure(cs, W: np.ndarray):
     with np.errstate(over="ignore", invalid="ignore", under="ignore"):
         bs, (n_, T_) = cs.batch_shape, cs.shape
         Dr = cs.Delta.reshape(bs + (n_ * T_, d))  # (one product per problem: its n T rows)
-        m = ((Dr @ W).reshape(bs + (n_, T_, e)) * cs.Z[..., :, None, :]).sum(-1)
-        m = np.where(cs.valid, m, 0.0)  # (cs.margins(W), the same sums)
+        Z = cs.Z
+        m = np.einsum("...nte,...ne->...nt", (Dr @ W).reshape(bs + (n_, T_, e)), Z)
         aW = np.abs(W)
-        aZ = np.abs(cs.Z)
+        aZ = np.abs(Z)
         DW = _abs_matmul(Dr, aW).reshape(bs + (n_, T_, e))  # (B, n, T, e) |Delta| |W|
-        E = (DW * aZ[..., :, None, :]).sum(-1)
+        E = np.einsum("...nte,...ne->...nt", DW, aZ)
         wz = (aW @ np.swapaxes(aZ, -1, -2)).sum(-2)[..., :, None]  # sum_cf |W_cf| |z_f|
-        zs = aZ.sum(-1)[..., :, None]  # sum_f |z_f|
         n = d + e + 2
-        err = 1.01 * gamma(n) * E + ETA * n * (d * e + 1) * (1.0 + wz + zs)
+        # (the underflow term: eta n (d e + 1)(1 + sum |W||z| + sum |z|), per sequence)
+        err = 1.01 * gamma(n) * E + ETA * n * (d * e + 1) * (1.0 + wz + aZ.sum(-1)[..., :, None])
         if eD.any():
             err = err + (eD * (wz + DW.sum(-1) + eD * aW.sum((-2, -1))[:, None, None])
                          * (1 + 1e-8))
-    return m, np.where(cs.valid, err, np.inf)
+        valid = cs.valid
+        m[~valid] = 0.0  # (cs.margins(W), the same sums)
+        err[~valid] = np.inf
+    return m, err
+
+
+def prove_unit_margins(D: np.ndarray, Z: np.ndarray, valid: np.ndarray, W: np.ndarray) -> bool:
+    """:func:`prove_margins` (``exact`` False) of ONE problem whose constraints are all
+    inequalities m_k(W) = D_k^T W z_k >= 1 on exactly held data (``Delta_lo`` None, no
+    ``data_err``): D (n, T, d), Z (n, e), valid (n, T), W (d, e).  The same bound as
+    :func:`margin_enclosure` (err_k = 1.01 gamma_{d+e+2} E^_k + eta (d+e+2)(d e + 1)
+    (1 + sum_cf |W_cf| |z_f| + sum_f |z_f|)) and the same comparison fl(m^_k - 1) >=
+    fl(err_k SLACK), in 2-d products without the batch's bookkeeping (the small
+    single-problem path, :func:`attnsvm.svm.lean.att_svm_lean`); tests hold it equal to
+    :func:`prove_margins`."""
+    n_, T_, d = D.shape
+    e = Z.shape[1]
+    if not np.isfinite(W).all():
+        return False
+    with np.errstate(over="ignore", invalid="ignore", under="ignore"):
+        Dr = D.reshape(n_ * T_, d)
+        aW = np.abs(W)
+        aZ = np.abs(Z)
+        m = np.einsum("nte,ne->nt", (Dr @ W).reshape(n_, T_, e), Z)
+        E = np.einsum("nte,ne->nt", (np.abs(Dr) @ aW).reshape(n_, T_, e), aZ)
+        wz = (aW @ aZ.T).sum(0)  # (n,) sum_cf |W_cf| |z_f|
+        n = d + e + 2
+        err = 1.01 * gamma(n) * E + ETA * n * (d * e + 1) * (1.0 + wz + aZ.sum(1))[:, None]
+        slack = m - 1.0
+        ok = (slack >= err * SLACK) & ~np.isinf(slack)
+    return bool((ok | ~valid).all())
 
 
 def _abs_matmul(A: np.ndarray, C: np.ndarray, chunk: int = 64) -> np.ndarray:
@@ -224,21 +255,23 @@ def prove_margins(cs, W: np.ndarray, has: np.ndarray | None = None, *,
     ``positive``, inequalities with b_k <= 0.  W (B, d, e); ``has``: rows that are
     answers (others: False)."""
     W = np.asarray(W, float)
-    if has is None:
-        has = np.isfinite(W).all((-2, -1))
-    Wz = np.where(has[:, None, None], W, 0.0)
+    fin = np.isfinite(W).all((-2, -1))
+    has = fin if has is None else has & fin
+    Wz = W if has.all() else np.where(has[:, None, None], W, 0.0)
     m, err = margin_enclosure(cs, Wz)
     ineq = cs.ineq & (cs.b > 0) if positive else cs.ineq
     with np.errstate(invalid="ignore", over="ignore"):
         slack = m - cs.b
         thr = err * SLACK
-        ok_k = ~ineq | ((slack >= thr) & np.isfinite(slack) & np.isfinite(thr))  # (no inf)
-        # W = 0 exactly: every margin is exactly 0
-        zero = (Wz == 0).all((-2, -1))
-        ok_k |= zero[:, None, None] & (cs.b <= 0)
+        ok_k = slack >= thr  # (False where either is inf or NaN)
+        ok_k[np.isinf(slack)] = False  # (inf >= inf: no proof)
+        ok_k |= ~ineq
+        if (cs.b <= 0).any():  # W = 0 exactly: every margin is exactly 0
+            zero = (Wz == 0).all((-2, -1))
+            ok_k |= zero[:, None, None] & (cs.b <= 0)
         # undecided: the bound neither proves nor refutes (|slack| < 2 err)
         und = ineq & ~ok_k & (np.abs(slack) < thr) & np.isfinite(err)
-    ok = has & np.isfinite(Wz).all((-2, -1))
+    ok = has
     und &= (ok & _exact_data(cs))[:, None, None]
     if exact and und.sum() <= MAX_EXACT:
         for b in np.nonzero(und.any((1, 2)))[0]:

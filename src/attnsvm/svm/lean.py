@@ -26,7 +26,7 @@ import numpy as np
 from .._parallel import thread_pool
 from ..norms import FRO
 from . import active, frobenius
-from .certificate import farkas_prove, prove_margins
+from .certificate import farkas_prove, prove_margins, prove_unit_margins
 from .constraints import build_constraints
 from .farkas import conflict_tuples
 from .solution import (
@@ -80,15 +80,14 @@ def att_svm_lean(X: np.ndarray, z: np.ndarray, alpha: np.ndarray, valid: np.ndar
     if _lossy_tokens(X, valid):
         return None  # (tokens scaled into the subnormal range: the engine decides)
     # the certificate (solution.certify, Frobenius, inequalities with b = 1, lam given)
-    margin, viol, nrm, dn, lb_num, wms, comp = (float(x) for x in sums[1:8])
+    margin, viol, nrm, dn, lb_num, wms, comp = sums[1:8].tolist()
     if not all(math.isfinite(x) for x in (viol, nrm, dn, lb_num, wms, comp)):
         return None
     if not math.isfinite(nrm):
         return None
     # the proof that every margin is >= 1 (certificate.prove_margins, the rounding-error
     # bound alone: what it leaves undecided goes to the engine, which decides it exactly)
-    cs1 = ConstraintSet(D[None], Zs[None], v[None], v[None].astype(float))
-    if not prove_margins(cs1, W[None], exact=False)[0]:
+    if not prove_unit_margins(D, Zs, v, W):
         return None
     lower = lb_num / dn if dn > 0 and lb_num > 0 else 0.0
     fix = margin if 0 < margin < 1 else 1.0
@@ -127,9 +126,11 @@ def _lossy_tokens(X: np.ndarray, valid: np.ndarray) -> bool:
     """Whether scaling the valid tokens of X (n, T, d) (or a batch) to max |x| in [1/2, 1)
     could take a nonzero entry into the subnormal range (bits lost: the compiled path's
     differences are then not those of the caller's tokens)."""
-    a = np.abs(X[valid])
-    nz = a[a > 0]
-    return bool(nz.size) and float(nz.min()) < float(nz.max()) * 2.0 ** -1020
+    a = np.abs(X)
+    nz = a > 0
+    nz &= valid[..., None]
+    mx = float(np.max(a, where=nz, initial=0.0))
+    return mx > 0 and float(np.min(a, where=nz, initial=np.inf)) < mx * 2.0 ** -1020
 
 
 def _user_constraints(X, z, alpha, valid, io) -> ConstraintSet:
