@@ -477,7 +477,7 @@ def farkas_enclosure(cs, lam: np.ndarray, which: np.ndarray | None = None) -> np
         er = er + ETA * (lk.sum(1) + K + 1)[:, None] * (1 + 1e-8)
         nr = (np.linalg.norm(r, axis=1) + np.linalg.norm(er, axis=1)) * (1 + 1e-8)
         G = M @ np.swapaxes(M, 1, 2)
-        eG = (np.linalg.norm(1.01 * gamma(K + 6) * (aM @ np.swapaxes(aM, 1, 2)), axis=(1, 2))
+        eG = (1.01 * gamma(K + 6) * _fro(aM @ np.swapaxes(aM, 1, 2))
               + 8.0 * eD * K * p + ETA * p * K * (2 * aM.max((1, 2)) + 2))  # (underflow)
         # t: half an estimate of lambda_min(G^) (1 / ||L0^-1||_F^2 <= lambda_min, L0 the
         # Cholesky factor of G^ itself); only the second factorisation, of G^ - t I, is
@@ -494,7 +494,7 @@ def farkas_enclosure(cs, lam: np.ndarray, which: np.ndarray | None = None) -> np
         L, good2 = _cholesky(A)
         good &= good2
         aL = np.abs(L)
-        eC = np.linalg.norm(gamma(p + 1) * (aL @ np.swapaxes(aL, 1, 2)), axis=(1, 2)) * (1 + 1e-8)
+        eC = gamma(p + 1) * _fro(aL @ np.swapaxes(aL, 1, 2)) * (1 + 1e-8)
         eA = U * np.abs(np.diagonal(A, axis1=1, axis2=2)).max(1) * (1 + 1e-8)  # G^_ii - t
         lmin = np.where(good, (t - eC - eA - eG * (1 + 1e-8)) * (1 - 4 * U), -np.inf)
         pos = lmin > 0
@@ -506,17 +506,26 @@ def farkas_enclosure(cs, lam: np.ndarray, which: np.ndarray | None = None) -> np
     return ok
 
 
+def _fro(A: np.ndarray) -> np.ndarray:
+    """||A_b||_F of a stack (B, p, q), one pass (sqrt of the sum of squares; its rounding,
+    a relative O((p q) u), is covered by the 1 + 1e-8 of the bounds that use it)."""
+    return np.sqrt(np.einsum("bij,bij->b", A, A))
+
+
 def _tri_inv(L: np.ndarray) -> np.ndarray:
     """L^-1 of a stack of lower-triangular matrices (B, p, p) by forward substitution,
-    row by row (an estimate's ingredient: np.linalg.inv is ~5x slower on small stacks)."""
+    row by row (an estimate's ingredient: np.linalg.inv is ~5x slower on small stacks),
+    on the batch-last layout (p, p, B) (every step a contiguous elementwise pass)."""
     B, p, _ = L.shape
-    Li = np.zeros_like(L)
+    Lt = np.ascontiguousarray(L.transpose(1, 2, 0))
+    Li = np.zeros_like(Lt)
     with np.errstate(all="ignore"):
         for j in range(p):
-            row = -np.einsum("bk,bkl->bl", L[:, j, :j], Li[:, :j, :])
-            row[:, j] += 1.0
-            Li[:, j, :] = row / L[:, j, j][:, None]
-    return Li
+            row = -(Lt[j, :j, None, :] * Li[:j, :, :]).sum(0)  # (p, B)
+            row[j] += 1.0
+            row /= Lt[j, j]
+            Li[j] = row
+    return Li.transpose(2, 0, 1)
 
 
 def _cholesky(A: np.ndarray):
@@ -524,19 +533,22 @@ def _cholesky(A: np.ndarray):
     column algorithm in floating point, vectorised over the batch (r_jj = sqrt(a_jj -
     sum_k r_jk^2), r_ij = (a_ij - sum_k r_ik r_jk) / r_jj: the algorithm of Higham's
     Theorem 10.3, its inner products in any order); ok where it runs to completion
-    (every pivot > 0), L finite garbage elsewhere."""
+    (every pivot > 0), L finite garbage elsewhere.  (Computed on the batch-last layout
+    (p, p, B): every step a contiguous elementwise pass.)"""
     B, p, _ = A.shape
-    L = np.zeros_like(A)
+    At = np.ascontiguousarray(A.transpose(1, 2, 0))
+    L = np.zeros_like(At)
     with np.errstate(all="ignore"):
-        ok = np.isfinite(A).all((1, 2))
+        ok = np.isfinite(At).all((0, 1))
         for j in range(p):
-            s = A[:, j, j] - (L[:, j, :j] ** 2).sum(1)
+            Lj = L[j, :j]  # (j, B)
+            s = At[j, j] - (Lj * Lj).sum(0)
             ok &= s > 0
             dj = np.sqrt(np.where(ok, s, 1.0))
-            L[:, j, j] = dj
+            L[j, j] = dj
             if j + 1 < p:
-                L[:, j + 1:, j] = (A[:, j + 1:, j] - np.einsum("bik,bk->bi", L[:, j + 1:, :j],
-                                                               L[:, j, :j])) / dj[:, None]
+                L[j + 1:, j] = (At[j + 1:, j] - (L[j + 1:, :j] * Lj).sum(1)) / dj
+    L = L.transpose(2, 0, 1)
     return np.where(ok[:, None, None], L, np.eye(p)), ok
 
 
