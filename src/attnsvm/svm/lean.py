@@ -126,11 +126,12 @@ def _lossy_tokens(X: np.ndarray, valid: np.ndarray) -> bool:
     """Whether scaling the valid tokens of X (n, T, d) (or a batch) to max |x| in [1/2, 1)
     could take a nonzero entry into the subnormal range (bits lost: the compiled path's
     differences are then not those of the caller's tokens)."""
-    a = np.abs(X)
-    nz = a > 0
-    nz &= valid[..., None]
-    mx = float(np.max(a, where=nz, initial=0.0))
-    return mx > 0 and float(np.min(a, where=nz, initial=np.inf)) < mx * 2.0 ** -1020
+    a = np.abs(X[valid])
+    mx = float(a.max()) if a.size else 0.0
+    if not mx > 0:
+        return False
+    small = a < mx * 2.0 ** -1020  # (a nonzero one among them: bits lost)
+    return bool(small.any()) and bool((a[small] > 0).any())
 
 
 def _user_constraints(X, z, alpha, valid, io) -> ConstraintSet:
