@@ -107,9 +107,9 @@ def att_svm_lean(X: np.ndarray, z: np.ndarray, alpha: np.ndarray, valid: np.ndar
         Wu = W * down
         if not np.array_equal(Wu * up, W):
             return None  # entries went subnormal: the engine re-certifies
-        amax = float(np.abs(Wu).max()) if Wu.size else 0.0
-        if not (np.isfinite(Wu).all() and (amax >= np.finfo(float).tiny
-                                           or float(np.abs(W).max()) == 0.0)):
+        # (Wu up == W: Wu is finite and |Wu| = |W| 2^-k exactly)
+        wmax = float(np.abs(W).max()) if W.size else 0.0
+        if not (wmax * down >= 2.2250738585072014e-308 or wmax == 0.0):  # (finfo.tiny)
             return None  # not representable: the engine raises NotRepresentableError
         dual = lam * down2
     extra = {"n_constraints": int(v.sum()), "scale_exp": k, "lower_bound": lower * down,
