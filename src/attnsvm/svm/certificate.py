@@ -154,10 +154,8 @@ def margin_enclosure(cs, W: np.ndarray):
         if eD.any():
             err = err + (eD * (wz + DW.sum(-1) + eD * aW.sum((-2, -1))[:, None, None])
                          * (1 + 1e-8))
-        valid = cs.valid
-        m[~valid] = 0.0  # (cs.margins(W), the same sums)
-        err[~valid] = np.inf
-    return m, err
+        m = np.where(cs.valid, m, 0.0)  # (cs.margins(W), the same sums)
+    return m, np.where(cs.valid, err, np.inf)
 
 
 def prove_unit_margins(D: np.ndarray, Z: np.ndarray, valid: np.ndarray, W: np.ndarray) -> bool:
@@ -263,8 +261,8 @@ def prove_margins(cs, W: np.ndarray, has: np.ndarray | None = None, *,
     with np.errstate(invalid="ignore", over="ignore"):
         slack = m - cs.b
         thr = err * SLACK
-        ok_k = slack >= thr  # (False where either is inf or NaN)
-        ok_k[np.isinf(slack)] = False  # (inf >= inf: no proof)
+        ok_k = slack >= thr  # (False where either is NaN, or thr inf but slack finite)
+        ok_k &= np.isfinite(slack)  # (inf >= inf: no proof)
         ok_k |= ~ineq
         if (cs.b <= 0).any():  # W = 0 exactly: every margin is exactly 0
             zero = (Wz == 0).all((-2, -1))
