@@ -126,7 +126,10 @@ def _lossy_tokens(X: np.ndarray, valid: np.ndarray) -> bool:
     """Whether scaling the valid tokens of X (n, T, d) (or a batch) to max |x| in [1/2, 1)
     could take a nonzero entry into the subnormal range (bits lost: the compiled path's
     differences are then not those of the caller's tokens)."""
-    a = np.abs(X[valid])
+    a = np.abs(X)
+    if a.size and not (a < float(a.max()) * 2.0 ** -1020).any():
+        return False  # (no entry below the threshold of the largest token, masked included)
+    a = a[valid]
     mx = float(a.max()) if a.size else 0.0
     if not mx > 0:
         return False
