@@ -105,7 +105,7 @@ def att_svm_lean(X: np.ndarray, z: np.ndarray, alpha: np.ndarray, valid: np.ndar
     up, down, down2 = 2.0 ** k, 2.0 ** -k, 2.0 ** (-2 * k)
     with np.errstate(over="ignore", under="ignore"):
         Wu = W * down
-        if not np.array_equal(Wu * up, W):
+        if not (Wu * up == W).all():
             return None  # entries went subnormal: the engine re-certifies
         # (Wu up == W: Wu is finite and |Wu| = |W| 2^-k exactly)
         wmax = float(np.abs(W).max()) if W.size else 0.0
