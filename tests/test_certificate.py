@@ -393,3 +393,36 @@ def test_abs_matmul_chunks_equal_the_full_product():
         full = np.abs(A) @ c
         got = certificate._abs_matmul(A, c, chunk=16)
         assert got.shape == full.shape and np.array_equal(got, full)
+
+
+def test_prove_unit_margins_equals_prove_margins():
+    """The single-problem proof of the lean path (prove_unit_margins) gives prove_margins'
+    verdict (exact=False) on the same data: answers just above, at and below margin 1
+    (rescaled to minimal margin 1 - 2^-50 .. 1 + 2^-30), masked constraints, an overflowing
+    and a non-finite W; and it refutes a margin below 1."""
+    rng = np.random.default_rng(11)
+    seen = set()
+    for k in range(60):
+        n, T, d, e = 1 + k % 4, 2 + k % 5, 1 + k % 6, 1 + k % 3
+        D = rng.standard_normal((n, T, d)) * 2.0 ** rng.integers(-8, 8)
+        Z = rng.standard_normal((n, e))
+        valid = rng.random((n, T)) < 0.85
+        W = rng.standard_normal((d, e))
+        m = np.einsum("ntc,cf,nf->nt", D, W, Z)
+        m = np.where(valid, m, np.inf)
+        if np.isfinite(m).any() and m.min() != 0:
+            W = W * (np.sign(m.min()) / m.min()) * (1 + rng.choice([-2.0**-50, 0, 2.0**-44,
+                                                                    2.0**-30]))
+        if k == 7:
+            with np.errstate(over="ignore"):
+                W = W * 1e308 * 10
+        if k == 8:
+            W[0, 0] = np.nan
+        cs = ConstraintSet(D[None], Z[None], valid[None], np.ones((1, n, T)))
+        want = bool(certificate.prove_margins(cs, W[None], exact=False)[0])
+        assert certificate.prove_unit_margins(D, Z, valid, W) == want
+        seen.add(want)
+    assert seen == {True, False}
+    D = np.array([[[1.0, 0.0]]])
+    assert not certificate.prove_unit_margins(D, np.ones((1, 1)), np.ones((1, 1), bool),
+                                              np.array([[1 - 2.0**-52], [5.0]]))

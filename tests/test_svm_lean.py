@@ -267,3 +267,27 @@ def test_conflict_tuples(n):
     ok = rng.random(B) < 0.6
     want = [tuple(int(i) for i in np.flatnonzero(hit[b])) if ok[b] else () for b in range(B)]
     assert farkas.conflict_tuples(hit, ok) == want
+
+
+def test_lossy_tokens_flags_only_a_nonzero_entry_2_1020_below_the_largest():
+    """_lossy_tokens: a valid nonzero entry below max |x| 2^-1020 (over the valid tokens) is
+    lossy; exact zeros, masked tokens and entries at the threshold are not."""
+    from attnsvm.svm.lean import _lossy_tokens
+
+    X = np.ones((2, 3, 2))
+    valid = np.ones((2, 3), bool)
+    assert not _lossy_tokens(X, valid)
+    X[0, 1, 0] = 0.0  # zeros lose nothing
+    assert not _lossy_tokens(X, valid)
+    X[1, 2, 1] = 2.0 ** -1020  # at the threshold of max 1: kept
+    assert not _lossy_tokens(X, valid)
+    X[1, 2, 1] = 2.0 ** -1021
+    assert _lossy_tokens(X, valid)
+    valid[1, 2] = False  # masked: not read
+    assert not _lossy_tokens(X, valid)
+    X[0, 0, 0] = 2.0 ** 20  # a masked giant does not lower the bar for the valid ones
+    X[1, 2] = 2.0 ** 30
+    X[0, 2, 1] = 2.0 ** -1000  # = 2^20 2^-1020
+    assert not _lossy_tokens(X, valid)
+    X[0, 2, 1] = 2.0 ** -1000 * 0.75
+    assert _lossy_tokens(X, valid)

@@ -112,6 +112,7 @@ __all__ = [
     "margin_enclosure",
     "exact_margins",
     "prove_margins",
+    "prove_unit_margins",
     "prove_feasible",
     "farkas_enclosure",
     "farkas_prove",
@@ -188,20 +189,48 @@ def margin_enclosure(cs, W: np.ndarray):
     with np.errstate(over="ignore", invalid="ignore", under="ignore"):
         bs, (n_, T_) = cs.batch_shape, cs.shape
         Dr = cs.Delta.reshape(bs + (n_ * T_, d))  # (one product per problem: its n T rows)
-        m = ((Dr @ W).reshape(bs + (n_, T_, e)) * cs.Z[..., :, None, :]).sum(-1)
-        m = np.where(cs.valid, m, 0.0)  # (cs.margins(W), the same sums)
+        Z = cs.Z
+        m = np.einsum("...nte,...ne->...nt", (Dr @ W).reshape(bs + (n_, T_, e)), Z)
         aW = np.abs(W)
-        aZ = np.abs(cs.Z)
+        aZ = np.abs(Z)
         DW = _abs_matmul(Dr, aW).reshape(bs + (n_, T_, e))  # (B, n, T, e) |Delta| |W|
-        E = (DW * aZ[..., :, None, :]).sum(-1)
+        E = np.einsum("...nte,...ne->...nt", DW, aZ)
         wz = (aW @ np.swapaxes(aZ, -1, -2)).sum(-2)[..., :, None]  # sum_cf |W_cf| |z_f|
-        zs = aZ.sum(-1)[..., :, None]  # sum_f |z_f|
         n = d + e + 2
-        err = 1.01 * gamma(n) * E + ETA * n * (d * e + 1) * (1.0 + wz + zs)
+        # (the underflow term: eta n (d e + 1)(1 + sum |W||z| + sum |z|), per sequence)
+        err = 1.01 * gamma(n) * E + ETA * n * (d * e + 1) * (1.0 + wz + aZ.sum(-1)[..., :, None])
         if eD.any():
             err = err + (eD * (wz + DW.sum(-1) + eD * aW.sum((-2, -1))[:, None, None])
                          * (1 + 1e-8))
+        m = np.where(cs.valid, m, 0.0)  # (cs.margins(W), the same sums)
     return m, np.where(cs.valid, err, np.inf)
+
+
+def prove_unit_margins(D: np.ndarray, Z: np.ndarray, valid: np.ndarray, W: np.ndarray) -> bool:
+    """:func:`prove_margins` (``exact`` False) of ONE problem whose constraints are all
+    inequalities m_k(W) = D_k^T W z_k >= 1 on exactly held data (``Delta_lo`` None, no
+    ``data_err``): D (n, T, d), Z (n, e), valid (n, T), W (d, e).  The same bound as
+    :func:`margin_enclosure` (err_k = 1.01 gamma_{d+e+2} E^_k + eta (d+e+2)(d e + 1)
+    (1 + sum_cf |W_cf| |z_f| + sum_f |z_f|)) and the same comparison fl(m^_k - 1) >=
+    fl(err_k SLACK), in 2-d products without the batch's bookkeeping (the small
+    single-problem path, :func:`attnsvm.svm.lean.att_svm_lean`); tests hold it equal to
+    :func:`prove_margins`."""
+    n_, T_, d = D.shape
+    e = Z.shape[1]
+    if not np.isfinite(W).all():
+        return False
+    with np.errstate(over="ignore", invalid="ignore", under="ignore"):
+        Dr = D.reshape(n_ * T_, d)
+        aW = np.abs(W)
+        aZ = np.abs(Z)
+        m = np.einsum("nte,ne->nt", (Dr @ W).reshape(n_, T_, e), Z)
+        E = np.einsum("nte,ne->nt", (np.abs(Dr) @ aW).reshape(n_, T_, e), aZ)
+        wz = (aW @ aZ.T).sum(0)  # (n,) sum_cf |W_cf| |z_f|
+        n = d + e + 2
+        err = 1.01 * gamma(n) * E + ETA * n * (d * e + 1) * (1.0 + wz + aZ.sum(1))[:, None]
+        slack = m - 1.0
+        ok = (slack >= err * SLACK) & ~np.isinf(slack)
+    return bool((ok | ~valid).all())
 
 
 def _abs_matmul(A: np.ndarray, C: np.ndarray, chunk: int = 64) -> np.ndarray:
@@ -272,21 +301,23 @@ def prove_margins(cs, W: np.ndarray, has: np.ndarray | None = None, *,
     ``positive``, inequalities with b_k <= 0.  W (B, d, e); ``has``: rows that are
     answers (others: False)."""
     W = np.asarray(W, float)
-    if has is None:
-        has = np.isfinite(W).all((-2, -1))
-    Wz = np.where(has[:, None, None], W, 0.0)
+    fin = np.isfinite(W).all((-2, -1))
+    has = fin if has is None else has & fin
+    Wz = W if has.all() else np.where(has[:, None, None], W, 0.0)
     m, err = margin_enclosure(cs, Wz)
     ineq = cs.ineq & (cs.b > 0) if positive else cs.ineq
     with np.errstate(invalid="ignore", over="ignore"):
         slack = m - cs.b
         thr = err * SLACK
-        ok_k = ~ineq | ((slack >= thr) & np.isfinite(slack) & np.isfinite(thr))  # (no inf)
-        # W = 0 exactly: every margin is exactly 0
-        zero = (Wz == 0).all((-2, -1))
-        ok_k |= zero[:, None, None] & (cs.b <= 0)
+        ok_k = slack >= thr  # (False where either is NaN, or thr inf but slack finite)
+        ok_k &= np.isfinite(slack)  # (inf >= inf: no proof)
+        ok_k |= ~ineq
+        if (cs.b <= 0).any():  # W = 0 exactly: every margin is exactly 0
+            zero = (Wz == 0).all((-2, -1))
+            ok_k |= zero[:, None, None] & (cs.b <= 0)
         # undecided: the bound neither proves nor refutes (|slack| < 2 err)
         und = ineq & ~ok_k & (np.abs(slack) < thr) & np.isfinite(err)
-    ok = has & np.isfinite(Wz).all((-2, -1))
+    ok = has
     und &= (ok & _exact_data(cs))[:, None, None]
     if exact and und.sum() <= MAX_EXACT:
         for b in np.nonzero(und.any((1, 2)))[0]:
@@ -492,7 +523,7 @@ def farkas_enclosure(cs, lam: np.ndarray, which: np.ndarray | None = None) -> np
         er = er + ETA * (lk.sum(1) + K + 1)[:, None] * (1 + 1e-8)
         nr = (np.linalg.norm(r, axis=1) + np.linalg.norm(er, axis=1)) * (1 + 1e-8)
         G = M @ np.swapaxes(M, 1, 2)
-        eG = (np.linalg.norm(1.01 * gamma(K + 6) * (aM @ np.swapaxes(aM, 1, 2)), axis=(1, 2))
+        eG = (1.01 * gamma(K + 6) * _fro(aM @ np.swapaxes(aM, 1, 2))
               + 8.0 * eD * K * p + ETA * p * K * (2 * aM.max((1, 2)) + 2))  # (underflow)
         # t: half an estimate of lambda_min(G^) (1 / ||L0^-1||_F^2 <= lambda_min, L0 the
         # Cholesky factor of G^ itself); only the second factorisation, of G^ - t I, is
@@ -509,7 +540,7 @@ def farkas_enclosure(cs, lam: np.ndarray, which: np.ndarray | None = None) -> np
         L, good2 = _cholesky(A)
         good &= good2
         aL = np.abs(L)
-        eC = np.linalg.norm(gamma(p + 1) * (aL @ np.swapaxes(aL, 1, 2)), axis=(1, 2)) * (1 + 1e-8)
+        eC = gamma(p + 1) * _fro(aL @ np.swapaxes(aL, 1, 2)) * (1 + 1e-8)
         eA = U * np.abs(np.diagonal(A, axis1=1, axis2=2)).max(1) * (1 + 1e-8)  # G^_ii - t
         lmin = np.where(good, (t - eC - eA - eG * (1 + 1e-8)) * (1 - 4 * U), -np.inf)
         pos = lmin > 0
@@ -521,17 +552,26 @@ def farkas_enclosure(cs, lam: np.ndarray, which: np.ndarray | None = None) -> np
     return ok
 
 
+def _fro(A: np.ndarray) -> np.ndarray:
+    """||A_b||_F of a stack (B, p, q), one pass (sqrt of the sum of squares; its rounding,
+    a relative O((p q) u), is covered by the 1 + 1e-8 of the bounds that use it)."""
+    return np.sqrt(np.einsum("bij,bij->b", A, A))
+
+
 def _tri_inv(L: np.ndarray) -> np.ndarray:
     """L^-1 of a stack of lower-triangular matrices (B, p, p) by forward substitution,
-    row by row (an estimate's ingredient: np.linalg.inv is ~5x slower on small stacks)."""
+    row by row (an estimate's ingredient: np.linalg.inv is ~5x slower on small stacks),
+    on the batch-last layout (p, p, B) (every step a contiguous elementwise pass)."""
     B, p, _ = L.shape
-    Li = np.zeros_like(L)
+    Lt = np.ascontiguousarray(L.transpose(1, 2, 0))
+    Li = np.zeros_like(Lt)
     with np.errstate(all="ignore"):
         for j in range(p):
-            row = -np.einsum("bk,bkl->bl", L[:, j, :j], Li[:, :j, :])
-            row[:, j] += 1.0
-            Li[:, j, :] = row / L[:, j, j][:, None]
-    return Li
+            row = -(Lt[j, :j, None, :] * Li[:j, :, :]).sum(0)  # (p, B)
+            row[j] += 1.0
+            row /= Lt[j, j]
+            Li[j] = row
+    return Li.transpose(2, 0, 1)
 
 
 def _cholesky(A: np.ndarray):
@@ -539,21 +579,25 @@ def _cholesky(A: np.ndarray):
     column algorithm in floating point, vectorised over the batch (r_jj = sqrt(a_jj -
     sum_k r_jk^2), r_ij = (a_ij - sum_k r_ik r_jk) / r_jj: the algorithm of Higham's
     Theorem 10.3, its inner products in any order); ok where it runs to completion
-    (every pivot > 0), L finite garbage elsewhere.  The one hand-written Cholesky routine
-    of :mod:`attnsvm.svm` (elsewhere LAPACK's ``np.linalg.cholesky``); its compiled twin
-    :func:`attnsvm.svm._nuc_kernels._chol` is held equal to it by tests/test_svm_formulas.py."""
+    (every pivot > 0), L finite garbage elsewhere.  (Computed on the batch-last layout
+    (p, p, B): every step a contiguous elementwise pass.)  The one hand-written Cholesky
+    routine of :mod:`attnsvm.svm` (elsewhere LAPACK's ``np.linalg.cholesky``); its compiled
+    twin :func:`attnsvm.svm._nuc_kernels._chol` is held equal to it by
+    tests/test_svm_formulas.py."""
     B, p, _ = A.shape
-    L = np.zeros_like(A)
+    At = np.ascontiguousarray(A.transpose(1, 2, 0))
+    L = np.zeros_like(At)
     with np.errstate(all="ignore"):
-        ok = np.isfinite(A).all((1, 2))
+        ok = np.isfinite(At).all((0, 1))
         for j in range(p):
-            s = A[:, j, j] - (L[:, j, :j] ** 2).sum(1)
+            Lj = L[j, :j]  # (j, B)
+            s = At[j, j] - (Lj * Lj).sum(0)
             ok &= s > 0
             dj = np.sqrt(np.where(ok, s, 1.0))
-            L[:, j, j] = dj
+            L[j, j] = dj
             if j + 1 < p:
-                L[:, j + 1:, j] = (A[:, j + 1:, j] - np.einsum("bik,bk->bi", L[:, j + 1:, :j],
-                                                               L[:, j, :j])) / dj[:, None]
+                L[j + 1:, j] = (At[j + 1:, j] - (L[j + 1:, :j] * Lj).sum(1)) / dj
+    L = L.transpose(2, 0, 1)
     return np.where(ok[:, None, None], L, np.eye(p)), ok
 
 

@@ -26,7 +26,7 @@ import numpy as np
 from .._parallel import thread_pool
 from ..norms import FRO
 from . import active, frobenius
-from .certificate import farkas_prove, prove_margins
+from .certificate import farkas_prove, prove_margins, prove_unit_margins
 from .constraints import build_constraints
 from .farkas import conflict_tuples
 from .solution import (
@@ -80,15 +80,14 @@ def att_svm_lean(X: np.ndarray, z: np.ndarray, alpha: np.ndarray, valid: np.ndar
     if _lossy_tokens(X, valid):
         return None  # (tokens scaled into the subnormal range: the engine decides)
     # the certificate (solution.certify, Frobenius, inequalities with b = 1, lam given)
-    margin, viol, nrm, dn, lb_num, wms, comp = (float(x) for x in sums[1:8])
+    margin, viol, nrm, dn, lb_num, wms, comp = sums[1:8].tolist()
     if not all(math.isfinite(x) for x in (viol, nrm, dn, lb_num, wms, comp)):
         return None
     if not math.isfinite(nrm):
         return None
     # the proof that every margin is >= 1 (certificate.prove_margins, the rounding-error
     # bound alone: what it leaves undecided goes to the engine, which decides it exactly)
-    cs1 = ConstraintSet(D[None], Zs[None], v[None], v[None].astype(float))
-    if not prove_margins(cs1, W[None], exact=False)[0]:
+    if not prove_unit_margins(D, Zs, v, W):
         return None
     lower = lb_num / dn if dn > 0 and lb_num > 0 else 0.0
     fix = margin if 0 < margin < 1 else 1.0
@@ -106,11 +105,11 @@ def att_svm_lean(X: np.ndarray, z: np.ndarray, alpha: np.ndarray, valid: np.ndar
     up, down, down2 = 2.0 ** k, 2.0 ** -k, 2.0 ** (-2 * k)
     with np.errstate(over="ignore", under="ignore"):
         Wu = W * down
-        if not np.array_equal(Wu * up, W):
+        if not (Wu * up == W).all():
             return None  # entries went subnormal: the engine re-certifies
-        amax = float(np.abs(Wu).max()) if Wu.size else 0.0
-        if not (np.isfinite(Wu).all() and (amax >= np.finfo(float).tiny
-                                           or float(np.abs(W).max()) == 0.0)):
+        # (Wu up == W: Wu is finite and |Wu| = |W| 2^-k exactly)
+        wmax = float(np.abs(W).max()) if W.size else 0.0
+        if not (wmax * down >= 2.2250738585072014e-308 or wmax == 0.0):  # (finfo.tiny)
             return None  # not representable: the engine raises NotRepresentableError
         dual = lam * down2
     extra = {"n_constraints": int(v.sum()), "scale_exp": k, "lower_bound": lower * down,
@@ -127,9 +126,15 @@ def _lossy_tokens(X: np.ndarray, valid: np.ndarray) -> bool:
     """Whether scaling the valid tokens of X (n, T, d) (or a batch) to max |x| in [1/2, 1)
     could take a nonzero entry into the subnormal range (bits lost: the compiled path's
     differences are then not those of the caller's tokens)."""
-    a = np.abs(X[valid])
-    nz = a[a > 0]
-    return bool(nz.size) and float(nz.min()) < float(nz.max()) * 2.0 ** -1020
+    a = np.abs(X)
+    if a.size and not (a < float(a.max()) * 2.0 ** -1020).any():
+        return False  # (no entry below the threshold of the largest token, masked included)
+    a = a[valid]
+    mx = float(a.max()) if a.size else 0.0
+    if not mx > 0:
+        return False
+    small = a < mx * 2.0 ** -1020  # (a nonzero one among them: bits lost)
+    return bool(small.any()) and bool((a[small] > 0).any())
 
 
 def _user_constraints(X, z, alpha, valid, io) -> ConstraintSet:

@@ -39,20 +39,23 @@ __all__ = [
 
 def as_array(x, name: str, ndim: tuple[int, ...], shape_doc: str) -> np.ndarray:
     """``x`` as a finite float64 array with ndim in ``ndim``; ValueError naming ``name``."""
-    if x is None:
-        raise ValueError(f"{name} is required: an array of shape {shape_doc}")
-    x = as_numpy(x, name)  # torch tensors: detached (requires_grad), from the GPU
-    try:
-        a = np.asarray(x)
-    except Exception:  # ragged lists and the like
-        raise ValueError(f"{name} must be a numeric array of shape {shape_doc}") from None
-    if a.dtype == object or a.dtype.kind in "USVMm" or np.iscomplexobj(a):
-        raise ValueError(f"{name} must be a real numeric array of shape {shape_doc}; "
-                         f"got dtype {a.dtype}")
-    a = a.astype(float, copy=False)
+    if type(x) is np.ndarray and x.dtype == np.float64:  # (the common case: as is)
+        a = x
+    else:
+        if x is None:
+            raise ValueError(f"{name} is required: an array of shape {shape_doc}")
+        x = as_numpy(x, name)  # torch tensors: detached (requires_grad), from the GPU
+        try:
+            a = np.asarray(x)
+        except Exception:  # ragged lists and the like
+            raise ValueError(f"{name} must be a numeric array of shape {shape_doc}") from None
+        if a.dtype == object or a.dtype.kind in "USVMm" or np.iscomplexobj(a):
+            raise ValueError(f"{name} must be a real numeric array of shape {shape_doc}; "
+                             f"got dtype {a.dtype}")
+        a = a.astype(float, copy=False)
     if a.ndim not in ndim:
         raise ValueError(f"{name} must have shape {shape_doc}; got {a.shape}")
-    if not np.all(np.isfinite(a)):
+    if not np.isfinite(a).all():
         bad = int((~np.isfinite(a)).sum())
         raise ValueError(f"{name} contains NaN or inf ({bad} entries)")
     return a
@@ -85,6 +88,8 @@ def as_mask(mask, shape: tuple[int, ...], name: str = "mask") -> np.ndarray:
 def _int_array(a, name: str, what: str = "token", hi: int | None = None) -> np.ndarray:
     """Integer array (floats / bools / strings refused, never truncated; integers beyond
     int64 refused as out of range [0, hi], never wrapped)."""
+    if type(a) is np.ndarray and a.dtype == np.int64:  # (the common case: as is)
+        return a
     span = f"[0, {hi}]" if hi is not None else "[0, 2**63 - 1]"
     a = as_numpy(a, name)
     try:
@@ -119,7 +124,7 @@ def as_alpha(alpha, shape: tuple[int, ...], T: int, valid: np.ndarray | None = N
     if a.shape != tuple(shape):
         raise ValueError(f"{name} must have shape {tuple(shape)} (one token index per "
                          f"sequence); got {a.shape}")
-    if a.size and (a.min() < 0 or a.max() >= T):
+    if a.size and not 0 <= a.min() <= a.max() < T:
         bad = a[(a < 0) | (a >= T)][:5].tolist()
         raise ValueError(f"{name} out of range: token indices must lie in [0, {T - 1}]; "
                          f"got {bad}")
@@ -205,4 +210,6 @@ def as_tol(tol, name: str = "tol") -> float:
     """The tolerance for reporting active constraints (support: margin <= 1 + tol), a
     finite number > 0: a negative, zero or NaN tol would report no support vectors at an
     optimum whose active margins came out a rounding error above 1."""
+    if type(tol) is float and 0.0 < tol < np.inf:  # (the common case)
+        return tol
     return check_param(name, tol, [Interval(float, 0.0, None, closed="neither")])
