@@ -198,10 +198,15 @@ class NTPModel:
             return params["W"]
         return params["K"] @ params["Q"].transpose(-1, -2)
 
+    @property
+    def factorised(self) -> bool:
+        """W is a product of the parameters (K Q^T: its entries may overflow first)."""
+        return self.param != "W"
+
     def finite(self, params) -> torch.Tensor:
         """(B,) bool: every parameter and W of the trial is finite."""
         ok = None
-        ts = list(params.values()) + ([self.W(params)] if self.param != "W" else [])
+        ts = list(params.values()) + ([self.W(params)] if self.factorised else [])
         for v in ts:  # min and max per trial (they propagate NaN): one pass, no temporary
             lo, hi = torch.aminmax(v.reshape(v.shape[0], -1), dim=1)
             f = torch.isfinite(lo) & torch.isfinite(hi)
