@@ -253,8 +253,8 @@ class NTPModel:
 
     # ------------------------------------------------------------ objective
     def _iden_terms(self, a, ymask):
-        lab = torch.where(ymask, a, torch.full_like(a, NEG_INF))
-        non = torch.where(ymask, torch.full_like(a, NEG_INF), a)
+        lab = torch.where(ymask, a, NEG_INF)
+        non = torch.where(ymask, NEG_INF, a)
         A = torch.logsumexp(a, -1, keepdim=True)
         AY = torch.logsumexp(lab, -1, keepdim=True)
         AN = torch.logsumexp(non, -1, keepdim=True)
@@ -313,7 +313,7 @@ class NTPModel:
             if not grad:
                 return NTPObjective(L, logL, None)
             fac, top = row_factors((M - math.log(n))[..., None])
-            top = torch.where(torch.isfinite(L), top, torch.full_like(top, math.nan))
+            top = torch.where(torch.isfinite(L), top, math.nan)
             Ga = g * fac  # (B, n, T)
             X, Z = t["X"], t["Z"]
             GX = (torch.einsum("bnt,ntd->bnd", Ga, X[0]) if X.shape[0] == 1
