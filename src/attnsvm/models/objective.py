@@ -160,6 +160,8 @@ def fixed_linear(model, params, data, lossf, grad=True, autograd=False, need_gap
             # -fac (s delta_r - r c), in three full-size ops
             Ga = torch.addcmul(st.s * delta_r[..., None], st.r, c, value=-1.0)
             Ga.mul_(-fac[..., None])
+            # the logits-sized terms let go before the gradient's products (the step's peak)
+            del a, st, c, fac, logits
             grads = _with_reg(model, params, _scaled_attention_grads(model, params, data, Ga, top))
     return Objective(L, gap, lg, grads)
 
