@@ -520,3 +520,38 @@ def test_extending_md_optimiser_samples_run():
             torch.testing.assert_close(out[k], P[k] - 0.1 * f.reshape(-1, *[1] * (G[k].ndim - 1)) * G[k])
     finally:
         O.RULES.pop("my_adagrad", None)
+
+
+def test_steepest_unit_equals_steepest_bit_for_bit_and_writes_only_when_owned():
+    """Norm.steepest_unit (NGD's direction from a Scaled gradient's tensors, max |T| = 1)
+    equals Norm.steepest on the same tensors bit for bit, including a zero trial and a
+    NaN trial (both set to 0); ngd's update leaves a Scaled gradient untouched unless it
+    is marked owned, and gives the same new parameters either way."""
+    from attnsvm.norms import get_norm
+    from attnsvm.optim import Scaled, ngd
+
+    g = torch.Generator().manual_seed(3)
+    G0 = torch.randn(5, 4, 3, generator=g, dtype=torch.float64)
+    G0[1] = 0.0
+    G0[2, 0, 0] = float("nan")
+    G = G0 * 1e-250  # its squares underflow: only the scaled form has a direction
+    S = Scaled.of({"W": G})
+    T = S.tensors["W"]
+    for name in ("fro", "linf", "l1", "spectral", 3.0):
+        N = get_norm(name)
+        Tn = T if name == "fro" else T[[0, 1, 3, 4]]  # (an SVD refuses a NaN)
+        ref = N.steepest(Tn)
+        got = N.steepest_unit(Tn.clone(), inplace=True)
+        assert torch.equal(torch.nan_to_num(ref, nan=7.0), torch.nan_to_num(got, nan=7.0)), name
+        assert torch.all(ref[1] == 0) and (name != "fro" or torch.all(ref[2] == 0))
+    P = {"W": torch.randn(5, 4, 3, generator=g, dtype=torch.float64)}
+    before = T.clone()
+    new, _ = ngd(0.1).update(S, {}, P)
+    assert torch.equal(torch.nan_to_num(T, nan=7.0), torch.nan_to_num(before, nan=7.0))
+    new_owned, _ = ngd(0.1).update(S._replace(tensors={"W": T.clone()}, owned=True), {}, P)
+    assert torch.equal(new["W"], new_owned["W"])
+    # the reference formula: W - lr G / ||G||_F per trial, 0 for the zero and NaN trials
+    Gf = G0 / G0.flatten(1).norm(dim=1)[:, None, None]
+    want = P["W"] - 0.1 * torch.nan_to_num(Gf, nan=0.0)
+    want[2] = P["W"][2]
+    assert torch.allclose(new["W"], want, rtol=1e-14, atol=0)

@@ -165,6 +165,13 @@ class Norm:
     def _steepest(self, G1, dims):
         raise NotImplementedError
 
+    def steepest_unit(self, G, vector: bool = False, inplace: bool = False):
+        """:meth:`steepest` of a tensor G whose items have max |G| = 1 or are 0 (or hold a
+        NaN): a scaled gradient's tensors (:class:`attnsvm.optim.Scaled`), for which the
+        rescaling by max |G| divides by 1 (exact). The same values; a norm may skip the
+        rescaling (:class:`Frobenius`). ``inplace``: G is the caller's to overwrite."""
+        return self.steepest(G, vector)
+
     # ---------------------------------------------------------------- cvxpy
     def cvxpy(self, expr):
         """The cvxpy expression ||expr|| (a matrix (d, e) or a vector expression)."""
@@ -261,6 +268,18 @@ class Frobenius(Lp):
     def _steepest(self, G1, dims):
         n = G1.pow(2).sum(dims).sqrt()  # G1 is Norm.steepest's own copy: divided in place
         return G1.div_(_expand(torch.where(n > 0, n, torch.ones_like(n)), len(dims)))
+
+    def steepest_unit(self, G, vector: bool = False, inplace: bool = False):
+        """G / ||G||_F for items with max |G| = 1 or 0 (:meth:`Norm.steepest_unit`): the
+        same bits as :meth:`steepest` (G / max|G| is G itself; ||G||_F >= 1 > 0 exactly
+        where max|G| > 0, NaN where it is NaN: the same items are set to 0) in a third
+        of its ops; ``inplace``: divided in G's own buffer."""
+        dims = _item_dims(G, vector)
+        n = G.pow(2).sum(dims).sqrt()
+        pos = _expand(n > 0, len(dims))
+        div = _expand(torch.where(n > 0, n, 1.0), len(dims))
+        D = G.div_(div) if inplace else G / div
+        return D.masked_fill_(~pos, 0.0)
 
     def cvxpy(self, expr):
         import cvxpy as cp

@@ -28,6 +28,7 @@ a step whose objective then overflows is undone. tests/test_fused.py holds the t
 
 from __future__ import annotations
 
+import math
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 
@@ -35,6 +36,7 @@ import numpy as np
 import torch
 
 from . import fused
+from .optim.base import Scaled
 
 __all__ = ["Stops", "Stepper", "TorchStepper", "FusedStepper", "make_stepper", "run_segments",
            "minibatch"]
@@ -144,6 +146,9 @@ class TorchStepper(Stepper):
         self.shares_forward = plan is None and batch_size is None
         self.shares_objective = self.shares_forward and not autograd and model.head == "linear"
         self.forward = None  # (logits, objective or None) of the record step, until recorded
+        #: the new parameters' checks in one pass (:meth:`_update_ok`): the parameters are all
+        #: there is to check (W is not a product of them that may overflow first)
+        self.quick_finite = not getattr(model, "factorised", True)
 
     def init(self, params):
         self.params = {k: v.clone() for k, v in params.items()} if self.copy else dict(params)
@@ -199,21 +204,71 @@ class TorchStepper(Stepper):
         self.all_active = False
         return True
 
+    def _grads_ok(self, grads, stops) -> bool:
+        """Whether every running trial's gradient is finite and not zero, i.e. neither the
+        undo nor the zero-gradient stop has anything to do: the sum of the log scales over
+        the running trials is finite iff each one is (they are O(|a|), far inside float64's
+        range; a sum that overflowed only sends the step to the full checks). One reduction
+        and one read instead of a stop check each."""
+        tot = None
+        for ls in grads.log_scale.values():
+            tot = ls if tot is None else tot + ls
+        if not self.all_active:
+            tot = torch.where(stops.active, tot, 0.0)
+        return math.isfinite(tot.sum().item())
+
+    def _update_ok(self, new, params, stops) -> bool:
+        """Whether no running trial's update is non-finite or (``check_stall``) leaves every
+        parameter unchanged, in one pass per tensor (the full checks of :meth:`_advance`
+        run only when this says no). With the old parameters finite (they always are: a
+        non-finite step is never applied), new - old is finite iff new is, and 0 iff
+        new == old (IEEE subtraction; a flushed subnormal difference only sends the step
+        to the full checks): per trial m = max |new - old| (NaN propagates through
+        aminmax), and every running trial has 0 < m < inf. Without ``check_stall`` the
+        sum of the new parameters (finite iff each entry is, or the full checks decide).
+        Models whose W is a product of the parameters (it may overflow first) always take
+        the full checks (``model.finite``)."""
+        if not self.quick_finite:
+            return False
+        B = stops.active.shape[0]
+        m = None
+        for k, v in params.items():
+            if self.check_stall:
+                lo, hi = torch.aminmax(torch.sub(new[k], v).reshape(B, -1), dim=1)
+                mk = torch.maximum(hi, lo.neg_())
+            else:
+                mk = new[k].reshape(B, -1).sum(1)
+            m = mk if m is None else (torch.maximum(m, mk) if self.check_stall else m + mk)
+        if not self.all_active:
+            m = torch.where(stops.active, m, 1.0)
+        if not self.check_stall:
+            return math.isfinite(m.sum().item())
+        lo, hi = torch.aminmax(m)
+        lo, hi = torch.stack((lo, hi)).tolist()
+        return lo > 0 and hi < math.inf
+
     def _advance(self, ev, t, stops) -> None:
         """The update of step t for the running trials, unless it is not finite (stop) or,
         with ``check_stall``, changes no parameter (stop)."""
         params = self.params
-        new, new_state = self.optimizer.update(ev.grads, self.state, params, ev.log_gap)
-        if stops.stop(~self.model.finite(new), t, "non-finite step"):
-            self.all_active = False
-        if self.check_stall:
-            B = stops.active.shape[0]
-            # all(1) of a bool as the min of its bytes: the same answer, a vectorised reduction
-            # (bool all(1) over short rows was measured 4x slower)
-            same = torch.stack([(new[k] == v).reshape(B, -1).view(torch.uint8).amin(1)
-                                for k, v in params.items()]).amin(0).bool()
-            if stops.stop(same, t, "no change in float64"):
+        grads = ev.grads
+        if self.plan is None and isinstance(grads, Scaled):
+            # the gradient was made for this update alone (not the kernel's buffers): the
+            # rule may write into it (memory: the direction and the new parameters in place)
+            grads = grads._replace(owned=True)
+        new, new_state = self.optimizer.update(grads, self.state, params, ev.log_gap)
+        grads = None
+        if not self._update_ok(new, params, stops):
+            if stops.stop(~self.model.finite(new), t, "non-finite step"):
                 self.all_active = False
+            if self.check_stall:
+                B = stops.active.shape[0]
+                # all(1) of a bool as the min of its bytes: the same answer, a vectorised
+                # reduction (bool all(1) over short rows was measured 4x slower)
+                same = torch.stack([(new[k] == v).reshape(B, -1).view(torch.uint8).amin(1)
+                                    for k, v in params.items()]).amin(0).bool()
+                if stops.stop(same, t, "no change in float64"):
+                    self.all_active = False
         self.prev, self.prev_state = params, self.state
         if self.all_active:
             self.params, self.state = new, new_state
@@ -223,7 +278,9 @@ class TorchStepper(Stepper):
     def step(self, t0, t1, record, stops):
         for t in range(t0, t1):
             ev = self._evaluate(t, record=t == t0)
-            if self._undo_overflow(ev.grads, t, stops):
+            # the stops below (undo, zero gradient) only where some log scale is not finite
+            ok = self._grads_ok(ev.grads, stops)
+            if not ok and self._undo_overflow(ev.grads, t, stops):
                 self.forward = None  # some parameters went back: not those of the forward pass
                 if not stops.running():
                     return t
@@ -231,7 +288,7 @@ class TorchStepper(Stepper):
             if t == t0:
                 record(t)
                 self.forward = None
-            if stops.stop(~ev.grads.nonzero(), t, "zero gradient"):
+            if not ok and stops.stop(~ev.grads.nonzero(), t, "zero gradient"):
                 self.all_active = False
                 if not stops.running():
                     return t

@@ -320,12 +320,13 @@ def _short(value) -> str:
 
 
 #: the peak of a run above its data, in copies of the parameters, by engine: measured
-#: (benchmarks/bench_torch_engine.py --mem: B = 2e4, d = 32, NGD: torch 4.8, fused 2.8;
-#: tests/test_train_memory.py holds the prediction above a measured peak). torch: the
-#: parameters, the gradient, the update's direction and the new parameters, with the
-#: allocator's slack; fused: the start's parameters, its gradient and its temporaries,
-#: then the kernel's slots. Optimiser state comes on top.
-_PARAM_COPIES = {"torch": 5, "fused": 3}
+#: (benchmarks/bench_torch_engine.py --mem: B = 2e4, d = 32, NGD: torch 3.9 with the
+#: logits-sized temporaries, fused 2.8; tests/test_train_memory.py holds the prediction
+#: above a measured peak). torch: the parameters before the step (kept for the undo
+#: check), the parameters, the gradient (NGD's direction and the new parameters are
+#: written into it), with the allocator's slack; fused: the start's parameters, its
+#: gradient and its temporaries, then the kernel's slots. Optimiser state comes on top.
+_PARAM_COPIES = {"torch": 4, "fused": 3}
 #: (B, n, Q, T) temporaries of the objective (logits, softmax terms, dL/da, the gaps)
 _ROW_COPIES = 12
 

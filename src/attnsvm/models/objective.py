@@ -59,18 +59,21 @@ def softmax_terms(a: torch.Tensor) -> SoftmaxTerms:
     anchor is the only admissible key has M = -inf, r = 0, s = e_k. A row whose largest logit
     overflowed (+inf or NaN) gets M = NaN, so the trainer sees the overflow."""
     mx, k = a.detach().max(-1, keepdim=True)
-    mx = a.gather(-1, k)  # (with autograd: the logit itself)
+    if a.requires_grad:
+        mx = a.gather(-1, k)  # with autograd: the logit itself (the same value)
     off = a.scatter(-1, k, NEG_INF)
     aj = off.amax(-1, keepdim=True)
     fin = torch.isfinite(aj)
-    r = torch.exp(off - torch.where(fin, aj, torch.zeros_like(aj)))
-    ej = torch.where(fin, torch.exp(aj - mx), torch.zeros_like(aj))
+    r = torch.exp(off - torch.where(fin, aj, 0.0))
+    dj = aj - mx
+    ej = torch.where(fin, torch.exp(dj), 0.0)
     x = ej * r.sum(-1, keepdim=True)
-    eM = ej / (1.0 + x)
-    M = torch.where(fin, (aj - mx) - torch.log1p(x), torch.full_like(aj, NEG_INF))
-    M = torch.where(torch.isnan(mx) | torch.isposinf(mx), torch.full_like(M, float("nan")), M)
-    s = (r * eM).scatter(-1, k, 1.0 / (1.0 + x))
-    return SoftmaxTerms(k, s, M[..., 0], eM[..., 0], r)
+    x1 = 1.0 + x
+    eM = ej / x1
+    M = torch.where(fin, dj - torch.log1p(x), NEG_INF)
+    M = torch.where(mx < float("inf"), M, float("nan"))  # mx NaN or +inf: M = NaN
+    s = (r * eM).scatter(-1, k, x1.reciprocal())
+    return SoftmaxTerms(k, s, M.squeeze(-1), eM.squeeze(-1), r)
 
 
 def scaled_grads(raw: dict, log_scale) -> Scaled:
@@ -84,10 +87,9 @@ def scaled_grads(raw: dict, log_scale) -> Scaled:
         lo, hi = torch.aminmax(t.reshape(B, -1), dim=1)
         m = torch.maximum(lo.neg_(), hi)
         pos = m > 0
-        safe = torch.where(pos, m, torch.ones_like(m))
-        out[k] = t.div_(safe.reshape(B, *([1] * (t.ndim - 1))))
-        ls[k] = torch.where(pos, torch.log(safe) + log_scale,
-                            torch.where(torch.isnan(m), m, torch.full_like(m, NEG_INF)))
+        out[k] = t.div_(torch.where(pos, m, 1.0).reshape(B, *([1] * (t.ndim - 1))))
+        lm = torch.log(m)  # -inf where m = 0, NaN where m is
+        ls[k] = torch.where(pos, lm + log_scale, lm)
     return Scaled(out, ls)
 
 
@@ -114,8 +116,8 @@ def row_factors(rho):
     """exp(rho - max rho) per trial and the max (B,): row weights of a scaled gradient.
     rho (B, n, Q) log scales (-inf: a zero row; NaN propagates to the trial's scale)."""
     top = rho.reshape(rho.shape[0], -1).amax(1)
-    topf = torch.where(torch.isfinite(top), top, torch.zeros_like(top))
-    return torch.exp(rho - topf[:, None, None]), top
+    topf = top.nan_to_num(0.0, 0.0, 0.0)  # top where finite, else 0
+    return torch.exp(rho - topf.reshape(-1, 1, 1)), top
 
 
 def _with_reg(model, params, grads: Scaled) -> Scaled:
@@ -158,6 +160,8 @@ def fixed_linear(model, params, data, lossf, grad=True, autograd=False, need_gap
             # -fac (s delta_r - r c), in three full-size ops
             Ga = torch.addcmul(st.s * delta_r[..., None], st.r, c, value=-1.0)
             Ga.mul_(-fac[..., None])
+            # the logits-sized terms let go before the gradient's products (the step's peak)
+            del a, st, c, fac, logits
             grads = _with_reg(model, params, _scaled_attention_grads(model, params, data, Ga, top))
     return Objective(L, gap, lg, grads)
 

@@ -197,10 +197,15 @@ class NTPModel:
             return params["W"]
         return params["K"] @ params["Q"].transpose(-1, -2)
 
+    @property
+    def factorised(self) -> bool:
+        """W is a product of the parameters (K Q^T: its entries may overflow first)."""
+        return self.param != "W"
+
     def finite(self, params) -> torch.Tensor:
         """(B,) bool: every parameter and W of the trial is finite."""
         ok = None
-        ts = list(params.values()) + ([self.W(params)] if self.param != "W" else [])
+        ts = list(params.values()) + ([self.W(params)] if self.factorised else [])
         for v in ts:  # min and max per trial (they propagate NaN): one pass, no temporary
             lo, hi = torch.aminmax(v.reshape(v.shape[0], -1), dim=1)
             f = torch.isfinite(lo) & torch.isfinite(hi)
@@ -247,8 +252,8 @@ class NTPModel:
 
     # ------------------------------------------------------------ objective
     def _iden_terms(self, a, ymask):
-        lab = torch.where(ymask, a, torch.full_like(a, NEG_INF))
-        non = torch.where(ymask, torch.full_like(a, NEG_INF), a)
+        lab = torch.where(ymask, a, NEG_INF)
+        non = torch.where(ymask, NEG_INF, a)
         A = torch.logsumexp(a, -1, keepdim=True)
         AY = torch.logsumexp(lab, -1, keepdim=True)
         AN = torch.logsumexp(non, -1, keepdim=True)
@@ -307,7 +312,7 @@ class NTPModel:
             if not grad:
                 return NTPObjective(L, logL, None)
             fac, top = row_factors((M - math.log(n))[..., None])
-            top = torch.where(torch.isfinite(L), top, torch.full_like(top, math.nan))
+            top = torch.where(torch.isfinite(L), top, math.nan)
             Ga = g * fac  # (B, n, T)
             X, Z = t["X"], t["Z"]
             GX = (torch.einsum("bnt,ntd->bnd", Ga, X[0]) if X.shape[0] == 1

@@ -109,6 +109,10 @@ class Scaled(NamedTuple):
     tensors: dict
     log_scale: dict
     plain: dict | None = None  # the unscaled tensors when the gradient was given plainly
+    #: the tensors are the update's own: made for this one update (the trainer's gradient of
+    #: the step), so a rule may overwrite them (e.g. divide them by their norm in place);
+    #: False (default): they may be the caller's, never written
+    owned: bool = False
 
     @classmethod
     def of(cls, tensors: dict, log_scale: dict | None = None) -> Scaled:
@@ -164,9 +168,13 @@ def item_norm(norm, t: torch.Tensor) -> torch.Tensor:
     return norm.value(v, vector=v.ndim == 2)
 
 
-def item_steepest(norm, t: torch.Tensor) -> torch.Tensor:
-    """``norm.steepest`` of each trial's item, in the shape of t."""
+def item_steepest(norm, t: torch.Tensor, unit: bool = False, inplace: bool = False) -> torch.Tensor:
+    """``norm.steepest`` of each trial's item, in the shape of t. ``unit``: t holds a
+    :class:`Scaled` gradient's tensors (max |t| = 1 per trial, or 0):
+    ``norm.steepest_unit`` (the same values, fewer ops); ``inplace``: t may be overwritten."""
     v = item_view(t)
+    if unit:
+        return norm.steepest_unit(v, vector=v.ndim == 2, inplace=inplace).reshape(t.shape)
     return norm.steepest(v, vector=v.ndim == 2).reshape(t.shape)
 
 

@@ -92,7 +92,11 @@ class Lazy(NamedTuple):
     factor: object = None         # None, a number, or a per-trial tensor (B,) / (B, 1, ..)
     weights: dict | None = None   # {name: (B,)} or None
 
-    def value(self) -> dict:
+    def value(self, consume: bool = False) -> dict:
+        """{k: (factor w_k) D_k}. ``consume``: the last use of this update (the apply
+        step's): the products are written into the directions D_k, which are the Lazy's
+        own (every steepest direction is a fresh tensor, or the trainer's gradient it
+        owns), one parameter-sized buffer fewer; the same bits."""
         out = {}
         for k, D in self.tensors.items():
             f = self.factor
@@ -101,7 +105,14 @@ class Lazy(NamedTuple):
             if self.weights is not None:
                 w = expand(self.weights[k], D)
                 f = w if f is None else f * w
-            out[k] = D if f is None else f * D
+            if f is None:
+                out[k] = D
+            elif consume and (not isinstance(f, torch.Tensor) or (
+                    torch.broadcast_shapes(f.shape, D.shape) == D.shape
+                    and torch.result_type(f, D) == D.dtype and not D.requires_grad)):
+                out[k] = D.mul_(f)
+            else:
+                out[k] = f * D
         return out
 
     def times(self, f) -> Lazy:
@@ -223,8 +234,11 @@ def scale_by_steepest(norm="fro", scope: str = "per_tensor") -> Transform:
 
     def update(u, state, params, log_gap=None):
         g = as_scaled(u)
-        w = _product_weights(g, N) if glob else None
-        return Lazy({k: item_steepest(N, T) for k, T in g.tensors.items()}, None, w), {}
+        w = _product_weights(g, N) if glob else None  # (read before T is overwritten)
+        # the scaled tensors have max |T| = 1 (or 0): N.steepest_unit, in place when the
+        # gradient is the update's own (Scaled.owned, the trainer's step)
+        return Lazy({k: item_steepest(N, T, unit=True, inplace=g.owned)
+                     for k, T in g.tensors.items()}, None, w), {}
 
     la = lp_args(N)
     kernel = None if la is None else KernelOp(Op.STEEPEST, {**la, "global": int(glob)})
@@ -535,10 +549,11 @@ def scale_by_polyak(c: float = 1.0, max_lr: float | None = None, cap: float = PO
 def descend() -> Transform:
     """The apply step of every rule but mirror descent: params <- params - u."""
     def update(u, state, params, log_gap=None):
-        U = _plain(u)
-        # a Lazy's (factor w_k) D_k is a fresh product: the new parameters are written into
-        # it (the same subtraction, one parameter-sized buffer fewer at the step's peak)
-        fresh = isinstance(u, Lazy) and (u.factor is not None or u.weights is not None)
+        # a Lazy's (factor w_k) D_k is written into D_k, its own tensor, and the new
+        # parameters into that (the same products and subtraction, two parameter-sized
+        # buffers fewer at the step's peak)
+        fresh = isinstance(u, Lazy)
+        U = u.value(consume=True) if fresh else _plain(u)
         return {k: (torch.sub(P, U[k], out=U[k]) if fresh and U[k].shape == P.shape
                     and U[k].dtype == P.dtype and not P.requires_grad else P - U[k])
                 for k, P in params.items()}, {}
