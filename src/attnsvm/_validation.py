@@ -239,20 +239,23 @@ def as_numpy(a, name: str = "the array"):
 
 def as_array(x, name: str, ndim: tuple[int, ...], shape_doc: str) -> np.ndarray:
     """``x`` as a finite float64 array with ndim in ``ndim``; ValueError naming ``name``."""
-    if x is None:
-        raise ValueError(f"{name} is required: an array of shape {shape_doc}")
-    x = as_numpy(x, name)  # torch tensors: detached (requires_grad), from the GPU
-    try:
-        a = np.asarray(x)
-    except Exception:  # ragged lists and the like
-        raise ValueError(f"{name} must be a numeric array of shape {shape_doc}") from None
-    if a.dtype == object or a.dtype.kind in "USVMm" or np.iscomplexobj(a):
-        raise ValueError(f"{name} must be a real numeric array of shape {shape_doc}; "
-                         f"got dtype {a.dtype}")
-    a = a.astype(float, copy=False)
+    if type(x) is np.ndarray and x.dtype == np.float64:  # (the common case: as is)
+        a = x
+    else:
+        if x is None:
+            raise ValueError(f"{name} is required: an array of shape {shape_doc}")
+        x = as_numpy(x, name)  # torch tensors: detached (requires_grad), from the GPU
+        try:
+            a = np.asarray(x)
+        except Exception:  # ragged lists and the like
+            raise ValueError(f"{name} must be a numeric array of shape {shape_doc}") from None
+        if a.dtype == object or a.dtype.kind in "USVMm" or np.iscomplexobj(a):
+            raise ValueError(f"{name} must be a real numeric array of shape {shape_doc}; "
+                             f"got dtype {a.dtype}")
+        a = a.astype(float, copy=False)
     if a.ndim not in ndim:
         raise ValueError(f"{name} must have shape {shape_doc}; got {a.shape}")
-    if not np.all(np.isfinite(a)):
+    if not np.isfinite(a).all():
         bad = int((~np.isfinite(a)).sum())
         raise ValueError(f"{name} contains NaN or inf ({bad} entries)")
     return a
@@ -261,6 +264,8 @@ def as_array(x, name: str, ndim: tuple[int, ...], shape_doc: str) -> np.ndarray:
 def as_int_array(a, name: str, what: str = "token", hi: int | None = None) -> np.ndarray:
     """Integer array (floats / bools / strings refused, never truncated; integers beyond
     int64 refused as out of range [0, hi], never wrapped)."""
+    if type(a) is np.ndarray and a.dtype == np.int64:  # (the common case: as is)
+        return a
     span = f"[0, {hi}]" if hi is not None else "[0, 2**63 - 1]"
     a = as_numpy(a, name)
     try:

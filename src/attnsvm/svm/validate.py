@@ -18,11 +18,10 @@ Rules:
 
 from __future__ import annotations
 
-import numbers
-
 import numpy as np
 
-from .._validation import Interval, as_numpy, check_param
+from .._validation import Interval, as_array, as_numpy, check_param
+from .._validation import as_int_array as _int_array
 
 __all__ = [
     "as_array",
@@ -35,30 +34,6 @@ __all__ = [
     "opt_alpha",
     "as_tol",
 ]
-
-
-def as_array(x, name: str, ndim: tuple[int, ...], shape_doc: str) -> np.ndarray:
-    """``x`` as a finite float64 array with ndim in ``ndim``; ValueError naming ``name``."""
-    if type(x) is np.ndarray and x.dtype == np.float64:  # (the common case: as is)
-        a = x
-    else:
-        if x is None:
-            raise ValueError(f"{name} is required: an array of shape {shape_doc}")
-        x = as_numpy(x, name)  # torch tensors: detached (requires_grad), from the GPU
-        try:
-            a = np.asarray(x)
-        except Exception:  # ragged lists and the like
-            raise ValueError(f"{name} must be a numeric array of shape {shape_doc}") from None
-        if a.dtype == object or a.dtype.kind in "USVMm" or np.iscomplexobj(a):
-            raise ValueError(f"{name} must be a real numeric array of shape {shape_doc}; "
-                             f"got dtype {a.dtype}")
-        a = a.astype(float, copy=False)
-    if a.ndim not in ndim:
-        raise ValueError(f"{name} must have shape {shape_doc}; got {a.shape}")
-    if not np.isfinite(a).all():
-        bad = int((~np.isfinite(a)).sum())
-        raise ValueError(f"{name} contains NaN or inf ({bad} entries)")
-    return a
 
 
 def as_mask(mask, shape: tuple[int, ...], name: str = "mask") -> np.ndarray:
@@ -83,37 +58,6 @@ def as_mask(mask, shape: tuple[int, ...], name: str = "mask") -> np.ndarray:
         else:
             raise ValueError(f"{name} must have shape {tuple(shape)}; got {m.shape}")
     return np.array(m, dtype=bool)
-
-
-def _int_array(a, name: str, what: str = "token", hi: int | None = None) -> np.ndarray:
-    """Integer array (floats / bools / strings refused, never truncated; integers beyond
-    int64 refused as out of range [0, hi], never wrapped)."""
-    if type(a) is np.ndarray and a.dtype == np.int64:  # (the common case: as is)
-        return a
-    span = f"[0, {hi}]" if hi is not None else "[0, 2**63 - 1]"
-    a = as_numpy(a, name)
-    try:
-        arr = np.asarray(a)
-    except Exception:
-        raise ValueError(f"{name} must be an integer array of {what} indices") from None
-    if arr.dtype == np.bool_:
-        raise ValueError(f"{name} must hold integer {what} indices; got booleans")
-    if arr.dtype == object and arr.size and all(isinstance(v, numbers.Integral)
-                                                 and not isinstance(v, bool) for v in arr.flat):
-        big = [int(v) for v in arr.flat if not -2 ** 63 <= v < 2 ** 63]
-        if big:  # Python ints beyond int64 (numpy would raise OverflowError)
-            raise ValueError(f"{name} out of range: {what} indices must lie in {span}; "
-                             f"got {big[:5]}")
-        arr = arr.astype(np.int64)
-    if arr.dtype == np.uint64 and arr.size and int(arr.max()) >= 2 ** 63:
-        raise ValueError(f"{name} out of range: {what} indices must lie in {span}; "
-                         f"got {[int(v) for v in arr[arr >= 2 ** 63][:5]]}")
-    if not np.issubdtype(arr.dtype, np.integer):
-        if arr.size == 0 and arr.dtype == np.float64:  # np.asarray([]) is float
-            return arr.astype(np.int64)
-        raise ValueError(f"{name} must hold integer {what} indices; got dtype {arr.dtype} "
-                         f"(floats are refused, not truncated: pass e.g. {name}.astype(int))")
-    return arr.astype(np.int64, copy=False)
 
 
 def as_alpha(alpha, shape: tuple[int, ...], T: int, valid: np.ndarray | None = None,
