@@ -124,11 +124,12 @@ PTX_SCRIPT = textwrap.dedent(r"""
     import types
     import numba.cuda.dispatcher as Dp
     from numba import cuda
-    from numba.cuda.cudadrv import nvvm
-    try:
+    from numba.cuda.cudadrv import nvrtc, nvvm
+    try:  # the compilers: NVVM, and NVRTC (numba-cuda links its C helpers with it)
         nvvm.NVVM()
+        nvrtc._get_nvrtc_version()
     except Exception as e:
-        print("NO-NVVM", e)
+        print("NO-NVVM", type(e).__name__, e)
         raise SystemExit(0)
     # compile for sm_90 without a device: device functions ask the current device for
     # its compute capability; this process has none
