@@ -124,37 +124,10 @@ def worker_attnsvm(Bs, ds, budget, sat_scale):
 
 # ----------------------------------------------------------------------- JAX
 def jax_program():
-    """(run, grad_zero): run(W, X, z, y, v, S) = S NGD steps on every trial
-    (jit(fori_loop(vmap(step))), W (B, d, d)); grad_zero(W, ...) = whether each trial's
-    gradient is exactly 0. The loss of one trial: mean_i softplus(-u_i),
-    u_i = y_i sum_t softmax(X_i W z_i)_t v.x_it."""
-    import jax
-    import jax.numpy as jnp
+    """The peer (benchmarks/jax_peer.py): (run, grad_zero) at this benchmark's step size."""
+    from jax_peer import jax_program as peer
 
-    jax.config.update("jax_enable_x64", True)
-
-    def loss(W, X, z, y, v):
-        a = jnp.einsum("itd,de,ie->it", X, W, z)
-        s = jax.nn.softmax(a, axis=-1)
-        u = y * jnp.sum(s * (X @ v), axis=-1)
-        return jnp.mean(jax.nn.softplus(-u))
-
-    def step(W, X, z, y, v):
-        G = jax.grad(loss)(W, X, z, y, v)
-        return W - LR * G / jnp.linalg.norm(G)
-
-    vstep = jax.vmap(step)
-
-    @jax.jit
-    def run(W, X, z, y, v, S):
-        return jax.lax.fori_loop(0, S, lambda i, W: vstep(W, X, z, y, v), W)
-
-    @jax.jit
-    def grad_zero(W, X, z, y, v):
-        G = jax.vmap(jax.grad(loss))(W, X, z, y, v)
-        return jnp.all(G == 0.0, axis=(1, 2))
-
-    return run, grad_zero
+    return peer(LR)
 
 
 def worker_jax(Bs, ds, budget, sat_scale):

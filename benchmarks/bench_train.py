@@ -419,29 +419,12 @@ def bench_threads(B, d, steps, rounds):
 
 
 def _jax_runner(d):
-    """A jitted JAX run: fori_loop over steps of vmap(NGD step), float64, plain softmax."""
-    import jax
+    """The peer (benchmarks/jax_peer.py): its jitted run and jax.numpy."""
     import jax.numpy as jnp
 
-    jax.config.update("jax_enable_x64", True)
+    from jax_peer import jax_program
 
-    def loss(W, X, z, y, v):  # one trial: X (n, T, d), z (n, d), y (n,), v (d,)
-        a = jnp.einsum("ntd,de,ne->nt", X, W, z)  # a_t = x_t^T W z
-        s = jax.nn.softmax(a, axis=-1)
-        f = jnp.einsum("nt,ntd,d->n", s, X, v)
-        return jnp.mean(jax.nn.softplus(-y * f))
-
-    def step(W, X, z, y, v):
-        g = jax.grad(loss)(W, X, z, y, v)
-        return W - LR * g / jnp.linalg.norm(g)
-
-    vstep = jax.vmap(step)
-
-    @jax.jit
-    def run(W, X, z, y, v, steps):
-        return jax.lax.fori_loop(0, steps, lambda i, W: vstep(W, X, z, y, v), W)
-
-    return run, jnp
+    return jax_program(LR)[0], jnp
 
 
 def bench_jax(Bs, ds, rounds):
