@@ -178,6 +178,16 @@ def _exact_data(cs) -> np.ndarray:
     return ok
 
 
+def _margin_err(E, wz, az, d: int, e: int):
+    """The rounding bound of a computed margin m^_k = fl(D_k^T W z_k) (module docstring):
+    err_k = 1.01 gamma_{d+e+2} E_k + eta (d+e+2)(d e + 1)(1 + wz + az), with E_k = |D_k|^T
+    |W| |z_k|, wz = sum_cf |W_cf| |z_f| and az = sum_f |z_f| (the underflow term, per
+    sequence); arrays broadcast. The one formula of :func:`margin_enclosure` and
+    :func:`prove_unit_margins`."""
+    n = d + e + 2
+    return 1.01 * gamma(n) * E + ETA * n * (d * e + 1) * (1.0 + wz + az)
+
+
 def margin_enclosure(cs, W: np.ndarray):
     """(m^, err): computed margins m^ (B, n, T) of answers W (B, d, e) (finite) and the
     rigorous bound err with |m_k(W) - m^_k| <= err_k for the exact constraint data
@@ -196,9 +206,7 @@ def margin_enclosure(cs, W: np.ndarray):
         DW = _abs_matmul(Dr, aW).reshape(bs + (n_, T_, e))  # (B, n, T, e) |Delta| |W|
         E = np.einsum("...nte,...ne->...nt", DW, aZ)
         wz = (aW @ np.swapaxes(aZ, -1, -2)).sum(-2)[..., :, None]  # sum_cf |W_cf| |z_f|
-        n = d + e + 2
-        # (the underflow term: eta n (d e + 1)(1 + sum |W||z| + sum |z|), per sequence)
-        err = 1.01 * gamma(n) * E + ETA * n * (d * e + 1) * (1.0 + wz + aZ.sum(-1)[..., :, None])
+        err = _margin_err(E, wz, aZ.sum(-1)[..., :, None], d, e)
         if eD.any():
             err = err + (eD * (wz + DW.sum(-1) + eD * aW.sum((-2, -1))[:, None, None])
                          * (1 + 1e-8))
@@ -226,8 +234,7 @@ def prove_unit_margins(D: np.ndarray, Z: np.ndarray, valid: np.ndarray, W: np.nd
         m = np.einsum("nte,ne->nt", (Dr @ W).reshape(n_, T_, e), Z)
         E = np.einsum("nte,ne->nt", (np.abs(Dr) @ aW).reshape(n_, T_, e), aZ)
         wz = (aW @ aZ.T).sum(0)  # (n,) sum_cf |W_cf| |z_f|
-        n = d + e + 2
-        err = 1.01 * gamma(n) * E + ETA * n * (d * e + 1) * (1.0 + wz + aZ.sum(1))[:, None]
+        err = _margin_err(E, wz[:, None], aZ.sum(1)[:, None], d, e)
         slack = m - 1.0
         ok = (slack >= err * SLACK) & ~np.isinf(slack)
     return bool((ok | ~valid).all())
