@@ -414,7 +414,9 @@ def bench_threads(B, d, steps, rounds):
               f"({c[nt] / w[nt]:.2f} cores busy), {B * steps / w[nt] / 1e6:.3f} M trial-steps/s "
               f"[rounds {', '.join(f'{x[0]:.3f}' for x in res[nt])}]")
     print(f"  2 threads / 1 thread: {sp:.2f}x wall (target >= 1.7x on an idle machine; "
-          f"{'idle' if load0 < 0.5 else 'NOT idle: the second core was shared'})")
+          f"{'both cores were ours' if c[2] / w[2] >= 1.8 else 'NOT idle: the second core was shared'}; "
+          f"judged by the cores the 2-thread run got, since the load average counts this "
+          f"benchmark's own earlier sections)")
     return sp
 
 
