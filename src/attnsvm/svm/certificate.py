@@ -1168,6 +1168,7 @@ def _forest_primal(cs, D, Z, W, ineq, eq, part: ForestProof) -> dict:
         m_hi = np.nextafter(m + err, np.inf)
         margin_lo = float(m_lo[ineq].min()) if ineq.any() else np.inf
         v_in = float(np.maximum(1.0 - m_lo[ineq], 0.0).max()) if ineq.any() else 0.0
+        v_in = float(np.nextafter(v_in, np.inf)) if v_in > 0 else v_in  # (rounded upward)
         v_eq = float(np.maximum(np.abs(m_lo[eq]), np.abs(m_hi[eq])).max()) if eq.any() else 0.0
         norm_hi, nrm = nb.value(W)
         shift, feas = 0.0, margin_lo
@@ -1180,10 +1181,13 @@ def _forest_primal(cs, D, Z, W, ineq, eq, part: ForestProof) -> dict:
                 an = np.sqrt(np.einsum("rd,rd->r", D[ineq], D[ineq])
                              * np.einsum("rd,rd->r", Z[ineq], Z[ineq]))
                 an = an * (1 + gamma(2 * d + 4)) * 1.0001  # >= ||A_r(exact)||_F
-                feas = float((m_lo[ineq] - an * shift * (1 + 2 * U)).min())
-        c = nb.fro_factor(d)
-        top = (norm_hi + c * shift) * (1 + 2 * U)
-        upper = top / min(1.0, feas) * (1 + 2 * U) if feas > 0 and np.isfinite(top) else np.inf
+                feas = float(np.nextafter((m_lo[ineq] - an * shift * (1 + 2 * U)).min(),
+                                          -np.inf))  # (an's slack covers the product)
+        # upper bounds, each rounded operation stepped upward by one ulp
+        up = lambda x: float(np.nextafter(x, np.inf)) if x != 0 else 0.0  # noqa: E731 (0: exact)
+        top = up(norm_hi + up(nb.fro_factor(d) * shift)) * (1 + 2 * U)
+        upper = up(top / min(1.0, feas)) * (1 + 2 * U) if feas > 0 and np.isfinite(top) \
+            else np.inf
     return {"margins": m, "margin_lo": margin_lo, "violation_hi": max(v_in, v_eq),
             "norm_hi": norm_hi, "norm": nrm, "eq_shift": shift, "feas_margin": feas,
             "upper": float(upper)}
