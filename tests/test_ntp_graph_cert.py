@@ -326,10 +326,10 @@ def test_from_text_full_vocabulary_solves_on_the_used_tokens():
 
 # ------------------------------------------------------- the proof's pieces, exactly
 def test_dot2_margins_bound_the_exact_margins():
-    """_margins_dot2 against Fractions on rows whose margin cancels terms ~1e7 times larger
+    """margins_dot2 against Fractions on rows whose margin cancels terms ~1e7 times larger
     (where the plain bound is ~1e-9): |m - exact| <= err, and err ~1e-15 or below."""
+    from attnsvm.svm.certificate import margins_dot2 as _margins_dot2
     from attnsvm.svm.certificate import two_diff
-    from attnsvm.svm.graph import _margins_dot2
 
     rng = np.random.default_rng(3)
     for _ in range(20):
@@ -370,10 +370,15 @@ def test_lmin_lower_is_a_lower_bound():
 
 
 def test_equality_bound_sigma_is_a_lower_bound():
-    """equality_bound's sigma (the exact forest rows' smallest singular value) is below
-    the one computed at 50 digits from the exact rows (mpmath), 0 for exactly dependent
-    rows, and the forest leaves out rows that are sums of its rows."""
-    from attnsvm.svm.graph import _LocalRows, equality_bound
+    """The Graph-SVM's proof part's sigma (the exact forest rows' smallest singular value)
+    is below the one computed at 50 digits from the exact rows (mpmath), 0 for exactly
+    dependent rows, and the forest leaves out rows that are sums of its rows."""
+    from attnsvm.norms import FRO
+    from attnsvm.svm.graph import _LocalRows, graph_constraints, proof_part
+
+    def equality_bound(E, L):
+        part = proof_part(graph_constraints(E, L), L, FRO)
+        return {"forest": part.forest, "sigma": part.sigma}
 
     mp.mp.dps = 50
     E = CORPUS_E.copy()

@@ -3,6 +3,7 @@ infeasible verdicts."""
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 
 import cvxpy as cp
@@ -89,6 +90,42 @@ def test_proof_fails_on_a_perturbed_answer():
     assert prove(D.E, rows, tie, lam, "fro")["violation_hi"] > 1e-9  # an equality broken
     weak = prove(D.E, rows, sol.W_, lam * np.where(rows.eq, 1.0, 0.5), "fro")  # poor multipliers
     assert weak["gap_hi"] > 1e-3
+
+
+def test_status_is_certify_with_the_proof_part():
+    """graph_svm's status is THE certificate's (certify with the Graph-SVM's proof part,
+    then verdict): its numbers equal the Solution's, a perturbed answer gets
+    'uncertified' from the same call, and the plain certificate (no part) proves the same
+    inequality margins but cannot prove the equality rows' feasible point or the gap."""
+    from attnsvm.norms import FRO
+    from attnsvm.svm.certificate import certify, verdict
+    from attnsvm.svm.graph import graph_constraints, proof_part
+
+    D = ntp_random(6, 4, 6, 8, graph="cyclic", seed=0)
+    sol = graph_svm(D.E, D.seqs, D.y)
+    rows = sol.extra["rows"]
+    cs = graph_constraints(D.E, rows).batched()
+    part = proof_part(cs, rows, FRO)
+    assert part.forest.size and 0 < part.sigma < np.inf and part.gap_optimal == GAP_GRAPH
+    c = certify(cs, sol.W_[None], sol.dual_[None], FRO, proof=part)
+    st_ = verdict(c.feasible, c.gap, False, part.gap_optimal)[0]
+    assert st_ == sol.status_ == "optimal"
+    # (the Solution's proof ran on E scaled by a power of two: the same numbers to rounding)
+    assert abs(c.gap[0] - sol.gap_) < 1e-15 and abs(c.margin[0] - sol.margin_) < 1e-14
+    assert c.violation[0] <= 1e-13 and sol.violation_ <= 1e-13
+    assert np.array_equal(c.support, sol.support_[None])
+    bad = certify(cs, (sol.W_ * (1 - 1e-6))[None], sol.dual_[None], FRO, proof=part)
+    assert verdict(bad.feasible, bad.gap, False, GAP_GRAPH)[0] == "uncertified"
+    # the part's numbers travel with take / put
+    c2 = c.take(np.array([0]))
+    c2.put(np.array([0]), bad)
+    assert c2.proven["upper"][0] == bad.proven["upper"][0] and not c2.feasible[0]
+    plain = certify(cs, sol.W_[None], sol.dual_[None], FRO)
+    assert plain.proven == {} and plain.margin[0] >= sol.margin_
+    with pytest.raises(ValueError, match="b = 1 on inequalities"):
+        certify(dataclasses.replace(cs, b=cs.b * 2), sol.W_[None], None, FRO, proof=part)
+    with pytest.raises(ValueError, match="one problem"):
+        certify(cs.take(np.array([0, 0])), np.stack([sol.W_] * 2), None, FRO, proof=part)
 
 
 def test_infeasible_names_the_conflicting_samples():

@@ -168,3 +168,15 @@ def test_norm_geometry_orders_the_optimal_values():
     for nm, s in sols.items():
         for other in sols.values():
             assert s.norm_ <= np_norm(other.W_, nm) * (1 + 1e-6)
+
+
+def test_only_the_frobenius_norm_is_euclidean():
+    """Norm.euclidean (certify's numpy fast path, no dispatch by name) holds exactly for
+    the norms with ||A||^2 = <A, A> and self-duality: the Frobenius norm, no other."""
+    from attnsvm.norms import get_norm
+
+    A = np.random.default_rng(0).standard_normal((3, 4))
+    for name in ("fro", "nuc", "spectral", "l1", "linf", "l3"):
+        N = get_norm(name)
+        holds = bool(np.isclose(float(N.value(A)) ** 2, float((A * A).sum()))) and N.dual == N
+        assert N.euclidean == holds, name

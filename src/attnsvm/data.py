@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from ._files import atomic_write
+from ._shapes import axis_size
 from ._validation import as_numpy
 
 __all__ = [
@@ -213,20 +214,9 @@ class TokenData:
         """Number of datasets B of batched data (None when unbatched)."""
         return self.X.shape[0] if self.batched else None
 
-    @property
-    def n(self) -> int:
-        """Number of sequences n per dataset."""
-        return self.X.shape[-3]
-
-    @property
-    def T(self) -> int:
-        """Number of tokens T per sequence."""
-        return self.X.shape[-2]
-
-    @property
-    def d(self) -> int:
-        """Token dimension d."""
-        return self.X.shape[-1]
+    n = axis_size("X", -3, "Number of sequences n per dataset.")
+    T = axis_size("X", -2, "Number of tokens T per sequence.")
+    d = axis_size("X", -1, "Token dimension d.")
 
     @property
     def seq2seq(self) -> bool:

@@ -85,7 +85,8 @@ class Norm:
     """A norm on matrices (d, e) or vectors (d,), batched over leading dims.
 
     Attributes: ``name`` (canonical), ``p`` (entrywise exponent, None for spectral
-    norms), ``solver`` (cvxpy solver it needs by default).
+    norms), ``solver`` (cvxpy solver it needs by default), ``euclidean`` (True for the
+    Frobenius norm only: ||A||^2 = <A, A>, self-dual).
     Subclasses implement ``_value(A1, dims)`` and ``_steepest(G1, dims)`` on inputs
     scaled to max|A| = 1 (or 0).
     """
@@ -98,6 +99,9 @@ class Norm:
     # in chunks (a general power x^p may not: torch's vectorised and scalar pow can differ
     # in the last bit)
     _exact_ops: bool = False
+    # ||A||^2 = <A, A> (the Frobenius norm, self-dual): numerical code may compute it and
+    # its dual in numpy (attnsvm.svm.certificate.fro_norm) instead of through torch
+    euclidean: bool = False
 
     # -------------------------------------------------------------- identity
     def __repr__(self) -> str:
@@ -257,6 +261,7 @@ class Frobenius(Lp):
         super().__init__(2.0)
         self.name = "fro"
         self._exact_ops = True  # x^2 is x * x, and sqrt is correctly rounded
+        self.euclidean = True
 
     @property
     def dual(self) -> Norm:

@@ -35,33 +35,18 @@ from .batch import att_svm_batch, prompt_svm_batch
 from .constraints import ConstraintSet
 from .graph import graph_svm, graph_svm_batch
 from .multitoken import MultiTokenSolution, multitoken_svm, selected_sets
-from .problems import (
-    att_svm,
-    farkas_conflict,
-    head_svm,
-    opt_tokens,
-    prompt_svm,
-    relaxed_svm,
-    scores,
-    seq2seq_svm,
-)
+from .problems import *  # noqa: F403 - the names of problems.__all__ (their one list)
+from .problems import __all__ as _problem_names
 from .result import BatchSolution, NotRepresentableError, Solution, dual_norm, primal_norm
 
 __all__ = [
-    "att_svm",
-    "prompt_svm",
-    "seq2seq_svm",
-    "head_svm",
-    "relaxed_svm",
+    *_problem_names,  # (att_svm, prompt_svm, seq2seq_svm, head_svm, relaxed_svm, ...)
     "multitoken_svm",
     "graph_svm",
     "graph_svm_batch",
     "selected_sets",
     "att_svm_batch",
     "prompt_svm_batch",
-    "farkas_conflict",
-    "scores",
-    "opt_tokens",
     "Solution",
     "BatchSolution",
     "MultiTokenSolution",

@@ -14,6 +14,8 @@ import math
 import numpy as np
 from numba import njit
 
+from ._nuc_kernels import _lower_solve, _upper_solve
+
 # KAPPA is a compile-time constant here: numba's cache keeps the value it was compiled
 # with until this file changes (tests/test_svm_lean.py holds the kernel's answers equal
 # to the engine's, which catches a stale value)
@@ -347,11 +349,7 @@ def _qr_min_norm_step(R, V, beta, ks, res, y):
     m = y.shape[0]
     for i in range(m):
         y[i] = 0.0
-    for i in range(ks):
-        t = res[i]
-        for j in range(i):
-            t -= R[j, i] * y[j]
-        y[i] = t / R[i, i]
+    _lower_solve(R.T, res, y, ks)
     for j in range(ks - 1, -1, -1):
         _reflect(V, beta, j, y)
 
@@ -365,11 +363,7 @@ def _qr_multipliers(R, V, beta, ks, w, y, lamS):
         y[i] = w[i]
     for j in range(ks):
         _reflect(V, beta, j, y)
-    for i in range(ks - 1, -1, -1):
-        t = y[i]
-        for j in range(i + 1, ks):
-            t -= R[i, j] * lamS[j]
-        lamS[i] = t / R[i, i]
+    _upper_solve(R, y, lamS, ks)
 
 
 @njit(cache=True, nogil=True)

@@ -43,21 +43,37 @@ def _chol(A, L):
     return True
 
 
+@njit(cache=True, nogil=True)
+def _lower_solve(L, b, x, n):
+    """x[:n] = L[:n, :n]^{-1} b[:n] by forward substitution (L lower triangular; b and x
+    may be one array).  The one forward substitution of the kernels (also R^T y = r of
+    :func:`attnsvm.svm._active_kernels._qr_min_norm_step`, with L = R.T)."""
+    for i in range(n):
+        t = b[i]
+        for k in range(i):
+            t -= L[i, k] * x[k]
+        x[i] = t / L[i, i]
+
+
+@njit(cache=True, nogil=True)
+def _upper_solve(R, b, x, n):
+    """x[:n] = R[:n, :n]^{-1} b[:n] by back substitution (R upper triangular; b and x may
+    be one array).  The one back substitution of the kernels (also R lamS = Q^T w of
+    :func:`attnsvm.svm._active_kernels._qr_multipliers`)."""
+    for i in range(n - 1, -1, -1):
+        t = b[i]
+        for k in range(i + 1, n):
+            t -= R[i, k] * x[k]
+        x[i] = t / R[i, i]
+
+
 @njit(cache=True)
 def _cho_solve(L, r):
     """(L L^T)^{-1} r."""
     n = L.shape[0]
     x = r.copy()
-    for i in range(n):
-        t = x[i]
-        for k in range(i):
-            t -= L[i, k] * x[k]
-        x[i] = t / L[i, i]
-    for i in range(n - 1, -1, -1):
-        t = x[i]
-        for k in range(i + 1, n):
-            t -= L[k, i] * x[k]
-        x[i] = t / L[i, i]
+    _lower_solve(L, x, x, n)
+    _upper_solve(L.T, x, x, n)
     return x
 
 

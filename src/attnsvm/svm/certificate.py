@@ -93,7 +93,7 @@ cancel by more than 1e8.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from fractions import Fraction
 
 import numpy as np
@@ -126,6 +126,11 @@ __all__ = [
     "NUC_BOUNDS",
     "Certificate",
     "certify",
+    "ForestProof",
+    "tie_forest",
+    "forest_sigma",
+    "margins_dot2",
+    "proven_gap",
     "FEAS_TOL",
     "GAP_OPTIMAL",
     "GAP_INACCURATE",
@@ -685,7 +690,9 @@ class Certificate:
 
     W (B, d, e) the answer (NaN rows: none), lam (B, n, T) multipliers of
     min 1/2||W||^2 (0 where none), margins (B, n, T), norm, margin, violation, kkt, gap,
-    lower (lb) (B,), feasible (B,) bool, support (B, n, T) bool.
+    lower (lb) (B,), feasible (B,) bool, support (B, n, T) bool; ``proven``: a proof
+    part's further proven numbers by name, each (B,) (:class:`ForestProof`: norm_hi,
+    eq_shift, feas_margin, upper), empty for the plain certificate.
     """
 
     W: np.ndarray
@@ -699,15 +706,20 @@ class Certificate:
     lower: np.ndarray
     feasible: np.ndarray
     support: np.ndarray
+    proven: dict = field(default_factory=dict)
 
     def take(self, idx) -> Certificate:
         """The certificates of the problems ``idx`` (every field indexed by ``idx``)."""
-        return Certificate(**{k: getattr(self, k)[idx] for k in self.__dataclass_fields__})
+        out = {k: getattr(self, k)[idx] for k in self.__dataclass_fields__ if k != "proven"}
+        return Certificate(**out, proven={k: v[idx] for k, v in self.proven.items()})
 
     def put(self, idx, other: Certificate) -> None:
         """Write ``other``'s fields into the problems ``idx`` of this certificate (in place)."""
         for k in self.__dataclass_fields__:
-            getattr(self, k)[idx] = getattr(other, k)
+            if k != "proven":
+                getattr(self, k)[idx] = getattr(other, k)
+        for k, v in other.proven.items():
+            self.proven[k][idx] = v
 
 
 def fro_norm(A: np.ndarray) -> np.ndarray:
@@ -746,15 +758,20 @@ def _fro_sums(cs, Wz: np.ndarray, lam: np.ndarray):
 
 
 def certify(cs, W: np.ndarray, lam: np.ndarray | None, N,
-            tol_active: float = 1e-6) -> Certificate:
+            tol_active: float = 1e-6, *, proof: ForestProof | None = None) -> Certificate:
     """THE certificate of answers ``W`` (B, d, e) with multipliers ``lam`` (B, n, T) for the
     batched constraint set ``cs`` (normalised), computed on ALL constraints, vectorised.
 
     Rows of W that are not finite mean "no answer" (feasible False, numbers NaN).  ``lam``
     may be None (then only the primal numbers are reported; gap and kkt are NaN).
     See the module docstring for the formulas.  ``N``: the :class:`~attnsvm.norms.Norm`
-    (converted once, at the caller's door).
+    (converted once, at the caller's door).  ``proof``: the problem's own proof part, an
+    object with ``certificate(cs, W, lam, tol_active) -> Certificate`` and ``gap_optimal``
+    (:class:`ForestProof`: the Graph-SVM's tie rows), which proves the equality rows and
+    the gap as well (then the status is :func:`verdict` with its ``gap_optimal``).
     """
+    if proof is not None:  # the part computes the certificate with its own proofs
+        return proof.certificate(cs, W, lam, tol_active)
     B = cs.batch_shape[0]
     valid, b = cs.valid, cs.b
     ineq, eqm = cs.ineq, cs.eqmask
@@ -777,7 +794,7 @@ def certify(cs, W: np.ndarray, lam: np.ndarray | None, N,
     Wz, lam, proven = prove_feasible(cs, Wz, lam, has)
     W = np.where(has[:, None, None], Wz, W)
     eq_ok = np.ones(B, bool)
-    fro = N.name == "fro"  # the Frobenius norm (self-dual) in numpy, no torch round trip
+    fro = N.euclidean  # the Frobenius norm (self-dual) in numpy, no torch round trip
     with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
         bs = np.maximum(1.0, np.abs(b))
         sums = _fro_sums(cs, Wz, lam) if fro and cs.eq is None else None
@@ -945,3 +962,329 @@ def _nuc_dual(A: np.ndarray) -> tuple[float, float]:
 #: sqrt(d) ||X||_F)
 FRO_BOUNDS = NormBounds(_fro_both, _fro_both, lambda d: 1.0, True)
 NUC_BOUNDS = NormBounds(_nuc_value, _nuc_dual, lambda d: np.sqrt(d) * (1 + 2 * U), False)
+
+
+# ------------------------------------------- a proof part: equality rows by a spanning forest
+TINY = 2.0 ** -1022  # the smallest normal float64
+_SPLIT = 134217729.0  # 2^27 + 1 (Veltkamp's split)
+
+
+def _two_prod(a: np.ndarray, b: np.ndarray):
+    """(p, e): p = fl(a b), a b = p + e exactly (Dekker's TwoProduct by Veltkamp's split;
+    no overflow: |a|, |b| < 2^996; exact unless an entry underflows)."""
+    p = a * b
+    c = _SPLIT * a
+    ah = c - (c - a)
+    al = a - ah
+    c = _SPLIT * b
+    bh = c - (c - b)
+    bl = b - bh
+    return p, al * bl - (((p - ah * bh) - al * bh) - ah * bl)
+
+
+def margins_dot2(D: np.ndarray, lo: np.ndarray, W: np.ndarray, Z: np.ndarray):
+    """(m, err) of m_r = (D_r + lo_r)^T W z_r (the exact difference E_y - E_j = D + lo,
+    TwoSum) for a few rows D, lo (R, d), Z (R, e), W (d, e), in twice the working precision
+    (Ogita, Rump, Oishi, "Accurate sum and dot product", SIAM J. Sci. Comput. 26, 2005:
+    TwoProduct terms, a cascade of TwoSums): |m - m_exact| <= err = u |m| + gamma_n sum
+    |e_i| + u sum |pl W| + gamma_2 sum |lo z W| + underflow, every sum rounded upward.
+    Where the bound of :func:`margin_enclosure` is too coarse: rows whose margin is a
+    cancellation of large terms (near-collinear tokens, a large W)."""
+    R, d = D.shape
+    ph, pl = _two_prod(D[:, :, None], Z[:, None, :])  # D_a z_b = ph + pl
+    h, l_ = _two_prod(ph, W[None])  # ph W_ab = h + l
+    q = pl * W[None]
+    s = (lo[:, :, None] * Z[:, None, :]) * W[None]
+    x = np.concatenate([h.reshape(R, -1), l_.reshape(R, -1), q.reshape(R, -1),
+                        s.reshape(R, -1)], axis=1)
+    errs = []
+    while x.shape[1] > 1:
+        if x.shape[1] % 2:
+            x = np.concatenate([x, np.zeros((R, 1))], axis=1)
+        a, b = x[:, 0::2], x[:, 1::2]
+        t = a + b
+        bb = t - a
+        errs.append((a - (t - bb)) + (b - bb))
+        x = t
+    e = np.concatenate(errs, axis=1) if errs else np.zeros((R, 1))
+    ne = e.shape[1]
+    m = x[:, 0] + e.sum(1)
+    g = lambda n: gamma(n) * (1 + gamma(n + 2))  # noqa: E731 - with the sum's own rounding
+    nw = W.size
+    err = (U * np.abs(m) + g(ne) * np.abs(e).sum(1) * (1 + g(ne))
+           + U * np.abs(q).reshape(R, -1).sum(1) * (1 + g(nw)) * (1 + 2 * U)
+           + gamma(3) * np.abs(s).reshape(R, -1).sum(1) * (1 + g(nw)) + 64 * nw * TINY) * 1.0001
+    return m, err
+
+
+def tie_forest(k: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Positions of a spanning forest of tie rows (k, a, b) ("token a ties token b at query
+    k"), per query: the rows joining tokens not yet joined in query k's tie graph
+    (union-find).  Every other tie row (k, a, b) is EXACTLY the sum of the forest's rows
+    along the path a .. b (the differences E_a - E_b telescope, z = E_k is shared), so W
+    meets every tie row exactly iff it meets the forest's."""
+    parent: dict = {}
+
+    def find(x):
+        while parent.get(x, x) != x:
+            parent[x] = parent.get(parent[x], parent[x])
+            x = parent[x]
+        return x
+
+    keep = []
+    for r, (kk, aa, bb) in enumerate(zip(np.asarray(k).tolist(), np.asarray(a).tolist(),
+                                         np.asarray(b).tolist())):
+        ra, rb = find((kk, aa)), find((kk, bb))
+        if ra != rb:
+            parent[ra] = rb
+            keep.append(r)
+    return np.asarray(keep, dtype=np.int64)
+
+
+def forest_sigma(D: np.ndarray, Z: np.ndarray) -> float:
+    """A proven lower bound of the smallest singular value of the exact matrix M whose rows
+    are vec(Delta_r z_r^T) (a vectorised (m, d e) matrix never formed: its Gram matrix
+    M M^T = (Delta Delta^T) o (z z^T) is (m, m)), for rows D (m, d) = fl(exact Delta) with
+    |exact - D| <= u |D| (one rounded difference) and Z (m, e) exact; 0 when their
+    independence is not proven.  sigma_min(M) >= sqrt(lambda_min(fl(G))) - (rounding of G)
+    - ||M - fl-parts||, with G's rounding gamma_{2d+1} (|D||D|^T o |z||z|^T) (Higham
+    §3.5)."""
+    m_, d = D.shape
+    if m_ == 0:
+        return np.inf
+    if m_ == 1:  # one row: sigma = ||Delta_exact|| ||z|| >= (1 - u) ||Delta|| ||z||
+        with np.errstate(over="ignore", under="ignore"):
+            a, b = float(np.sqrt(D[0] @ D[0])), float(np.sqrt(Z[0] @ Z[0]))
+        if 2.0 ** -400 < min(a, b) and max(a, b) < 2.0 ** 400:  # (no under/overflow)
+            return a * b * (1 - gamma(d + 3)) * (1 - 4 * U)
+    with np.errstate(over="ignore", invalid="ignore", under="ignore"):
+        G = (D @ D.T) * (Z @ Z.T)
+        aD, aZ = np.abs(D), np.abs(Z)
+        errG = fro_upper((aD @ aD.T) * (aZ @ aZ.T)) * gamma(2 * d + 3) * 1.0001 \
+            + 4 * m_ * d * TINY
+        lam = lmin_lower(G) if np.all(np.isfinite(G)) else 0.0
+        rn = np.sqrt((np.einsum("rd,rd->r", D, D) * np.einsum("rd,rd->r", Z, Z)).sum())
+        lo_part = U * float(rn) * (1 + gamma(2 * d + 4)) * 1.0001  # ||M_exact - M_fl||_F
+        s = np.sqrt(max(lam - errG, 0.0)) * (1 - 2 * U) - lo_part
+    return float(s) if s > 0 and np.isfinite(s) else 0.0
+
+
+@dataclass(frozen=True)
+class ForestProof:
+    """A proof part of :func:`certify` (its ``proof`` argument) for ONE problem whose
+    inequality rows have b = 1 and whose equality rows are ties: row r = (k, a, b) says
+    (E_a - E_b)^T W E_k = 0 (the Graph-SVM's rows, :func:`attnsvm.svm.graph.graph_svm`).
+    With it, every number of the certificate is proven (the plain certificate meets
+    equalities to FEAS_TOL only, and its gap is evaluated in floating point):
+
+    * margins: :func:`margin_enclosure` (the one rounding bound), refined by
+      :func:`margins_dot2` where that bound is coarse (err > 2^-40): proven m_lo <= m_r
+      <= m_hi, so ``margin`` = min_ineq m_lo and ``violation`` = max(max_ineq (1 -
+      m_lo)^+, max_eq max(|m_lo|, |m_hi|)) (proven upper bound);
+    * a feasible point near W: every tie row is a sum of the rows of ``forest``
+      (:func:`tie_forest`), whose exact matrix has smallest singular value >= ``sigma``
+      (:func:`forest_sigma`), so an exact correction delta puts W + delta on every
+      equality with ||delta||_F <= ||forest residuals|| / sigma (``eq_shift``); W + delta
+      keeps inequality margins >= m_lo - ||A_r||_F ||delta||_F (``feas_margin``), and
+      ``upper`` = (||W||^ + c ||delta||_F) / min(1, feas_margin) (c = bounds.fro_factor(d))
+      bounds the norm of an exactly feasible point (inf where none is proven: then never
+      'feasible');
+    * weak duality: for lam >= 0 on inequalities (free on equalities), lb = sum_ineq lam /
+      ||S||_*^ <= the optimal norm, S = sum_r lam_r A_r with its rounding bounded and
+      ||S||_*^ the proven upper bound ``bounds.dual``;
+    * ``gap`` = (upper - lb) / lb (:func:`proven_gap`), an upper bound of the relative
+      suboptimality; the status is :func:`verdict` with ``gap_optimal``.
+
+    ``forest`` (positions in the problem's flattened (n T) rows), ``sigma``, ``bounds``
+    (the norm's :class:`NormBounds`), ``gap_optimal``.  Build it with :meth:`of`."""
+
+    forest: np.ndarray
+    sigma: float
+    bounds: NormBounds
+    gap_optimal: float = GAP_OPTIMAL
+
+    @classmethod
+    def of(cls, cs, k, a, b, bounds: NormBounds, gap_optimal: float = GAP_OPTIMAL):
+        """The part of the (unbatched, or batch of one) constraint set ``cs`` whose flattened
+        rows r carry the token ids k[r], a[r], b[r] (tie rows where ``cs.eqmask``):
+        the forest of its tie rows and sigma of their data (cs.Delta = fl(E_a - E_b),
+        cs.Z = E_k)."""
+        eqm = np.asarray(cs.eqmask).reshape(-1)
+        idx = np.nonzero(eqm)[0]
+        f = idx[tie_forest(np.asarray(k)[idx], np.asarray(a)[idx], np.asarray(b)[idx])]
+        if f.size == 0:
+            return cls(f, np.inf, bounds, gap_optimal)
+        D, Z = _flat_rows(cs)
+        return cls(f, forest_sigma(D[f], Z[f]), bounds, gap_optimal)
+
+    def certificate(self, cs, W: np.ndarray, lam: np.ndarray | None,
+                    tol_active: float = 1e-6) -> Certificate:
+        """The certificate of :func:`certify` with this part (:func:`_certify_forest`)."""
+        return _certify_forest(cs, W, lam, tol_active, self)
+
+
+def _flat_rows(cs):
+    """(D (n T, d), Z (n T, e)) of a problem of one (an unbatched set or a batch of one)."""
+    n_, T_ = cs.shape
+    D = cs.Delta.reshape(n_ * T_, cs.d)
+    Z = cs.Z.reshape(n_, cs.e)
+    return D, (Z if T_ == 1 else np.repeat(Z, T_, axis=0))
+
+
+def proven_gap(upper: float, norm_hi: float, lb: float, need: bool) -> float:
+    """The proven relative gap (upper - lb) / lb of :class:`ForestProof` (``upper`` a proven
+    bound of the norm of a feasible point, ``lb`` a proven lower bound of the optimal
+    norm; rounded upward); without a needed margin (no inequality) 0 for W = 0, else inf."""
+    if not need:
+        return 0.0 if norm_hi == 0 else np.inf
+    if lb > 0 and np.isfinite(upper):
+        return float(max(upper - lb, 0.0) / lb * (1 + 4 * U) + 4 * U * upper / lb)
+    return np.inf
+
+
+def _forest_primal(cs, D, Z, W, ineq, eq, part: ForestProof) -> dict:
+    """The proven primal numbers of W (d, e) under ``part`` (:class:`ForestProof`):
+    margins (R,) computed, margin_lo, violation_hi, norm_hi, norm (as computed), eq_shift,
+    feas_margin, upper."""
+    d = D.shape[1]
+    nb = part.bounds
+    with np.errstate(over="ignore", invalid="ignore", under="ignore"):
+        m3, e3 = margin_enclosure(cs, W[None])
+        m, err = m3.reshape(-1).copy(), e3.reshape(-1).copy()
+        rows = ineq | eq
+        coarse = np.nonzero(rows & (err > 2.0 ** -40))[0]  # (a margin from cancelling terms)
+        aw = float(np.abs(W).max(initial=0.0))
+        if coarse.size and np.isfinite(aw) and aw < 2.0 ** 900 and bool(_exact_data(cs)[0]):
+            lo_all = (np.zeros_like(D) if cs.Delta_lo is None
+                      else cs.Delta_lo.reshape(D.shape))
+            step = max(1, 2 ** 20 // (4 * W.size))
+            for c0 in range(0, coarse.size, step):
+                c = coarse[c0:c0 + step]
+                m2, e2 = margins_dot2(D[c], lo_all[c], W, Z[c])
+                better = np.isfinite(e2) & (e2 < err[c])
+                m[c[better]], err[c[better]] = m2[better], e2[better]
+        # the enclosure, rounded outward (one ulp: each side is one rounded operation)
+        m_lo = np.nextafter(m - err, -np.inf)
+        m_hi = np.nextafter(m + err, np.inf)
+        margin_lo = float(m_lo[ineq].min()) if ineq.any() else np.inf
+        v_in = float(np.maximum(1.0 - m_lo[ineq], 0.0).max()) if ineq.any() else 0.0
+        v_in = float(np.nextafter(v_in, np.inf)) if v_in > 0 else v_in  # (rounded upward)
+        v_eq = float(np.maximum(np.abs(m_lo[eq]), np.abs(m_hi[eq])).max()) if eq.any() else 0.0
+        norm_hi, nrm = nb.value(W)
+        shift, feas = 0.0, margin_lo
+        if eq.any():
+            res = np.maximum(np.abs(m_lo), np.abs(m_hi))[part.forest]
+            rn = float(np.sqrt(np.sum(res * res))) * (1 + gamma(len(res) + 2)) * 1.0001
+            shift = rn / part.sigma * (1 + 4 * U) if part.sigma > 0 else (
+                0.0 if rn == 0 else np.inf)
+            if ineq.any() and shift > 0:
+                an = np.sqrt(np.einsum("rd,rd->r", D[ineq], D[ineq])
+                             * np.einsum("rd,rd->r", Z[ineq], Z[ineq]))
+                an = an * (1 + gamma(2 * d + 4)) * 1.0001  # >= ||A_r(exact)||_F
+                feas = float(np.nextafter((m_lo[ineq] - an * shift * (1 + 2 * U)).min(),
+                                          -np.inf))  # (an's slack covers the product)
+        # upper bounds, each rounded operation stepped upward by one ulp
+        up = lambda x: float(np.nextafter(x, np.inf)) if x != 0 else 0.0  # noqa: E731 (0: exact)
+        top = up(norm_hi + up(nb.fro_factor(d) * shift)) * (1 + 2 * U)
+        upper = up(top / min(1.0, feas)) * (1 + 2 * U) if feas > 0 and np.isfinite(top) \
+            else np.inf
+    return {"margins": m, "margin_lo": margin_lo, "violation_hi": max(v_in, v_eq),
+            "norm_hi": norm_hi, "norm": nrm, "eq_shift": shift, "feas_margin": feas,
+            "upper": float(upper)}
+
+
+def _forest_lower(D, Z, lam, ineq, valid, nb: NormBounds):
+    """(lb, S (d, e) as computed, its dual norm as computed; S None without usable
+    multipliers): lb = sum_ineq lam / ||S||_*^ a proven lower bound of the optimal norm
+    (negative inequality multipliers set to 0), S = Delta^T diag(lam) z row by row with
+    |fl(S) - S(exact data)| <= gamma_{R+2} |Delta|^T diag|lam| |z| (the differences'
+    rounding <= u |Delta| included) and the norm's proven bound ``nb.dual``."""
+    if lam is None or not ineq.any() or not np.all(np.isfinite(lam)):
+        return 0.0, None, 0.0
+    lam = np.where(ineq, np.maximum(lam, 0.0), np.where(valid, lam, 0.0))
+    nr = len(lam)
+    with np.errstate(over="ignore", invalid="ignore", under="ignore"):
+        d, e = D.shape[1], Z.shape[1]
+        S = (D * lam[:, None]).T @ Z
+        dS = (np.abs(D) * np.abs(lam)[:, None]).T @ np.abs(Z) * gamma(nr + 3) * 1.0001
+        errS = fro_upper(dS) * (1 + gamma(d * e + 4)) + 4 * nr * d * e * TINY
+        s_hi, s_val = nb.dual(S)
+        dual_hi = s_hi + errS
+        num = float(lam[ineq].sum()) * (1 - gamma(nr + 1))
+    if dual_hi > 0 and num > 0 and np.isfinite(dual_hi):
+        return num / dual_hi * (1 - 2 * U), S, s_val
+    return 0.0, S, s_val
+
+
+def _forest_kkt(D, Z, W, lam, ineq, eq, valid, nb: NormBounds, nrm, m, S_lam):
+    """(lam scaled for min 1/2||W||^2: sum_ineq lam = ||W||^2, kkt residual): stationarity
+    ||W - S||_F / ||W||_F (self-dual) or max(| ||S||_* / ||W|| - 1 |, |<S, W> / ||W||^2 -
+    1|), S = sum_r lam_r A_r; complementarity max_ineq |lam_r (m_r - 1)| / ||W||^2.
+    Informative numbers (the proof is the gap)."""
+    lam = np.where(ineq, np.maximum(lam, 0.0), np.where(valid, lam, 0.0))
+    tot = float(lam[ineq].sum())
+    f = nrm * (nrm / tot) if tot > 0 and nrm > 0 else 1.0
+    lam = lam * f
+    if S_lam[0] is None:
+        S = (D * lam[:, None]).T @ Z
+        s2 = 0.0 if nb.self_dual else float(nb.dual(S)[1])
+    else:
+        S, s2 = S_lam[0] * f, S_lam[1] * f
+    n2 = max(nrm * nrm, 1e-300)
+    if nb.self_dual:
+        stat = float(np.linalg.norm(W - S)) / max(nrm, 1e-300)
+    else:
+        stat = max(abs(s2 / max(nrm, 1e-300) - 1.0), abs(float(np.sum(S * W)) / n2 - 1.0))
+    comp = float(np.max(np.where(ineq, np.abs(lam * (m - 1.0)), 0.0), initial=0.0)) / n2
+    return lam, max(stat, comp)
+
+
+def _certify_forest(cs, W: np.ndarray, lam: np.ndarray | None, tol_active: float,
+                    part: ForestProof) -> Certificate:
+    """:func:`certify` with the proof part ``part`` (:class:`ForestProof`), for a batch of
+    one: the Certificate's ``margin``, ``violation``, ``gap``, ``lower`` are proven (the
+    part's docstring), ``feasible`` = violation <= FEAS_TOL and a feasible point proven
+    near W (``proven["upper"]`` finite), ``lam`` scaled for min 1/2||W||^2 (sum over
+    inequalities ||W||^2), ``proven`` the part's further numbers (norm_hi, eq_shift,
+    feas_margin, upper), each (1,)."""
+    if cs.batch_shape != (1,):
+        raise ValueError(f"certify: a proof part belongs to one problem; got a batch of "
+                         f"shape {cs.batch_shape}")
+    valid = cs.valid.reshape(-1)
+    eqm = cs.eqmask.reshape(-1) & valid
+    ineq = valid & ~eqm
+    b = cs.b.reshape(-1)
+    if not (np.all(b[ineq] == 1.0) and np.all(b[eqm] == 0.0)):
+        raise ValueError("certify: a ForestProof needs b = 1 on inequalities and 0 on "
+                         "equalities")
+    D, Z = _flat_rows(cs)
+    W = np.asarray(W, dtype=float)
+    has = bool(np.isfinite(W).all())
+    nb = part.bounds
+    if has:
+        pr = _forest_primal(cs, D, Z, W[0], ineq, eqm, part)
+    else:
+        pr = {"margins": np.full(len(b), np.nan), "margin_lo": np.nan, "violation_hi": np.nan,
+              "norm_hi": np.inf, "norm": np.inf, "eq_shift": np.inf, "feas_margin": np.nan,
+              "upper": np.inf}
+    lam1 = None if lam is None else np.asarray(lam, dtype=float).reshape(-1)
+    lb, S, s_val = _forest_lower(D, Z, lam1, ineq, valid, nb)
+    gap = proven_gap(pr["upper"], pr["norm_hi"], lb, bool(ineq.any()))
+    feasible = has and pr["violation_hi"] <= FEAS_TOL and np.isfinite(pr["upper"])
+    m = pr["margins"]
+    lam_out, kkt = (np.zeros(len(b)) if lam1 is None else lam1), np.nan
+    if has and lam1 is not None and np.all(np.isfinite(lam1)):
+        try:  # (informative numbers: a failure leaves them NaN, never the proven answer)
+            lam_out, kkt = _forest_kkt(D, Z, W[0], lam1, ineq, eqm, valid, nb, pr["norm"],
+                                       m, (S, s_val))
+        except (np.linalg.LinAlgError, ArithmeticError, ValueError):
+            pass
+    support = valid & (eqm | (m <= b + tol_active * np.maximum(1.0, np.abs(b)))) & has
+    one = lambda x: np.array([x], dtype=float)  # noqa: E731
+    sh = cs.valid.shape
+    return Certificate(
+        W=W, lam=lam_out.reshape(sh), margins=m.reshape(sh), norm=one(pr["norm"]),
+        margin=one(pr["margin_lo"]), violation=one(pr["violation_hi"]), kkt=one(kkt),
+        gap=one(gap), lower=one(lb), feasible=np.array([feasible]),
+        support=support.reshape(sh),
+        proven={k: one(pr[k]) for k in ("norm_hi", "eq_shift", "feas_margin", "upper")})

@@ -36,6 +36,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .._shapes import axis_size
 from .certificate import two_diff
 from .validate import as_array
 
@@ -140,15 +141,8 @@ class ConstraintSet:
         c = self.valid.sum((-2, -1))
         return int(c) if np.ndim(c) == 0 else c
 
-    @property
-    def d(self) -> int:
-        """Key dimension d (W is d x e)."""
-        return self.Delta.shape[-1]
-
-    @property
-    def e(self) -> int:
-        """Query dimension e (W is d x e)."""
-        return self.Z.shape[-1]
+    d = axis_size("Delta", -1, "Key dimension d (W is d x e).")
+    e = axis_size("Z", -1, "Query dimension e (W is d x e).")
 
     @property
     def eqmask(self) -> np.ndarray:

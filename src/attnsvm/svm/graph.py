@@ -27,21 +27,24 @@ graph_candidates`); a norm without one is refused by name.
   space of its rank, else re-solved on its support (:func:`attnsvm.svm.nuclear._nuc_ipm`); cvxpy + Clarabel /
   SCS (vectorised rows) only where none of these is proven.
 
-Proof (:func:`prove`), computed from the returned W and multipliers on the problem's data
-(E restricted to the tokens that occur, scaled by a power of two: exact) with a
-rounding-error bound for every floating-point step (gamma_n = n u / (1 - n u), u = 2^-53,
+Proof: THE certificate, :func:`attnsvm.svm.certificate.certify`, with the Graph-SVM's
+proof part (:func:`proof_part`: :class:`attnsvm.svm.certificate.ForestProof`), computed
+from the returned W and multipliers on the problem's data (E restricted to the tokens that
+occur, scaled by a power of two: exact) with a rounding-error bound for every
+floating-point step (gamma_n = n u / (1 - n u), u = 2^-53,
 Higham, "Accuracy and Stability of Numerical Algorithms", §3):
 
 * margins row by row, m_r = Delta_r^T W z_r (Delta_r = fl(e_y - e_j), |exact - Delta_r| <=
-  u |Delta_r|), |fl(m_r) - m_r| <= gamma_{2d+1} |Delta_r|^T |W| |z_r| (a bound on the row's
-  own size); where that is coarse (a margin cancelling large terms: near-collinear
+  u |Delta_r|), with the certificate's bound (:func:`attnsvm.svm.certificate.
+  margin_enclosure`: 1.01 gamma_{2d+2} |Delta_r|^T |W| |z_r|, on the row's own size);
+  where that is coarse (a margin cancelling large terms: near-collinear
   tokens), the margin in twice the working precision (TwoProduct and TwoSum, Ogita, Rump,
   Oishi 2005) with its bound: a proven lower bound of every inequality margin and upper
   bound of every |equality residual|  ->  ``violation_`` (proven upper bound);
 * a feasible point near W, proven: the equality rows are reduced EXACTLY to a spanning
   forest of each query's tie graph (every other tie row is a sum of forest rows); a
   proven lower bound sigma of the smallest singular value of the forest rows (from
-  their (m, m) Gram matrix, :func:`equality_bound`) gives an exact correction delta
+  their (m, m) Gram matrix, :func:`attnsvm.svm.certificate.forest_sigma`) gives an exact correction delta
   with W + delta on every equality and ||delta||_F <= ||residuals|| / sigma; W + delta
   keeps inequality margins >= margin_lo - ||A_r||_F ||delta||_F, so ``upper`` = (||W|| +
   c ||delta||) / min(1, that margin) bounds the norm of an exactly feasible point.  An
@@ -54,7 +57,8 @@ Higham, "Accuracy and Stability of Numerical Algorithms", §3):
   norms through an SVD whose residual and orthogonality defects are bounded as well);
 * ``gap_`` = (upper - lb) / lb, an upper bound of the relative suboptimality.
 
-status_: "optimal" when the proven violation is <= FEAS_TOL (1e-9), a feasible point is
+status_ (:func:`attnsvm.svm.certificate.verdict` on the certificate, as for every
+problem): "optimal" when the proven violation is <= FEAS_TOL (1e-9), a feasible point is
 proven and the proven gap <= GAP_GRAPH (1e-9); "optimal_inaccurate" / "suboptimal" for
 larger proven gaps; "infeasible" only with a Farkas certificate verified by
 :func:`attnsvm.svm.farkas.farkas_verify` (``conflict_`` then names the samples);
@@ -75,8 +79,8 @@ import numpy as np
 from .._parallel import thread_pool
 from .._validation import check_memory
 from ..norms import Norm, get_norm
-from .certificate import FEAS_TOL, U, fro_upper, gamma, lmin_lower, two_diff, verdict
-from .constraints import ConstraintSet, margin_ratio, row_margins
+from .certificate import FEAS_TOL, TINY, ForestProof, certify, proven_gap, two_diff, verdict
+from .constraints import ConstraintSet, margin_ratio
 from .farkas import farkas_lp, farkas_polish, farkas_verify
 from .records import SOLVER_ERRORS
 from .result import Solution
@@ -86,7 +90,6 @@ from .validate import as_tol
 __all__ = ["graph_svm", "graph_svm_batch", "prove", "GAP_GRAPH", "graph_constraints"]
 
 GAP_GRAPH = 1e-9  # proven relative gap of an "optimal" Graph-SVM answer
-TINY = 2.0 ** -1022
 
 
 # ----------------------------------------------------------------- constraints
@@ -137,312 +140,40 @@ def _to_feasible(cs: ConstraintSet, W):
 
 
 # ------------------------------------------------------------------------ proof
-def _row_data(E: np.ndarray, rows):
-    """Delta (N, d) = fl(E_y - E_j) with |exact - Delta| <= u |Delta| (a difference of two
-    floats, rounded once: TwoSum's error term is below u |Delta|), and z (N, d) = E_k."""
-    E = np.asarray(E, float)
-    c = getattr(rows, "cache", None)  # (a _LocalRows keeps the arrays of its E)
-    if c is not None and c[0] is E:
-        return c[1], c[2]
-    with np.errstate(over="ignore", invalid="ignore"):
-        D, Z = E[rows.y] - E[rows.j], E[rows.k]
-    if isinstance(rows, _LocalRows):
-        rows.cache = (E, D, Z)
-    return D, Z
+def proof_part(cs: ConstraintSet, rows, N: Norm) -> ForestProof:
+    """The Graph-SVM's proof part of :func:`attnsvm.svm.certificate.certify` for the rows'
+    constraint set ``cs`` (:func:`graph_constraints` of the same rows): its tie rows
+    (k, y, j) reduced to a spanning forest with sigma proven
+    (:class:`~attnsvm.svm.certificate.ForestProof`), the norm's proven bounds (the
+    ``graph_bounds`` field of its row of :data:`attnsvm.svm.strategy.STRATEGIES`) and
+    GAP_GRAPH for "optimal"."""
+    return ForestProof.of(cs, rows.k, rows.y, rows.j, strategy(N).graph_bounds, GAP_GRAPH)
 
 
-def _tie_forest(rows) -> np.ndarray:
-    """Indices of a spanning forest of the equality rows, per query token: rows (k, a, b)
-    joining tokens not yet joined in G_k's tie graph (union-find).  Every other equality
-    row (k, a, b) is EXACTLY the sum of the forest's rows along the path a .. b (the
-    differences E_a - E_b telescope, z = E_k is shared), so W meets every equality
-    exactly iff it meets the forest's."""
-    idx = np.nonzero(rows.eq)[0]
-    parent: dict = {}
-
-    def find(x):
-        while parent.get(x, x) != x:
-            parent[x] = parent.get(parent[x], parent[x])
-            x = parent[x]
-        return x
-
-    keep = []
-    for r, k, a, b in zip(idx.tolist(), rows.k[idx].tolist(), rows.y[idx].tolist(),
-                          rows.j[idx].tolist()):
-        ra, rb = find((k, a)), find((k, b))
-        if ra != rb:
-            parent[ra] = rb
-            keep.append(r)
-    return np.asarray(keep, dtype=np.int64)
+def _proof_dict(c) -> dict:
+    """The proven numbers of a one-problem certificate ``c`` of :func:`certify` with the
+    Graph-SVM's proof part, by name (``extra["proof"]``): margins (N,) computed,
+    margin_lo, violation_hi, norm_hi, norm, eq_shift, feas_margin, upper, lb, gap_hi."""
+    return {"margins": c.margins.reshape(-1), "margin_lo": float(c.margin[0]),
+            "violation_hi": float(c.violation[0]), "norm": float(c.norm[0]),
+            **{k: float(v[0]) for k, v in c.proven.items()},
+            "lb": float(c.lower[0]), "gap_hi": float(c.gap[0])}
 
 
-def equality_bound(E: np.ndarray, rows) -> dict:
-    """What a proof needs to move an answer onto the equality rows exactly: ``forest`` the
-    rows of :func:`_tie_forest`, ``sigma`` a proven lower bound of the smallest singular
-    value of their exact matrix M (rows vec((E_a - E_b) E_k^T), a vectorised (m, d^2)
-    matrix never formed: its Gram matrix M M^T = (Delta Delta^T) o (z z^T) is (m, m)),
-    0 when their independence is not proven.  Then every W whose forest residuals r
-    (exact) are bounded has an exact correction delta with M vec(delta) = -r and
-    ||delta||_F <= ||r||_2 / sigma, so W + delta meets every equality exactly.
-    sigma_min(M) >= sqrt(lambda_min(fl(G))) - (rounding of G) - ||M - fl-parts||, with
-    G's rounding gamma_{2d+1} (|D||D|^T o |z||z|^T) (Higham §3.5) and the rounding of
-    the differences |exact - Delta| <= u |Delta| (:func:`_row_data`)."""
-    f = _tie_forest(rows)
-    if f.size == 0:
-        return {"forest": f, "sigma": np.inf}
-    D, Z = _row_data(E, _Sub(rows, f))
-    d = D.shape[1]
-    if f.size == 1:  # one row: sigma = ||Delta_exact|| ||z|| >= (1 - u) ||Delta|| ||z||
-        with np.errstate(over="ignore", under="ignore"):
-            a, b = float(np.sqrt(D[0] @ D[0])), float(np.sqrt(Z[0] @ Z[0]))
-        if 2.0 ** -400 < min(a, b) and max(a, b) < 2.0 ** 400:  # (no under/overflow)
-            return {"forest": f, "sigma": a * b * (1 - gamma(d + 3)) * (1 - 4 * U)}
-    with np.errstate(over="ignore", invalid="ignore", under="ignore"):
-        G = (D @ D.T) * (Z @ Z.T)
-        aD, aZ = np.abs(D), np.abs(Z)
-        errG = fro_upper((aD @ aD.T) * (aZ @ aZ.T)) * gamma(2 * d + 3) * 1.0001 \
-            + 4 * len(f) * d * TINY
-        lam = lmin_lower(G) if np.all(np.isfinite(G)) else 0.0
-        rn = np.sqrt((np.einsum("rd,rd->r", D, D) * np.einsum("rd,rd->r", Z, Z)).sum())
-        lo_part = U * float(rn) * (1 + gamma(2 * d + 4)) * 1.0001  # ||M_exact - M_fl||_F
-        s = np.sqrt(max(lam - errG, 0.0)) * (1 - 2 * U) - lo_part
-    return {"forest": f, "sigma": float(s) if s > 0 and np.isfinite(s) else 0.0}
-
-
-class _Sub:
-    """The rows ``idx`` of a row set (k, y, j, eq views)."""
-
-    def __init__(self, rows, idx):
-        self.k, self.y, self.j, self.eq = rows.k[idx], rows.y[idx], rows.j[idx], rows.eq[idx]
-
-    def __len__(self) -> int:
-        return len(self.k)
-
-
-_SPLIT = 134217729.0  # 2^27 + 1 (Veltkamp's split)
-
-
-def _two_prod(a: np.ndarray, b: np.ndarray):
-    """(p, e): p = fl(a b), a b = p + e exactly (Dekker's TwoProduct by Veltkamp's split;
-    no overflow: |a|, |b| < 2^996; exact unless an entry underflows)."""
-    p = a * b
-    c = _SPLIT * a
-    ah = c - (c - a)
-    al = a - ah
-    c = _SPLIT * b
-    bh = c - (c - b)
-    bl = b - bh
-    return p, al * bl - (((p - ah * bh) - al * bh) - ah * bl)
-
-
-def _margins_dot2(D: np.ndarray, lo: np.ndarray, W: np.ndarray, Z: np.ndarray):
-    """(m, err) of m_r = (D_r + lo_r)^T W z_r (the exact difference E_y - E_j = D + lo,
-    TwoSum) for a few rows, in twice the working precision (Ogita, Rump, Oishi, "Accurate
-    sum and dot product", SIAM J. Sci. Comput. 26, 2005: TwoProduct terms, a cascade of
-    TwoSums): |m - m_exact| <= err = u |m| + gamma_n sum |e_i| + u sum |pl W| +
-    gamma_2 sum |lo z W| + underflow, every sum rounded upward.  Where the plain bound
-    gamma_{2d+1} |D|^T |W| |z| is too coarse: rows whose margin is a cancellation of
-    large terms (near-collinear tokens, a large W)."""
-    R, d = D.shape
-    ph, pl = _two_prod(D[:, :, None], Z[:, None, :])  # D_a z_b = ph + pl
-    h, l_ = _two_prod(ph, W[None])  # ph W_ab = h + l
-    q = pl * W[None]
-    s = (lo[:, :, None] * Z[:, None, :]) * W[None]
-    x = np.concatenate([h.reshape(R, -1), l_.reshape(R, -1), q.reshape(R, -1),
-                        s.reshape(R, -1)], axis=1)
-    errs = []
-    while x.shape[1] > 1:
-        if x.shape[1] % 2:
-            x = np.concatenate([x, np.zeros((R, 1))], axis=1)
-        a, b = x[:, 0::2], x[:, 1::2]
-        t = a + b
-        bb = t - a
-        errs.append((a - (t - bb)) + (b - bb))
-        x = t
-    e = np.concatenate(errs, axis=1) if errs else np.zeros((R, 1))
-    ne = e.shape[1]
-    m = x[:, 0] + e.sum(1)
-    g = lambda n: gamma(n) * (1 + gamma(n + 2))  # noqa: E731 - with the sum's own rounding
-    err = (U * np.abs(m) + g(ne) * np.abs(e).sum(1) * (1 + g(ne))
-           + U * np.abs(q).reshape(R, -1).sum(1) * (1 + g(d * d)) * (1 + 2 * U)
-           + gamma(3) * np.abs(s).reshape(R, -1).sum(1) * (1 + g(d * d)) + 64 * d * d * TINY) * 1.0001
-    return m, err
-
-
-def _prove_primal(E: np.ndarray, rows, W: np.ndarray, N: Norm, eqb: dict | None = None) -> dict:
-    """Proven numbers of W: margins (N,) computed, margin_lo (proven min inequality
-    margin; inf without inequality), violation_hi (proven max violation), norm_hi
-    (proven ||W||), norm (||W|| as computed, for the report), and the proven feasible
-    point near W: eq_shift (a bound of ||delta||_F of the exact correction onto the
-    equalities, :func:`equality_bound`; inf where none is proven), feas_margin (the
-    proven min inequality margin of W + delta), upper (a proven upper bound of the norm
-    of a feasible point, (||W|| + c ||delta||_F) / min(1, feas_margin), c = 1 (fro) or
-    sqrt(d) (nuc); inf where none is proven).
-
-    Margins row by row, m_r = Delta_r^T W z_r, with |fl(m_r) - m_r(exact data)| <=
-    gamma_{2d+1} |Delta_r|^T |W| |z_r| (Higham §3.5; the difference's own rounding
-    <= u |Delta_r| included): the bound scales with the row's own size, not with |E|."""
-    E = np.asarray(E, float)
-    W = np.asarray(W, float)
-    d = E.shape[1]
-    ineq, eq = ~rows.eq, rows.eq
-    nb = strategy(N).graph_bounds  # the norm's proven bounds (certificate.NormBounds)
-    with np.errstate(over="ignore", invalid="ignore", under="ignore"):
-        D, Z = _row_data(E, rows)
-        m = row_margins(D, Z, W)
-        aW = np.abs(W)
-        B = ((np.abs(D) @ aW) * np.abs(Z)).sum(1) * (1 + gamma(2 * d + 2))
-        err = (gamma(2 * d + 1) * B + U * np.abs(m) + 4 * d * TINY) * 1.0001
-        coarse = np.nonzero(err > 2.0 ** -40)[0]  # (a margin from large cancelling terms)
-        aw = float(aW.max(initial=0.0))
-        if coarse.size and np.isfinite(aw) and aw < 2.0 ** 900:
-            for c0 in range(0, coarse.size, max(1, 2 ** 20 // (4 * d * d))):
-                c = coarse[c0:c0 + max(1, 2 ** 20 // (4 * d * d))]
-                Dc, lo = two_diff(E[rows.y[c]], E[rows.j[c]])
-                m2, e2 = _margins_dot2(Dc, lo, W, Z[c])
-                better = np.isfinite(e2) & (e2 < err[c])
-                m[c[better]], err[c[better]] = m2[better], e2[better]
-        m_lo, m_hi = m - err, m + err
-        margin_lo = float(m_lo[ineq].min()) if ineq.any() else np.inf
-        v_in = float(np.maximum(1.0 - m_lo[ineq], 0.0).max()) if ineq.any() else 0.0
-        r_eq = np.maximum(np.abs(m_lo[eq]), np.abs(m_hi[eq]))
-        v_eq = float(r_eq.max()) if eq.any() else 0.0
-        norm_hi, nrm = nb.value(W)
-        shift, feas = 0.0, margin_lo
-        if eq.any():
-            eqb = equality_bound(E, rows) if eqb is None else eqb
-            res = np.maximum(np.abs(m_lo), np.abs(m_hi))[eqb["forest"]]
-            rn = float(np.sqrt(np.sum(res * res))) * (1 + gamma(len(res) + 2)) * 1.0001
-            shift = rn / eqb["sigma"] * (1 + 4 * U) if eqb["sigma"] > 0 else (
-                0.0 if rn == 0 else np.inf)
-            if ineq.any() and shift > 0:
-                an = np.sqrt(np.einsum("rd,rd->r", D[ineq], D[ineq])
-                             * np.einsum("rd,rd->r", Z[ineq], Z[ineq]))
-                an = an * (1 + gamma(2 * d + 4)) * 1.0001  # >= ||A_r(exact)||_F
-                feas = float((m_lo[ineq] - an * shift * (1 + 2 * U)).min())
-        c = nb.fro_factor(d)
-        top = (norm_hi + c * shift) * (1 + 2 * U)
-        upper = top / min(1.0, feas) * (1 + 2 * U) if feas > 0 and np.isfinite(top) else np.inf
-    if not np.all(np.isfinite(W)):
-        margin_lo, v_in, norm_hi, upper, shift = -np.inf, np.inf, np.inf, np.inf, np.inf
-    return {"margins": m, "margin_lo": margin_lo, "violation_hi": max(v_in, v_eq),
-            "norm_hi": norm_hi, "norm": nrm,
-            "eq_shift": shift, "feas_margin": feas, "upper": float(upper)}
-
-
-def _S_of(E: np.ndarray, rows, lam: np.ndarray) -> np.ndarray:
-    """S = sum_r lam_r A_r = Delta^T diag(lam) z (d, d), row by row (no (K, K) matrix)."""
-    D, Z = _row_data(E, rows)
-    return (D * lam[:, None]).T @ Z
-
-
-def _kkt(E, rows, W, lam, N: Norm, margins, tol, nrm=None, S_lam=None):
-    """(lam scaled for min 1/2||W||^2: sum_ineq lam = ||W||^2, kkt residual, support):
-    stationarity ||W - S||_F / ||W||_F (Frobenius) or max(| ||S||_2 / ||W||_* - 1 |,
-    |<S, W> / ||W||_*^2 - 1|) (nuclear), S = sum_r lam_r A_r; complementarity
-    max_r |lam_r (m_r - b_r)| / ||W||^2.  Informative numbers (the proof is gap_).
-    ``nrm``: ||W|| where the caller has it; ``S_lam``: (S, ||S||_2) of the given lam where
-    the caller has them (the dual proof computes both)."""
-    ineq = ~rows.eq
-    nb = strategy(N).graph_bounds
-    nrm = nb.value(W)[1] if nrm is None else nrm
-    tot = float(lam[ineq].sum())
-    f = nrm * (nrm / tot) if tot > 0 and nrm > 0 else 1.0
-    lam = lam * f
-    if S_lam is None:
-        S = _S_of(E, rows, lam)
-        s2 = 0.0 if nb.self_dual else float(np.linalg.norm(S, 2))
-    else:
-        S, s2 = S_lam[0] * f, S_lam[1] * f
-    n2 = max(nrm * nrm, 1e-300)
-    if nb.self_dual:
-        stat = float(np.linalg.norm(W - S)) / max(nrm, 1e-300)
-    else:
-        stat = max(abs(s2 / max(nrm, 1e-300) - 1.0), abs(float(np.sum(S * W)) / n2 - 1.0))
-    b = np.where(rows.eq, 0.0, 1.0)
-    comp = float(np.max(np.where(ineq, np.abs(lam * (margins - b)), 0.0))) / n2
-    support = rows.eq | (margins <= 1.0 + tol)
-    return lam, max(stat, comp), support
-
-
-def _prove_dual(E: np.ndarray, rows, lam: np.ndarray, N: Norm) -> float:
-    """Proven lower bound lb on the optimal norm from multipliers lam (N,) (negative
-    inequality multipliers are set to 0): lb = sum_ineq lam / ||S||_* with S = sum_r
-    lam_r A_r bounded above including the rounding of the data and of the products and
-    of the norm."""
-    return _dual_parts(E, rows, lam, N)[0]
-
-
-def _dual_parts(E: np.ndarray, rows, lam: np.ndarray, N: Norm):
-    """(lb of :func:`_prove_dual`, S (d, d) as computed, its dual norm as computed (||S||_F
-    or ||S||_2); S None where lb is 0 for want of usable multipliers).  S = Delta^T
-    diag(lam) z row by row, |fl(S) - S(exact data)| <= gamma_{N+2} |Delta|^T diag|lam| |z|
-    (the differences' rounding <= u |Delta| included)."""
-    ineq = ~rows.eq
-    if lam is None or not ineq.any() or not np.all(np.isfinite(lam)):
-        return 0.0, None, 0.0
-    lam = np.where(ineq, np.maximum(lam, 0.0), lam)
-    nr = len(lam)
-    with np.errstate(over="ignore", invalid="ignore", under="ignore"):
-        D, Z = _row_data(E, rows)
-        d = D.shape[1]
-        S = (D * lam[:, None]).T @ Z
-        dS = (np.abs(D) * np.abs(lam)[:, None]).T @ np.abs(Z) * gamma(nr + 3) * 1.0001
-        errS = fro_upper(dS) * (1 + gamma(d * d + 4)) + 4 * nr * d * d * TINY
-        s_hi, s_val = strategy(N).graph_bounds.dual(S)
-        dual_hi = s_hi + errS
-        num = float(lam[ineq].sum()) * (1 - gamma(nr + 1))
-    if dual_hi > 0 and num > 0 and np.isfinite(dual_hi):
-        return num / dual_hi * (1 - 2 * U), S, s_val
-    return 0.0, S, s_val
-
-
-def _gap(primal: dict, lb: float, need: bool) -> float:
-    """Proven relative gap (upper - lb) / lb, upper the proven norm of a feasible point
-    near the answer (``primal["upper"]``)."""
-    if not need:
-        return 0.0 if primal["norm_hi"] == 0 else np.inf
-    upper = primal["upper"]
-    if lb > 0 and np.isfinite(upper):
-        return float(max(upper - lb, 0.0) / lb * (1 + 4 * U) + 4 * U * upper / lb)
-    return np.inf
-
-
-def prove(E: np.ndarray, rows, W: np.ndarray, lam: np.ndarray | None, norm,
-          eqb: dict | None = None) -> dict:
+def prove(E: np.ndarray, rows, W: np.ndarray, lam: np.ndarray | None, norm) -> dict:
     """Proven numbers of an answer W (d, d) with multipliers lam (N,) (None: primal only)
-    on the Graph-SVM rows ``rows`` of embeddings E (module docstring for the bounds;
-    ``eqb``: :func:`equality_bound` of the rows where the caller has it).
-
-    Returns {margins (N,) computed, margin_lo (proven min inequality margin, inf without
-    inequality), violation_hi (proven max violation), norm_hi (proven ||W||), eq_shift,
-    feas_margin, upper (the proven feasible point near W, :func:`_prove_primal`), lb
-    (proven lower bound on the optimal norm; 0 without usable lam), gap_hi (proven
-    relative gap; inf when lb = 0 but a margin is needed, or when no feasible point is
-    proven; 0 for W = 0 with nothing needed)}.
-    """
+    on the Graph-SVM rows ``rows`` of embeddings E: the one certificate
+    (:func:`attnsvm.svm.certificate.certify` with :func:`proof_part`), by name
+    (:func:`_proof_dict`; the bounds: the module docstring and
+    :class:`~attnsvm.svm.certificate.ForestProof`).  gap_hi is inf when lb = 0 but a
+    margin is needed, or when no feasible point is proven; 0 for W = 0 with nothing
+    needed."""
     N = graph_norm(norm)
-    pr = _prove_primal(E, rows, W, N, eqb)
-    lb = _prove_dual(E, rows, lam, N)
-    pr["lb"] = lb
-    pr["gap_hi"] = _gap(pr, lb, bool((~rows.eq).any()))
-    return pr
-
-
-# --------------------------------------------------------------------- assembly
-def _status(pr: dict) -> str:
-    """'uncertified' unless the answer's violation is within FEAS_TOL AND an exactly
-    feasible point is proven (``upper`` finite); then by the proven gap (the one rule,
-    :func:`attnsvm.svm.certificate.verdict`, with GAP_GRAPH for "optimal")."""
-    feas = pr["violation_hi"] <= FEAS_TOL and np.isfinite(pr["upper"])
-    return str(verdict(feas, pr["gap_hi"], False, GAP_GRAPH)[()])
-
-
-def _rank(pr: dict) -> tuple:
-    """Order of proven primal answers: feasible first, then the smaller proven norm of a
-    feasible point near W."""
-    feas = pr["violation_hi"] <= FEAS_TOL and np.isfinite(pr["upper"])
-    return (not feas, pr["upper"])
+    cs = graph_constraints(np.asarray(E, float), rows)
+    csb = cs.batched()
+    c = certify(csb, np.asarray(W, float)[None], None if lam is None else
+                np.asarray(lam, float)[None, :, None], N, proof=proof_part(csb, rows, N))
+    return _proof_dict(c)
 
 
 def _farkas(cs: ConstraintSet):
@@ -474,7 +205,6 @@ class _LocalRows:
     def __init__(self, rows):
         self.k, self.y, self.j = rows.local(rows.k), rows.local(rows.y), rows.local(rows.j)
         self.eq = rows.eq
-        self.cache = None  # (E, Delta, z) of _row_data
 
     def __len__(self) -> int:
         return len(self.k)
@@ -590,21 +320,31 @@ def graph_svm(E, seqs, y, norm="fro", *, exclude=None, tol: float = 1e-6) -> Sol
     extra = {"rows": rows, "scc": rows.scc_local, "tokens": rows.tokens,
              "n_constraints": len(rows), "n_equalities": int(rows.eq.sum())}
     ineq = ~rows.eq
+    # the proof's constraint set: on Ep (= Es where the scaling is exact) and its part
+    csp = (cs if Ep is Es else graph_constraints(Ep, L)).batched()
+    part = proof_part(csp, L, N)
+
+    def cert(W, lam):  # THE certificate, with the Graph-SVM's proof part
+        return certify(csp, W[None], None if lam is None else lam[None, :, None], N, tol,
+                       proof=part)
+
     if not ineq.any():  # nothing to separate: W = 0 meets every equality
         W = np.zeros((d, d))
-        pr = prove(Ep, L, W, np.zeros(len(rows)), N)
-        extra["proof"] = pr
-        return Solution(W_=W, norm_=0.0, margin_=np.inf, violation_=pr["violation_hi"],
+        c = cert(W, np.zeros(len(rows)))
+        extra["proof"] = _proof_dict(c)
+        return Solution(W_=W, norm_=0.0, margin_=np.inf, violation_=float(c.violation[0]),
                         kkt_residual_=0.0, gap_=0.0, dual_=np.zeros((len(rows), 1)),
-                        support_=np.ones((len(rows), 1), bool), margins_=pr["margins"][:, None],
-                        status_="optimal", solver_="trivial", feasible_=True,
+                        support_=np.ones((len(rows), 1), bool), margins_=c.margins[0],
+                        status_=str(verdict(c.feasible, c.gap, False, part.gap_optimal)[0]), solver_="trivial", feasible_=True,
                         time_=time.perf_counter() - t0, extra=extra, **base)
     zero = (np.abs(cs.Delta[:, 0]).max(1) == 0) | (np.abs(cs.Z).max(1) == 0)
-    best_p = best_lam = None  # (proof, W at the proof's scale, name), (lb, lam, name, S, s)
+    # the best primal (certificate, W at the proof's scale, name, rank);
+    # the best multipliers (lb, lam at the proof's scale, name, their certificate)
+    best_p = best_lam = None
     names = []
     fk = None
-    eqb = equality_bound(Ep, L) if rows.eq.any() else None
     errors = []
+    nan_W = np.full((d, d), np.nan)
     if not (zero & ineq).any():
         with np.errstate(all="ignore"):  # numpy's error state is per thread (a context variable)
             for W, lam, name in _guarded(st.graph, cs, errors):
@@ -613,33 +353,41 @@ def graph_svm(E, seqs, y, norm="fro", *, exclude=None, tol: float = 1e-6) -> Sol
                     fk = _farkas_guarded(cs, errors)
                     if fk is not None:
                         break
+                Wp = lam_p = None
                 if W is not None and np.all(np.isfinite(W)):
                     Wp = np.ldexp(_to_feasible(cs, W), sh)  # exact: margins are bilinear in E
-                    pp = _prove_primal(Ep, L, Wp, N, eqb)
-                    if best_p is None or _rank(pp) < _rank(best_p[0]):
-                        best_p = (pp, Wp, name)
                 if lam is not None and np.all(np.isfinite(lam)):
                     lam_p = np.ldexp(np.where(ineq, np.maximum(lam, 0.0), lam), sh)
-                    lb, S, s_val = _dual_parts(Ep, L, lam_p, N)
-                    if best_lam is None or lb > best_lam[0]:
-                        best_lam = (lb, lam_p, name, S, s_val)
+                if Wp is None and lam_p is None:
+                    continue
+                c = cert(nan_W if Wp is None else Wp, lam_p)
+                # primal answers ranked: proven feasible first, then the smaller proven
+                # norm of a feasible point near W
+                key = (not c.feasible[0], c.proven["upper"][0])
+                if Wp is not None and (best_p is None or key < best_p[3]):
+                    best_p = (c, Wp, name, key)
+                if lam_p is not None and (best_lam is None or c.lower[0] > best_lam[0]):
+                    best_lam = (float(c.lower[0]), lam_p, name, c)
                 if best_p is not None and best_lam is not None:
-                    g = _gap(best_p[0], best_lam[0], True)
-                    if _status({**best_p[0], "gap_hi": g}) == "optimal":
+                    c0 = best_p[0]
+                    g = proven_gap(c0.proven["upper"][0], c0.proven["norm_hi"][0], best_lam[0],
+                                   True)
+                    if str(verdict(c0.feasible, g, False, part.gap_optimal)[0]) == "optimal":
                         break
     if errors:
         extra["errors"] = errors
     if best_p is not None:
-        pr, Wp, name = best_p
-        lb, lam_p, lname, S, s_val = best_lam if best_lam is not None else (
-            0.0, np.zeros(len(rows)), "none", None, 0.0)
-        pr = {**pr, "lb": lb, "gap_hi": _gap(pr, lb, True)}
-        status = _status(pr)
+        c, Wp, name, _ = best_p
+        lname = "none"
+        if best_lam is not None:
+            lname = best_lam[2]
+            if best_lam[3] is not c:  # the best W and the best multipliers: certified together
+                c = cert(Wp, best_lam[1])
+        status = str(verdict(c.feasible, c.gap, False, part.gap_optimal)[0])
         extra["tried"] = names
         if status != "uncertified":
-            return _assemble(pr, Wp, lam_p, S, s_val, name, lname, status, p, Ep, L, N, tol,
-                             base, extra, t0)
-        extra["proof"] = pr
+            return _assemble(c, Wp, name, lname, status, p, L, tol, base, extra, t0)
+        extra["proof"] = _proof_dict(c)
     fk = _farkas_guarded(cs, errors) if fk is None else fk
     if fk is not None:
         name = "+".join(names) or "none"
@@ -655,31 +403,29 @@ def graph_svm(E, seqs, y, norm="fro", *, exclude=None, tol: float = 1e-6) -> Sol
     if best_p is None:
         reason = ("no solver returned an answer" + (f" ({'; '.join(errors)})" if errors else "")
                   + ", and no Farkas certificate of infeasibility was verified")
-    elif not best_p[0]["violation_hi"] <= FEAS_TOL:
-        reason = (f"the best answer's proven violation {best_p[0]['violation_hi']:.3g} exceeds "
+    elif not best_p[0].violation[0] <= FEAS_TOL:
+        reason = (f"the best answer's proven violation {best_p[0].violation[0]:.3g} exceeds "
                   f"{FEAS_TOL:g}")
     else:
         reason = ("no exactly feasible point is proven near the best answer (its equality "
                   "residuals, on the scale of the equality rows' smallest singular value "
-                  f"{eqb['sigma'] if eqb else np.inf:.3g}, move it off the inequalities)")
+                  f"{part.sigma:.3g}, move it off the inequalities)")
     return _uncertified(base, extra, names, t0, reason)
 
 
-def _assemble(pr, Wp, lam_p, S, s_val, name, lname, st, p, Ep, L, N, tol, base, extra, t0):
-    """The Solution of a proven answer Wp on Ep = E 2^-p, scaled back to the caller's E
-    (W = Wp 2^-2p: exact unless float64 cannot hold it, then 'uncertified')."""
+def _assemble(c, Wp, name, lname, st, p, L, tol, base, extra, t0):
+    """The Solution of a proven answer Wp (certificate ``c``) on Ep = E 2^-p, scaled back to
+    the caller's E (W = Wp 2^-2p: exact unless float64 cannot hold it, then
+    'uncertified')."""
+    pr = _proof_dict(c)
     nrm = pr["norm"]
-    try:  # (informative numbers: a failure leaves them NaN, never the proven answer)
-        lam_p, kkt, support = _kkt(Ep, L, Wp, lam_p, N, pr["margins"], tol, nrm,
-                                   None if S is None else (S, s_val))
-    except (np.linalg.LinAlgError, ArithmeticError, ValueError):
-        kkt, support = np.nan, L.eq | (pr["margins"] <= 1.0 + tol)
+    lam_p, kkt = c.lam.reshape(-1), float(c.kkt[0])
+    support = c.support.reshape(-1)
     with np.errstate(over="ignore", under="ignore"):
         W = np.ldexp(Wp, -2 * p)
         exact = bool(np.all(np.isfinite(W)) and np.array_equal(np.ldexp(W, 2 * p), Wp))
         norm_out = float(np.ldexp(nrm, -2 * p))
     if p:
-        pr = dict(pr)
         for k_, up in (("norm_hi", True), ("upper", True), ("eq_shift", True), ("lb", False)):
             pr[k_] = _out_scale(pr[k_], -2 * p, up)
         pr["norm"] = norm_out
