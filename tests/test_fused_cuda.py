@@ -43,11 +43,19 @@ SIM_SCRIPT = textwrap.dedent(r"""
     from attnsvm.fused import cuda as FC
     assert FC.SIM, "the simulator is not on"
 
+    import attnsvm.train as T
+    memory = []  # the memory check's engine (steppers.select_engine, before any work)
+    check_memory = T._check_train_memory
+    T._check_train_memory = lambda *a: (memory.append(a[-1]), check_memory(*a))[1]
+
     def run(model, data, opt, steps, engine, **kw):
         on_cuda = engine == "cuda"
         fused._on_cuda = lambda tdata: on_cuda  # CPU tensors through the simulated kernel
-        return train(model, data, optimizer=opt, steps=steps,
-                     engine="torch" if engine == "torch" else "fused", **kw)
+        memory.clear()
+        tr = train(model, data, optimizer=opt, steps=steps,
+                   engine="torch" if engine == "torch" else "fused", **kw)
+        assert memory == [tr.extra["engine"]], (memory, tr.extra)  # the engine that ran
+        return tr
 
     def same(a, b, rtol, what):
         assert a.steps_run == b.steps_run, what
@@ -205,3 +213,46 @@ def test_workspace_rows_cover_the_scratch():
         ic[[C.IC_N, C.IC_Q, C.IC_T, C.IC_D, C.IC_M, C.IC_NP]] = n, Qn, T, d, m, nP
         ref = [a.size for a in K._scratch(ic[:C.IC_SIZE], sP)] + [max(sP, 1)] * 3
         assert np.diff(FC.workspace_rows(ic, sP)).tolist() == ref
+
+
+def test_memory_check_engine_is_the_engine_that_runs(monkeypatch):
+    """The memory check's engine (steppers.select_engine, before any work) is the engine
+    that then runs (Trajectory.extra["engine"]) over models (every compiled kind, a model
+    without a kernel, a non-linear head), rules (compiled, fused-gradient) and the options
+    that move a run to torch; on CUDA (stand-in data: only the selection runs here, the
+    simulator test runs the kernel and checks the same there) the rule gives fused-cuda,
+    or torch with the reason."""
+    import attnsvm.train as T
+    from attnsvm.losses import logistic
+    from attnsvm.ntp import NTPModel, ntp_random
+    from attnsvm.steppers import select_engine
+    from test_fused import _models
+
+    seen = []
+    real = T._check_train_memory
+    monkeypatch.setattr(T, "_check_train_memory", lambda *a: (seen.append(a[-1]), real(*a))[1])
+    data = D.random_sphere(n=3, T=4, d=3, seed=1, batch=2)
+    prompt = D.random_sphere(n=3, T=4, d=3, seed=1, batch=2, cross=False)
+    cases = [(mk(trained), prompt if name == "Prompt" else data, dict(optimizer=opt))
+             for name, mk in _models(3).items() for trained in (False, True)
+             for opt in (O.ngd(0.1), O.polyak(0.2), O.adam(0.05))]
+    cases += [(M.WModel(3), data, dict(optimizer=O.ngd(0.1), autograd=True)),
+              (M.WModel(3), data, dict(optimizer=O.ngd(0.1), engine="torch")),
+              (M.WModel(3), data, dict(optimizer=O.ngd(0.1), batch_size=2)),
+              (M.WModel(3), data, dict(optimizer=O.ngd(0.1), engine="fused")),
+              (M.WModel(3, head="relu", train_head=True), data, dict(optimizer=O.ngd(0.1))),
+              (NTPModel(8), ntp_random(4, 6, 8, 8, seed=0), dict(optimizer="ngd"))]
+    ran = set()
+    for model, dat, kw in cases:
+        seen.clear()
+        tr = train(model, dat, steps=3, **kw)
+        assert seen == [tr.extra["engine"]], (model, kw, seen, tr.extra)
+        ran.add(tr.extra["engine"])
+    assert ran == {"fused", "fused-gradient", "torch"}
+    with pytest.raises(ValueError, match="engine='fused' does not support autograd"):
+        train(M.WModel(3), data, optimizer=O.ngd(0.1), steps=3, engine="fused", autograd=True)
+    monkeypatch.setattr(fused, "_cuda_engine", lambda: (object(), None))
+    model = M.WModel(3)
+    assert select_engine(model, _cuda_tdata(), logistic, O.ngd(0.1), "auto") == ("fused-cuda", None)
+    runs, why = select_engine(model, _cuda_tdata(), logistic, O.adam(0.1), "auto")
+    assert runs == "torch" and "CUDA" in why

@@ -38,8 +38,8 @@ import torch
 from . import fused
 from .optim.base import Scaled
 
-__all__ = ["Stops", "Stepper", "TorchStepper", "FusedStepper", "make_stepper", "run_segments",
-           "minibatch"]
+__all__ = ["Stops", "Stepper", "TorchStepper", "FusedStepper", "select_engine", "make_stepper",
+           "run_segments", "minibatch"]
 
 
 class Stops:
@@ -342,24 +342,47 @@ class FusedStepper(Stepper):
         return last if bool((code[stop_at == last] == 1).all()) else last + 1
 
 
+def select_engine(model, tdata, lossf, optimizer, engine: str, *, batch_size=None,
+                  autograd: bool = False) -> tuple[str, str | None]:
+    """(the engine that runs, why it is not the whole compiled loop or None): the one
+    statement of the selection rule, read by :func:`make_stepper` (the stepper) and by
+    train's memory check (before any work). ``engine`` is asked for ("auto" | "torch" |
+    "fused", :data:`attnsvm.fused.ENGINES`); the engine that runs is ``"torch"`` (asked
+    for, or the configuration is not supported: :func:`attnsvm.fused.unsupported`),
+    ``"fused-gradient"`` (supported, but the rule has no step loop in the kernel:
+    :func:`attnsvm.fused.not_compiled`), ``"fused"`` (the whole step in the CPU kernel) or
+    ``"fused-cuda"`` (on a CUDA device, :mod:`attnsvm.fused.cuda`). The reason is
+    ``Trajectory.extra["engine_reason"]``. ``engine="fused"`` on a configuration it does
+    not support: a ValueError saying what."""
+    if engine == "torch":
+        return "torch", "engine='torch' was asked for"
+    why = fused.unsupported(model, lossf, optimizer, tdata, batch_size, autograd)
+    if why is not None:
+        if engine == "fused":
+            raise ValueError(f"engine='fused' does not support {why}")
+        return "torch", why
+    why = fused.not_compiled(optimizer)
+    if why is not None:
+        return "fused-gradient", why
+    return ("fused-cuda" if fused._on_cuda(tdata) else "fused"), None
+
+
 def make_stepper(model, tdata, lossf, optimizer, engine: str, *, first, Q: int, B: int,
                  batch_size=None, seed: int = 0, autograd: bool = False,
                  copy: bool = False) -> Stepper:
-    """The stepper of ``engine`` ("auto" | "torch" | "fused", :data:`attnsvm.fused.ENGINES`):
-    :class:`FusedStepper` when the compiled engine supports the configuration and runs
-    the rule in the kernel, :class:`TorchStepper` otherwise (with the kernel's gradient
-    when only the rule is not compiled). ``engine="fused"`` on a configuration it does not
-    support: a ValueError saying what (:func:`attnsvm.fused.unsupported`)."""
-    plan, why = None, "engine='torch' was asked for"
-    if engine != "torch":
-        why = fused.unsupported(model, lossf, optimizer, tdata, batch_size, autograd)
-        if why is None:
-            plan = fused.plan(model, tdata, lossf, optimizer, Q, B,
-                              check_stall=batch_size is None and not optimizer.stateful)
-            why = plan.why
-        elif engine == "fused":
-            raise ValueError(f"engine='fused' does not support {why}")
-    if plan is not None and plan.in_kernel:
+    """The stepper of ``engine`` ("auto" | "torch" | "fused", :data:`attnsvm.fused.ENGINES`)
+    as :func:`select_engine` decides: :class:`FusedStepper` when the compiled engine
+    supports the configuration and runs the rule in the kernel, :class:`TorchStepper`
+    otherwise (with the kernel's gradient when only the rule is not compiled).
+    ``engine="fused"`` on a configuration it does not support: a ValueError saying what
+    (:func:`attnsvm.fused.unsupported`)."""
+    runs, why = select_engine(model, tdata, lossf, optimizer, engine, batch_size=batch_size,
+                              autograd=autograd)
+    plan = None
+    if runs != "torch":
+        plan = fused.plan(model, tdata, lossf, optimizer, Q, B,
+                          check_stall=batch_size is None and not optimizer.stateful)
+    if runs in ("fused", "fused-cuda"):
         return FusedStepper(plan, optimizer)
     stepper = TorchStepper(model, tdata, lossf, optimizer, first=first, batch_size=batch_size,
                            seed=seed, autograd=autograd, plan=plan, copy=copy)

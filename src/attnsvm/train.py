@@ -85,7 +85,7 @@ from .models import AttentionModel
 from .models import objective as O
 from .optim import Optimizer, ngd
 from .recorder import LN10, Recorder  # noqa: F401  (LN10: re-exported)
-from .steppers import Stops, make_stepper, minibatch, run_segments
+from .steppers import Stops, make_stepper, minibatch, run_segments, select_engine
 
 __all__ = ["train", "Trajectory", "minibatch", "default_record_every", "STOP_REASONS", "ENGINES",
            "train_memory"]
@@ -327,6 +327,10 @@ def _short(value) -> str:
 #: written into it), with the allocator's slack; fused: the start's parameters, its
 #: gradient and its temporaries, then the kernel's slots. Optimiser state comes on top.
 _PARAM_COPIES = {"torch": 4, "fused": 3}
+#: the memory model of each engine that runs (attnsvm.steppers.select_engine): the fused
+#: gradient updates in torch; the CUDA kernel holds its slots as the CPU kernel does
+_MEMORY_MODEL = {"torch": "torch", "fused-gradient": "torch", "fused": "fused",
+                 "fused-cuda": "fused"}
 #: (B, n, Q, T) temporaries of the objective (logits, softmax terms, dL/da, the gaps)
 _ROW_COPIES = 12
 
@@ -336,13 +340,15 @@ def train_memory(model, tdata, B: int, chunk: int | None = None, engine: str = "
     """The bytes a run of ``train`` needs above its data (the pre-run memory check's
     model): per trial running at once (``chunk``), ``_PARAM_COPIES[engine]`` copies of
     the parameters and ``_ROW_COPIES`` of the logits (B, n, Q, T); with chunks, the initial
-    parameters of all B trials on top. engine: "torch" or "fused" (the one that runs)."""
+    parameters of all B trials on top. engine: the one that runs
+    (:func:`attnsvm.steppers.select_engine`: "torch", "fused-gradient", "fused",
+    "fused-cuda")."""
     P = sum(math.prod(s) for s in model.param_shapes().values())
     _, n, T, _ = tdata["X"].shape
     Q = model.queries_per_sequence(tdata)
     run = min(B, chunk or B)
     item = torch.empty((), dtype=dtype).element_size()
-    step = item * run * (_PARAM_COPIES[engine] * P + _ROW_COPIES * n * Q * T)
+    step = item * run * (_PARAM_COPIES[_MEMORY_MODEL[engine]] * P + _ROW_COPIES * n * Q * T)
     return step + (item * B * P if run < B else 0.0)
 
 
@@ -379,17 +385,6 @@ def _check_train_memory(model, tdata, B, chunk, dtype, device, engine):
                        + (f", chunk={chunk}" if chunk else "") + f") with {P:,} parameters "
                        "per trial", "use a smaller model, fewer trials, or chunk= to train "
                        "fewer at a time", device)
-
-
-def _engine_that_runs(model, lossf, optimizer, tdata, batch_size, autograd, engine) -> str:
-    """"fused" when the compiled kernel will run the whole step (the memory model's
-    engine), else "torch"."""
-    from . import fused
-
-    if engine == "torch" or fused.unsupported(model, lossf, optimizer, tdata, batch_size,
-                                              autograd) is not None:
-        return "torch"
-    return "fused" if fused.program(optimizer) is not None else "torch"
 
 
 def _init_params(model, init, B, seed, scale, device, dtype):
@@ -736,8 +731,8 @@ def train(model: AttentionModel, data, loss=None, optimizer: Optimizer | None = 
     refs = _check_refs(model, references, B, dtype, tdata["X"].device)
     metrics = args["metrics"]
     bound = [m.bind(model, tdata, lossf, B) for m in metrics or ()]  # checked before any work
-    _check_train_memory(model, tdata, B, chunk, dtype, device, _engine_that_runs(
-        model, lossf, optimizer, tdata, bs, autograd, engine))
+    _check_train_memory(model, tdata, B, chunk, dtype, device, select_engine(
+        model, tdata, lossf, optimizer, engine, batch_size=bs, autograd=autograd)[0])
     params = _init_params(model, init, B, seed, scale, device, dtype)
     if not bool(model.finite(params).all()):
         raise ValueError("the initial parameters overflow float64 in W (e.g. K Q^T): start smaller")

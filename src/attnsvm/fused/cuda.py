@@ -30,7 +30,8 @@ from numba import config, cuda, float64
 
 from . import Plan
 from . import kernels as K
-from .codes import IC_D, IC_M, IC_MODEL, IC_N, IC_NP, IC_Q, IC_T, W_MODEL
+from .codes import IC_D, IC_MODEL, W_MODEL
+from .kernels import Scratch, TrialData, TrialState
 
 __all__ = ["CudaPlan", "segment", "workspace_rows", "device_ok", "THREADS"]
 
@@ -88,27 +89,35 @@ if SIM:  # the simulator hands kernels wrapped (and here strided) arrays
 
     def _run_trial(*args):
         """kernels._trial_run in the simulator: the CPU build of the same function, on
-        contiguous copies of the thread's columns, written back after the call (its
-        in-place semantics; the CPU build compiled for contiguous rows is reused)."""
-        args = [_numpy(a) for a in args]
-        work = [np.ascontiguousarray(a) if isinstance(a, np.ndarray) else a for a in args]
-        K._trial_run(*work)
-        for a, w in zip(args, work):
-            if isinstance(a, np.ndarray) and w is not a:
-                a[...] = w
+        contiguous copies of the thread's columns (the workspaces' fields too), written
+        back after the call (its in-place semantics; the CPU build compiled for contiguous
+        rows is reused)."""
+        back = []
+
+        def plain(a):
+            if isinstance(a, tuple):  # a workspace: the same namedtuple of plain arrays
+                return type(a)(*(plain(x) for x in a))
+            a = _numpy(a)
+            if not isinstance(a, np.ndarray):
+                return a
+            w = np.ascontiguousarray(a)
+            if w is not a:
+                back.append((a, w))
+            return w
+
+        K._trial_run(*(plain(a) for a in args))
+        for a, w in back:
+            a[...] = w
 else:
     _run_trial = K._trial_run  # compiled by numba-cuda as a device function
 
 
 def workspace_rows(ic, sP: int) -> np.ndarray:
-    """The offsets of one trial's scratch arrays in its workspace column, in the order of
-    ``kernels._scratch`` and then P, G, N (21 offsets; the last is the column's length)."""
-    n, Qn, T, d, m = (int(ic[k]) for k in (IC_N, IC_Q, IC_T, IC_D, IC_M))
-    R = n * Qn
-    big = max(d * max(d, m), R, T, 1)
-    sizes = [max(m, 1) * d, R * d, R * max(m, 1), R * T, R * T, R * T, R * T, R, R, R, R,
-             max(R * max(d, m), T, 1), big, max(sP, 1), 4 * int(ic[IC_NP]) + 4, n * T * d,
-             6 * R, max(sP, 1), max(sP, 1), max(sP, 1)]
+    """The offsets of one trial's scratch arrays in its workspace column: the fields of
+    ``kernels.Scratch`` (``kernels.scratch_sizes``), then P, G, N of its TrialState (21
+    offsets; the last is the column's length)."""
+    sizes = K.scratch_sizes(np.ascontiguousarray(ic, dtype=np.int64), int(sP)).tolist()
+    sizes += [max(sP, 1)] * 3
     return np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
 
 
@@ -118,13 +127,31 @@ def _col(A, b):
     return A[:, 0] if A.shape[1] == 1 else A[:, b]
 
 
+@cuda.jit(device=True, inline=True)
+def _rows(WS, wo, k, i):
+    """Rows wo[k] .. wo[k+1]-1 of column i of the workspace: one array of the trial's."""
+    return WS[wo[k]:wo[k + 1], i]
+
+
+@cuda.jit(device=True, inline=True)
+def _scratch(WS, wo, i):
+    """The trial's Scratch: the first 17 arrays of its workspace column (workspace_rows)."""
+    return Scratch(_rows(WS, wo, 0, i), _rows(WS, wo, 1, i), _rows(WS, wo, 2, i),
+                   _rows(WS, wo, 3, i), _rows(WS, wo, 4, i), _rows(WS, wo, 5, i),
+                   _rows(WS, wo, 6, i), _rows(WS, wo, 7, i), _rows(WS, wo, 8, i),
+                   _rows(WS, wo, 9, i), _rows(WS, wo, 10, i), _rows(WS, wo, 11, i),
+                   _rows(WS, wo, 12, i), _rows(WS, wo, 13, i), _rows(WS, wo, 14, i),
+                   _rows(WS, wo, 15, i), _rows(WS, wo, 16, i))
+
+
 @cuda.jit(cache=not SIM)
 def segment(ic, fc, X, Z, gam, gopt, yl, w, mask, Wf, S0, S1, S2, so, WS, wo, t0, t1,
             active, stop_step, stop_code, capped, b0, nb):
     """Steps t0 .. t1-1 of trials b0 .. b0+nb-1 (thread i runs trial b0 + i, its scratch
     column i of WS (rows at offsets wo)): load the trial's parameters from the slots
-    S0..S2 (s_k, B) (the W model's W as W^T, as kernels._load), run _trial_run, store them
-    back, record its stop (kernels.run_steps)."""
+    S0..S2 (s_k, B) (the W model's W as W^T, as kernels._load), run _trial_run on the
+    trial's workspaces (kernels.TrialData, TrialState, Scratch: the CPU drivers' own),
+    store them back, record its stop (kernels.run_steps)."""
     i = cuda.grid(1)
     if i >= nb:
         return
@@ -137,26 +164,7 @@ def segment(ic, fc, X, Z, gam, gopt, yl, w, mask, Wf, S0, S1, S2, so, WS, wo, t0
     for k in range(3):
         ls[k] = -math.inf
         gm[k] = 1.0
-    KT = WS[wo[0]:wo[1], i]
-    WZ = WS[wo[1]:wo[2], i]
-    ZQ = WS[wo[2]:wo[3], i]
-    A = WS[wo[3]:wo[4], i]
-    S = WS[wo[4]:wo[5], i]
-    Rr = WS[wo[5]:wo[6], i]
-    C = WS[wo[6]:wo[7], i]
-    dr = WS[wo[7]:wo[8], i]
-    rho = WS[wo[8]:wo[9], i]
-    rhov = WS[wo[9]:wo[10], i]
-    rlg = WS[wo[10]:wo[11], i]
-    acc = WS[wo[11]:wo[12], i]
-    tmp = WS[wo[12]:wo[13], i]
-    D = WS[wo[13]:wo[14], i]
-    work = WS[wo[14]:wo[15], i]
-    XT = WS[wo[15]:wo[16], i]
-    aux = WS[wo[16]:wo[17], i]
-    P = WS[wo[17]:wo[18], i]
-    G = WS[wo[18]:wo[19], i]
-    N = WS[wo[19]:wo[20], i]
+    P = _rows(WS, wo, 17, i)
     d = ic[IC_D]
     o1 = so[1]
     if ic[IC_MODEL] == W_MODEL:  # P holds W^T
@@ -170,9 +178,10 @@ def segment(ic, fc, X, Z, gam, gopt, yl, w, mask, Wf, S0, S1, S2, so, WS, wo, t0
         P[o1 + x] = S1[x, b]
     for x in range(so[3] - so[2]):
         P[so[2] + x] = S2[x, b]
-    _run_trial(ic, fc, _col(X, b), _col(Z, b), _col(gam, b), _col(gopt, b), _col(yl, b),
-               _col(w, b), _col(mask, b), Wf, P, G, N, so, gm, ls, KT, WZ, ZQ, A, S, Rr, C, dr,
-               rho, rhov, rlg, acc, tmp, D, work, XT, aux, out, t0, t1)
+    dt = TrialData(_col(X, b), _col(Z, b), _col(gam, b), _col(gopt, b), _col(yl, b),
+                   _col(w, b), _col(mask, b), Wf)
+    st = TrialState(P, _rows(WS, wo, 18, i), _rows(WS, wo, 19, i), so, gm, ls)
+    _run_trial(ic, fc, dt, st, _scratch(WS, wo, i), out, t0, t1)
     if ic[IC_MODEL] == W_MODEL:
         for a in range(d):
             for c in range(d):

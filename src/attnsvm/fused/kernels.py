@@ -39,6 +39,7 @@ vectorising); matrix products go through _vecmat_rows, one call per product.
 from __future__ import annotations
 
 import math
+from collections import namedtuple
 
 import numpy as np
 from numba import njit
@@ -113,6 +114,29 @@ LOG_GAP_SWITCH = -35.0
 # log domain otherwise (_row_factors)
 PLAIN_MIN = 2.0 ** -900
 PLAIN_MAX = 2.0 ** 900
+
+# --------------------------------------------------------------- workspaces
+# One trial's arrays, grouped by role: namedtuples of arrays (numba types them field by
+# field; a field is a plain array inside compiled code). The CPU drivers and the CUDA
+# kernel (attnsvm.fused.cuda.segment) build them, each from its own layout; _trial_run and
+# _trial_record take them.
+#: the trial's data, flat (read only): X (n, T, d) tokens, Z (n, Q, d) queries, gam
+#: (n, Q, T) scores with masked keys 0, gopt (n, Q), yl (n, Q) labels, logw (n, Q) log
+#: query weights, mask (n, Q, T) uint8 (read when ic[IC_MASK]); Wf (2, d d) the prompt's
+#: fixed W (shared by the trials): W^T in row 0, W in row 1 (unused when ic[IC_WID]: W = I)
+TrialData = namedtuple("TrialData", "X Z gam gopt yl logw mask Wf")
+#: the parameters and their scaled gradient, flat vectors in the slots' layout (tensor k
+#: at [so[k], so[k+1]); the W model holds W^T): P the current parameters, N the next (the
+#: rule writes them; the two swap), G the gradient (tensor k is G_k / gm[k] times
+#: exp(ls[k])), gm and ls (3,)
+TrialState = namedtuple("TrialState", "P G N so gm ls")
+#: the scratch of one trial's step, in this order everywhere (sizes: scratch_sizes;
+#: the CUDA workspace's rows: attnsvm.fused.cuda.workspace_rows)
+Scratch = namedtuple("Scratch", "KT WZ ZQ A S Rr C dr rho rhov rlg acc tmp D work XT aux")
+#: the in-kernel record (_trial_record): its configuration rc (codes.RC_*), the selected
+#: tokens alpha (R,) int64 (read when rc[RC_ALPHA]), the references ref (flat, one W's
+#: size each), scratch Wm and U (d d each)
+RecordWork = namedtuple("RecordWork", "rc alpha ref Wm U")
 
 
 # ------------------------------------------------------------ scalar helpers
@@ -1137,13 +1161,16 @@ def _head_grad(ic, rhov, yl, S, X, ov, na, G, acc, gm, ls):
 
 
 @njit(**_STEP)
-def _gradient(ic, fc, X, Z, gam, gopt, yl, logw, mask, Wf, P, G, so, gm, ls,
-              KT, WZ, ZQ, A, S, Rr, C, dr, rho, rhov, rlg, acc, tmp, XT, aux):
-    """The scaled gradient of one trial at P (the compiled model.evaluate, stable form):
-    tensor k of the gradient is G_k / gm[k] times exp(ls[k]); returns (overflow, log(L - L*))
+def _gradient(ic, fc, dt, P, st, ws):
+    """The scaled gradient of one trial (data dt: TrialData) at P into st (TrialState: G,
+    gm, ls; the compiled model.evaluate, stable form): tensor k of the gradient is
+    G_k / gm[k] times exp(ls[k]); returns (overflow, log(L - L*))
     (the gap nan unless ic[IC_NEEDGAP]). overflow: a logit is +inf or NaN (the
     parameters left float64); then ls = nan and nothing else is computed. The named steps:
-    see the comment above _trial_setup. WZ receives GX."""
+    see the comment above _trial_setup. ws: Scratch (WZ receives GX)."""
+    X, Z, gam, gopt, yl, logw, mask, Wf = dt
+    G, so, gm, ls = st.G, st.so, st.gm, st.ls
+    KT, WZ, ZQ, A, S, Rr, C, dr, rho, rhov, rlg, acc, tmp, _D, _work, XT, aux = ws
     model = ic[IC_MODEL]
     na = 2 if (model == KQ_MODEL or model == DIAG_MODEL) else 1  # slot of the head v
     o1 = so[1]  # offset of the second tensor (K, Q / k, q)
@@ -1205,20 +1232,16 @@ def _update_stop(flags, stall):
 # every array argument of every inlined step costs an atomic increment and decrement per
 # call, ~30% of a small step (W model, (n, T, d) = (6, 8, 10)).
 @njit(cache=True, error_model="numpy", _nrt=False)
-def _trial_run(ic, fc, X, Z, gam, gopt, yl, logw, mask, Wf, P, G, N, so, gm, ls,
-               KT, WZ, ZQ, A, S, Rr, C, dr, rho, rhov, rlg, acc, tmp, Dv, work, XT, aux,
-               out, t0, t1):
-    """Steps t0 .. t1-1 of one trial (with ic[IC_RULE] == R_NONE: the gradient at P only):
+def _trial_run(ic, fc, dt, st, ws, out, t0, t1):
+    """Steps t0 .. t1-1 of one trial (with ic[IC_RULE] == R_NONE: the gradient at st.P only):
     per step the scaled gradient (_gradient), the trainer's checks (_gradient_stop), the
     rule's step (_apply_rule) and its checks (_update_stop).
 
-    Flat (1-d) arrays of one trial: X (n, T, d) tokens, Z (n, Q, d) queries, gam (n, Q, T)
-    scores with masked keys 0, gopt (n, Q), yl (n, Q) labels, logw (n, Q) log query
-    weights, mask (n, Q, T) uint8 (read when ic[IC_MASK]), Wf (2, d d) the prompt's fixed
-    W: W^T in row 0, W in row 1 (unused when ic[IC_WID]: W = I). P: the parameters, one
-    flat vector, tensor k at [so[k], so[k+1]) (the W model holds W^T: every product runs
-    over contiguous rows); G, N: the gradient and the next parameters, same layout.
-    Scratch: XT (n, d, T) receives X transposed, aux (6 R) the row terms (_softmax_rows).
+    The trial's arrays by role: dt (TrialData) its data, st (TrialState) the parameters
+    P, one flat vector, tensor k at [so[k], so[k+1]) (the W model holds W^T: every product
+    runs over contiguous rows), the gradient G and the next parameters N (same layout),
+    and the gradient's scales gm, ls; ws (Scratch): XT (n, d, T) receives X transposed,
+    aux (6 R) the row terms (_softmax_rows).
 
     Per step (the trainer's semantics, attnsvm.steppers.TorchStepper): a zero gradient
     stops the trial (code 1) before the update; an update with a non-finite parameter
@@ -1227,17 +1250,17 @@ def _trial_run(ic, fc, X, Z, gam, gopt, yl, logw, mask, Wf, P, G, N, so, gm, ls,
     that step and stops the trial at it (code 2).
     out[0] = the stop step (-1: ran to t1), out[1] = the code, out[2] = log(L - L*) of
     the last gradient (nan unless ic[IC_NEEDGAP]), out[3] = the number of steps that took
-    Polyak's range cap. P holds the parameters on return."""
+    Polyak's range cap. st.P holds the parameters on return."""
     nP = ic[IC_NP]
-    _trial_setup(X, logw, XT, aux, ic[IC_N], ic[IC_T], ic[IC_D], ic[IC_N] * ic[IC_Q])
+    P, G, N, so, gm, ls = st
+    _trial_setup(dt.X, dt.logw, ws.XT, ws.aux, ic[IC_N], ic[IC_T], ic[IC_D], ic[IC_N] * ic[IC_Q])
     out[0] = -1.0
     out[1] = 0.0
     out[3] = 0.0
     lgap = np.nan
     swapped = False
     for step in range(t0, t1):
-        ovf, lg = _gradient(ic, fc, X, Z, gam, gopt, yl, logw, mask, Wf, P, G, so, gm, ls,
-                            KT, WZ, ZQ, A, S, Rr, C, dr, rho, rhov, rlg, acc, tmp, XT, aux)
+        ovf, lg = _gradient(ic, fc, dt, P, st, ws)
         if not ovf:
             lgap = lg
         if ic[IC_RULE] == R_NONE:
@@ -1254,7 +1277,7 @@ def _trial_run(ic, fc, X, Z, gam, gopt, yl, logw, mask, Wf, P, G, N, so, gm, ls,
             out[0] = step
             out[1] = STOP_ZERO
             break
-        flags = _apply_rule(ic, fc, P, G, N, so, gm, ls, lgap, Dv, work)
+        flags = _apply_rule(ic, fc, P, G, N, so, gm, ls, lgap, ws.D, ws.work)
         code = _update_stop(flags, ic[IC_STALL])
         if code != 0:
             out[0] = step
@@ -1369,8 +1392,7 @@ def _nuclear(Wm, d, U):
 
 
 @njit(cache=True, error_model="numpy", _nrt=False)
-def _trial_record(ic, X, Z, gam, gopt, yl, logw, mask, Wf, P, so, KT, WZ, ZQ, A, S, Rr, C, dr,
-                  rho, rhov, rlg, acc, XT, aux, Wm, U, alpha, ref, rc, rec):
+def _trial_record(ic, dt, P, so, ws, rw, rec):
     """The default metrics of attnsvm.recorder at one trial's parameters P (layout of
     _trial_run) into rec (M_CORR + rc[RC_NREF],): the risk L, L - L* and log10(L - L*) of
     the stable objective (as model.evaluate(grad=False): fixed head L = sum_r w_r
@@ -1379,7 +1401,11 @@ def _trial_record(ic, X, Z, gam, gopt, yl, logw, mask, Wf, P, so, KT, WZ, ZQ, A,
     per query row: p_sel_mean / p_sel_min of s at the tokens alpha (R,) (rc[RC_ALPHA];
     else NaN), the mean over rows of max_t s_t and of 1 / sum_t s_t^2, and corr(W, R_j)
     for the rc[RC_NREF] references in ref (flat, one W's size each). ic must ask for the
-    gap (ic[IC_NEEDGAP] = 1). Scratch as _trial_run's, Wm and U (d d each)."""
+    gap (ic[IC_NEEDGAP] = 1). dt, ws as _trial_run's; rw (RecordWork) holds rc, alpha,
+    ref and the scratch Wm, U."""
+    X, Z, gam, gopt, yl, logw, mask, Wf = dt
+    KT, WZ, ZQ, A, S, Rr, C, dr, rho, rhov, rlg, acc, _tmp, _D, _work, XT, aux = ws
+    rc, alpha, ref, Wm, U = rw
     model = ic[IC_MODEL]
     n = ic[IC_N]
     Qn = ic[IC_Q]
@@ -1497,15 +1523,40 @@ def _row(A, b):
 
 
 @njit(cache=True, error_model="numpy")
-def _scratch(ic, sP):
+def scratch_sizes(ic, sP):
+    """The sizes (17,) of the Scratch arrays of one trial (sP parameters), in its order:
+    the one statement of the layout (the CPU drivers' _scratch, the CUDA workspace)."""
     n, Qn, T, d, m = ic[IC_N], ic[IC_Q], ic[IC_T], ic[IC_D], ic[IC_M]
     R = n * Qn
     big = max(d * max(d, m), R, T, 1)
-    return (np.empty(max(m, 1) * d), np.empty(R * d),
-            np.empty(R * max(m, 1)), np.empty(R * T), np.empty(R * T), np.empty(R * T),
-            np.empty(R * T), np.empty(R), np.empty(R), np.empty(R), np.empty(R),
-            np.empty(max(R * max(d, m), T, 1)), np.empty(big), np.empty(max(sP, 1)),
-            np.empty(4 * ic[IC_NP] + 4), np.empty(n * T * d), np.empty(6 * R))
+    return np.array([max(m, 1) * d, R * d, R * max(m, 1), R * T, R * T, R * T, R * T, R, R,
+                     R, R, max(R * max(d, m), T, 1), big, max(sP, 1), 4 * ic[IC_NP] + 4,
+                     n * T * d, 6 * R], dtype=np.int64)
+
+
+@njit(cache=True, error_model="numpy")
+def _scratch(ic, sP):
+    """A Scratch of fresh arrays (scratch_sizes)."""
+    z = scratch_sizes(ic, sP)
+    return Scratch(np.empty(z[0]), np.empty(z[1]), np.empty(z[2]), np.empty(z[3]),
+                   np.empty(z[4]), np.empty(z[5]), np.empty(z[6]), np.empty(z[7]),
+                   np.empty(z[8]), np.empty(z[9]), np.empty(z[10]), np.empty(z[11]),
+                   np.empty(z[12]), np.empty(z[13]), np.empty(z[14]), np.empty(z[15]),
+                   np.empty(z[16]))
+
+
+@njit(cache=True, error_model="numpy")
+def _state(so):
+    """A TrialState of fresh arrays for parameters in the slots' layout so."""
+    sP = so[3]
+    return TrialState(np.empty(sP), np.empty(sP), np.empty(sP), so, np.ones(3), np.full(3, NINF))
+
+
+@njit(cache=True, error_model="numpy")
+def _data(X, Z, gam, gopt, yl, w, mask, Wf, b):
+    """The TrialData of trial b (row b of each batched array, row 0 of a shared one)."""
+    return TrialData(_row(X, b), _row(Z, b), _row(gam, b), _row(gopt, b), _row(yl, b),
+                     _row(w, b), _row(mask, b), Wf)
 
 
 @njit(cache=True, error_model="numpy")
@@ -1546,15 +1597,11 @@ def grad_batch(ic, fc, X, Z, gam, gopt, yl, w, mask, Wf, P0, P1, P2, G0, G1, G2,
     yl / w (log query weights) (., n Q), mask (Bm, n Q T); Wf (2, d d). ic[IC_RULE] must
     be R_NONE."""
     so = _slots(P0, P1, P2)
-    sP = so[3]
-    KT, WZ, ZQ, A, S, Rr, C, dr, rho, rhov, rlg, acc, tmp, D, work, XT, aux = _scratch(ic, sP)
-    P, G, N = np.empty(sP), np.empty(sP), np.empty(sP)
-    ls, gm, out = np.full(3, NINF), np.ones(3), np.zeros(4)
+    ws, st, out = _scratch(ic, so[3]), _state(so), np.zeros(4)
+    P, G, gm, ls = st.P, st.G, st.gm, st.ls
     for b in range(b0, b1):
         _load(ic, P0, P1, P2, b, P, so)
-        _trial_run(ic, fc, _row(X, b), _row(Z, b), _row(gam, b), _row(gopt, b), _row(yl, b),
-                   _row(w, b), _row(mask, b), Wf, P, G, N, so, gm, ls, KT, WZ, ZQ, A, S, Rr, C,
-                   dr, rho, rhov, rlg, acc, tmp, D, work, XT, aux, out, 0, 1)
+        _trial_run(ic, fc, _data(X, Z, gam, gopt, yl, w, mask, Wf, b), st, ws, out, 0, 1)
         for k in range(3):  # the scaled form: max|.| = 1
             LS[b, k] = ls[k]
             inv = 1.0 / gm[k]
@@ -1577,18 +1624,13 @@ def run_steps(ic, fc, X, Z, gam, gopt, yl, w, mask, Wf, P0, P1, P2, t0, t1,
     active / stop_step / stop_code are updated and capped (B,) counts the steps that
     took Polyak's range cap (see _trial_run)."""
     so = _slots(P0, P1, P2)
-    sP = so[3]
-    KT, WZ, ZQ, A, S, Rr, C, dr, rho, rhov, rlg, acc, tmp, D, work, XT, aux = _scratch(ic, sP)
-    P, G, N = np.empty(sP), np.empty(sP), np.empty(sP)
-    ls, gm, out = np.full(3, NINF), np.ones(3), np.zeros(4)
+    ws, st, out = _scratch(ic, so[3]), _state(so), np.zeros(4)
     for b in range(b0, b1):
         if not active[b]:
             continue
-        _load(ic, P0, P1, P2, b, P, so)
-        _trial_run(ic, fc, _row(X, b), _row(Z, b), _row(gam, b), _row(gopt, b), _row(yl, b),
-                   _row(w, b), _row(mask, b), Wf, P, G, N, so, gm, ls, KT, WZ, ZQ, A, S, Rr, C,
-                   dr, rho, rhov, rlg, acc, tmp, D, work, XT, aux, out, t0, t1)
-        _store(ic, P, so, P0, P1, P2, b)
+        _load(ic, P0, P1, P2, b, st.P, so)
+        _trial_run(ic, fc, _data(X, Z, gam, gopt, yl, w, mask, Wf, b), st, ws, out, t0, t1)
+        _store(ic, st.P, so, P0, P1, P2, b)
         capped[b] += out[3]
         if out[0] >= 0:
             active[b] = 0
@@ -1608,28 +1650,22 @@ def run_steps_rec(ic, icr, fc, X, Z, gam, gopt, yl, w, mask, Wf, P0, P1, P2, t0,
     or B). A trial that stops is not recorded after it (the caller fills its later
     records with its final one)."""
     so = _slots(P0, P1, P2)
-    sP = so[3]
-    KT, WZ, ZQ, A, S, Rr, C, dr, rho, rhov, rlg, acc, tmp, D, work, XT, aux = _scratch(ic, sP)
-    P, G, N = np.empty(sP), np.empty(sP), np.empty(sP)
+    ws, st, out = _scratch(ic, so[3]), _state(so), np.zeros(4)
+    P = st.P
     d = ic[IC_D]
     Wm, U = np.empty(d * d), np.empty(d * d)
-    ls, gm, out = np.full(3, NINF), np.ones(3), np.zeros(4)
     for b in range(b0, b1):
         if not active[b]:
             continue
         _load(ic, P0, P1, P2, b, P, so)
-        Xb, Zb, gb, ob, yb, wb, mb = (_row(X, b), _row(Z, b), _row(gam, b), _row(gopt, b),
-                                      _row(yl, b), _row(w, b), _row(mask, b))
+        dt = _data(X, Z, gam, gopt, yl, w, mask, Wf, b)
+        rw = RecordWork(rc, _row(alpha, b), _row(ref, b), Wm, U)
         t = t0
         while t < t1:
             if t % every == 0:
-                _trial_record(icr, Xb, Zb, gb, ob, yb, wb, mb, Wf, P, so, KT, WZ, ZQ, A, S,
-                              Rr, C, dr, rho, rhov, rlg, acc, XT, aux, Wm, U, _row(alpha, b),
-                              _row(ref, b), rc, RM[b, t // every])
+                _trial_record(icr, dt, P, so, ws, rw, RM[b, t // every])
             te = min(t1, (t // every + 1) * every)
-            _trial_run(ic, fc, Xb, Zb, gb, ob, yb, wb, mb, Wf, P, G, N, so, gm, ls, KT, WZ,
-                       ZQ, A, S, Rr, C, dr, rho, rhov, rlg, acc, tmp, D, work, XT, aux, out,
-                       t, te)
+            _trial_run(ic, fc, dt, st, ws, out, t, te)
             capped[b] += out[3]
             if out[0] >= 0:
                 active[b] = 0
@@ -1645,13 +1681,11 @@ def record_batch(icr, X, Z, gam, gopt, yl, w, mask, Wf, P0, P1, P2, alpha, ref, 
     """The record (_trial_record) of trials b0 .. b1-1 at their current parameters into
     RM[b] (B, n_metrics)."""
     so = _slots(P0, P1, P2)
-    sP = so[3]
-    KT, WZ, ZQ, A, S, Rr, C, dr, rho, rhov, rlg, acc, tmp, D, work, XT, aux = _scratch(icr, sP)
-    P = np.empty(sP)
+    ws = _scratch(icr, so[3])
+    P = np.empty(so[3])
     d = icr[IC_D]
     Wm, U = np.empty(d * d), np.empty(d * d)
     for b in range(b0, b1):
         _load(icr, P0, P1, P2, b, P, so)
-        _trial_record(icr, _row(X, b), _row(Z, b), _row(gam, b), _row(gopt, b), _row(yl, b),
-                      _row(w, b), _row(mask, b), Wf, P, so, KT, WZ, ZQ, A, S, Rr, C, dr, rho,
-                      rhov, rlg, acc, XT, aux, Wm, U, _row(alpha, b), _row(ref, b), rc, RM[b])
+        _trial_record(icr, _data(X, Z, gam, gopt, yl, w, mask, Wf, b), P, so, ws,
+                      RecordWork(rc, _row(alpha, b), _row(ref, b), Wm, U), RM[b])
