@@ -163,7 +163,8 @@ class AttentionModel:
         ts = list(params.values()) + ([self.W(params)] if self.factorised else [])
         ok = None
         for v in ts:  # min and max per trial (they propagate NaN): one pass, no |v| copy
-            lo, hi = torch.aminmax(v.reshape(v.shape[0], -1), dim=1)
+            F = v.reshape(v.shape[0], -1)
+            lo, hi = F.amin(1), F.amax(1)  # (aminmax along a dim: ~4x slower on the CPU)
             f = torch.isfinite(lo) & torch.isfinite(hi)
             ok = f if ok is None else ok & f
         return ok

@@ -53,6 +53,9 @@ HEADS = ("iden", "gen")
 _TENSOR_KEYS = {"E", "X", "Z", "ymask", "yid", "seqs"}
 P_SMALL = 1e-4  # below this p_y, the iden loss is computed as LSE_t(a) - LSE_Y(a)
 _M_SMALL = math.log1p(-P_SMALL)  # M = log(1 - p_y) above this: p_y < P_SMALL
+#: the largest n T d^2 (entries of the products x_it z_i^T) kept for the one-product
+#: logits and gradient (:func:`_token_query_products`): 2 MiB of float64
+PRODUCTS_MAX = 1 << 18
 NEG_INF = float("-inf")
 
 
@@ -87,6 +90,28 @@ def ntp_tensors(data, device=None, dtype=torch.float64) -> dict:
             "ymask": torch.as_tensor(ymask, device=device),
             "yid": torch.as_tensor(Y[..., 0], device=device),
             "seqs": torch.as_tensor(seqs, device=device)}
+
+
+def _token_query_products(t: dict, signed: bool = False) -> torch.Tensor | None:
+    """The products x_it z_i^T of data shared by the trials (X (1, n, T, d), Z (1, n, d)) as
+    one matrix P (n T, d d), P[(i, t), (j, k)] = x_itj z_ik, so that the logits of every trial
+    are one product a_b = P vec(W_b) and the gradient vec(G_b) = P^T vec(Ga_b) (instead of
+    two contractions each); ``signed``: the rows of label positions (ymask, shared too)
+    negated. None where the data are per trial or P would exceed :data:`PRODUCTS_MAX`
+    entries. Cached in ``t`` (callers must not modify the data)."""
+    X, Z, ym = t["X"], t["Z"], t.get("ymask")
+    n, T, d = X.shape[1:]
+    if X.shape[0] != 1 or Z.shape[0] != 1 or n * T * d * d > PRODUCTS_MAX or (
+            signed and (ym is None or ym.shape[0] != 1)):
+        return None
+    cache = t.setdefault("_cache", {})
+    key = ("ntp_products", signed)
+    if key not in cache:
+        P = torch.einsum("itj,ik->itjk", X[0], Z[0])
+        if signed:
+            P = torch.where(ym[0][..., None, None], -P, P)
+        cache[key] = P.reshape(n * T, d * d).contiguous()
+    return cache[key]
 
 
 class NTPObjective(tuple):
@@ -207,7 +232,8 @@ class NTPModel:
         ok = None
         ts = list(params.values()) + ([self.W(params)] if self.factorised else [])
         for v in ts:  # min and max per trial (they propagate NaN): one pass, no temporary
-            lo, hi = torch.aminmax(v.reshape(v.shape[0], -1), dim=1)
+            F = v.reshape(v.shape[0], -1)
+            lo, hi = F.amin(1), F.amax(1)  # (aminmax along a dim: ~4x slower on the CPU)
             f = torch.isfinite(lo) & torch.isfinite(hi)
             ok = f if ok is None else ok & f
         return ok
@@ -218,6 +244,9 @@ class NTPModel:
         share the data)."""
         Z, X = t["Z"], t["X"]
         W = self.W(params)
+        P = _token_query_products(t)
+        if P is not None:  # one product: a_b = P vec(W_b)
+            return torch.mm(W.reshape(W.shape[0], -1), P.t()).reshape(W.shape[0], *X.shape[1:3])
         WZ = (torch.einsum("bij,nj->bni", W, Z[0]) if Z.shape[0] == 1
               else torch.einsum("bij,bnj->bni", W, Z))  # (B, n, d): W z_i
         return (torch.einsum("ntd,bnd->bnt", X[0], WZ) if X.shape[0] == 1
@@ -251,23 +280,37 @@ class NTPModel:
         return (torch.logsumexp(o, -1) - oy).mean(-1)
 
     # ------------------------------------------------------------ objective
-    def _iden_terms(self, a, ymask):
-        lab = torch.where(ymask, a, NEG_INF)
-        non = torch.where(ymask, NEG_INF, a)
+    def _iden_objective(self, params, a, t: dict, grad: bool) -> NTPObjective:
+        """The identity head's (L, log L, scaled gradient) from the logits a (B, n, T)
+        (module docstring): with the log-sum-exps A_i over all positions, AY_i over the
+        label positions and AN_i over the others, M_i = AN_i - A_i, and the scaled
+        gradient's entries (1/n) exp(M_i - top) g_it (top: the log scale), g_it =
+        -exp(a_it - AY_i) at a label position, exp(a_it - AN_i) elsewhere (0 where AN_i
+        is -inf): the sign is carried by the products' rows (:func:`_token_query_products`,
+        ``signed``) where the data are shared."""
+        ymask = t["ymask"]
+        n = a.shape[1]
         A = torch.logsumexp(a, -1, keepdim=True)
-        AY = torch.logsumexp(lab, -1, keepdim=True)
-        AN = torch.logsumexp(non, -1, keepdim=True)
-        M = (AN - A)[..., 0]  # log(1 - p_y) <= 0 (-inf: no non-label position)
-        finN = torch.isfinite(AN)
-        g = torch.where(ymask, -torch.exp(lab - AY),
-                        torch.where(finN, torch.exp(non - torch.where(finN, AN, 0.0)), 0.0))
+        AY = torch.logsumexp(torch.where(ymask, a, NEG_INF), -1, keepdim=True)
+        AN = torch.logsumexp(torch.where(ymask, NEG_INF, a), -1, keepdim=True)
+        M = AN - A  # log(1 - p_y) <= 0 (-inf: no non-label position)
         # loss_i = -log p_y: -log1p(-e^M) while p_y >= P_SMALL (its rounding error in
         # 1 - p_y is then below 1e-12 of the loss), else LSE_t(a) - LSE_Y(a) (> 9.2: exact
         # however small p_y, where e^M = 1 - p_y rounds to 1 and the first form is inf)
-        lo = torch.where(M[..., None] < _M_SMALL, -torch.log1p(-torch.exp(M))[..., None],
-                         A - AY)[..., 0]
-        logl = torch.where(lo > 0, torch.log(lo), M)  # log loss_i (= M once e^M underflows)
-        return M, g, lo, logl
+        lo = torch.where(M < _M_SMALL, -torch.log1p(-torch.exp(M)), A - AY)[..., 0]
+        logl = torch.where(lo > 0, torch.log(lo), M[..., 0])  # log loss_i (= M once e^M underflows)
+        L = lo.mean(-1)
+        logL = torch.logsumexp(logl, -1) - math.log(n)
+        if not grad:
+            return NTPObjective(L, logL, None)
+        fac, top = row_factors(M - math.log(n))
+        top = torch.where(torch.isfinite(L), top, math.nan)
+        # |g| in one exp (a - AN where AN is finite, else a - 0 = -inf there: e^-inf = 0)
+        E = torch.exp(a - torch.where(ymask, AY, torch.where(torch.isfinite(AN), AN, 0.0)))
+        E.mul_(fac)
+        P = _token_query_products(t, signed=True)  # the label rows negated: Ga = -E there
+        raw = self._raw_grads(params, E if P is not None else torch.where(ymask, -E, E), t, P)
+        return NTPObjective(L, logL, scaled_grads(raw, top))
 
     def _gen_terms(self, a, t):
         st = softmax_terms(a)
@@ -305,8 +348,9 @@ class NTPModel:
         with torch.no_grad():
             a = self.logits(params, t) if logits is None else logits[:, :, 0]
             n = a.shape[1]
-            M, g, lo, logl = (self._iden_terms(a, t["ymask"]) if self.head == "iden"
-                              else self._gen_terms(a, t))
+            if self.head == "iden":
+                return self._iden_objective(params, a, t, grad)
+            M, g, lo, logl = self._gen_terms(a, t)
             L = lo.mean(-1)
             logL = torch.logsumexp(logl, -1) - math.log(n)
             if not grad:
@@ -314,13 +358,22 @@ class NTPModel:
             fac, top = row_factors((M - math.log(n))[..., None])
             top = torch.where(torch.isfinite(L), top, math.nan)
             Ga = g * fac  # (B, n, T)
-            X, Z = t["X"], t["Z"]
+            return NTPObjective(L, logL, scaled_grads(self._raw_grads(params, Ga, t), top))
+
+    def _raw_grads(self, params, Ga, t, P=None) -> dict:
+        """{name: dL/dparam / exp(log scale)} from Ga = dL/da / exp(log scale) (B, n, T):
+        G = sum_it Ga_it x_it z_i^T (B, d, d) (``P``: the products x_it z_i^T of
+        :func:`_token_query_products`, possibly signed row by row, to use instead), and
+        (K, Q): (G Q, G^T K)."""
+        X, Z = t["X"], t["Z"]
+        P = _token_query_products(t) if P is None else P
+        if P is not None:  # one product: vec(G_b) = P^T vec(Ga_b)
+            G = torch.mm(Ga.reshape(Ga.shape[0], -1), P).reshape(Ga.shape[0], self.d, self.d)
+        else:
             GX = (torch.einsum("bnt,ntd->bnd", Ga, X[0]) if X.shape[0] == 1
                   else torch.einsum("bnt,bntd->bnd", Ga, X))  # sum_t Ga_it x_it: (B, n, d)
             G = (torch.einsum("bnd,ne->bde", GX, Z[0]) if Z.shape[0] == 1
                  else torch.einsum("bnd,bne->bde", GX, Z))  # (B, d, d)
-            if self.param == "W":
-                raw = {"W": G}
-            else:
-                raw = {"K": G @ params["Q"], "Q": G.transpose(-1, -2) @ params["K"]}
-            return NTPObjective(L, logL, scaled_grads(raw, top))
+        if self.param == "W":
+            return {"W": G}
+        return {"K": G @ params["Q"], "Q": G.transpose(-1, -2) @ params["K"]}
