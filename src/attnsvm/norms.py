@@ -278,10 +278,12 @@ class Frobenius(Lp):
         of its ops; ``inplace``: divided in G's own buffer."""
         dims = _item_dims(G, vector)
         n = G.pow(2).sum(dims).sqrt()
-        pos = _expand(n > 0, len(dims))
-        div = _expand(torch.where(n > 0, n, 1.0), len(dims))
+        pos = n > 0
+        div = _expand(torch.where(pos, n, 1.0), len(dims))
         D = G.div_(div) if inplace else G / div
-        return D.masked_fill_(~pos, 0.0)
+        if not bool(pos.all()):  # a zero item (+0 for -0) or a NaN one: 0 (one pass fewer)
+            D.masked_fill_(~_expand(pos, len(dims)), 0.0)
+        return D
 
     def cvxpy(self, expr):
         import cvxpy as cp

@@ -280,7 +280,7 @@ class NTPModel:
         return (torch.logsumexp(o, -1) - oy).mean(-1)
 
     # ------------------------------------------------------------ objective
-    def _iden_objective(self, params, a, t: dict, grad: bool) -> NTPObjective:
+    def _iden_objective(self, params, a, t: dict, grad: bool, need_gap: bool) -> NTPObjective:
         """The identity head's (L, log L, scaled gradient) from the logits a (B, n, T)
         (module docstring): with the log-sum-exps A_i over all positions, AY_i over the
         label positions and AN_i over the others, M_i = AN_i - A_i, and the scaled
@@ -298,15 +298,17 @@ class NTPModel:
         # 1 - p_y is then below 1e-12 of the loss), else LSE_t(a) - LSE_Y(a) (> 9.2: exact
         # however small p_y, where e^M = 1 - p_y rounds to 1 and the first form is inf)
         lo = torch.where(M < _M_SMALL, -torch.log1p(-torch.exp(M)), A - AY)[..., 0]
-        logl = torch.where(lo > 0, torch.log(lo), M[..., 0])  # log loss_i (= M once e^M underflows)
         L = lo.mean(-1)
-        logL = torch.logsumexp(logl, -1) - math.log(n)
+        logL = None  # log L: asked for (need_gap) or without the gradient
+        if need_gap or not grad:
+            logl = torch.where(lo > 0, torch.log(lo), M[..., 0])  # log loss_i (M once e^M underflows)
+            logL = torch.logsumexp(logl, -1) - math.log(n)
         if not grad:
             return NTPObjective(L, logL, None)
         fac, top = row_factors(M - math.log(n))
         top = torch.where(torch.isfinite(L), top, math.nan)
         # |g| in one exp (a - AN where AN is finite, else a - 0 = -inf there: e^-inf = 0)
-        E = torch.exp(a - torch.where(ymask, AY, torch.where(torch.isfinite(AN), AN, 0.0)))
+        E = torch.exp(a - torch.where(ymask, AY, AN.nan_to_num(0.0, 0.0, 0.0)))
         E.mul_(fac)
         P = _token_query_products(t, signed=True)  # the label rows negated: Ga = -E there
         raw = self._raw_grads(params, E if P is not None else torch.where(ymask, -E, E), t, P)
@@ -338,8 +340,9 @@ class NTPModel:
         """(L (B,), log L (B,), scaled gradient) in the stable form (module docstring).
 
         The trainer's signature: ``loss`` must be None (the model's own next-token loss),
-        ``autograd`` False (the closed form); ``need_gap`` is ignored (L is always
-        computed); ``logits``: :meth:`_logits` already computed at ``params``. A trial
+        ``autograd`` False (the closed form); ``need_gap=False`` (with ``grad``) may skip
+        log L (returned as None; L is always computed: a non-finite L marks the gradient
+        non-finite); ``logits``: :meth:`_logits` already computed at ``params``. A trial
         whose L is not finite gets a non-finite gradient scale (the trainer stops it:
         "non-finite step")."""
         if loss is not None or autograd:
@@ -349,7 +352,7 @@ class NTPModel:
             a = self.logits(params, t) if logits is None else logits[:, :, 0]
             n = a.shape[1]
             if self.head == "iden":
-                return self._iden_objective(params, a, t, grad)
+                return self._iden_objective(params, a, t, grad, need_gap)
             M, g, lo, logl = self._gen_terms(a, t)
             L = lo.mean(-1)
             logL = torch.logsumexp(logl, -1) - math.log(n)
