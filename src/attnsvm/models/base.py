@@ -53,6 +53,47 @@ def _token_product(A, X, transpose: bool):
     return torch.einsum("bnqd,ntd->bnqt" if transpose else "bnqt,ntd->bnqd", A, X[0])
 
 
+#: the most entries of the token-query products x_it z_iq^T kept for the one-product
+#: logits and gradient of a W (:func:`token_query_products`): 2 MiB of float64
+PRODUCTS_MAX = 1 << 18
+
+
+def token_query_products(X, Z, cache: dict | None = None, key=None):
+    """The products x_it z_iq^T as one matrix per dataset, P (Bx, n Q T, d d) with
+    P[b, (i, q, t), (j, l)] = x_itj z_iql (X (Bx, n, T, d), Z (Bz, n, Q, d), Bx, Bz 1 or B),
+    so that the logits a_iqt = x_it^T W z_iq of a trial are one product a = P vec(W) and
+    the gradient vec(sum_iqt Ga_iqt x_it z_iq^T) = P^T vec(Ga) (one op each instead of two
+    contractions and their reshapes: what a step of few trials costs). None where P would
+    exceed :data:`PRODUCTS_MAX` entries. Cached in ``cache[key]`` when given."""
+    if cache is not None and key in cache:
+        return cache[key]
+    Bx, n, T, d = X.shape
+    Bp, Q = max(Bx, Z.shape[0]), Z.shape[2]
+    P = None
+    if Bp * n * Q * T * d * d <= PRODUCTS_MAX and Z.shape[-1] == d:
+        P = (X[:, :, None, :, :, None] * Z[:, :, :, None, None, :]).reshape(Bp, n * Q * T, d * d)
+    if cache is not None:
+        cache[key] = P
+    return P
+
+
+def products_logits(P, W):
+    """a (B, R) = P vec(W) per trial: P (1 | B, R, d d) of :func:`token_query_products`,
+    W (B, d, d)."""
+    B = W.shape[0]
+    if P.shape[0] == 1:
+        return torch.mm(W.reshape(B, -1), P[0].t())
+    return torch.bmm(P, W.reshape(B, -1, 1))[..., 0]
+
+
+def products_grad(P, Ga):
+    """vec(G) (B, d d) = P^T vec(Ga) per trial (Ga (B, ...) with R entries per trial)."""
+    B = Ga.shape[0]
+    if P.shape[0] == 1:
+        return torch.mm(Ga.reshape(B, -1), P[0])
+    return torch.bmm(Ga.reshape(B, 1, -1), P)[:, 0]
+
+
 class KernelInputs(NamedTuple):
     """What the compiled engine (:mod:`attnsvm.fused`) reads from a model, through
     :meth:`AttentionModel.kernel_inputs` (never by its class or private methods).

@@ -44,6 +44,7 @@ import math
 import numpy as np
 import torch
 
+from ..models.base import products_grad, products_logits, token_query_products
 from ..models.objective import row_factors, scaled_grads, softmax_terms
 from .data import NTPData
 
@@ -53,9 +54,6 @@ HEADS = ("iden", "gen")
 _TENSOR_KEYS = {"E", "X", "Z", "ymask", "yid", "seqs"}
 P_SMALL = 1e-4  # below this p_y, the iden loss is computed as LSE_t(a) - LSE_Y(a)
 _M_SMALL = math.log1p(-P_SMALL)  # M = log(1 - p_y) above this: p_y < P_SMALL
-#: the largest n T d^2 (entries of the products x_it z_i^T) kept for the one-product
-#: logits and gradient (:func:`_token_query_products`): 2 MiB of float64
-PRODUCTS_MAX = 1 << 18
 NEG_INF = float("-inf")
 
 
@@ -93,24 +91,18 @@ def ntp_tensors(data, device=None, dtype=torch.float64) -> dict:
 
 
 def _token_query_products(t: dict, signed: bool = False) -> torch.Tensor | None:
-    """The products x_it z_i^T of data shared by the trials (X (1, n, T, d), Z (1, n, d)) as
-    one matrix P (n T, d d), P[(i, t), (j, k)] = x_itj z_ik, so that the logits of every trial
-    are one product a_b = P vec(W_b) and the gradient vec(G_b) = P^T vec(Ga_b) (instead of
-    two contractions each); ``signed``: the rows of label positions (ymask, shared too)
-    negated. None where the data are per trial or P would exceed :data:`PRODUCTS_MAX`
-    entries. Cached in ``t`` (callers must not modify the data)."""
-    X, Z, ym = t["X"], t["Z"], t.get("ymask")
-    n, T, d = X.shape[1:]
-    if X.shape[0] != 1 or Z.shape[0] != 1 or n * T * d * d > PRODUCTS_MAX or (
-            signed and (ym is None or ym.shape[0] != 1)):
-        return None
+    """The products x_it z_i^T of the data (:func:`attnsvm.models.base.token_query_products`:
+    P (Bx, n T, d d), the logits a = P vec(W) and the gradient vec(G) = P^T vec(Ga) in one
+    product each); ``signed``: the rows of label positions (ymask) negated. None where P
+    would be too large. Cached in ``t`` (callers must not modify the data)."""
     cache = t.setdefault("_cache", {})
     key = ("ntp_products", signed)
     if key not in cache:
-        P = torch.einsum("itj,ik->itjk", X[0], Z[0])
-        if signed:
-            P = torch.where(ym[0][..., None, None], -P, P)
-        cache[key] = P.reshape(n * T, d * d).contiguous()
+        P = token_query_products(t["X"], t["Z"][:, :, None, :])
+        ym = t.get("ymask")
+        if P is not None and signed:
+            P = None if ym is None else torch.where(ym.reshape(ym.shape[0], -1, 1), -P, P)
+        cache[key] = P
     return cache[key]
 
 
@@ -246,7 +238,7 @@ class NTPModel:
         W = self.W(params)
         P = _token_query_products(t)
         if P is not None:  # one product: a_b = P vec(W_b)
-            return torch.mm(W.reshape(W.shape[0], -1), P.t()).reshape(W.shape[0], *X.shape[1:3])
+            return products_logits(P, W).reshape(W.shape[0], *X.shape[1:3])
         WZ = (torch.einsum("bij,nj->bni", W, Z[0]) if Z.shape[0] == 1
               else torch.einsum("bij,bnj->bni", W, Z))  # (B, n, d): W z_i
         return (torch.einsum("ntd,bnd->bnt", X[0], WZ) if X.shape[0] == 1
@@ -371,7 +363,7 @@ class NTPModel:
         X, Z = t["X"], t["Z"]
         P = _token_query_products(t) if P is None else P
         if P is not None:  # one product: vec(G_b) = P^T vec(Ga_b)
-            G = torch.mm(Ga.reshape(Ga.shape[0], -1), P).reshape(Ga.shape[0], self.d, self.d)
+            G = products_grad(P, Ga).reshape(Ga.shape[0], self.d, self.d)
         else:
             GX = (torch.einsum("bnt,ntd->bnd", Ga, X[0]) if X.shape[0] == 1
                   else torch.einsum("bnt,bntd->bnd", Ga, X))  # sum_t Ga_it x_it: (B, n, d)
