@@ -279,11 +279,12 @@ class Frobenius(Lp):
         dims = _item_dims(G, vector)
         n = G.pow(2).sum(dims).sqrt()
         pos = n > 0
+        if bool(pos.all()):  # (the usual case: no zero or NaN item, fewer ops and passes)
+            n = _expand(n, len(dims))
+            return G.div_(n) if inplace else G / n
         div = _expand(torch.where(pos, n, 1.0), len(dims))
         D = G.div_(div) if inplace else G / div
-        if not bool(pos.all()):  # a zero item (+0 for -0) or a NaN one: 0 (one pass fewer)
-            D.masked_fill_(~_expand(pos, len(dims)), 0.0)
-        return D
+        return D.masked_fill_(~_expand(pos, len(dims)), 0.0)  # a zero item (+0 for -0), a NaN one
 
     def cvxpy(self, expr):
         import cvxpy as cp
