@@ -59,39 +59,33 @@ PRODUCTS_MAX = 1 << 18
 
 
 def token_query_products(X, Z, cache: dict | None = None, key=None):
-    """The products x_it z_iq^T as one matrix per dataset, P (Bx, n Q T, d d) with
-    P[b, (i, q, t), (j, l)] = x_itj z_iql (X (Bx, n, T, d), Z (Bz, n, Q, d), Bx, Bz 1 or B),
-    so that the logits a_iqt = x_it^T W z_iq of a trial are one product a = P vec(W) and
-    the gradient vec(sum_iqt Ga_iqt x_it z_iq^T) = P^T vec(Ga) (one op each instead of two
-    contractions and their reshapes: what a step of few trials costs). None where P would
+    """The products x_it z_iq^T of data shared by the trials as one matrix, P (n Q T, d d)
+    with P[(i, q, t), (j, l)] = x_itj z_iql (X (1, n, T, d), Z (1, n, Q, d)), so that the
+    logits a_iqt = x_it^T W z_iq of every trial are one product a = P vec(W) and the
+    gradient vec(sum_iqt Ga_iqt x_it z_iq^T) = P^T vec(Ga) (one op each instead of two
+    contractions and their reshapes: what a step of few trials costs; the same sums in
+    another order: equal to rounding). None where the data are per trial or P would
     exceed :data:`PRODUCTS_MAX` entries. Cached in ``cache[key]`` when given."""
     if cache is not None and key in cache:
         return cache[key]
     Bx, n, T, d = X.shape
-    Bp, Q = max(Bx, Z.shape[0]), Z.shape[2]
+    Q = Z.shape[2]
     P = None
-    if Bp * n * Q * T * d * d <= PRODUCTS_MAX and Z.shape[-1] == d:
-        P = (X[:, :, None, :, :, None] * Z[:, :, :, None, None, :]).reshape(Bp, n * Q * T, d * d)
+    if Bx == 1 and Z.shape[0] == 1 and n * Q * T * d * d <= PRODUCTS_MAX and Z.shape[-1] == d:
+        P = (X[0, :, None, :, :, None] * Z[0, :, :, None, None, :]).reshape(n * Q * T, d * d)
     if cache is not None:
         cache[key] = P
     return P
 
 
 def products_logits(P, W):
-    """a (B, R) = P vec(W) per trial: P (1 | B, R, d d) of :func:`token_query_products`,
-    W (B, d, d)."""
-    B = W.shape[0]
-    if P.shape[0] == 1:
-        return torch.mm(W.reshape(B, -1), P[0].t())
-    return torch.bmm(P, W.reshape(B, -1, 1))[..., 0]
+    """a (B, R) = P vec(W) per trial: P (R, d d) of :func:`token_query_products`, W (B, d, d)."""
+    return torch.mm(W.reshape(W.shape[0], -1), P.t())
 
 
 def products_grad(P, Ga):
     """vec(G) (B, d d) = P^T vec(Ga) per trial (Ga (B, ...) with R entries per trial)."""
-    B = Ga.shape[0]
-    if P.shape[0] == 1:
-        return torch.mm(Ga.reshape(B, -1), P[0])
-    return torch.bmm(Ga.reshape(B, 1, -1), P)[:, 0]
+    return torch.mm(Ga.reshape(Ga.shape[0], -1), P)
 
 
 class KernelInputs(NamedTuple):

@@ -91,17 +91,18 @@ def ntp_tensors(data, device=None, dtype=torch.float64) -> dict:
 
 
 def _token_query_products(t: dict, signed: bool = False) -> torch.Tensor | None:
-    """The products x_it z_i^T of the data (:func:`attnsvm.models.base.token_query_products`:
-    P (Bx, n T, d d), the logits a = P vec(W) and the gradient vec(G) = P^T vec(Ga) in one
-    product each); ``signed``: the rows of label positions (ymask) negated. None where P
-    would be too large. Cached in ``t`` (callers must not modify the data)."""
+    """The products x_it z_i^T of data shared by the trials
+    (:func:`attnsvm.models.base.token_query_products`: P (n T, d d), the logits a = P vec(W)
+    and the gradient vec(G) = P^T vec(Ga) in one product each); ``signed``: the rows of label
+    positions (ymask) negated. None where the data are per trial or P would be too large.
+    Cached in ``t`` (callers must not modify the data)."""
     cache = t.setdefault("_cache", {})
     key = ("ntp_products", signed)
     if key not in cache:
         P = token_query_products(t["X"], t["Z"][:, :, None, :])
         ym = t.get("ymask")
         if P is not None and signed:
-            P = None if ym is None else torch.where(ym.reshape(ym.shape[0], -1, 1), -P, P)
+            P = None if ym is None or ym.shape[0] != 1 else torch.where(ym.reshape(-1, 1), -P, P)
         cache[key] = P
     return cache[key]
 
@@ -230,13 +231,19 @@ class NTPModel:
             ok = f if ok is None else ok & f
         return ok
 
+    def _products(self, t: dict, signed: bool = False):
+        """:func:`_token_query_products` for a trained W (None for (K, Q): W = K Q^T and its
+        polar-factor rules are ill-conditioned enough that the rounding of another order of
+        the sums shows at 1e-9)."""
+        return _token_query_products(t, signed) if self.param == "W" else None
+
     # -------------------------------------------------------------- forward
     def logits(self, params, t: dict) -> torch.Tensor:
         """a_it = x_it^T W z_i: (B, n, T) (einsum: X is not copied B times when the trials
         share the data)."""
         Z, X = t["Z"], t["X"]
         W = self.W(params)
-        P = _token_query_products(t)
+        P = self._products(t)
         if P is not None:  # one product: a_b = P vec(W_b)
             return products_logits(P, W).reshape(W.shape[0], *X.shape[1:3])
         WZ = (torch.einsum("bij,nj->bni", W, Z[0]) if Z.shape[0] == 1
@@ -302,7 +309,7 @@ class NTPModel:
         # |g| in one exp (a - AN where AN is finite, else a - 0 = -inf there: e^-inf = 0)
         E = torch.exp(a - torch.where(ymask, AY, AN.nan_to_num(0.0, 0.0, 0.0)))
         E.mul_(fac)
-        P = _token_query_products(t, signed=True)  # the label rows negated: Ga = -E there
+        P = self._products(t, signed=True)  # the label rows negated: Ga = -E there
         raw = self._raw_grads(params, E if P is not None else torch.where(ymask, -E, E), t, P)
         return NTPObjective(L, logL, scaled_grads(raw, top))
 
@@ -361,7 +368,7 @@ class NTPModel:
         :func:`_token_query_products`, possibly signed row by row, to use instead), and
         (K, Q): (G Q, G^T K)."""
         X, Z = t["X"], t["Z"]
-        P = _token_query_products(t) if P is None else P
+        P = self._products(t) if P is None else P
         if P is not None:  # one product: vec(G_b) = P^T vec(Ga_b)
             G = products_grad(P, Ga).reshape(Ga.shape[0], self.d, self.d)
         else:
