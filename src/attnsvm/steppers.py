@@ -411,4 +411,5 @@ def minibatch(tdata: dict, batch_size: int, seeds: torch.Tensor, step: int) -> d
         t = t.expand(B, *t.shape[1:])
         ix = idx.reshape(B, batch_size, *([1] * (t.ndim - 2))).expand(B, batch_size, *t.shape[2:])
         out[k] = t.gather(1, ix)
+    out["_per_trial"] = True  # each trial its own subset, even at B = 1 (not shared data)
     return out

@@ -50,7 +50,10 @@ class WModel(AttentionModel):
 
     def _products(self, data):
         """The token-query products of the data (:func:`~.base.token_query_products`,
-        cached in the data), or None."""
+        cached in the data), or None (also for a mini-batch: per-trial data at any B, so
+        that a batched run equals separate runs bit for bit)."""
+        if data.get("_per_trial"):
+            return None
         cache = data.setdefault("_cache", {})
         key = ("W_products", self.query)
         if key not in cache:
