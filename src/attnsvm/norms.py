@@ -55,7 +55,8 @@ def _max_abs(A: torch.Tensor, dims) -> torch.Tensor:
     """max |A| over ``dims`` (0 for an empty item)."""
     if A.numel() == 0:
         return torch.zeros(A.shape[: A.ndim - len(dims)], dtype=A.dtype, device=A.device)
-    lo, hi = torch.aminmax(A.flatten(A.ndim - len(dims)) if len(dims) > 1 else A, dim=-1)
+    F = A.flatten(A.ndim - len(dims)) if len(dims) > 1 else A
+    lo, hi = F.amin(-1), F.amax(-1)  # (aminmax along a dim is ~4x slower on the CPU)
     # max(-min, max): no |A| temporary; NaN propagates; + 0.0: |-0.0| is +0.0
     return torch.maximum(hi, lo.neg_()).add_(0.0)
 
@@ -139,7 +140,8 @@ class Norm:
             return m * self._value(A1, dims)
         # m = max|t| per item from one min/max pass (NaN for an item with a NaN, inf for one
         # with an inf; abs: +0 and a positive NaN, as max |t| gives)
-        lo, hi = torch.aminmax(t.flatten(-len(dims)), dim=-1)
+        F = t.flatten(-len(dims))
+        lo, hi = F.amin(-1), F.amax(-1)  # (aminmax along a dim is ~4x slower on the CPU)
         m = torch.maximum(-lo, hi).abs()
         fin = torch.isfinite(m)
         if not bool(fin.all()):  # inf items have norm inf, NaN items NaN
@@ -281,10 +283,13 @@ class Frobenius(Lp):
         of its ops; ``inplace``: divided in G's own buffer."""
         dims = _item_dims(G, vector)
         n = G.pow(2).sum(dims).sqrt()
-        pos = _expand(n > 0, len(dims))
-        div = _expand(torch.where(n > 0, n, 1.0), len(dims))
+        pos = n > 0
+        if bool(pos.all()):  # (the usual case: no zero or NaN item, fewer ops and passes)
+            n = _expand(n, len(dims))
+            return G.div_(n) if inplace else G / n
+        div = _expand(torch.where(pos, n, 1.0), len(dims))
         D = G.div_(div) if inplace else G / div
-        return D.masked_fill_(~pos, 0.0)
+        return D.masked_fill_(~_expand(pos, len(dims)), 0.0)  # a zero item (+0 for -0), a NaN one
 
     def cvxpy(self, expr):
         import cvxpy as cp

@@ -157,6 +157,7 @@ class TorchStepper(Stepper):
         self.seeds = torch.arange(B, dtype=torch.int64) + self.seed
         self.prev = self.prev_state = None  # the parameters before the last step
         self.all_active = True
+        self.sums = None  # per tensor, the sums of the parameters' entries per trial (B,)
 
     def result(self):
         return self.params, self.state
@@ -188,7 +189,7 @@ class TorchStepper(Stepper):
         return fw
 
     def _freeze_where(self, keep, new, new_state):
-        self.params = _freeze(keep, new, self.params)
+        self.params, self.sums = _freeze(keep, new, self.params), None
         self.state = _freeze(keep, new_state, self.state) if self.state else self.state
 
     def _undo_overflow(self, grads, t, stops) -> bool:
@@ -201,7 +202,7 @@ class TorchStepper(Stepper):
             return False
         self.params, self.state = _freeze(bad, self.prev, self.params), (
             _freeze(bad, self.prev_state, self.state) if self.state else self.state)
-        self.all_active = False
+        self.all_active, self.sums = False, None
         return True
 
     def _grads_ok(self, grads, stops) -> bool:
@@ -219,33 +220,33 @@ class TorchStepper(Stepper):
 
     def _update_ok(self, new, params, stops) -> bool:
         """Whether no running trial's update is non-finite or (``check_stall``) leaves every
-        parameter unchanged, in one pass per tensor (the full checks of :meth:`_advance`
-        run only when this says no). With the old parameters finite (they always are: a
-        non-finite step is never applied), new - old is finite iff new is, and 0 iff
-        new == old (IEEE subtraction; a flushed subnormal difference only sends the step
-        to the full checks): per trial m = max |new - old| (NaN propagates through
-        aminmax), and every running trial has 0 < m < inf. Without ``check_stall`` the
-        sum of the new parameters (finite iff each entry is, or the full checks decide).
-        Models whose W is a product of the parameters (it may overflow first) always take
-        the full checks (``model.finite``)."""
+        parameter unchanged, from one pass per tensor: the sums of the new parameters'
+        entries per trial (the full checks of :meth:`_advance` run only when this says no).
+        A sum is finite iff each entry is (or it overflowed: the full checks decide); with
+        ``check_stall``, a trial whose sums differ from those of its old parameters (kept
+        from the last step in ``sums``) has changed some entry (equal sums: the full checks
+        decide). Models whose W is a product of the parameters (it may overflow first)
+        always take the full checks (``model.finite``)."""
         if not self.quick_finite:
             return False
         B = stops.active.shape[0]
-        m = None
-        for k, v in params.items():
-            if self.check_stall:
-                lo, hi = torch.aminmax(torch.sub(new[k], v).reshape(B, -1), dim=1)
-                mk = torch.maximum(hi, lo.neg_())
-            else:
-                mk = new[k].reshape(B, -1).sum(1)
-            m = mk if m is None else (torch.maximum(m, mk) if self.check_stall else m + mk)
+        sums = [new[k].reshape(B, -1).sum(1) for k in params]
+        S = sums[0] if len(sums) == 1 else torch.stack(sums)
+        if self.check_stall:
+            old = self.sums
+            if old is None:
+                old = [v.reshape(B, -1).sum(1) for v in params.values()]
+            S = S.ne(old[0] if len(old) == 1 else torch.stack(old)).logical_and_(S.isfinite())
+            self.sums = sums  # those of self.params after the step, unless frozen (None)
+            S = S if S.ndim == 1 else S.any(0)  # some tensor changed (all are finite: below)
+            if len(sums) > 1:
+                S = S.logical_and_(torch.stack(sums).isfinite().all(0))
+            if not self.all_active:
+                S = S.logical_or_(~stops.active)
+            return bool(S.all())
         if not self.all_active:
-            m = torch.where(stops.active, m, 1.0)
-        if not self.check_stall:
-            return math.isfinite(m.sum().item())
-        lo, hi = torch.aminmax(m)
-        lo, hi = torch.stack((lo, hi)).tolist()
-        return lo > 0 and hi < math.inf
+            S = torch.where(stops.active, S, 0.0)
+        return math.isfinite(S.sum().item())
 
     def _advance(self, ev, t, stops) -> None:
         """The update of step t for the running trials, unless it is not finite (stop) or,
@@ -433,4 +434,5 @@ def minibatch(tdata: dict, batch_size: int, seeds: torch.Tensor, step: int) -> d
         t = t.expand(B, *t.shape[1:])
         ix = idx.reshape(B, batch_size, *([1] * (t.ndim - 2))).expand(B, batch_size, *t.shape[2:])
         out[k] = t.gather(1, ix)
+    out["_per_trial"] = True  # each trial its own subset, even at B = 1 (not shared data)
     return out

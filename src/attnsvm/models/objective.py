@@ -45,6 +45,7 @@ __all__ = ["Objective", "fixed_linear", "trained_linear", "autograd_head", "soft
            "row_factors", "scaled_grads"]
 
 NEG_INF = float("-inf")
+_SMALL = 1 << 12  # a tensor of at most this many entries: ops cost their call, not their pass
 
 
 def softmax_terms(a: torch.Tensor) -> SoftmaxTerms:
@@ -63,9 +64,18 @@ def softmax_terms(a: torch.Tensor) -> SoftmaxTerms:
         mx = a.gather(-1, k)  # with autograd: the logit itself (the same value)
     off = a.scatter(-1, k, NEG_INF)
     aj = off.amax(-1, keepdim=True)
+    dj = aj - mx
+    if bool(torch.isfinite(dj).all()):  # every a_j and a_k finite (the usual case): no wheres
+        r = torch.exp(off - aj)
+        ej = torch.exp(dj)
+        x = ej * r.sum(-1, keepdim=True)
+        x1 = 1.0 + x
+        eM = ej / x1
+        M = dj - torch.log1p(x)
+        s = (r * eM).scatter(-1, k, x1.reciprocal())
+        return SoftmaxTerms(k, s, M.squeeze(-1), eM.squeeze(-1), r)
     fin = torch.isfinite(aj)
     r = torch.exp(off - torch.where(fin, aj, 0.0))
-    dj = aj - mx
     ej = torch.where(fin, torch.exp(dj), 0.0)
     x = ej * r.sum(-1, keepdim=True)
     x1 = 1.0 + x
@@ -79,15 +89,23 @@ def softmax_terms(a: torch.Tensor) -> SoftmaxTerms:
 def scaled_grads(raw: dict, log_scale) -> Scaled:
     """:meth:`Scaled.of` (raw tensors times exp(log_scale) -> max|.| = 1 per trial) with the
     division in place (raw is ours) and one where per tensor fewer; max|t| = max(-min t,
-    max t) from one aminmax pass, without a |t| temporary of the gradient's size (NaN
-    propagates through both)."""
+    max t) from amin and amax, without a |t| temporary of the gradient's size (NaN
+    propagates through both; a tensor of at most ``_SMALL`` entries: |t|, fewer ops)."""
     out, ls = {}, {}
     for k, t in raw.items():
         B = t.shape[0]
-        lo, hi = torch.aminmax(t.reshape(B, -1), dim=1)
-        m = torch.maximum(lo.neg_(), hi)
+        F = t.reshape(B, -1)
+        if F.numel() <= _SMALL:  # few entries: fewer ops (the same values)
+            m = F.abs().amax(1)
+        else:  # (aminmax along a dim: ~4x slower on the CPU)
+            m = torch.maximum(F.amin(1).neg_(), F.amax(1))
         pos = m > 0
-        out[k] = t.div_(torch.where(pos, m, 1.0).reshape(B, *([1] * (t.ndim - 1))))
+        shape = (B, *([1] * (t.ndim - 1)))
+        if bool(pos.all()):  # (the usual case: no zero or NaN gradient, no wheres)
+            out[k] = t.div_(m.view(shape))
+            ls[k] = torch.log(m) + log_scale
+            continue
+        out[k] = t.div_(torch.where(pos, m, 1.0).view(shape))
         lm = torch.log(m)  # -inf where m = 0, NaN where m is
         ls[k] = torch.where(pos, lm + log_scale, lm)
     return Scaled(out, ls)

@@ -16,7 +16,7 @@ import torch
 
 from attnsvm.norms import FRO, NUC
 
-from .base import AttentionModel
+from .base import AttentionModel, products_grad, products_logits, token_query_products
 
 __all__ = ["WModel", "KQModel", "DiagModel", "PromptModel", "EPS"]
 
@@ -48,7 +48,32 @@ class WModel(AttentionModel):
         out = Z.reshape(Bz, n * Q, d) @ params["W"].transpose(-1, -2)
         return out.reshape(out.shape[0], n, Q, d)
 
+    def _products(self, data):
+        """The token-query products of the data (:func:`~.base.token_query_products`,
+        cached in the data), or None (also for a mini-batch: per-trial data at any B, so
+        that a batched run equals separate runs bit for bit)."""
+        if data.get("_per_trial"):
+            return None
+        cache = data.setdefault("_cache", {})
+        key = ("W_products", self.query)
+        if key not in cache:
+            token_query_products(data["X"], self.queries(data), cache, key)
+        return cache[key]
+
+    def _logits(self, params, data):
+        P = self._products(data)
+        if P is None:
+            return super()._logits(params, data)
+        X = data["X"]
+        B, n, T = params["W"].shape[0], X.shape[1], X.shape[2]
+        a = products_logits(P, params["W"]).reshape(B, n, -1, T)  # (B, n, Q, T)
+        m = self._key_mask(data)
+        return a if m is None else a.masked_fill(~m, float("-inf"))
+
     def _grads_from_ga(self, params, data, Ga):
+        P = self._products(data)
+        if P is not None:
+            return {"W": products_grad(P, Ga).reshape(Ga.shape[0], self.d, self.d)}
         return {"W": _gw(self._gx(data, Ga), self.queries(data))}
 
 

@@ -44,6 +44,7 @@ import math
 import numpy as np
 import torch
 
+from ..models.base import products_grad, products_logits, token_query_products
 from ..models.objective import row_factors, scaled_grads, softmax_terms
 from .data import NTPData
 
@@ -87,6 +88,23 @@ def ntp_tensors(data, device=None, dtype=torch.float64) -> dict:
             "ymask": torch.as_tensor(ymask, device=device),
             "yid": torch.as_tensor(Y[..., 0], device=device),
             "seqs": torch.as_tensor(seqs, device=device)}
+
+
+def _token_query_products(t: dict, signed: bool = False) -> torch.Tensor | None:
+    """The products x_it z_i^T of data shared by the trials
+    (:func:`attnsvm.models.base.token_query_products`: P (n T, d d), the logits a = P vec(W)
+    and the gradient vec(G) = P^T vec(Ga) in one product each); ``signed``: the rows of label
+    positions (ymask) negated. None where the data are per trial or P would be too large.
+    Cached in ``t`` (callers must not modify the data)."""
+    cache = t.setdefault("_cache", {})
+    key = ("ntp_products", signed)
+    if key not in cache:
+        P = token_query_products(t["X"], t["Z"][:, :, None, :])
+        ym = t.get("ymask")
+        if P is not None and signed:
+            P = None if ym is None or ym.shape[0] != 1 else torch.where(ym.reshape(-1, 1), -P, P)
+        cache[key] = P
+    return cache[key]
 
 
 class NTPObjective(tuple):
@@ -207,10 +225,17 @@ class NTPModel:
         ok = None
         ts = list(params.values()) + ([self.W(params)] if self.factorised else [])
         for v in ts:  # min and max per trial (they propagate NaN): one pass, no temporary
-            lo, hi = torch.aminmax(v.reshape(v.shape[0], -1), dim=1)
+            F = v.reshape(v.shape[0], -1)
+            lo, hi = F.amin(1), F.amax(1)  # (aminmax along a dim: ~4x slower on the CPU)
             f = torch.isfinite(lo) & torch.isfinite(hi)
             ok = f if ok is None else ok & f
         return ok
+
+    def _products(self, t: dict, signed: bool = False):
+        """:func:`_token_query_products` for a trained W (None for (K, Q): W = K Q^T and its
+        polar-factor rules are ill-conditioned enough that the rounding of another order of
+        the sums shows at 1e-9)."""
+        return _token_query_products(t, signed) if self.param == "W" else None
 
     # -------------------------------------------------------------- forward
     def logits(self, params, t: dict) -> torch.Tensor:
@@ -218,6 +243,9 @@ class NTPModel:
         share the data)."""
         Z, X = t["Z"], t["X"]
         W = self.W(params)
+        P = self._products(t)
+        if P is not None:  # one product: a_b = P vec(W_b)
+            return products_logits(P, W).reshape(W.shape[0], *X.shape[1:3])
         WZ = (torch.einsum("bij,nj->bni", W, Z[0]) if Z.shape[0] == 1
               else torch.einsum("bij,bnj->bni", W, Z))  # (B, n, d): W z_i
         return (torch.einsum("ntd,bnd->bnt", X[0], WZ) if X.shape[0] == 1
@@ -251,23 +279,39 @@ class NTPModel:
         return (torch.logsumexp(o, -1) - oy).mean(-1)
 
     # ------------------------------------------------------------ objective
-    def _iden_terms(self, a, ymask):
-        lab = torch.where(ymask, a, NEG_INF)
-        non = torch.where(ymask, NEG_INF, a)
+    def _iden_objective(self, params, a, t: dict, grad: bool, need_gap: bool) -> NTPObjective:
+        """The identity head's (L, log L, scaled gradient) from the logits a (B, n, T)
+        (module docstring): with the log-sum-exps A_i over all positions, AY_i over the
+        label positions and AN_i over the others, M_i = AN_i - A_i, and the scaled
+        gradient's entries (1/n) exp(M_i - top) g_it (top: the log scale), g_it =
+        -exp(a_it - AY_i) at a label position, exp(a_it - AN_i) elsewhere (0 where AN_i
+        is -inf): the sign is carried by the products' rows (:func:`_token_query_products`,
+        ``signed``) where the data are shared."""
+        ymask = t["ymask"]
+        n = a.shape[1]
         A = torch.logsumexp(a, -1, keepdim=True)
-        AY = torch.logsumexp(lab, -1, keepdim=True)
-        AN = torch.logsumexp(non, -1, keepdim=True)
-        M = (AN - A)[..., 0]  # log(1 - p_y) <= 0 (-inf: no non-label position)
-        finN = torch.isfinite(AN)
-        g = torch.where(ymask, -torch.exp(lab - AY),
-                        torch.where(finN, torch.exp(non - torch.where(finN, AN, 0.0)), 0.0))
+        AY = torch.logsumexp(torch.where(ymask, a, NEG_INF), -1, keepdim=True)
+        AN = torch.logsumexp(torch.where(ymask, NEG_INF, a), -1, keepdim=True)
+        M = AN - A  # log(1 - p_y) <= 0 (-inf: no non-label position)
         # loss_i = -log p_y: -log1p(-e^M) while p_y >= P_SMALL (its rounding error in
         # 1 - p_y is then below 1e-12 of the loss), else LSE_t(a) - LSE_Y(a) (> 9.2: exact
         # however small p_y, where e^M = 1 - p_y rounds to 1 and the first form is inf)
-        lo = torch.where(M[..., None] < _M_SMALL, -torch.log1p(-torch.exp(M))[..., None],
-                         A - AY)[..., 0]
-        logl = torch.where(lo > 0, torch.log(lo), M)  # log loss_i (= M once e^M underflows)
-        return M, g, lo, logl
+        lo = torch.where(M < _M_SMALL, -torch.log1p(-torch.exp(M)), A - AY)[..., 0]
+        L = lo.mean(-1)
+        logL = None  # log L: asked for (need_gap) or without the gradient
+        if need_gap or not grad:
+            logl = torch.where(lo > 0, torch.log(lo), M[..., 0])  # log loss_i (M once e^M underflows)
+            logL = torch.logsumexp(logl, -1) - math.log(n)
+        if not grad:
+            return NTPObjective(L, logL, None)
+        fac, top = row_factors(M - math.log(n))
+        top = torch.where(torch.isfinite(L), top, math.nan)
+        # |g| in one exp (a - AN where AN is finite, else a - 0 = -inf there: e^-inf = 0)
+        E = torch.exp(a - torch.where(ymask, AY, AN.nan_to_num(0.0, 0.0, 0.0)))
+        E.mul_(fac)
+        P = self._products(t, signed=True)  # the label rows negated: Ga = -E there
+        raw = self._raw_grads(params, E if P is not None else torch.where(ymask, -E, E), t, P)
+        return NTPObjective(L, logL, scaled_grads(raw, top))
 
     def _gen_terms(self, a, t):
         st = softmax_terms(a)
@@ -295,8 +339,9 @@ class NTPModel:
         """(L (B,), log L (B,), scaled gradient) in the stable form (module docstring).
 
         The trainer's signature: ``loss`` must be None (the model's own next-token loss),
-        ``autograd`` False (the closed form); ``need_gap`` is ignored (L is always
-        computed); ``logits``: :meth:`_logits` already computed at ``params``. A trial
+        ``autograd`` False (the closed form); ``need_gap=False`` (with ``grad``) may skip
+        log L (returned as None; L is always computed: a non-finite L marks the gradient
+        non-finite); ``logits``: :meth:`_logits` already computed at ``params``. A trial
         whose L is not finite gets a non-finite gradient scale (the trainer stops it:
         "non-finite step")."""
         if loss is not None or autograd:
@@ -305,8 +350,9 @@ class NTPModel:
         with torch.no_grad():
             a = self.logits(params, t) if logits is None else logits[:, :, 0]
             n = a.shape[1]
-            M, g, lo, logl = (self._iden_terms(a, t["ymask"]) if self.head == "iden"
-                              else self._gen_terms(a, t))
+            if self.head == "iden":
+                return self._iden_objective(params, a, t, grad, need_gap)
+            M, g, lo, logl = self._gen_terms(a, t)
             L = lo.mean(-1)
             logL = torch.logsumexp(logl, -1) - math.log(n)
             if not grad:
@@ -314,13 +360,22 @@ class NTPModel:
             fac, top = row_factors((M - math.log(n))[..., None])
             top = torch.where(torch.isfinite(L), top, math.nan)
             Ga = g * fac  # (B, n, T)
-            X, Z = t["X"], t["Z"]
+            return NTPObjective(L, logL, scaled_grads(self._raw_grads(params, Ga, t), top))
+
+    def _raw_grads(self, params, Ga, t, P=None) -> dict:
+        """{name: dL/dparam / exp(log scale)} from Ga = dL/da / exp(log scale) (B, n, T):
+        G = sum_it Ga_it x_it z_i^T (B, d, d) (``P``: the products x_it z_i^T of
+        :func:`_token_query_products`, possibly signed row by row, to use instead), and
+        (K, Q): (G Q, G^T K)."""
+        X, Z = t["X"], t["Z"]
+        P = self._products(t) if P is None else P
+        if P is not None:  # one product: vec(G_b) = P^T vec(Ga_b)
+            G = products_grad(P, Ga).reshape(Ga.shape[0], self.d, self.d)
+        else:
             GX = (torch.einsum("bnt,ntd->bnd", Ga, X[0]) if X.shape[0] == 1
                   else torch.einsum("bnt,bntd->bnd", Ga, X))  # sum_t Ga_it x_it: (B, n, d)
             G = (torch.einsum("bnd,ne->bde", GX, Z[0]) if Z.shape[0] == 1
                  else torch.einsum("bnd,bne->bde", GX, Z))  # (B, d, d)
-            if self.param == "W":
-                raw = {"W": G}
-            else:
-                raw = {"K": G @ params["Q"], "Q": G.transpose(-1, -2) @ params["K"]}
-            return NTPObjective(L, logL, scaled_grads(raw, top))
+        if self.param == "W":
+            return {"W": G}
+        return {"K": G @ params["Q"], "Q": G.transpose(-1, -2) @ params["K"]}

@@ -174,7 +174,8 @@ def item_steepest(norm, t: torch.Tensor, unit: bool = False, inplace: bool = Fal
     ``norm.steepest_unit`` (the same values, fewer ops); ``inplace``: t may be overwritten."""
     v = item_view(t)
     if unit:
-        return norm.steepest_unit(v, vector=v.ndim == 2, inplace=inplace).reshape(t.shape)
+        D = norm.steepest_unit(v, vector=v.ndim == 2, inplace=inplace)
+        return D if v is t else D.reshape(t.shape)
     return norm.steepest(v, vector=v.ndim == 2).reshape(t.shape)
 
 
