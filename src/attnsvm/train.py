@@ -337,11 +337,11 @@ def _short(value) -> str:
 #: engine's full-batch closed-form step in row chunks of trials (attnsvm.steppers.
 #: evaluate_rows, from 2 CHUNK_MIN_BYTES of parameters): the parameters and the gradient
 #: (written into the previous parameters' buffers once each chunk's undo check has read
-#: them), a chunk's temporaries and glibc's heap (measured W 2.2-3.6, KQ 2.3-2.6 with the
+#: them), a chunk's temporaries and glibc's heap (measured W 2.2-3.9, KQ 2.3-2.6 with the
 #: logits-sized terms; 2.4-2.5 (W) with glibc's mmap threshold pinned); fused: the
 #: start's parameters, its gradient and its temporaries, then the kernel's slots.
 #: Optimiser state comes on top.
-_PARAM_COPIES = {"torch": 4, "torch-rows": 3.0, "fused": 3}
+_PARAM_COPIES = {"torch": 4, "torch-rows": 3.5, "fused": 3}
 #: (B, n, Q, T) temporaries of the objective (logits, softmax terms, dL/da, the gaps)
 _ROW_COPIES = 12
 
