@@ -282,7 +282,11 @@ class Frobenius(Lp):
         where max|G| > 0, NaN where it is NaN: the same items are set to 0) in a third
         of its ops; ``inplace``: divided in G's own buffer."""
         dims = _item_dims(G, vector)
-        n = G.pow(2).sum(dims).sqrt()
+        # the sum of squares ~4 MiB of items at a time (no G-sized temporary; each item's
+        # sum is the same reduction, the same bits)
+        rows = max(1, (4 << 20) // max(1, G[:1].numel() * G.element_size()))
+        n = (G.pow(2).sum(dims) if G.shape[0] <= rows else
+             torch.cat([g.pow(2).sum(dims) for g in G.split(rows)])).sqrt()
         pos = n > 0
         if bool(pos.all()):  # (the usual case: no zero or NaN item, fewer ops and passes)
             n = _expand(n, len(dims))

@@ -29,6 +29,7 @@ import pandas as pd
 import torch
 
 from .metrics import correlation
+from .steppers import row_chunks
 
 __all__ = ["Recorder", "LN10"]
 
@@ -48,7 +49,9 @@ def _record(model, params, tdata, lossf, alpha, refs, Q, start=None):
         s = torch.softmax(a, dim=-1)  # (B, n, Q, T)
         B = s.shape[0]
         cols = {"loss": ev.loss, "loss_gap": ev.gap, "log10_gap": ev.log_gap / LN10}
-        cols.update(model.norms(params))
+        rows = row_chunks(params)  # norms a row chunk at a time (W, an SVD's copies)
+        nrm = [model.norms({k: v[a:b] for k, v in params.items()}) for a, b in rows]
+        cols.update({k: torch.cat([n[k] for n in nrm]) for k in nrm[0]})
         if alpha is not None:
             ix = alpha.expand(B, *alpha.shape[1:])[..., None]
             psel = s.gather(-1, ix)[..., 0].reshape(B, -1)
@@ -57,7 +60,7 @@ def _record(model, params, tdata, lossf, alpha, refs, Q, start=None):
         flat = s.reshape(B, -1, s.shape[-1])
         cols["p_max"] = flat.max(-1).values.mean(1)
         cols["soft_sparsity"] = (1.0 / flat.pow(2).sum(-1)).mean(1)
-        Wc = model.W(params)
+        Wc = model.W(params) if refs else None
         for name, R in refs.items():
             cols[f"corr_{name}"] = correlation(Wc, R, vector=Wc.ndim == 2)
     names = list(cols)

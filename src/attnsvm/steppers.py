@@ -36,10 +36,12 @@ import numpy as np
 import torch
 
 from . import fused
+from .chunks import chunk_bounds
+from .models.objective import Objective
 from .optim.base import Scaled
 
 __all__ = ["Stops", "Stepper", "TorchStepper", "FusedStepper", "select_engine", "make_stepper",
-           "run_segments", "minibatch"]
+           "run_segments", "minibatch", "evaluate_rows", "row_chunks", "row_data", "rows_apply"]
 
 
 class Stops:
@@ -119,6 +121,77 @@ def run_segments(stepper: Stepper, steps: int, every: int, record: Callable[[int
     return steps
 
 
+#: the torch engine's full-batch step (closed-form gradient) runs its objective and its
+#: checks in row chunks of the trials once the parameters exceed CHUNK_MIN_BYTES: at most
+#: STEP_CHUNKS chunks of at least CHUNK_MIN_BYTES of parameters each
+#: (:meth:`TorchStepper._evaluate_rows`; memory: docs of ``attnsvm.train.train_memory``)
+CHUNK_MIN_BYTES = 4 << 20
+STEP_CHUNKS = 8
+
+
+def row_chunks(params: dict) -> list[tuple[int, int]]:
+    """The trials' row chunks [(a, b), ...] of the torch engine's step: one chunk below
+    2 CHUNK_MIN_BYTES of parameters, else k = min(STEP_CHUNKS, bytes // CHUNK_MIN_BYTES)."""
+    B = next(iter(params.values())).shape[0]
+    nbytes = sum(v.numel() * v.element_size() for v in params.values())
+    k = max(1, min(STEP_CHUNKS, nbytes // CHUNK_MIN_BYTES, B))
+    return chunk_bounds(B, -(-B // k))
+
+
+def _shares_memory(t: torch.Tensor, others) -> bool:
+    p = t.untyped_storage().data_ptr()
+    return any(isinstance(o, torch.Tensor) and o.untyped_storage().data_ptr() == p
+               for o in others)
+
+
+def row_data(tdata: dict, rows) -> list[dict]:
+    """The data of each row chunk of trials (views; a shared field (Bx = 1) as it is)."""
+    B = rows[-1][1]
+    return [{k: (v[a:b] if isinstance(v, torch.Tensor) and v.ndim and v.shape[0] == B else v)
+             for k, v in tdata.items() if not k.startswith("_")} for a, b in rows]
+
+
+def rows_apply(model) -> bool:
+    """Whether the torch engine may evaluate ``model``'s objective in row chunks: the
+    closed form of a linear head (every quantity per trial, the gradient in scaled form)."""
+    return getattr(model, "head", None) == "linear"
+
+
+def evaluate_rows(model, params, subs, rows, lossf, *, share=False, need_gap=True,
+                  logits=None, bufs=None, each=None):
+    """``model.evaluate`` (closed form, with the gradient) of the trials a row chunk at a
+    time: (Objective, logits or None). Every quantity of the objective is per trial, so
+    the values are those of one batched call, while its temporaries are one chunk's.
+    params: a callable returning the current {name: (B, ...)} (``each`` may replace them);
+    subs: :func:`row_data`; share: also compute and return the logits (B, n, Q, T);
+    logits: the logits already computed (sliced per chunk); bufs: {name: (B, ...)}
+    buffers the gradient may be written into (else new); each(a, b, grads): called with
+    a chunk's scaled gradient before it is written."""
+    B = rows[-1][1]
+    cols, ls, out, lgs = [], {}, {}, []
+    for (a, b), data in zip(rows, subs):
+        p = {k: v[a:b] for k, v in params().items()}
+        lg = model._logits(p, data) if share else (None if logits is None else logits[a:b])
+        ev = model.evaluate(p, data, lossf, need_gap=need_gap, logits=lg)
+        g = ev.grads
+        if each is not None:
+            each(a, b, g)
+        for k, v in g.tensors.items():
+            if k not in out:
+                buf = (bufs or {}).get(k)
+                out[k] = (buf if buf is not None and buf.shape == (B, *v.shape[1:])
+                          and buf.dtype == v.dtype else v.new_empty((B, *v.shape[1:])))
+            out[k][a:b] = v
+            ls.setdefault(k, []).append(g.log_scale[k])
+        cols.append(ev[:3])
+        if share:
+            lgs.append(lg)
+        del p, ev, g, lg, v  # the chunk's tensors let go before the next chunk (memory)
+    L, gap, lgap = (None if c[0] is None else torch.cat(c) for c in zip(*cols))
+    ev = Objective(L, gap, lgap, Scaled(out, {k: torch.cat(v) for k, v in ls.items()}))
+    return ev, (torch.cat(lgs) if share else None)
+
+
 def _freeze(active: torch.Tensor, new: dict, old: dict) -> dict:
     """new where ``active`` (B,), old elsewhere, tensor by tensor."""
     return {k: torch.where(active.reshape(-1, *([1] * (v.ndim - 1))), new[k], v)
@@ -158,11 +231,18 @@ class TorchStepper(Stepper):
         self.prev = self.prev_state = None  # the parameters before the last step
         self.all_active = True
         self.sums = None  # per tensor, the sums of the parameters' entries per trial (B,)
+        self.rows = row_chunks(self.params)
+        #: the objective in row chunks (:meth:`_evaluate_rows`): full batch, closed form
+        self.by_rows = (len(self.rows) > 1 and self.plan is None and self.bs is None
+                        and not self.autograd and rows_apply(self.model))
+        self.subs = None  # the data of each chunk (views), made at first use
+        self.undone = False  # _evaluate_rows undid a step (the forward pass is stale)
 
     def result(self):
+        self.prev = self.prev_state = None  # not held through the last record (memory)
         return self.params, self.state
 
-    def _evaluate(self, t, record: bool = False):
+    def _evaluate(self, t, record: bool = False, stops=None):
         """The objective of step t; at a record step (``record``) of a full-batch run the
         logits it is computed from (and the objective, with L and the gaps) are kept in
         ``forward`` for the record (:meth:`record_inputs`): no second forward pass."""
@@ -171,6 +251,8 @@ class TorchStepper(Stepper):
         if t == 0 and self.bs is None:
             first, self.first = self.first, None  # not kept across the run (memory)
             return first
+        if self.by_rows:
+            return self._evaluate_rows(t, record and self.shares_forward, stops)
         if record and self.shares_forward:
             a = self.model._logits(self.params, self.tdata)
             ev = self.model.evaluate(self.params, self.tdata, self.lossf, autograd=self.autograd,
@@ -181,6 +263,35 @@ class TorchStepper(Stepper):
         batch = self.tdata if self.bs is None else minibatch(self.tdata, self.bs, self.seeds, t)
         return self.model.evaluate(self.params, batch, self.lossf, autograd=self.autograd,
                                    need_gap=self.optimizer.needs_gap)
+
+    def _evaluate_rows(self, t, share: bool, stops):
+        """:meth:`_evaluate` a row chunk of trials at a time (:func:`evaluate_rows`): once
+        a chunk's gradient is known its overflowed trials are undone (:meth:`_undo`), after
+        which its rows of the parameters before the last step are not needed: the gradient
+        is written there. Memory: the parameters, the gradient and one chunk, not the
+        parameters, the previous ones and the gradient."""
+        if self.subs is None:
+            self.subs = row_data(self.tdata, self.rows)
+        prev, B = self.prev, stops.active.shape[0]
+        keep = list(self.params.values()) + list((self.state or {}).values())
+        bufs = ({k: v for k, v in prev.items() if v.is_contiguous() and not _shares_memory(v, keep)}
+                if prev is not None else {})
+        self.undone = False
+
+        def undo(a, b, g):  # before the chunk's rows of prev are overwritten
+            if prev is not None:
+                bad = torch.zeros(B, dtype=torch.bool, device=stops.active.device)
+                bad[a:b] = g.nonfinite()
+                self.undone |= self._undo(bad, t, stops)
+
+        ev, logits = evaluate_rows(
+            self.model, lambda: self.params, self.subs, self.rows, self.lossf, share=share,
+            need_gap=self.optimizer.needs_gap or (share and self.shares_objective),
+            bufs=bufs, each=undo)
+        self.prev = self.prev_state = prev = bufs = None
+        if share and not self.undone:
+            self.forward = (logits, ev if self.shares_objective else None)
+        return ev
 
     def record_inputs(self):
         """(logits, objective or None) of the current parameters computed by this step's
@@ -197,7 +308,11 @@ class TorchStepper(Stepper):
         t - 1 with their parameters before it. Whether they did."""
         if self.prev is None:
             return False
-        bad = grads.nonfinite() & stops.active
+        return self._undo(grads.nonfinite(), t, stops)
+
+    def _undo(self, nonfinite, t, stops) -> bool:
+        """:meth:`_undo_overflow` of the trials of ``nonfinite`` (B,) bool."""
+        bad = nonfinite & stops.active
         if not stops.stop(bad, t - 1, "non-finite step"):
             return False
         self.params, self.state = _freeze(bad, self.prev, self.params), (
@@ -260,7 +375,10 @@ class TorchStepper(Stepper):
         new, new_state = self.optimizer.update(grads, self.state, params, ev.log_gap)
         grads = None
         if not self._update_ok(new, params, stops):
-            if stops.stop(~self.model.finite(new), t, "non-finite step"):
+            fin = (torch.cat([self.model.finite({k: v[a:b] for k, v in new.items()})
+                              for a, b in self.rows]) if len(self.rows) > 1
+                   else self.model.finite(new))  # W of a factorised model: one chunk's
+            if stops.stop(~fin, t, "non-finite step"):
                 self.all_active = False
             if self.check_stall:
                 B = stops.active.shape[0]
@@ -278,10 +396,11 @@ class TorchStepper(Stepper):
 
     def step(self, t0, t1, record, stops):
         for t in range(t0, t1):
-            ev = self._evaluate(t, record=t == t0)
+            ev = self._evaluate(t, record=t == t0, stops=stops)
             # the stops below (undo, zero gradient) only where some log scale is not finite
             ok = self._grads_ok(ev.grads, stops)
-            if not ok and self._undo_overflow(ev.grads, t, stops):
+            if self.undone or not ok and self._undo_overflow(ev.grads, t, stops):
+                self.undone = False
                 self.forward = None  # some parameters went back: not those of the forward pass
                 if not stops.running():
                     return t

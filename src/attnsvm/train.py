@@ -85,7 +85,17 @@ from .models import AttentionModel
 from .models import objective as O
 from .optim import Optimizer, ngd
 from .recorder import LN10, Recorder  # noqa: F401  (LN10: re-exported)
-from .steppers import Stops, make_stepper, minibatch, run_segments, select_engine
+from .steppers import (
+    Stops,
+    evaluate_rows,
+    make_stepper,
+    minibatch,
+    row_chunks,
+    row_data,
+    rows_apply,
+    run_segments,
+    select_engine,
+)
 
 __all__ = ["train", "Trajectory", "minibatch", "default_record_every", "STOP_REASONS", "ENGINES",
            "train_memory"]
@@ -320,15 +330,22 @@ def _short(value) -> str:
 
 
 #: the peak of a run above its data, in copies of the parameters, by engine: measured
-#: (benchmarks/bench_torch_engine.py --mem: B = 2e4, d = 32, NGD: torch 3.9 with the
-#: logits-sized temporaries, fused 2.8; tests/test_train_memory.py holds the prediction
-#: above a measured peak). torch: the parameters before the step (kept for the undo
-#: check), the parameters, the gradient (NGD's direction and the new parameters are
-#: written into it), with the allocator's slack; fused: the start's parameters, its
-#: gradient and its temporaries, then the kernel's slots. Optimiser state comes on top.
-_PARAM_COPIES = {"torch": 4, "fused": 3}
+#: (benchmarks/bench_torch_engine.py --mem --mem-runs 5 --mem-models W KQ: B = 2e3 and
+#: 2e4, d = 32, NGD, fresh processes; tests/test_train_memory.py holds the prediction
+#: above a measured peak and within 2.5x of it). "torch": the parameters before the step
+#: (kept for the undo check), the parameters, the gradient (NGD's direction and the new
+#: parameters are written into it), with the allocator's slack; "torch-rows": the torch
+#: engine's full-batch closed-form step in row chunks of trials (attnsvm.steppers.
+#: evaluate_rows, from 2 CHUNK_MIN_BYTES of parameters): the parameters and the gradient
+#: (written into the previous parameters' buffers once each chunk's undo check has read
+#: them), a chunk's temporaries and glibc's heap (measured W 2.2-3.9, KQ 2.3-2.6 with the
+#: logits-sized terms; 2.4-2.5 (W) with glibc's mmap threshold pinned); fused: the
+#: start's parameters, its gradient and its temporaries, then the kernel's slots.
+#: Optimiser state comes on top.
+_PARAM_COPIES = {"torch": 4, "torch-rows": 3.5, "fused": 3}
 #: the memory model of each engine that runs (attnsvm.steppers.select_engine): the fused
-#: gradient updates in torch; the CUDA kernel holds its slots as the CPU kernel does
+#: gradient updates in torch (without row chunks); the CUDA kernel holds its slots as the
+#: CPU kernel does
 _MEMORY_MODEL = {"torch": "torch", "fused-gradient": "torch", "fused": "fused",
                  "fused-cuda": "fused"}
 #: (B, n, Q, T) temporaries of the objective (logits, softmax terms, dL/da, the gaps)
@@ -336,19 +353,25 @@ _ROW_COPIES = 12
 
 
 def train_memory(model, tdata, B: int, chunk: int | None = None, engine: str = "torch",
-                 dtype=torch.float64) -> float:
+                 dtype=torch.float64, rows: bool | None = None) -> float:
     """The bytes a run of ``train`` needs above its data (the pre-run memory check's
     model): per trial running at once (``chunk``), ``_PARAM_COPIES[engine]`` copies of
     the parameters and ``_ROW_COPIES`` of the logits (B, n, Q, T); with chunks, the initial
     parameters of all B trials on top. engine: the one that runs
     (:func:`attnsvm.steppers.select_engine`: "torch", "fused-gradient", "fused",
-    "fused-cuda")."""
+    "fused-cuda").
+    rows: the torch engine evaluates in row chunks of trials ("torch-rows"); None: as
+    a full-batch closed-form run does (:func:`attnsvm.steppers.row_chunks`)."""
     P = sum(math.prod(s) for s in model.param_shapes().values())
     _, n, T, _ = tdata["X"].shape
     Q = model.queries_per_sequence(tdata)
     run = min(B, chunk or B)
     item = torch.empty((), dtype=dtype).element_size()
-    step = item * run * (_PARAM_COPIES[_MEMORY_MODEL[engine]] * P + _ROW_COPIES * n * Q * T)
+    mem = _MEMORY_MODEL[engine]
+    if engine == "torch" and rows is not False:
+        many = len(row_chunks({"p": torch.empty((run, P), dtype=dtype, device="meta")})) > 1
+        mem = "torch-rows" if many and rows_apply(model) else mem
+    step = item * run * (_PARAM_COPIES[mem] * P + _ROW_COPIES * n * Q * T)
     return step + (item * B * P if run < B else 0.0)
 
 
@@ -375,12 +398,12 @@ def _check_against_data(model, tdata, B, init, batch_size, optimizer, seed):
     return B, bs
 
 
-def _check_train_memory(model, tdata, B, chunk, dtype, device, engine):
+def _check_train_memory(model, tdata, B, chunk, dtype, device, engine, rows=None):
     """Refuse, before the first allocation, a run that cannot fit: :func:`train_memory`
     (measured copies of the parameters and logits per trial running at once, the initial
     parameters of all B trials with chunks)."""
     P = sum(math.prod(s) for s in model.param_shapes().values())
-    need = train_memory(model, tdata, B, chunk, engine, dtype)
+    need = train_memory(model, tdata, B, chunk, engine, dtype, rows)
     check_memory(need, f"train({type(model).__name__}(d={model.d}), B={B}"
                        + (f", chunk={chunk}" if chunk else "") + f") with {P:,} parameters "
                        "per trial", "use a smaller model, fewer trials, or chunk= to train "
@@ -576,7 +599,12 @@ def _train_one(model, tdata, lossf, optimizer, params, engine, *, steps, every, 
     assembled into a Trajectory. ``copy``: the initial parameters may be the caller's."""
     B = next(iter(params.values())).shape[0]
     a0 = model._logits(params, tdata)
-    first = model.evaluate(params, tdata, lossf, grad=True, autograd=autograd, logits=a0)
+    rows = row_chunks(params)
+    if len(rows) > 1 and not autograd and rows_apply(model):  # temporaries: one chunk's
+        first = evaluate_rows(model, lambda: params, row_data(tdata, rows), rows, lossf,
+                              logits=a0)[0]
+    else:
+        first = model.evaluate(params, tdata, lossf, grad=True, autograd=autograd, logits=a0)
     _check_start(a0, first, tdata)
     stepper = make_stepper(model, tdata, lossf, optimizer, engine, first=first, Q=Q, B=B,
                            batch_size=batch_size, seed=seed, autograd=autograd, copy=copy)
@@ -732,7 +760,8 @@ def train(model: AttentionModel, data, loss=None, optimizer: Optimizer | None = 
     metrics = args["metrics"]
     bound = [m.bind(model, tdata, lossf, B) for m in metrics or ()]  # checked before any work
     _check_train_memory(model, tdata, B, chunk, dtype, device, select_engine(
-        model, tdata, lossf, optimizer, engine, batch_size=bs, autograd=autograd)[0])
+        model, tdata, lossf, optimizer, engine, batch_size=bs, autograd=autograd)[0],
+        rows=False if autograd or bs is not None else None)
     params = _init_params(model, init, B, seed, scale, device, dtype)
     if not bool(model.finite(params).all()):
         raise ValueError("the initial parameters overflow float64 in W (e.g. K Q^T): start smaller")

@@ -139,8 +139,15 @@ def row_factors(rho):
 
 
 def _with_reg(model, params, grads: Scaled) -> Scaled:
+    """grads + the ridge term's gradient; grads' tensors are the objective's own (fresh from
+    :func:`scaled_grads`), and so are the ridge's unless they share the parameters' memory:
+    the sum is then taken in place (memory; the same bits)."""
     extra = model._reg_grads(params)
-    return grads if not extra else grads.add(extra)
+    if not extra:
+        return grads
+    ptrs = {v.untyped_storage().data_ptr() for v in params.values()}
+    own = all(e.untyped_storage().data_ptr() not in ptrs for e in extra.values())
+    return grads.add(extra, inplace=own)
 
 
 def _scaled_attention_grads(model, params, data, Ga, log_scale) -> Scaled:

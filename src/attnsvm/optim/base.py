@@ -75,29 +75,37 @@ def _bshape(t: torch.Tensor) -> tuple:
     return (t.shape[0],) + (1,) * (t.ndim - 1)
 
 
-def normalize(t: torch.Tensor, log_scale: torch.Tensor | None = None):
+def normalize(t: torch.Tensor, log_scale: torch.Tensor | None = None, inplace: bool = False):
     """(t / m, log m [+ log_scale]) with m = max|t| per trial (over all dims but the first).
 
     A trial whose t is 0 gets (0, -inf); one with a NaN or inf entry a log scale of nan or
-    +inf (see :meth:`Scaled.nonfinite`). t (B, ...) -> ((B, ...), (B,))."""
-    m = t.reshape(t.shape[0], -1).abs().amax(1) if t.numel() else t.new_zeros(t.shape[0])
+    +inf (see :meth:`Scaled.nonfinite`). t (B, ...) -> ((B, ...), (B,)). ``inplace``: t is
+    the caller's to overwrite (divided in its own buffer, m = max(-min t, max t) without a
+    |t| temporary: the same bits)."""
+    if inplace and t.numel():
+        lo, hi = torch.aminmax(t.reshape(t.shape[0], -1), dim=1)
+        m = torch.maximum(lo.neg_(), hi)
+    else:
+        m = t.reshape(t.shape[0], -1).abs().amax(1) if t.numel() else t.new_zeros(t.shape[0])
     safe = torch.where(m > 0, m, torch.ones_like(m))
     ls = torch.where(m > 0, torch.log(safe), torch.where(torch.isnan(m), m, torch.full_like(m, -math.inf)))
     if log_scale is not None:
         ls = ls + log_scale
-    return t / safe.reshape(_bshape(t)), ls
+    return (t.div_ if inplace else t.div)(safe.reshape(_bshape(t))), ls
 
 
-def scaled_sum(a, la, ca: float, b, lb, cb: float):
+def scaled_sum(a, la, ca: float, b, lb, cb: float, inplace: bool = False):
     """ca a e^{la} + cb b e^{lb} in scaled form: (tensor with max|.| = 1, log scale (B,)).
 
-    a, b (B, ...); la, lb (B,) log scales (-inf: zero); ca, cb >= 0 constants."""
+    a, b (B, ...); la, lb (B,) log scales (-inf: zero); ca, cb >= 0 constants.
+    ``inplace``: a and b are the caller's to overwrite (the sum in a's buffer, same bits)."""
     l1 = la + (math.log(ca) if ca > 0 else -math.inf)
     l2 = lb + (math.log(cb) if cb > 0 else -math.inf)
     L = torch.maximum(l1, l2)
     Lf = torch.where(torch.isfinite(L), L, torch.zeros_like(L))
-    t = a * expand(torch.exp(l1 - Lf), a) + b * expand(torch.exp(l2 - Lf), b)
-    return normalize(t, Lf)
+    f1, f2 = expand(torch.exp(l1 - Lf), a), expand(torch.exp(l2 - Lf), b)
+    t = a.mul_(f1).add_(b.mul_(f2)) if inplace else a * f1 + b * f2
+    return normalize(t, Lf, inplace)
 
 
 class Scaled(NamedTuple):
@@ -130,12 +138,14 @@ class Scaled(NamedTuple):
         return {k: t * torch.exp(self.log_scale[k]).reshape(_bshape(t))
                 for k, t in self.tensors.items()}
 
-    def add(self, extra: dict) -> Scaled:
-        """G + extra (plain tensors added to some entries, e.g. a ridge term), scaled."""
+    def add(self, extra: dict, inplace: bool = False) -> Scaled:
+        """G + extra (plain tensors added to some entries, e.g. a ridge term), scaled.
+        ``inplace``: this gradient's tensors and ``extra`` are the caller's to overwrite
+        (no parameter-sized temporaries; the same bits)."""
         out, ls = dict(self.tensors), dict(self.log_scale)
         for k, e in extra.items():
-            es, le = normalize(e)
-            out[k], ls[k] = scaled_sum(out[k], ls[k], 1.0, es, le, 1.0)
+            es, le = normalize(e, inplace=inplace)
+            out[k], ls[k] = scaled_sum(out[k], ls[k], 1.0, es, le, 1.0, inplace=inplace)
         return Scaled(out, ls)
 
     def nonzero(self) -> torch.Tensor:
