@@ -46,7 +46,7 @@ SIM_SCRIPT = textwrap.dedent(r"""
     import attnsvm.train as T
     memory = []  # the memory check's engine (steppers.select_engine, before any work)
     check_memory = T._check_train_memory
-    T._check_train_memory = lambda *a: (memory.append(a[-1]), check_memory(*a))[1]
+    T._check_train_memory = lambda *a, **k: (memory.append(a[6]), check_memory(*a, **k))[1]
 
     def run(model, data, opt, steps, engine, **kw):
         on_cuda = engine == "cuda"
@@ -230,7 +230,7 @@ def test_memory_check_engine_is_the_engine_that_runs(monkeypatch):
 
     seen = []
     real = T._check_train_memory
-    monkeypatch.setattr(T, "_check_train_memory", lambda *a: (seen.append(a[-1]), real(*a))[1])
+    monkeypatch.setattr(T, "_check_train_memory", lambda *a, **k: (seen.append(a[6]), real(*a, **k))[1])
     data = D.random_sphere(n=3, T=4, d=3, seed=1, batch=2)
     prompt = D.random_sphere(n=3, T=4, d=3, seed=1, batch=2, cross=False)
     cases = [(mk(trained), prompt if name == "Prompt" else data, dict(optimizer=opt))
