@@ -10,7 +10,7 @@ import pytest
 pytest.importorskip("numba")
 
 from attnsvm.norms import FRO  # noqa: E402
-from attnsvm.svm import att_svm, engine, farkas, lean  # noqa: E402
+from attnsvm.svm import active, att_svm, engine, farkas, lean  # noqa: E402
 from attnsvm.svm.problems import _run  # noqa: E402
 
 FIELDS = ("norm_", "margin_", "violation_", "kkt_residual_", "gap_", "status_", "solver_",
@@ -269,25 +269,71 @@ def test_conflict_tuples(n):
     assert farkas.conflict_tuples(hit, ok) == want
 
 
-def test_lossy_tokens_flags_only_a_nonzero_entry_2_1020_below_the_largest():
-    """_lossy_tokens: a valid nonzero entry below max |x| 2^-1020 (over the valid tokens) is
-    lossy; exact zeros, masked tokens and entries at the threshold are not."""
-    from attnsvm.svm.lean import _lossy_tokens
+def test_lean_hands_over_tokens_scaled_into_the_subnormal_range():
+    """A valid nonzero token entry that the normalisation (X 2^-eX) takes into the subnormal
+    range may lose bits: the kernel hands the problem to the engine (None), whose answer
+    att_svm returns; the same entry on a masked token, or just above the range, is kept."""
+    rng = np.random.default_rng(21)
+    X, z, alpha, valid = instance(rng, 4, 3, 2, 2, "planted")
+    X = X / np.abs(X).max() * 3.0  # max |x| in [2, 4): X 2^-2
+    t = (alpha[0] + 1) % 3
+    for tiny, handed in ((2.0 ** -1000, False), (2.0 ** -1060, True)):
+        X2 = X.copy()
+        X2[0, t, 0] = tiny
+        got = lean.att_svm_lean(X2, z, alpha, valid, tol=1e-6)
+        assert (got is None) == handed
+        ref = general(X2, z, alpha, valid)
+        same(att_svm(X2, z, alpha, mask=valid), ref)
+        if got is not None:
+            same(got, ref)
+    v2 = valid.copy()
+    v2[0, t] = False  # masked: not read
+    X2[0, t, 0] = 2.0 ** -1060
+    assert lean.att_svm_lean(X2, z, alpha, v2, tol=1e-6) is not None
 
-    X = np.ones((2, 3, 2))
-    valid = np.ones((2, 3), bool)
-    assert not _lossy_tokens(X, valid)
-    X[0, 1, 0] = 0.0  # zeros lose nothing
-    assert not _lossy_tokens(X, valid)
-    X[1, 2, 1] = 2.0 ** -1020  # at the threshold of max 1: kept
-    assert not _lossy_tokens(X, valid)
-    X[1, 2, 1] = 2.0 ** -1021
-    assert _lossy_tokens(X, valid)
-    valid[1, 2] = False  # masked: not read
-    assert not _lossy_tokens(X, valid)
-    X[0, 0, 0] = 2.0 ** 20  # a masked giant does not lower the bar for the valid ones
-    X[1, 2] = 2.0 ** 30
-    X[0, 2, 1] = 2.0 ** -1000  # = 2^20 2^-1020
-    assert not _lossy_tokens(X, valid)
-    X[0, 2, 1] = 2.0 ** -1000 * 0.75
-    assert _lossy_tokens(X, valid)
+
+def test_unit_certificate_is_certify():
+    """certify_unit (the fast path's certificate, one numpy pass over B problems) against
+    certificate.certify on the same answers, problem by problem: where it says feasible,
+    certify does and every number is the same bits; it never proves what certify does not;
+    it refuses answers that miss a margin (scaled down by 1e-9, a row pushed below 1) or
+    that the bound cannot decide (margins exactly 1 without KAPPA)."""
+    from attnsvm.svm.certificate import certify
+    from attnsvm.svm.engine import _to_feasible
+    from attnsvm.svm.unit_certificate import certify_unit
+
+    rng = np.random.default_rng(17)
+    for kind in ("planted", "random", "degenerate"):
+        X, z, alpha, valid = batch_instance(rng, 40, 5, 6, 4, 3, kind)
+        valid[2] = True  # (every problem with a constraint)
+        cs = engine.build_constraints(X, z, alpha, valid)
+        cs = cs.take(np.nonzero(cs.valid.any((1, 2)))[0])
+        B, (n, T), d = cs.batch_shape[0], cs.shape, cs.d
+        mu, lam, W, rho2, st, it = active.mnp_active(
+            cs.Delta.reshape(B, n * T, d), np.repeat(cs.Z, T, axis=1), cs.valid.reshape(B, -1))
+        W, lam = _to_feasible(cs, W, lam.reshape(B, n, T))
+        short = W * (1 - 1e-9)  # every margin below 1: refused
+        push = W.copy()
+        push[:, 0, 0] += 1e-3  # (a random change: some margin drops below 1)
+        bare, lbare = _to_feasible(cs, W / 1.0000001, lam)  # min margin 1 exactly, then KAPPA
+        bare = bare / (1 + 2.0 ** -40)  # (KAPPA undone: margins at 1, the bound undecided)
+        for Wt, lt in ((W, lam), (short, lam), (push, lam), (bare, lbare)):
+            ref = certify(cs, Wt, lt, FRO, 1e-6)
+            got = certify_unit(cs.Delta, cs.Z, cs.valid, Wt, lt, 1e-6)
+            assert not (got.feasible & ~ref.feasible).any()
+            f = got.feasible
+            for k in ("W", "lam", "margins", "norm", "margin", "violation", "kkt", "gap",
+                      "lower", "support"):
+                x, y = getattr(got, k)[f], getattr(ref, k)[f]
+                assert np.array_equal(x, y, equal_nan=x.dtype.kind == "f"), k
+            if Wt is W:
+                assert f.sum() >= 0.9 * ref.feasible.sum() and (kind == "random" or f.sum() > 5)
+            if Wt is short:
+                assert not f.any()
+            if Wt is push:
+                m = cs.margins(Wt)
+                assert not (f & np.where(cs.valid, m < 1, False).any((1, 2))).any()
+            if Wt is bare:  # margins 1 to rounding: the bound proves none of the tight ones
+                m = cs.margins(Wt)
+                tight = np.where(cs.valid, m <= 1.0 + 1e-15, False).any((1, 2))
+                assert tight.any() and not (f & tight).any()

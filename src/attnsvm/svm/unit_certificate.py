@@ -1,0 +1,82 @@
+"""The certificate of :func:`attnsvm.svm.certificate.certify`, vectorised over B Frobenius
+problems whose constraints are all inequalities with b_k = 1 (the ATT-SVM and the prompt
+SVM), in one plain-numpy pass: the compiled fast path of the Frobenius strategy
+(:mod:`attnsvm.svm.lean`) certifies its answers here.
+
+    cert = certify_unit(D, Z, v, W, lam, tol_active)
+
+The same formulas as :func:`~attnsvm.svm.certificate.certify` (its numbers come from the
+same :func:`~attnsvm.svm.certificate.fro_sums`, so they are the engine's bit for bit), with
+one difference in what is proven: a margin is proven >= 1 by the rigorous rounding-error
+bound alone (:func:`~attnsvm.svm.certificate._margin_err`, the comparison
+fl(m^_k - 1) >= fl(err_k SLACK) of :func:`~attnsvm.svm.certificate.prove_margins`, on the
+margins m^ that :func:`~attnsvm.svm.certificate.fro_sums` computed: the bound holds for
+a sum evaluated in any order).  What the bound leaves undecided is not proven here (no
+exact arithmetic, no rounding-size scale-up): the caller then hands the problem to the
+engine, whose :func:`~attnsvm.svm.certificate.certify` decides it.  So "feasible" here
+implies "feasible" there, with the same numbers; tests/test_svm_lean.py holds the two equal
+problem by problem.
+
+The data D, Z must be the caller's constraint data scaled by powers of two exactly (the
+differences Delta_k = fl(x_{i,alpha_i} - x_it) rounded once: the bound counts that
+rounding, as for ``exact=False`` sets).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .certificate import SLACK, Certificate, _margin_err, fro_sums
+
+__all__ = ["certify_unit"]
+
+
+def certify_unit(D: np.ndarray, Z: np.ndarray, v: np.ndarray, W: np.ndarray, lam: np.ndarray,
+                 tol_active: float = 1e-6) -> Certificate:
+    """The :class:`~attnsvm.svm.certificate.Certificate` of answers W (B, d, e) with
+    multipliers lam (B, n, T) for the constraints D_k^T W z_k >= 1, D (B, n, T, d),
+    Z (B, n, e), on the valid v (B, n, T) bool (each problem with at least one): the
+    formulas of :func:`~attnsvm.svm.certificate.certify` (module docstring), feasible only
+    where every margin is proven >= 1 by the rounding-error bound.  Rows of W that are not
+    finite mean "no answer"; rows of lam that are not finite, "no multipliers" (gap and
+    KKT residual NaN)."""
+    B, n, T, d = D.shape
+    e = Z.shape[-1]
+    W = np.asarray(W, dtype=float)
+    has = np.isfinite(W).all((-2, -1))
+    Wz = np.where(has[:, None, None], W, 0.0)
+    lam_given = np.isfinite(lam).all((-2, -1))
+    lam = np.where(v & lam_given[:, None, None], np.maximum(lam, 0.0), 0.0)
+    b = v.astype(float)
+    m, S, margin, viol, nrm, dn, lb_num, wms, comp = fro_sums(D, Z, v, b, Wz, lam)
+    with np.errstate(invalid="ignore", divide="ignore", over="ignore", under="ignore"):
+        # the proof (certificate.prove_margins with exact=False, b_k = 1): the rounding-error
+        # bound err_k of the computed margins m^_k
+        aW, aZ = np.abs(Wz), np.abs(Z)
+        E = np.einsum("bnte,bne->bnt",
+                      (np.abs(D).reshape(B, n * T, d) @ aW).reshape(B, n, T, e), aZ)
+        wz = (aW @ np.swapaxes(aZ, -1, -2)).sum(-2)  # (B, n) sum_cf |W_cf| |z_f|
+        err = _margin_err(E, wz[..., None], aZ.sum(-1)[..., None], d, e)
+        slack = m - 1.0
+        ok = ((slack >= err * SLACK) & np.isfinite(slack)) | ~v
+        proven = has & ok.all((-2, -1))
+        feasible = proven & np.isfinite(nrm)
+        # the numbers (certificate.certify, inequalities with b_k = 1, no equality)
+        lower = np.where((dn > 0) & (lb_num > 0), lb_num / np.where(dn > 0, dn, 1.0), 0.0)
+        fix = np.where((margin > 0) & (margin < 1), margin, 1.0)
+        upper = nrm / fix
+        need = v.any((-2, -1))
+        gap = np.where(lower > 0, np.maximum(upper - lower, 0.0) / lower, np.inf)
+        gap = np.where(need, gap, np.where(nrm == 0, 0.0, np.inf))
+        gap = np.where(feasible & lam_given, gap, np.nan)
+        n2 = np.where(nrm > 0, nrm**2, 1.0)
+        kkt = np.maximum(wms / np.sqrt(n2), comp / n2)  # self-dual: W = sum lam_k A_k
+        kkt = np.where(need, np.where(nrm > 0, kkt, np.inf), np.where(nrm == 0, 0.0, kkt))
+        kkt = np.where(has & lam_given, kkt, np.nan)
+    support = v & (m <= 1.0 + tol_active) & has[:, None, None]
+    nan = np.full(B, np.nan)
+    return Certificate(
+        W=np.where(has[:, None, None], Wz, W), lam=lam,
+        margins=np.where(has[:, None, None], m, np.nan), norm=np.where(has, nrm, np.inf),
+        margin=np.where(has, margin, nan), violation=np.where(has, viol, nan), kkt=kkt,
+        gap=gap, lower=lower, feasible=feasible, support=support)
