@@ -719,13 +719,14 @@ def fro_norm(A: np.ndarray) -> np.ndarray:
 def fro_sums(Delta, Z, valid, b, W, lam):
     """The Frobenius certificate's per-problem numbers (inequalities only), from the answers
     W (B, d, e) (finite) and multipliers lam (B, n, T) (>= 0, 0 where invalid) on every
-    constraint of Delta (B, n, T, d), Z (B, n, e), valid, b (B, n, T), in one vectorised
-    numpy pass (the formulas of :func:`certify`):
+    constraint of Delta (B, n, T, d) (0 where invalid), Z (B, n, e), valid, b (B, n, T)
+    (None: b_k = 1 on every valid constraint, the same numbers in fewer passes: x / 1 = x
+    and x 1 = x exactly), in one vectorised numpy pass (the formulas of :func:`certify`):
 
         m_k = Delta_k^T W z_k,  S = sum_k lam_k Delta_k z_k^T,
         margin = min_{b_k > 0} m_k / b_k,  violation = max_k (b_k - m_k)^+ / max(1, |b_k|),
-        ||W||_F, ||S||_F (scale-safe, :func:`fro_norm`), sum_k lam_k b_k, ||W - S||_F,
-        max_k |lam_k (m_k - b_k)|.
+        ||W||_F, ||S||_F (scale-safe, :func:`fro_norm`; inf where S is not finite),
+        sum_k lam_k b_k, ||W - S||_F, max_k |lam_k (m_k - b_k)|.
 
     Returns (m (B, n, T), S (B, d, e), margin, violation, ||W||, ||S||, lb_num, ||W - S||,
     comp), each (B,).  Each problem's numbers are computed alone (per-problem products),
@@ -735,19 +736,30 @@ def fro_sums(Delta, Z, valid, b, W, lam):
     with np.errstate(over="ignore", invalid="ignore", under="ignore"):
         DW = (Delta.reshape(bs + (n * T, d)) @ W).reshape(bs + (n, T, e))
         m = np.where(valid, np.einsum("...nte,...ne->...nt", DW, Z), 0.0)
-        pos = valid & (b > 0)
-        margin = np.where(pos, m / np.where(pos, b, 1.0), np.inf).min((-2, -1))
-        viol = np.where(valid, np.maximum(b - m, 0.0) / np.maximum(1.0, np.abs(b)),
-                        0.0).max((-2, -1))
         lam = np.where(valid, lam, 0.0)
+        if b is None:  # b_k = 1: the formulas below with b = 1, the same bits
+            margin = np.where(valid, m, np.inf).min((-2, -1))
+            r = m - 1.0
+            viol = np.where(valid, np.maximum(-r, 0.0), 0.0).max((-2, -1))
+            lb_num = lam.sum((-2, -1))
+        else:
+            pos = valid & (b > 0)
+            margin = np.where(pos, m / np.where(pos, b, 1.0), np.inf).min((-2, -1))
+            viol = np.where(valid, np.maximum(b - m, 0.0) / np.maximum(1.0, np.abs(b)),
+                            0.0).max((-2, -1))
+            lb_num = (lam * b).sum((-2, -1))
+            r = m - b
+        comp = np.where(valid, np.abs(lam * r), 0.0).max((-2, -1))
         u = np.einsum("...it,...itd->...id", lam, Delta)
         S = np.swapaxes(u, -1, -2) @ Z
-        nrm = fro_norm(W)
-        dn = fro_norm(S) if np.isfinite(S).all() else np.full(bs, np.inf)
-        lb_num = (lam * b).sum((-2, -1))
+        fin = np.isfinite(S).all((-2, -1))
+        if fin.all():  # (both norms in one pass)
+            nrm, dn = fro_norm(np.stack((W, S)))
+        else:
+            nrm = fro_norm(W)
+            dn = np.where(fin, fro_norm(np.where(fin[..., None, None], S, 0.0)), np.inf)
         R = W - S
         wms = np.sqrt(np.einsum("...ij,...ij->...", R, R))
-        comp = np.where(valid, np.abs(lam * (m - b)), 0.0).max((-2, -1))
     return m, S, margin, viol, nrm, dn, lb_num, wms, comp
 
 

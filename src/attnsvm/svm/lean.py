@@ -34,7 +34,7 @@ import numpy as np
 from .._parallel import thread_pool
 from ..norms import FRO
 from . import active, frobenius
-from .assemble import MIN_REPRESENTABLE, to_batch_solution, to_solution
+from .assemble import MIN_REPRESENTABLE, to_batch_solution
 from .certificate import GAP_OPTIMAL, verdict
 from .constraints import ConstraintSet, build_constraints, ldexp
 from .farkas import conflicts, farkas_verify
@@ -112,14 +112,31 @@ def att_svm_lean(X: np.ndarray, z: np.ndarray, alpha: np.ndarray, valid: np.ndar
     if info[0] != K.LEAN_OK or info[2] != active.OPTIMAL or not info[4]:
         return None
     cert = certify_unit(D, Zs, v, W, lam, tol)
-    ex = info[1:2].copy()
-    if not (cert.feasible[0] and cert.gap[0] <= GAP_OPTIMAL and _in_user_units(cert.W, ex)[0]):
-        return None  # (the engine decides: the exact margins, a scale-up, the fallbacks)
-    status = verdict(cert.feasible, cert.gap, np.zeros(1, bool))
-    out = _outcome(cert, status, [()], np.full(1, np.nan), np.zeros((1, n, T)), info[3:4],
-                   "mnp-active", "optimal", t0)
-    return to_solution(_unit_set(D, Zs, v, ex), out, alpha=alpha, problem=problem,
-                       vector=False, norm=FRO, tol=tol)
+    k = int(info[1])
+    if not (cert.feasible[0] and cert.gap[0] <= GAP_OPTIMAL and -511 <= k <= 511):
+        return None  # (the engine decides: the exact margins, a scale-up, the fallbacks,
+        # extreme scales)
+    # back to the caller's units as assemble.to_solution maps them (W 2^-k, dual 2^-2k:
+    # products with normal powers of two, as constraints.ldexp), where W maps back exactly
+    down, down2 = 2.0 ** -k, 2.0 ** (-2 * k)
+    Wn = cert.W[0]
+    with np.errstate(over="ignore", under="ignore"):
+        Wu = Wn * down
+        if not ((Wu * 2.0 ** k == Wn).all()
+                and (np.abs(Wu).max() >= MIN_REPRESENTABLE or not Wn.any())):
+            return None  # (entries under- or overflow: the engine re-certifies or raises)
+        dual = cert.lam[0] * down2
+    extra = {"n_constraints": int(v[0].sum()), "scale_exp": k,
+             "lower_bound": float(cert.lower[0]) * down, "solver_status": "optimal",
+             "n_fallback": 0}
+    return Solution(
+        W_=Wu, norm_=float(cert.norm[0]) * down, margin_=float(cert.margin[0]),
+        violation_=float(cert.violation[0]), kkt_residual_=float(cert.kkt[0]),
+        gap_=float(cert.gap[0]), dual_=dual, support_=cert.support[0],
+        margins_=cert.margins[0], solver_="mnp-active", feasible_=True,
+        status_=str(verdict(cert.feasible, cert.gap, np.zeros(1, bool))[0]),  # ("optimal")
+        conflict_=(), alpha_=alpha, norm="fro", problem=problem, n_iter_=int(info[3]),
+        time_=time.perf_counter() - t0, tol_active=tol, extra=extra)
 
 
 def _solve_batch(X, z, alpha, valid, xexp, max_iter):

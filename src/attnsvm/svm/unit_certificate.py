@@ -34,21 +34,21 @@ __all__ = ["certify_unit"]
 def certify_unit(D: np.ndarray, Z: np.ndarray, v: np.ndarray, W: np.ndarray, lam: np.ndarray,
                  tol_active: float = 1e-6) -> Certificate:
     """The :class:`~attnsvm.svm.certificate.Certificate` of answers W (B, d, e) with
-    multipliers lam (B, n, T) for the constraints D_k^T W z_k >= 1, D (B, n, T, d),
-    Z (B, n, e), on the valid v (B, n, T) bool (each problem with at least one): the
-    formulas of :func:`~attnsvm.svm.certificate.certify` (module docstring), feasible only
-    where every margin is proven >= 1 by the rounding-error bound.  Rows of W that are not
-    finite mean "no answer"; rows of lam that are not finite, "no multipliers" (gap and
-    KKT residual NaN)."""
+    multipliers lam (B, n, T) for the constraints D_k^T W z_k >= 1, D (B, n, T, d) (0 where
+    not valid), Z (B, n, e), on the valid v (B, n, T) bool, each problem with at least one
+    constraint: the formulas of :func:`~attnsvm.svm.certificate.certify` (module
+    docstring), feasible only where every margin is proven >= 1 by the rounding-error
+    bound.  Rows of W that are not finite mean "no answer"; rows of lam that are not
+    finite, "no multipliers" (gap and KKT residual NaN)."""
     B, n, T, d = D.shape
     e = Z.shape[-1]
     W = np.asarray(W, dtype=float)
     has = np.isfinite(W).all((-2, -1))
-    Wz = np.where(has[:, None, None], W, 0.0)
+    every = has.all()
+    Wz = W if every else np.where(has[:, None, None], W, 0.0)
     lam_given = np.isfinite(lam).all((-2, -1))
     lam = np.where(v & lam_given[:, None, None], np.maximum(lam, 0.0), 0.0)
-    b = v.astype(float)
-    m, S, margin, viol, nrm, dn, lb_num, wms, comp = fro_sums(D, Z, v, b, Wz, lam)
+    m, S, margin, viol, nrm, dn, lb_num, wms, comp = fro_sums(D, Z, v, None, Wz, lam)
     with np.errstate(invalid="ignore", divide="ignore", over="ignore", under="ignore"):
         # the proof (certificate.prove_margins with exact=False, b_k = 1): the rounding-error
         # bound err_k of the computed margins m^_k
@@ -58,25 +58,22 @@ def certify_unit(D: np.ndarray, Z: np.ndarray, v: np.ndarray, W: np.ndarray, lam
         wz = (aW @ np.swapaxes(aZ, -1, -2)).sum(-2)  # (B, n) sum_cf |W_cf| |z_f|
         err = _margin_err(E, wz[..., None], aZ.sum(-1)[..., None], d, e)
         slack = m - 1.0
-        ok = ((slack >= err * SLACK) & np.isfinite(slack)) | ~v
-        proven = has & ok.all((-2, -1))
-        feasible = proven & np.isfinite(nrm)
-        # the numbers (certificate.certify, inequalities with b_k = 1, no equality)
+        ok = (slack >= err * SLACK) & np.isfinite(slack)
+        feasible = has & (ok | ~v).all((-2, -1)) & np.isfinite(nrm)
+        # the numbers (certificate.certify, inequalities with b_k = 1, no equality, every
+        # problem needing a margin)
         lower = np.where((dn > 0) & (lb_num > 0), lb_num / np.where(dn > 0, dn, 1.0), 0.0)
-        fix = np.where((margin > 0) & (margin < 1), margin, 1.0)
-        upper = nrm / fix
-        need = v.any((-2, -1))
+        upper = nrm / np.where((margin > 0) & (margin < 1), margin, 1.0)
         gap = np.where(lower > 0, np.maximum(upper - lower, 0.0) / lower, np.inf)
-        gap = np.where(need, gap, np.where(nrm == 0, 0.0, np.inf))
         gap = np.where(feasible & lam_given, gap, np.nan)
         n2 = np.where(nrm > 0, nrm**2, 1.0)
         kkt = np.maximum(wms / np.sqrt(n2), comp / n2)  # self-dual: W = sum lam_k A_k
-        kkt = np.where(need, np.where(nrm > 0, kkt, np.inf), np.where(nrm == 0, 0.0, kkt))
-        kkt = np.where(has & lam_given, kkt, np.nan)
-    support = v & (m <= 1.0 + tol_active) & has[:, None, None]
-    nan = np.full(B, np.nan)
-    return Certificate(
-        W=np.where(has[:, None, None], Wz, W), lam=lam,
-        margins=np.where(has[:, None, None], m, np.nan), norm=np.where(has, nrm, np.inf),
-        margin=np.where(has, margin, nan), violation=np.where(has, viol, nan), kkt=kkt,
-        gap=gap, lower=lower, feasible=feasible, support=support)
+        kkt = np.where(has & lam_given, np.where(nrm > 0, kkt, np.inf), np.nan)
+    support = v & (m <= 1.0 + tol_active)
+    if not every:
+        support &= has[:, None, None]
+        m = np.where(has[:, None, None], m, np.nan)
+        nrm, margin, viol = np.where(has, nrm, np.inf), np.where(has, margin, np.nan), \
+            np.where(has, viol, np.nan)
+    return Certificate(W=W, lam=lam, margins=m, norm=nrm, margin=margin, violation=viol,
+                       kkt=kkt, gap=gap, lower=lower, feasible=feasible, support=support)
