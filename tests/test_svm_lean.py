@@ -328,6 +328,9 @@ def test_unit_certificate_is_certify():
                 assert np.array_equal(x, y, equal_nan=x.dtype.kind == "f"), k
             if Wt is W:
                 assert f.sum() >= 0.9 * ref.feasible.sum() and (kind == "random" or f.sum() > 5)
+                bare_numbers = certify_unit(cs.Delta, cs.Z, cs.valid, Wt, lt, 1e-6, prove=False)
+                assert not bare_numbers.feasible.any()  # (no proof run: nothing feasible)
+                assert np.array_equal(bare_numbers.lower, got.lower)
             if Wt is short:
                 assert not f.any()
             if Wt is push:

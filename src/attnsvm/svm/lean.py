@@ -35,7 +35,7 @@ from .._parallel import thread_pool
 from ..norms import FRO
 from . import active, frobenius
 from .assemble import MIN_REPRESENTABLE, to_batch_solution
-from .certificate import GAP_OPTIMAL, verdict
+from .certificate import GAP_OPTIMAL, Certificate, verdict
 from .constraints import ConstraintSet, build_constraints, ldexp
 from .farkas import conflicts, farkas_verify
 from .records import Outcome
@@ -163,27 +163,34 @@ def _solve_batch(X, z, alpha, valid, xexp, max_iter):
 
 def _settle(info, D, Zs, v, W, lam, mu, *, tol: float, irreducible: bool):
     """The verdicts of the problems the kernel ran: (idx, cert, status, conflict, fk_bound,
-    fk_lam) of those settled (certified optimal with W exact in the caller's units, or a
-    proven Farkas certificate of the solver's mu where it found rho ~ 0 and
-    ``irreducible`` is False), the engine's numbers."""
+    fk_lam, constraint set, n_iter) of those settled, the engine's numbers: certified
+    optimal with W exact in the caller's units (the solver's status OPTIMAL), or, where it
+    found rho ~ 0 and ``irreducible`` is False, a proven Farkas certificate of its mu
+    (no feasible W then exists, so the margin proof is not run; the certificate's numbers
+    are, for the lower bound)."""
     K = active.kernels()
-    r = np.nonzero((info[:, 0] == K.LEAN_OK) & (info[:, 2] != active.FAILED))[0]
-    D, Zs, v, W, lam, mu, info = D[r], Zs[r], v[r], W[r], lam[r], mu[r], info[r]
-    ex = info[:, 1].copy()
-    cert = certify_unit(D, Zs, v, W, lam, tol)
-    opt = (info[:, 2] == active.OPTIMAL) & cert.feasible & (cert.gap <= GAP_OPTIMAL)
-    opt &= _in_user_units(cert.W, ex)
-    inf = np.zeros(len(r), bool)
-    fk_bound = np.full(len(r), np.nan)
-    fk_lam = np.zeros(v.shape)
-    cand = np.nonzero((info[:, 2] == active.SMALL_RHO) & ~cert.feasible)[0]
-    if len(cand) and not irreducible:  # (irreducible: the engine names the conflict by LP)
-        ok, bound, lv = farkas_verify(_unit_set(D[cand], Zs[cand], v[cand], ex[cand]), mu[cand])
-        inf[cand], fk_bound[cand[ok]], fk_lam[cand[ok]] = ok, bound[ok], lv[ok]
-    s = np.nonzero(opt | inf)[0]
-    status = verdict(opt[s], cert.gap[s], inf[s])
-    return (r[s], cert.take(s), status, conflicts(fk_lam[s], inf[s]), fk_bound[s], fk_lam[s],
-            _unit_set(D[s], Zs[s], v[s], ex[s]), info[s, 3])
+    ran = info[:, 0] == K.LEAN_OK
+    ex = info[:, 1]
+    o = np.nonzero(ran & (info[:, 2] == active.OPTIMAL))[0]
+    c = np.nonzero(ran & (info[:, 2] == active.SMALL_RHO))[0]
+    i = c[:0]
+    fk_bound, fk_lam = np.zeros(0), np.zeros((0,) + v.shape[1:])
+    if len(c) and not irreducible:  # (irreducible: the engine names the conflict by LP)
+        ok, bound, lv = farkas_verify(_unit_set(D[c], Zs[c], v[c], ex[c]), mu[c])
+        i, fk_bound, fk_lam = c[ok], bound[ok], lv[ok]
+    co = certify_unit(D[o], Zs[o], v[o], W[o], lam[o], tol)
+    good = co.feasible & (co.gap <= GAP_OPTIMAL) & _in_user_units(co.W, ex[o])
+    o = o[good]
+    ci = certify_unit(D[i], Zs[i], v[i], W[i], lam[i], tol, prove=False)
+    cert = Certificate(**{k: np.concatenate([getattr(co, k)[good], getattr(ci, k)])
+                          for k in Certificate.__dataclass_fields__})
+    idx = np.concatenate([o, i])
+    inf = np.arange(len(idx)) >= len(o)
+    fk_bound = np.concatenate([np.full(len(o), np.nan), fk_bound])
+    fk_lam = np.concatenate([np.zeros((len(o),) + v.shape[1:]), fk_lam])
+    status = verdict(cert.feasible, cert.gap, inf)
+    return (idx, cert, status, conflicts(fk_lam, inf), fk_bound, fk_lam,
+            _unit_set(D[idx], Zs[idx], v[idx], ex[idx]), info[idx, 3])
 
 
 _FIELDS = ("W_", "norm_", "margin_", "violation_", "kkt_residual_", "gap_", "dual_",

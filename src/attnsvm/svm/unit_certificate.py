@@ -32,14 +32,16 @@ __all__ = ["certify_unit"]
 
 
 def certify_unit(D: np.ndarray, Z: np.ndarray, v: np.ndarray, W: np.ndarray, lam: np.ndarray,
-                 tol_active: float = 1e-6) -> Certificate:
+                 tol_active: float = 1e-6, *, prove: bool = True) -> Certificate:
     """The :class:`~attnsvm.svm.certificate.Certificate` of answers W (B, d, e) with
     multipliers lam (B, n, T) for the constraints D_k^T W z_k >= 1, D (B, n, T, d) (0 where
     not valid), Z (B, n, e), on the valid v (B, n, T) bool, each problem with at least one
     constraint: the formulas of :func:`~attnsvm.svm.certificate.certify` (module
     docstring), feasible only where every margin is proven >= 1 by the rounding-error
     bound.  Rows of W that are not finite mean "no answer"; rows of lam that are not
-    finite, "no multipliers" (gap and KKT residual NaN)."""
+    finite, "no multipliers" (gap and KKT residual NaN).  ``prove`` False: the margin proof
+    is not run and nothing is feasible (problems proven infeasible, whose other numbers,
+    such as the weak-duality lower bound, are still reported)."""
     B, n, T, d = D.shape
     e = Z.shape[-1]
     W = np.asarray(W, dtype=float)
@@ -52,14 +54,16 @@ def certify_unit(D: np.ndarray, Z: np.ndarray, v: np.ndarray, W: np.ndarray, lam
     with np.errstate(invalid="ignore", divide="ignore", over="ignore", under="ignore"):
         # the proof (certificate.prove_margins with exact=False, b_k = 1): the rounding-error
         # bound err_k of the computed margins m^_k
-        aW, aZ = np.abs(Wz), np.abs(Z)
-        E = np.einsum("bnte,bne->bnt",
-                      (np.abs(D).reshape(B, n * T, d) @ aW).reshape(B, n, T, e), aZ)
-        wz = (aW @ np.swapaxes(aZ, -1, -2)).sum(-2)  # (B, n) sum_cf |W_cf| |z_f|
-        err = _margin_err(E, wz[..., None], aZ.sum(-1)[..., None], d, e)
-        slack = m - 1.0
-        ok = (slack >= err * SLACK) & np.isfinite(slack)
-        feasible = has & (ok | ~v).all((-2, -1)) & np.isfinite(nrm)
+        feasible = np.zeros(B, bool)
+        if prove:
+            aW, aZ = np.abs(Wz), np.abs(Z)
+            E = np.einsum("bnte,bne->bnt",
+                          (np.abs(D).reshape(B, n * T, d) @ aW).reshape(B, n, T, e), aZ)
+            wz = (aW @ np.swapaxes(aZ, -1, -2)).sum(-2)  # (B, n) sum_cf |W_cf| |z_f|
+            err = _margin_err(E, wz[..., None], aZ.sum(-1)[..., None], d, e)
+            slack = m - 1.0
+            ok = (slack >= err * SLACK) & np.isfinite(slack)
+            feasible = has & (ok | ~v).all((-2, -1)) & np.isfinite(nrm)
         # the numbers (certificate.certify, inequalities with b_k = 1, no equality, every
         # problem needing a margin)
         lower = np.where((dn > 0) & (lb_num > 0), lb_num / np.where(dn > 0, dn, 1.0), 0.0)
