@@ -721,7 +721,8 @@ def fro_sums(Delta, Z, valid, b, W, lam):
     W (B, d, e) (finite) and multipliers lam (B, n, T) (>= 0, 0 where invalid) on every
     constraint of Delta (B, n, T, d) (0 where invalid), Z (B, n, e), valid, b (B, n, T)
     (None: b_k = 1 on every valid constraint, the same numbers in fewer passes: x / 1 = x
-    and x 1 = x exactly), in one vectorised numpy pass (the formulas of :func:`certify`):
+    and x 1 = x exactly; lam must then be 0 where invalid), in one vectorised numpy pass
+    (the formulas of :func:`certify`):
 
         m_k = Delta_k^T W z_k,  S = sum_k lam_k Delta_k z_k^T,
         margin = min_{b_k > 0} m_k / b_k,  violation = max_k (b_k - m_k)^+ / max(1, |b_k|),
@@ -736,20 +737,21 @@ def fro_sums(Delta, Z, valid, b, W, lam):
     with np.errstate(over="ignore", invalid="ignore", under="ignore"):
         DW = (Delta.reshape(bs + (n * T, d)) @ W).reshape(bs + (n, T, e))
         m = np.where(valid, np.einsum("...nte,...ne->...nt", DW, Z), 0.0)
-        lam = np.where(valid, lam, 0.0)
-        if b is None:  # b_k = 1: the formulas below with b = 1, the same bits
+        if b is None:  # b_k = 1: the formulas below with b = 1, the same bits (the largest
+            # fl(1 - m_k) is fl(1 - min_k m_k): rounding is monotone)
             margin = np.where(valid, m, np.inf).min((-2, -1))
+            viol = np.maximum(1.0 - margin, 0.0)
             r = m - 1.0
-            viol = np.where(valid, np.maximum(-r, 0.0), 0.0).max((-2, -1))
             lb_num = lam.sum((-2, -1))
         else:
+            lam = np.where(valid, lam, 0.0)
             pos = valid & (b > 0)
             margin = np.where(pos, m / np.where(pos, b, 1.0), np.inf).min((-2, -1))
             viol = np.where(valid, np.maximum(b - m, 0.0) / np.maximum(1.0, np.abs(b)),
                             0.0).max((-2, -1))
             lb_num = (lam * b).sum((-2, -1))
             r = m - b
-        comp = np.where(valid, np.abs(lam * r), 0.0).max((-2, -1))
+        comp = np.abs(lam * r).max((-2, -1))  # (0 where invalid: lam = 0, m = 0, b finite)
         u = np.einsum("...it,...itd->...id", lam, Delta)
         S = np.swapaxes(u, -1, -2) @ Z
         fin = np.isfinite(S).all((-2, -1))

@@ -134,7 +134,7 @@ def att_svm_lean(X: np.ndarray, z: np.ndarray, alpha: np.ndarray, valid: np.ndar
         violation_=float(cert.violation[0]), kkt_residual_=float(cert.kkt[0]),
         gap_=float(cert.gap[0]), dual_=dual, support_=cert.support[0],
         margins_=cert.margins[0], solver_="mnp-active", feasible_=True,
-        status_=str(verdict(cert.feasible, cert.gap, np.zeros(1, bool))[0]),  # ("optimal")
+        status_=str(verdict(True, float(cert.gap[0]), False)),  # ("optimal")
         conflict_=(), alpha_=alpha, norm="fro", problem=problem, n_iter_=int(info[3]),
         time_=time.perf_counter() - t0, tol_active=tol, extra=extra)
 
