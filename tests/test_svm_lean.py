@@ -340,3 +340,41 @@ def test_unit_certificate_is_certify():
                 m = cs.margins(Wt)
                 tight = np.where(cs.valid, m <= 1.0 + 1e-15, False).any((1, 2))
                 assert tight.any() and not (f & tight).any()
+
+
+def test_entry_points_take_the_fast_path_of_the_strategy_row(monkeypatch):
+    """att_svm, att_svm_batch and prompt_svm_batch reach the compiled path through the
+    Frobenius row's fields (fast_single / fast_batch and their rules), not by name: the
+    row's functions are what they call, a rule that refuses (a solver the path does not
+    stand for, or a row that says no) sends them to the engine, with its answer."""
+    from dataclasses import replace
+
+    from attnsvm.svm import att_svm_batch, prompt_svm_batch, strategy
+
+    row = strategy.STRATEGIES[FRO]
+    calls = []
+
+    def single(*a, **k):
+        calls.append("single")
+        return row.fast_single(*a, **k)
+
+    def batch(*a, **k):
+        calls.append("batch")
+        return row.fast_batch(*a, **k)
+
+    monkeypatch.setitem(strategy.STRATEGIES, FRO, replace(row, fast_single=single,
+                                                          fast_batch=batch))
+    rng = np.random.default_rng(4)
+    X, z, alpha, valid = instance(rng, 4, 3, 2, 2, "planted")
+    assert att_svm(X, z, alpha).status_ == "optimal" and calls == ["single"]
+    Xb, zb, ab, vb = batch_instance(rng, 5, 4, 3, 2, 2, "planted")
+    att_svm_batch(Xb, zb, ab)
+    prompt_svm_batch(Xb, None, ab)
+    assert calls == ["single", "batch", "batch"]
+    att_svm(X, z, alpha, solver="ipm")  # (the rule: not the active-set solver)
+    att_svm_batch(Xb, zb, ab, solver="ipm")
+    assert calls == ["single", "batch", "batch"]
+    monkeypatch.setitem(strategy.STRATEGIES, FRO, replace(
+        row, fast_single=single, fast_single_applies=lambda *a: False))
+    same(att_svm(X, z, alpha), general(X, z, alpha, valid))
+    assert calls == ["single", "batch", "batch"]
