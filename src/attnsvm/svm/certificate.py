@@ -806,7 +806,7 @@ def certify(cs, W: np.ndarray, lam: np.ndarray | None, N,
     with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
         bs = np.maximum(1.0, np.abs(b))
         sums = _fro_sums(cs, Wz, lam) if fro and cs.eq is None else None
-        if sums is not None:  # the same numbers from one compiled pass per problem
+        if sums is not None:  # the Frobenius numbers in one numpy pass (fro_sums)
             m, S, margin, viol, nrm, dn, lb_num, wms, comp = sums
         else:
             m = cs.margins(Wz)
