@@ -158,6 +158,17 @@ def general_batch(X, z, alpha, valid, xexp=0, irreducible=False, problem="att_sv
                                     norm=FRO, tol=1e-6)
 
 
+def lean_batch(X, z, alpha, valid, irreducible=False, max_iter=None):
+    """The batch through the Frobenius row's fast path (lean.batch_lean), the problems it
+    does not settle through the engine (batch._engine_rest, as att_svm_batch)."""
+    from attnsvm.svm.batch import _engine_rest
+
+    kw = dict(tol=1e-6, irreducible=irreducible, problem="att_svm", vector=False)
+    return lean.batch_lean(X, z, alpha, valid, 0, **kw, max_iter=max_iter,
+                           rest=_engine_rest(X, z, alpha, valid, 0, norm="fro", solver=None,
+                                             **kw))
+
+
 BATCH_FIELDS = ("W_", "norm_", "margin_", "violation_", "kkt_residual_", "gap_", "dual_",
                 "support_", "margins_", "feasible_", "status_", "solver_", "alpha_")
 
@@ -210,8 +221,7 @@ def test_batch_lean_equals_engine(kind, irreducible):
     for B, n, T, d, e in ((40, 6, 8, 5, 3), (70, 3, 4, 2, 2), (9, 5, 6, 4, 1)):
         X, z, alpha, valid = batch_instance(rng, B, n, T, d, e, kind)
         ref = general_batch(X, z, alpha, valid, irreducible=irreducible)
-        got = lean.batch_lean(X, z, alpha, valid, 0, solver=None, tol=1e-6,
-                              irreducible=irreducible, problem="att_svm", vector=False)
+        got = lean_batch(X, z, alpha, valid, irreducible=irreducible)
         same_batch(got, ref)
         same_batch(att_svm_batch(X, z, alpha, mask=valid, irreducible=irreducible), ref)
         n_inf += (ref.status_ == "infeasible").sum()
@@ -242,16 +252,14 @@ def test_batch_lean_hands_over_stalled_problems():
     rng = np.random.default_rng(9)
     X, z, alpha, valid = batch_instance(rng, 12, 4, 5, 3, 3, "random")
     ref = general_batch(X, z, alpha, valid)
-    got = lean.batch_lean(X, z, alpha, valid, 0, solver=None, tol=1e-6, irreducible=False,
-                          problem="att_svm", vector=False, max_iter=1)
+    got = lean_batch(X, z, alpha, valid, max_iter=1)
     same_batch(got, ref)
     # one stalled problem among settled ones (the engine gets it in a batch of two)
     Xp, zp, ap, vp = batch_instance(rng, 5, 4, 5, 3, 3, "planted")
     ref = general_batch(Xp, zp, ap, vp)
     Xp[3, :, 1] = Xp[3, np.arange(4), ap[3]]  # a zero constraint in problem 3: the engine's
     ref3 = general_batch(Xp, zp, ap, vp)
-    got = lean.batch_lean(Xp, zp, ap, vp, 0, solver=None, tol=1e-6, irreducible=False,
-                          problem="att_svm", vector=False)
+    got = lean_batch(Xp, zp, ap, vp)
     same_batch(got, ref3)
     assert ref3.status_[3] == "infeasible" and ref.status_[3] == "optimal"
 

@@ -59,6 +59,25 @@ def _fast_batch(norm, solver, B: int, n: int, T: int):
     return None
 
 
+def _engine_rest(X, z, a, valid, xexp, *, norm, solver, tol, irreducible, problem, vector):
+    """``rest(idx)`` for a fast path (the strategy row's ``fast_batch``): the problems idx
+    (sorted, at least one) of the batch X (B, n, T, d) divided by 2^xexp, z, a, valid
+    through the general engine, as a :class:`BatchSolution` whose first len(idx) rows are
+    theirs (one problem runs in a batch of two, as the others do: the engine's batched
+    path)."""
+    B = len(a)
+    xexp = np.broadcast_to(np.asarray(xexp, np.int64), (B,))
+
+    def rest(idx):
+        sub = idx if len(idx) > 1 else np.array([idx[0], 1 - idx[0] if B == 2 else
+                                                 (idx[0] + 1) % B])
+        cs = build_constraints(X[sub], z[sub], a[sub], valid[sub], x_exp=xexp[sub])
+        return _solve(cs, norm=norm, solver=solver, tol=tol, irreducible=irreducible,
+                      alpha=a[sub], problem=problem, vector=vector)
+
+    return rest
+
+
 def _solve(cs, *, norm, solver, tol, irreducible, alpha, problem, vector) -> BatchSolution:
     N = as_norm(norm)
     out = engine.solve(cs, N, solver=solver, tol=tol, irreducible=irreducible)
@@ -100,8 +119,9 @@ def att_svm_batch(X, z, alpha, *, norm="fro", mask=None, solver=None, tol=1e-6,
         raise ValueError(f"z must have shape ({B}, {n}, e) or ({n}, e); got {z.shape}")
     fast = _fast_batch(norm, solver, B, n, T)
     if fast is not None:  # the row's compiled fast path (solve per problem, numpy certificate)
-        return fast(X, z, a, valid, 0, solver=solver, tol=tol, irreducible=irreducible,
-                    problem="att_svm", vector=False)
+        kw = dict(tol=tol, irreducible=irreducible, problem="att_svm", vector=False)
+        return fast(X, z, a, valid, 0, **kw,
+                    rest=_engine_rest(X, z, a, valid, 0, norm=norm, solver=solver, **kw))
     cs = build_constraints(X, z, a, valid)
     return _solve(cs, norm=norm, solver=solver, tol=tol, irreducible=irreducible, alpha=a,
                   problem="att_svm", vector=False)
@@ -129,8 +149,10 @@ def prompt_svm_batch(X, W, alpha, *, norm="fro", mask=None, solver=None, tol=1e-
     K, eK = scaled_keys(X, W, valid)
     fast = _fast_batch(norm, solver, B, n, T)
     if fast is not None:  # the row's compiled fast path (solve per problem, numpy certificate)
-        return fast(K, np.ones((B, n, 1)), a, valid, eK, solver=solver, tol=tol,
-                    irreducible=irreducible, problem="prompt_svm", vector=True)
+        kw = dict(tol=tol, irreducible=irreducible, problem="prompt_svm", vector=True)
+        z = np.ones((B, n, 1))
+        return fast(K, z, a, valid, eK, **kw,
+                    rest=_engine_rest(K, z, a, valid, eK, norm=norm, solver=solver, **kw))
     cs = build_constraints(K, np.ones((B, n, 1)), a, valid,
                                   x_exp=np.broadcast_to(np.asarray(eK), (B,)))
     return _solve(cs, norm=norm, solver=solver, tol=tol, irreducible=irreducible, alpha=a,

@@ -28,6 +28,7 @@ multipliers mu / rho^2, rho ~ 0, summed here in another order than numpy's).
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 import numpy as np
 
@@ -36,7 +37,7 @@ from ..norms import FRO
 from . import active, frobenius
 from .assemble import MIN_REPRESENTABLE, to_batch_solution
 from .certificate import GAP_OPTIMAL, Certificate, verdict
-from .constraints import ConstraintSet, build_constraints, ldexp
+from .constraints import ConstraintSet, ldexp
 from .farkas import conflicts, farkas_verify
 from .records import Outcome
 from .result import BatchSolution, Solution
@@ -200,14 +201,16 @@ _EXTRA = ("n_constraints", "scale_exp", "farkas_bound", "lower_bound", "solver_s
 
 def _merge(B: int, parts, **kw) -> BatchSolution:
     """One :class:`BatchSolution` of B problems from parts [(idx, BatchSolution)] that
-    cover 0 .. B-1 (the engine's ``n_fallback``: that of the last part)."""
+    cover 0 .. B-1 (the first len(idx) rows of each part; the engine's ``n_fallback``: that
+    of the last part)."""
     out, extra, conflict = {}, {}, [()] * B
     for idx, bs in parts:
+        k = len(idx)
         for f in _FIELDS:
-            a = getattr(bs, f)
+            a = getattr(bs, f)[:k]
             out.setdefault(f, np.empty((B,) + a.shape[1:], a.dtype))[idx] = a
         for f in _EXTRA:
-            a = np.asarray(bs.extra[f])
+            a = np.asarray(bs.extra[f])[:k]
             extra.setdefault(f, np.empty((B,) + a.shape[1:], a.dtype))[idx] = a
         for j, b in enumerate(idx.tolist()):
             conflict[b] = bs.conflict_[j]
@@ -216,17 +219,18 @@ def _merge(B: int, parts, **kw) -> BatchSolution:
 
 
 def batch_lean(X: np.ndarray, z: np.ndarray, alpha: np.ndarray, valid: np.ndarray, xexp, *,
-               solver, tol: float, irreducible: bool, problem: str, vector: bool,
-               max_iter: int | None = None):
+               tol: float, irreducible: bool, problem: str, vector: bool,
+               rest: Callable[[np.ndarray], BatchSolution], max_iter: int | None = None):
     """B Frobenius problems (validated X (B, n, T, d) divided by 2^xexp, z (B, n, e), alpha
     (B, n), valid (B, n, T)) as :func:`attnsvm.svm.engine.solve` and
     :func:`~attnsvm.svm.engine.to_batch_solution` give them: each problem's steps in one
-    compiled call, the verdicts in plain numpy over the batch (module docstring), the
-    problems not settled there by the engine itself.  ``max_iter``: the solver's
-    major-cycle cap (default 20 n T + 50, as :func:`attnsvm.svm.active.mnp_active`; tests
-    use a tiny cap to send problems to the engine)."""
-    from . import engine
-
+    compiled call, the verdicts in plain numpy over the batch (module docstring).
+    ``rest(idx)``: the problems idx (sorted, at least one) that are not settled here, by
+    the general engine (the caller's, :func:`attnsvm.svm.batch._engine_rest`: this module
+    does not import the engine), as a :class:`BatchSolution` whose first len(idx) rows are
+    theirs.  ``max_iter``: the solver's major-cycle cap (default 20 n T + 50, as
+    :func:`attnsvm.svm.active.mnp_active`; tests use a tiny cap to send problems to the
+    engine)."""
     active.kernels()  # first: an empty numba cache is compiled before the timer starts
     t0 = time.perf_counter()
     c = np.ascontiguousarray
@@ -244,21 +248,9 @@ def batch_lean(X: np.ndarray, z: np.ndarray, alpha: np.ndarray, valid: np.ndarra
                        t0)
         parts.append((idx, to_batch_solution(cs, out, alpha=alpha[idx], problem=problem,
                                              vector=vector, norm=FRO, tol=tol)))
-    rest = np.setdiff1d(np.arange(B), idx)
-    if len(rest):  # the engine's own path for these (a batch of >= 2, as here)
-        sub = rest if len(rest) > 1 else np.array([rest[0], 1 - rest[0] if B == 2 else
-                                                   (rest[0] + 1) % B])
-        cs = build_constraints(X[sub], z[sub], alpha[sub], valid[sub], x_exp=xexp[sub])
-        o = engine.solve(cs, FRO, solver=solver, tol=tol, irreducible=irreducible)
-        bs = engine.to_batch_solution(cs, o, alpha=alpha[sub], problem=problem,
-                                      vector=vector, norm=FRO, tol=tol)
-        k = len(rest)
-        keep = np.arange(k)
-        bs = BatchSolution(**{f: getattr(bs, f)[keep] for f in _FIELDS},
-                           conflict_=bs.conflict_[:k], alpha_=bs.alpha_[:k],
-                           extra={**{f: np.asarray(bs.extra[f])[:k] for f in _EXTRA},
-                                  "n_fallback": bs.extra["n_fallback"]})
-        parts.append((rest, bs))
+    others = np.setdiff1d(np.arange(B), idx)
+    if len(others):
+        parts.append((others, rest(others)))
     return _merge(B, parts, alpha_=alpha, norm="fro", problem=problem,
                   time_=time.perf_counter() - t0, tol_active=tol)
 
@@ -276,15 +268,14 @@ def warmup() -> bool:
     active.mnp_active(rng.standard_normal((1, N, 2)), np.ones((1, N, 1)), np.ones((1, N), bool))
     att_svm_lean(rng.standard_normal((2, 3, 2)), rng.standard_normal((2, 2)),
                  np.zeros(2, np.int64), np.ones((2, 3), bool), tol=1e-6)
-    batch_lean(rng.standard_normal((2, 2, 3, 2)), np.ones((2, 2, 1)), np.zeros((2, 2), np.int64),
-               np.ones((2, 2, 3), bool), 0, solver=None, tol=1e-6, irreducible=False,
-               problem="prompt_svm", vector=True)  # the batched path (fro_solve_batch)
+    _settle(*_solve_batch(rng.standard_normal((2, 2, 3, 2)), np.ones((2, 2, 1)),
+                          np.zeros((2, 2), np.int64), np.ones((2, 2, 3), bool),
+                          np.zeros(2, np.int64), 50), tol=1e-6, irreducible=False)
+    # (the batched path, fro_solve_batch)
     cs = ConstraintSet(np.ones((1, 1, 2, 2)), np.ones((1, 1, 1)), np.ones((1, 1, 2), bool),
                        np.ones((1, 1, 2)))
     farkas_verify(cs, np.ones((1, 1, 2)))
-    from .engine import _margins
-
-    cs = ConstraintSet(rng.standard_normal((1, 2, 3, 2)), rng.standard_normal((1, 2, 2)),
-                       np.ones((1, 2, 3), bool), np.ones((1, 2, 3)))
-    _margins(cs, np.ones((1, 2, 2)))  # the engine's margins
+    active.kernels().margins_batch(  # the engine's margins (engine._margins)
+        rng.standard_normal((1, 2, 3, 2)), rng.standard_normal((1, 2, 2)),
+        np.ones((1, 2, 3), bool), np.ones((1, 2, 2)), np.empty((1, 2, 3)))
     return True
