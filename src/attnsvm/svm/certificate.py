@@ -754,12 +754,10 @@ def fro_sums(Delta, Z, valid, b, W, lam):
         comp = np.abs(lam * r).max((-2, -1))  # (0 where invalid: lam = 0, m = 0, b finite)
         u = np.einsum("...it,...itd->...id", lam, Delta)
         S = np.swapaxes(u, -1, -2) @ Z
+        nrm = fro_norm(W)
         fin = np.isfinite(S).all((-2, -1))
-        if fin.all():  # (both norms in one pass)
-            nrm, dn = fro_norm(np.stack((W, S)))
-        else:
-            nrm = fro_norm(W)
-            dn = np.where(fin, fro_norm(np.where(fin[..., None, None], S, 0.0)), np.inf)
+        dn = fro_norm(S) if fin.all() else np.where(
+            fin, fro_norm(np.where(fin[..., None, None], S, 0.0)), np.inf)
         R = W - S
         wms = np.sqrt(np.einsum("...ij,...ij->...", R, R))
     return m, S, margin, viol, nrm, dn, lb_num, wms, comp
