@@ -14,7 +14,9 @@ vectorised pass (:func:`attnsvm.svm.unit_certificate.certify_unit`, the formulas
 numbers of :func:`attnsvm.svm.certificate.certify`, every margin proven by the rigorous
 rounding-error bound), the Farkas candidates of the problems the solver found infeasible
 proven by :func:`attnsvm.svm.farkas.farkas_verify`, the results mapped to the caller's
-units by :mod:`attnsvm.svm.assemble`.  A problem is settled here when its certificate
+units by :mod:`attnsvm.svm.assemble` (batches; a single problem as
+:func:`~attnsvm.svm.assemble.to_solution` maps it, without its re-certification, which
+cannot apply: W must map back exactly).  A problem is settled here when its certificate
 says "optimal" and W maps back to the caller's units exactly, or (batches, unless
 ``irreducible``) when a Farkas certificate is proven ("infeasible").  Every other problem
 (no constraint, a zero constraint, an unresolved or inaccurate solve, a margin the bound
