@@ -350,6 +350,55 @@ def test_unit_certificate_is_certify():
                 assert tight.any() and not (f & tight).any()
 
 
+def test_unit_certificate_one_is_certify_unit():
+    """certify_unit_one (the single problem's certificate: Python-float scalars, fewer
+    numpy calls) against certify_unit on the same answers, problem by problem: it proves
+    exactly the answers certify_unit proves (its larger underflow term changes no verdict
+    here) and every number is the same bits; answers that miss a margin (scaled down by
+    1e-9, a row pushed below 1), that the bound cannot decide (margins exactly 1 without
+    KAPPA) or whose multipliers are not finite get None."""
+    from attnsvm.svm.engine import _to_feasible
+    from attnsvm.svm.unit_certificate import certify_unit, certify_unit_one
+
+    rng = np.random.default_rng(23)
+    proven = refused = 0
+    for kind in ("planted", "random", "degenerate"):
+        X, z, alpha, valid = batch_instance(rng, 40, 5, 6, 4, 3, kind)
+        valid[2] = True  # (every problem with a constraint)
+        cs = engine.build_constraints(X, z, alpha, valid)
+        cs = cs.take(np.nonzero(cs.valid.any((1, 2)))[0])
+        B, (n, T), d = cs.batch_shape[0], cs.shape, cs.d
+        mu, lam, W, rho2, st, it = active.mnp_active(
+            cs.Delta.reshape(B, n * T, d), np.repeat(cs.Z, T, axis=1), cs.valid.reshape(B, -1))
+        W, lam = _to_feasible(cs, W, lam.reshape(B, n, T))
+        push = W.copy()
+        push[:, 0, 0] += 1e-3
+        bare, lbare = _to_feasible(cs, W / 1.0000001, lam)
+        bare = bare / (1 + 2.0 ** -40)
+        nan_lam = lam.copy()
+        nan_lam[:, 0, 0] = np.nan
+        for Wt, lt in ((W, lam), (W * (1 - 1e-9), lam), (push, lam), (bare, lbare),
+                       (W, nan_lam)):
+            ref = certify_unit(cs.Delta, cs.Z, cs.valid, Wt, lt, 1e-6)
+            for b in np.nonzero(np.isfinite(Wt).all((1, 2)))[0]:
+                got = certify_unit_one(cs.Delta[b], cs.Z[b], cs.valid[b], Wt[b], lt[b], 1e-6)
+                want = ref.feasible[b] and np.isfinite(ref.gap[b])
+                assert (got is not None) == want, (kind, b)
+                if got is None:
+                    refused += 1
+                    continue
+                proven += 1
+                for k in ("lam", "margins", "support"):
+                    x, y = getattr(got, k), getattr(ref, k)[b]
+                    assert x.dtype == y.dtype and np.array_equal(x, y), k
+                for k in ("norm", "margin", "violation", "kkt", "gap", "lower"):
+                    x, y = getattr(got, k), float(getattr(ref, k)[b])
+                    assert type(x) is float and (x == y or (np.isnan(x) and np.isnan(y))), k
+                assert got.wmax == np.abs(Wt[b]).max()
+                assert got.n_constraints == cs.valid[b].sum()
+    assert proven > 50 and refused > 50
+
+
 def test_entry_points_take_the_fast_path_of_the_strategy_row(monkeypatch):
     """att_svm, att_svm_batch and prompt_svm_batch reach the compiled path through the
     Frobenius row's fields (fast_single / fast_batch and their rules), not by name: the

@@ -43,7 +43,7 @@ from .constraints import ConstraintSet, ldexp
 from .farkas import conflicts, farkas_verify
 from .records import Outcome
 from .result import BatchSolution, Solution
-from .unit_certificate import certify_unit
+from .unit_certificate import certify_unit, certify_unit_one
 
 __all__ = ["att_svm_lean", "batch_lean", "applies", "batch_applies", "MAX_LEAN_N", "warmup"]
 
@@ -103,41 +103,40 @@ def att_svm_lean(X: np.ndarray, z: np.ndarray, alpha: np.ndarray, valid: np.ndar
     t0 = time.perf_counter()
     n, T, d = X.shape
     e = z.shape[1]
-    D = np.empty((1, n, T, d))
-    Zs = np.empty((1, n, e))
-    v = np.empty((1, n, T), bool)
-    W = np.empty((1, d, e))
-    lam = np.empty((1, n, T))
-    mu = np.empty((1, n, T))
+    D = np.empty((n, T, d))
+    Zs = np.empty((n, e))
+    v = np.empty((n, T), bool)
+    W = np.empty((d, e))
+    lam = np.empty((n, T))
+    mu = np.empty((n, T))
     info = np.zeros(5, np.int64)
-    K.fro_single(X, z, alpha, valid, 1e-12, 1e-13, 20 * n * T + 50, D[0], Zs[0], v[0], W[0],
-                 lam[0], mu[0], info)
+    K.fro_single(X, z, alpha, valid, 1e-12, 1e-13, 20 * n * T + 50, D, Zs, v, W, lam, mu,
+                 info)
     if info[0] != K.LEAN_OK or info[2] != active.OPTIMAL or not info[4]:
         return None
-    cert = certify_unit(D, Zs, v, W, lam, tol)
+    cert = certify_unit_one(D, Zs, v, W, lam, tol)  # (info[4]: W is finite)
     k = int(info[1])
-    if not (cert.feasible[0] and cert.gap[0] <= GAP_OPTIMAL and -511 <= k <= 511):
+    if cert is None or not (cert.gap <= GAP_OPTIMAL and -511 <= k <= 511):
         return None  # (the engine decides: the exact margins, a scale-up, the fallbacks,
         # extreme scales)
     # back to the caller's units as assemble.to_solution maps them (W 2^-k, dual 2^-2k:
     # products with normal powers of two, as constraints.ldexp), where W maps back exactly
+    # (then |Wu| = |W| 2^-k exactly: its largest entry is max |W| down)
     down, down2 = 2.0 ** -k, 2.0 ** (-2 * k)
-    Wn = cert.W[0]
     with np.errstate(over="ignore", under="ignore"):
-        Wu = Wn * down
-        if not ((Wu * 2.0 ** k == Wn).all()
-                and (np.abs(Wu).max() >= MIN_REPRESENTABLE or not Wn.any())):
+        Wu = W * down
+        if not (Wu * 2.0 ** k == W).all():
             return None  # (entries under- or overflow: the engine re-certifies or raises)
-        dual = cert.lam[0] * down2
-    extra = {"n_constraints": int(v[0].sum()), "scale_exp": k,
-             "lower_bound": float(cert.lower[0]) * down, "solver_status": "optimal",
-             "n_fallback": 0}
+        if not (cert.wmax * down >= MIN_REPRESENTABLE or cert.wmax == 0.0):
+            return None  # (not representable: the engine raises NotRepresentableError)
+        dual = cert.lam * down2
+    extra = {"n_constraints": cert.n_constraints, "scale_exp": k,
+             "lower_bound": cert.lower * down, "solver_status": "optimal", "n_fallback": 0}
     return Solution(
-        W_=Wu, norm_=float(cert.norm[0]) * down, margin_=float(cert.margin[0]),
-        violation_=float(cert.violation[0]), kkt_residual_=float(cert.kkt[0]),
-        gap_=float(cert.gap[0]), dual_=dual, support_=cert.support[0],
-        margins_=cert.margins[0], solver_="mnp-active", feasible_=True,
-        status_=str(verdict(True, float(cert.gap[0]), False)),  # ("optimal")
+        W_=Wu, norm_=cert.norm * down, margin_=cert.margin, violation_=cert.violation,
+        kkt_residual_=cert.kkt, gap_=cert.gap, dual_=dual, support_=cert.support,
+        margins_=cert.margins, solver_="mnp-active", feasible_=True,
+        status_="optimal",  # (certificate.verdict's rule: proven feasible, gap <= GAP_OPTIMAL)
         conflict_=(), alpha_=alpha, norm="fro", problem=problem, n_iter_=int(info[3]),
         time_=time.perf_counter() - t0, tol_active=tol, extra=extra)
 
