@@ -12,7 +12,9 @@ the multipliers lam, the minimum-norm point mu) and nothing else; the status is 
 as the engine decides it, in plain numpy: the certificate of all B answers in one
 vectorised pass (:func:`attnsvm.svm.unit_certificate.certify_unit`, the formulas and
 numbers of :func:`attnsvm.svm.certificate.certify`, every margin proven by the rigorous
-rounding-error bound), the Farkas candidates of the problems the solver found infeasible
+rounding-error bound; a single problem's by
+:func:`~attnsvm.svm.unit_certificate.certify_unit_one`, the same numbers in half the numpy
+calls), the Farkas candidates of the problems the solver found infeasible
 proven by :func:`attnsvm.svm.farkas.farkas_verify`, the results mapped to the caller's
 units by :mod:`attnsvm.svm.assemble` (batches; a single problem as
 :func:`~attnsvm.svm.assemble.to_solution` maps it, without its re-certification, which

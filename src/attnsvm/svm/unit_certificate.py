@@ -4,6 +4,10 @@ SVM), in one plain-numpy pass: the compiled fast path of the Frobenius strategy
 (:mod:`attnsvm.svm.lean`) certifies its answers here.
 
     cert = certify_unit(D, Z, v, W, lam, tol_active)
+    one = certify_unit_one(D[b], Z[b], v[b], W[b], lam[b], tol_active)  # one problem
+
+(:func:`certify_unit_one`: the single-problem path's, the same numbers with Python-float
+scalars in half the numpy calls, None where it proves nothing.)
 
 The same formulas as :func:`~attnsvm.svm.certificate.certify` (its numbers come from the
 same :func:`~attnsvm.svm.certificate.fro_sums`, so they are the engine's bit for bit), with
@@ -121,9 +125,9 @@ def certify_unit_one(D: np.ndarray, Z: np.ndarray, v: np.ndarray, W: np.ndarray,
     fl(m^_k - 1) >= fl(err_k SLACK), evaluated as min_k fl(fl(m^_k - 1) - fl(err_k SLACK))
     >= 0 (the same test: for finite a, b, fl(a - b) has the sign of a - b), with the
     underflow term of err_k (:func:`~attnsvm.svm.certificate._margin_err`) taken at upper
-    bounds common to every sequence, wz = 2 fl(sum |W|) max |z| >= sum_cf |W_cf| |z_if| and
-    az = 2 e max |z| >= sum_f |z_if| (a larger err_k: every margin proven here is proven by
-    certify_unit).  None where a margin is not proven, lam or a margin is not finite, or
+    bounds common to every sequence, wz = 2 d e max |W| max |z| >= sum_cf |W_cf| |z_if| and
+    az = 2 e max |z| >= sum_f |z_if| (a larger err_k, by a term of order 2^-1074 |W|:
+    every margin proven here is proven by certify_unit).  None where a margin is not proven, lam or a margin is not finite, or
     ||W|| is not: the caller hands the problem to the engine, which decides it."""
     n, T, d = D.shape
     e = Z.shape[1]
@@ -138,7 +142,8 @@ def certify_unit_one(D: np.ndarray, Z: np.ndarray, v: np.ndarray, W: np.ndarray,
         aW, aZ = np.abs(W), np.abs(Z)
         E = np.einsum("nte,ne->nt", (np.abs(D).reshape(n * T, d) @ aW).reshape(n, T, e), aZ)
         wmax, zmax = float(aW.max()), float(aZ.max())
-        err = _margin_err(E, 2.0 * float(aW.sum()) * zmax, 2.0 * e * zmax, d, e)
+        wz = 2.0 * (d * e) * wmax * zmax  # (>= sum_cf |W_cf| |z_if|, every i)
+        err = _margin_err(E, wz, 2.0 * e * zmax, d, e)
         if not (float(((mv - 1.0) - err * SLACK).min()) >= 0.0
                 and math.isfinite(float(m.max()))):
             return None  # (and m^_k - 1 finite on every constraint, as certify_unit asks)
@@ -167,4 +172,4 @@ def certify_unit_one(D: np.ndarray, Z: np.ndarray, v: np.ndarray, W: np.ndarray,
     else:
         kkt = math.inf
     return UnitOne(lam, m, mv <= 1.0 + tol_active, nrm, margin, viol, kkt, gap, lower, wmax,
-                   int(v.sum()))
+                   int(np.count_nonzero(v)))
