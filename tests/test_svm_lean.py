@@ -397,6 +397,20 @@ def test_unit_certificate_one_is_certify_unit():
                 assert got.wmax == np.abs(Wt[b]).max()
                 assert got.n_constraints == cs.valid[b].sum()
     assert proven > 50 and refused > 50
+    # a margin 1 + 2e-12 that the cheap E'_k = sum|D_k| max|W| sum|z_i| (~1.5e6 here) leaves
+    # undecided and E_k (~1) proves: the exact E's second pass; at 1 exactly: None
+    D = np.array([[[1.0, 0.0], [0.0, 0.0]]])
+    Z = np.array([[1.0, 0.5]])
+    v = np.array([[True, False]])
+    lam1 = np.array([[1.0, 0.0]])
+    for w00, ok in ((1 + 2e-12, True), (1.0, False)):
+        W1 = np.array([[w00, 0.0], [0.0, 1e6]])
+        got = certify_unit_one(D, Z, v, W1, lam1, 1e-6)
+        ref = certify_unit(D[None], Z[None], v[None], W1[None], lam1[None], 1e-6)
+        assert (got is not None) == ok == bool(ref.feasible[0])
+        if ok:
+            assert (got.norm, got.margin, got.kkt, got.gap) == (
+                ref.norm[0], ref.margin[0], ref.kkt[0], ref.gap[0])
 
 
 def test_entry_points_take_the_fast_path_of_the_strategy_row(monkeypatch):

@@ -123,8 +123,10 @@ def certify_unit_one(D: np.ndarray, Z: np.ndarray, v: np.ndarray, W: np.ndarray,
     same numbers, so the same bits (tests/test_svm_lean.py, test_unit_certificate_is_certify),
     with the per-problem scalars as Python floats.  The proof is certify_unit's comparison
     fl(m^_k - 1) >= fl(err_k SLACK), evaluated as min_k fl(fl(m^_k - 1) - fl(err_k SLACK))
-    >= 0 (the same test: for finite a, b, fl(a - b) has the sign of a - b), with the
-    underflow term of err_k (:func:`~attnsvm.svm.certificate._margin_err`) taken at upper
+    >= 0 (the same test: for finite a, b, fl(a - b) has the sign of a - b), first with
+    E'_k = sum_c |D_kc| max |W| sum_f |z_if| >= E_k in place of E_k (a sum in d + e
+    roundings as E_k: the same analysis; E_k itself where E'_k leaves a margin undecided),
+    with the underflow term of err_k (:func:`~attnsvm.svm.certificate._margin_err`) taken at upper
     bounds common to every sequence, wz = 2 d e max |W| max |z| >= sum_cf |W_cf| |z_if| and
     az = 2 e max |z| >= sum_f |z_if| (a larger err_k, by a term of order 2^-1074 |W|:
     every margin proven here is proven by certify_unit).  None where a margin is not proven, lam or a margin is not finite, or
@@ -138,15 +140,21 @@ def certify_unit_one(D: np.ndarray, Z: np.ndarray, v: np.ndarray, W: np.ndarray,
         m0 = np.einsum("nte,ne->nt", (D.reshape(n * T, d) @ W).reshape(n, T, e), Z)
         m = np.where(v, m0, 0.0)  # (fro_sums' margins)
         mv = np.where(v, m0, np.inf)  # (the valid ones; inf elsewhere)
-        # the proof: every margin >= 1 by the rounding-error bound
-        aW, aZ = np.abs(W), np.abs(Z)
-        E = np.einsum("nte,ne->nt", (np.abs(D).reshape(n * T, d) @ aW).reshape(n, T, e), aZ)
+        # the proof: every margin >= 1 by the rounding-error bound, first with the cheap
+        # E'_k = sum_c |D_kc| max|W| sum_f |z_if| >= E_k (both sums in d + e roundings),
+        # where that leaves a margin undecided with E_k itself (certify_unit's)
+        aW, aZ, aD = np.abs(W), np.abs(Z), np.abs(D)
         wmax, zmax = float(aW.max()), float(aZ.max())
         wz = 2.0 * (d * e) * wmax * zmax  # (>= sum_cf |W_cf| |z_if|, every i)
-        err = _margin_err(E, wz, 2.0 * e * zmax, d, e)
-        if not (float(((mv - 1.0) - err * SLACK).min()) >= 0.0
-                and math.isfinite(float(m.max()))):
-            return None  # (and m^_k - 1 finite on every constraint, as certify_unit asks)
+        under = (wz, 2.0 * e * zmax, d, e)
+        slack = mv - 1.0
+        E = aD.sum(-1) * (wmax * aZ.sum(1))[:, None]
+        if not float((slack - _margin_err(E, *under) * SLACK).min()) >= 0.0:
+            E = np.einsum("nte,ne->nt", (aD.reshape(n * T, d) @ aW).reshape(n, T, e), aZ)
+            if not float((slack - _margin_err(E, *under) * SLACK).min()) >= 0.0:
+                return None
+        if not math.isfinite(float(m.max())):
+            return None  # (m^_k - 1 finite on every constraint, as certify_unit asks)
         nrm = _fro(W, wmax)
         if not math.isfinite(nrm):
             return None
