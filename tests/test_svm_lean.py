@@ -397,8 +397,8 @@ def test_unit_certificate_one_is_certify_unit():
                 assert got.wmax == np.abs(Wt[b]).max()
                 assert got.n_constraints == cs.valid[b].sum()
     assert proven > 50 and refused > 50
-    # a margin 1 + 2e-12 that the cheap E'_k = sum|D_k| max|W| sum|z_i| (~1.5e6 here) leaves
-    # undecided and E_k (~1) proves: the exact E's second pass; at 1 exactly: None
+    # a margin 1 + 2e-12 that the common bound E' = d e max|D| max|W| max|z| (4e6 here)
+    # leaves undecided and E_k (~1) proves: the second pass, with E_k; at 1 exactly: None
     D = np.array([[[1.0, 0.0], [0.0, 0.0]]])
     Z = np.array([[1.0, 0.5]])
     v = np.array([[True, False]])

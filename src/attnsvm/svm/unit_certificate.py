@@ -120,17 +120,22 @@ def certify_unit_one(D: np.ndarray, Z: np.ndarray, v: np.ndarray, W: np.ndarray,
     """:func:`certify_unit` of ONE problem (D (n, T, d), Z (n, e), v (n, T), W (d, e)
     finite, lam (n, T)) where it proves the margins, in about half the numpy calls: the
     single-problem fast path's certificate.  Its numbers are fro_sums' operations on the
-    same numbers, so the same bits (tests/test_svm_lean.py, test_unit_certificate_is_certify),
-    with the per-problem scalars as Python floats.  The proof is certify_unit's comparison
-    fl(m^_k - 1) >= fl(err_k SLACK), evaluated as min_k fl(fl(m^_k - 1) - fl(err_k SLACK))
-    >= 0 (the same test: for finite a, b, fl(a - b) has the sign of a - b), first with
-    E'_k = sum_c |D_kc| max |W| sum_f |z_if| >= E_k in place of E_k (a sum in d + e
-    roundings as E_k: the same analysis; E_k itself where E'_k leaves a margin undecided),
-    with the underflow term of err_k (:func:`~attnsvm.svm.certificate._margin_err`) taken at upper
-    bounds common to every sequence, wz = 2 d e max |W| max |z| >= sum_cf |W_cf| |z_if| and
-    az = 2 e max |z| >= sum_f |z_if| (a larger err_k, by a term of order 2^-1074 |W|:
-    every margin proven here is proven by certify_unit).  None where a margin is not proven, lam or a margin is not finite, or
-    ||W|| is not: the caller hands the problem to the engine, which decides it."""
+    same numbers, so the same bits (tests/test_svm_lean.py), with the per-problem scalars
+    as Python floats.
+
+    The proof is certify_unit's comparison fl(m^_k - 1) >= fl(err_k SLACK) (module
+    docstring), first for every k at once: fl(min_k m^_k - 1) >= fl(err' SLACK), where
+    err' is err_k with E_k replaced by E' = d e max |D| max |W| max |z| >= E_k (three
+    roundings, fewer than E_k's d + e: the same analysis) and fl(m^_k - 1) >=
+    fl(min_k m^_k - 1) (rounding is monotone); where that leaves a margin undecided, with
+    E_k itself, as min_k fl(fl(m^_k - 1) - fl(err_k SLACK)) >= 0 (the same test: for
+    finite a, b, fl(a - b) has the sign of a - b).  The underflow term of err_k
+    (:func:`~attnsvm.svm.certificate._margin_err`) is taken at bounds common to every
+    sequence, wz = 2 d e max |W| max |z| >= sum_cf |W_cf| |z_if| and az = 2 e max |z| >=
+    sum_f |z_if| (larger by a term of order 2^-1074 |W|).  So every margin proven here is
+    proven by certify_unit.  None where a margin is not proven, lam or a margin is not
+    finite, or ||W|| is not: the caller hands the problem to the engine, which decides
+    it."""
     n, T, d = D.shape
     e = Z.shape[1]
     with np.errstate(over="ignore", invalid="ignore", under="ignore", divide="ignore"):
@@ -140,18 +145,19 @@ def certify_unit_one(D: np.ndarray, Z: np.ndarray, v: np.ndarray, W: np.ndarray,
         m0 = np.einsum("nte,ne->nt", (D.reshape(n * T, d) @ W).reshape(n, T, e), Z)
         m = np.where(v, m0, 0.0)  # (fro_sums' margins)
         mv = np.where(v, m0, np.inf)  # (the valid ones; inf elsewhere)
-        # the proof: every margin >= 1 by the rounding-error bound, first with the cheap
-        # E'_k = sum_c |D_kc| max|W| sum_f |z_if| >= E_k (both sums in d + e roundings),
-        # where that leaves a margin undecided with E_k itself (certify_unit's)
+        # the proof: every margin >= 1 by the rounding-error bound, first for every k at
+        # once with E_k <= d e max|D| max|W| max|z| (Python floats: fl(m^_k - 1) >=
+        # fl(min_k m^_k - 1), rounding is monotone), where that leaves a margin undecided
+        # with E_k itself (certify_unit's)
         aW, aZ, aD = np.abs(W), np.abs(Z), np.abs(D)
         wmax, zmax = float(aW.max()), float(aZ.max())
         wz = 2.0 * (d * e) * wmax * zmax  # (>= sum_cf |W_cf| |z_if|, every i)
         under = (wz, 2.0 * e * zmax, d, e)
-        slack = mv - 1.0
-        E = aD.sum(-1) * (wmax * aZ.sum(1))[:, None]
-        if not float((slack - _margin_err(E, *under) * SLACK).min()) >= 0.0:
+        margin = float(mv.min())
+        Emax = (d * e) * float(aD.max()) * wmax * zmax
+        if not margin - 1.0 >= _margin_err(Emax, *under) * SLACK:
             E = np.einsum("nte,ne->nt", (aD.reshape(n * T, d) @ aW).reshape(n, T, e), aZ)
-            if not float((slack - _margin_err(E, *under) * SLACK).min()) >= 0.0:
+            if not float(((mv - 1.0) - _margin_err(E, *under) * SLACK).min()) >= 0.0:
                 return None
         if not math.isfinite(float(m.max())):
             return None  # (m^_k - 1 finite on every constraint, as certify_unit asks)
@@ -159,7 +165,6 @@ def certify_unit_one(D: np.ndarray, Z: np.ndarray, v: np.ndarray, W: np.ndarray,
         if not math.isfinite(nrm):
             return None
         # the numbers (certificate.fro_sums with b_k = 1, certify_unit)
-        margin = float(mv.min())
         viol = max(1.0 - margin, 0.0)
         lb_num = float(lam.sum())
         # |lam_k (m_k - 1)|: lam_k (m_k - 1) >= 0 on the valid ones (proven m_k - 1 >= 0),
