@@ -159,8 +159,9 @@ def certify_unit_one(D: np.ndarray, Z: np.ndarray, v: np.ndarray, W: np.ndarray,
             E = np.einsum("nte,ne->nt", (aD.reshape(n * T, d) @ aW).reshape(n, T, e), aZ)
             if not float(((mv - 1.0) - _margin_err(E, *under) * SLACK).min()) >= 0.0:
                 return None
-        if not math.isfinite(float(m.max())):
-            return None  # (m^_k - 1 finite on every constraint, as certify_unit asks)
+        if not (Emax <= 2.0 ** 1000 or math.isfinite(float(m.max()))):
+            return None  # (m^_k - 1 finite on every constraint, as certify_unit asks;
+            # |m^_k| <= (1 + gamma_{d+e}) E_k <= 2^1000 (1 + 1e-12) is finite)
         nrm = _fro(W, wmax)
         if not math.isfinite(nrm):
             return None
