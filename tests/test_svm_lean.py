@@ -413,7 +413,7 @@ def test_unit_certificate_one_is_certify_unit():
                 ref.norm[0], ref.margin[0], ref.kkt[0], ref.gap[0])
     # margins that overflow (W near the largest float): None, and certify_unit refuses
     W1 = np.array([[1e308, 0.0], [0.0, 1.0]])
-    D1 = np.array([[[1.5, 0.0], [0.0, 0.0]]])
+    D1 = np.array([[[2.0, 0.0], [0.0, 0.0]]])  # (m = 2e308: inf)
     assert certify_unit_one(D1, Z, v, W1, lam1, 1e-6) is None
     assert not certify_unit(D1[None], Z[None], v[None], W1[None], lam1[None], 1e-6).feasible[0]
 
