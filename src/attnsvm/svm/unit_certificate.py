@@ -132,8 +132,8 @@ def certify_unit_one(D: np.ndarray, Z: np.ndarray, v: np.ndarray, W: np.ndarray,
     finite a, b, fl(a - b) has the sign of a - b).  The underflow term of err_k
     (:func:`~attnsvm.svm.certificate._margin_err`) is taken at bounds common to every
     sequence, wz = 2 d e max |W| max |z| >= sum_cf |W_cf| |z_if| and az = 2 e max |z| >=
-    sum_f |z_if| (larger by a term of order 2^-1074 |W|).  So every margin proven here is
-    proven by certify_unit.  None where a margin is not proven, lam or a margin is not
+    sum_f |z_if| (larger by a term of order 2^-1074 |W|; inf where d e max |W| nears the
+    overflow threshold).  So every margin proven here is proven by certify_unit.  None where a margin is not proven, lam or a margin is not
     finite, or ||W|| is not: the caller hands the problem to the engine, which decides
     it."""
     n, T, d = D.shape
