@@ -15,7 +15,6 @@ from attnsvm.svm import (  # noqa: E402
     active,
     att_svm,
     att_svm_batch,
-    lean,
     prompt_svm,
     prompt_svm_batch,
     strategy,
@@ -217,9 +216,12 @@ def test_stalled_problems_fall_back(monkeypatch):
         return out
 
     monkeypatch.setattr(active, "mnp_active", stalled)
-    # the engine's path (the compiled per-problem batch path hands its stalled problems
-    # to it: tests/test_svm_lean.py)
-    monkeypatch.setattr(lean, "batch_applies", lambda *a: False)
+    # the engine's path (the compiled per-problem batch path, the Frobenius row's
+    # fast_batch, hands its stalled problems to it: tests/test_svm_lean.py)
+    from dataclasses import replace
+
+    monkeypatch.setitem(strategy.STRATEGIES, FRO,
+                        replace(strategy.STRATEGIES[FRO], fast_batch=None))
     got = att_svm_batch(X, z, alpha)
     assert np.array_equal(got.status_, ref.status_)
     assert any("stalled" in s for s in got.solver_)

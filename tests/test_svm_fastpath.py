@@ -1,7 +1,7 @@
 """The engine's fast paths against its general ones, on random feasible, degenerate and
 infeasible instances, single and batched:
 
-* the compiled Frobenius certificate (``certificate._fro_sums`` -> ``certify_fro``) and the
+* the Frobenius certificate's one-pass numbers (``certificate._fro_sums`` -> ``fro_sums``) and the
   compiled margins of the feasibility rescaling (``engine._margins``) against the numpy
   certificate (the same solver answers, certified both ways): identical statuses,
   feasibility, supports and conflicts; margins, norms and multipliers to 1e-12 relative;

@@ -3,7 +3,7 @@ and each compiled twin (kept in its kernel module) held equal to the plain one o
 
 * the scale-safe Frobenius norm ``certificate.fro_norm`` against the exact sum of squares
   (Python fractions) within its stated bound gamma_{size + 4}, at scales where the plain
-  sum of squares over- or underflows, and ``_active_kernels._fro`` equal to it;
+  sum of squares over- or underflows;
 * the Cholesky factorisation ``certificate._cholesky`` against LAPACK and the compiled
   ``_nuc_kernels._chol`` against it; both refuse a matrix that is not positive definite.
 """
@@ -45,19 +45,6 @@ def test_fro_norm_catches_a_wrong_norm():
     A = np.full((2, 2), 1e-200)
     assert float(np.sqrt((A * A).sum())) == 0.0
     assert abs(float(fro_norm(A)) - _exact_fro(A)) <= 1e-15 * _exact_fro(A)
-
-
-def test_compiled_fro_is_the_plain_one():
-    pytest.importorskip("numba")
-    from attnsvm.svm import active
-
-    K = active.kernels()
-    rng = np.random.default_rng(4)
-    for scale in (1.0, 1e-150, 1e150):
-        for shape in ((3, 3), (1, 7), (5, 2)):
-            A = rng.standard_normal(shape) * scale
-            assert math.isclose(K._fro(A), float(fro_norm(A)), rel_tol=4 * 2.0 ** -52)
-    assert K._fro(np.zeros((2, 2))) == 0.0
 
 
 def _spd(rng, B, p):

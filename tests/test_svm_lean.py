@@ -10,7 +10,7 @@ import pytest
 pytest.importorskip("numba")
 
 from attnsvm.norms import FRO  # noqa: E402
-from attnsvm.svm import att_svm, engine, farkas, lean  # noqa: E402
+from attnsvm.svm import active, att_svm, engine, farkas, lean  # noqa: E402
 from attnsvm.svm.problems import _run  # noqa: E402
 
 FIELDS = ("norm_", "margin_", "violation_", "kkt_residual_", "gap_", "status_", "solver_",
@@ -158,6 +158,17 @@ def general_batch(X, z, alpha, valid, xexp=0, irreducible=False, problem="att_sv
                                     norm=FRO, tol=1e-6)
 
 
+def lean_batch(X, z, alpha, valid, irreducible=False, max_iter=None):
+    """The batch through the Frobenius row's fast path (lean.batch_lean), the problems it
+    does not settle through the engine (batch._engine_rest, as att_svm_batch)."""
+    from attnsvm.svm.batch import _engine_rest
+
+    kw = dict(tol=1e-6, irreducible=irreducible, problem="att_svm", vector=False)
+    return lean.batch_lean(X, z, alpha, valid, 0, **kw, max_iter=max_iter,
+                           rest=_engine_rest(X, z, alpha, valid, 0, norm="fro", solver=None,
+                                             **kw))
+
+
 BATCH_FIELDS = ("W_", "norm_", "margin_", "violation_", "kkt_residual_", "gap_", "dual_",
                 "support_", "margins_", "feasible_", "status_", "solver_", "alpha_")
 
@@ -210,8 +221,7 @@ def test_batch_lean_equals_engine(kind, irreducible):
     for B, n, T, d, e in ((40, 6, 8, 5, 3), (70, 3, 4, 2, 2), (9, 5, 6, 4, 1)):
         X, z, alpha, valid = batch_instance(rng, B, n, T, d, e, kind)
         ref = general_batch(X, z, alpha, valid, irreducible=irreducible)
-        got = lean.batch_lean(X, z, alpha, valid, 0, solver=None, tol=1e-6,
-                              irreducible=irreducible, problem="att_svm", vector=False)
+        got = lean_batch(X, z, alpha, valid, irreducible=irreducible)
         same_batch(got, ref)
         same_batch(att_svm_batch(X, z, alpha, mask=valid, irreducible=irreducible), ref)
         n_inf += (ref.status_ == "infeasible").sum()
@@ -242,16 +252,14 @@ def test_batch_lean_hands_over_stalled_problems():
     rng = np.random.default_rng(9)
     X, z, alpha, valid = batch_instance(rng, 12, 4, 5, 3, 3, "random")
     ref = general_batch(X, z, alpha, valid)
-    got = lean.batch_lean(X, z, alpha, valid, 0, solver=None, tol=1e-6, irreducible=False,
-                          problem="att_svm", vector=False, max_iter=1)
+    got = lean_batch(X, z, alpha, valid, max_iter=1)
     same_batch(got, ref)
     # one stalled problem among settled ones (the engine gets it in a batch of two)
     Xp, zp, ap, vp = batch_instance(rng, 5, 4, 5, 3, 3, "planted")
     ref = general_batch(Xp, zp, ap, vp)
     Xp[3, :, 1] = Xp[3, np.arange(4), ap[3]]  # a zero constraint in problem 3: the engine's
     ref3 = general_batch(Xp, zp, ap, vp)
-    got = lean.batch_lean(Xp, zp, ap, vp, 0, solver=None, tol=1e-6, irreducible=False,
-                          problem="att_svm", vector=False)
+    got = lean_batch(Xp, zp, ap, vp)
     same_batch(got, ref3)
     assert ref3.status_[3] == "infeasible" and ref.status_[3] == "optimal"
 
@@ -269,25 +277,180 @@ def test_conflict_tuples(n):
     assert farkas.conflict_tuples(hit, ok) == want
 
 
-def test_lossy_tokens_flags_only_a_nonzero_entry_2_1020_below_the_largest():
-    """_lossy_tokens: a valid nonzero entry below max |x| 2^-1020 (over the valid tokens) is
-    lossy; exact zeros, masked tokens and entries at the threshold are not."""
-    from attnsvm.svm.lean import _lossy_tokens
+def test_lean_hands_over_tokens_scaled_into_the_subnormal_range():
+    """A valid nonzero token entry that the normalisation (X 2^-eX) takes into the subnormal
+    range may lose bits: the kernel hands the problem to the engine (None), whose answer
+    att_svm returns; the same entry on a masked token, or just above the range, is kept."""
+    rng = np.random.default_rng(21)
+    X, z, alpha, valid = instance(rng, 4, 3, 2, 2, "planted")
+    X = X / np.abs(X).max() * 3.0  # max |x| in [2, 4): X 2^-2
+    t = (alpha[0] + 1) % 3
+    for tiny, handed in ((2.0 ** -1000, False), (2.0 ** -1060, True)):
+        X2 = X.copy()
+        X2[0, t, 0] = tiny
+        got = lean.att_svm_lean(X2, z, alpha, valid, tol=1e-6)
+        assert (got is None) == handed
+        ref = general(X2, z, alpha, valid)
+        same(att_svm(X2, z, alpha, mask=valid), ref)
+        if got is not None:
+            same(got, ref)
+    v2 = valid.copy()
+    v2[0, t] = False  # masked: not read
+    X2[0, t, 0] = 2.0 ** -1060
+    assert lean.att_svm_lean(X2, z, alpha, v2, tol=1e-6) is not None
 
-    X = np.ones((2, 3, 2))
-    valid = np.ones((2, 3), bool)
-    assert not _lossy_tokens(X, valid)
-    X[0, 1, 0] = 0.0  # zeros lose nothing
-    assert not _lossy_tokens(X, valid)
-    X[1, 2, 1] = 2.0 ** -1020  # at the threshold of max 1: kept
-    assert not _lossy_tokens(X, valid)
-    X[1, 2, 1] = 2.0 ** -1021
-    assert _lossy_tokens(X, valid)
-    valid[1, 2] = False  # masked: not read
-    assert not _lossy_tokens(X, valid)
-    X[0, 0, 0] = 2.0 ** 20  # a masked giant does not lower the bar for the valid ones
-    X[1, 2] = 2.0 ** 30
-    X[0, 2, 1] = 2.0 ** -1000  # = 2^20 2^-1020
-    assert not _lossy_tokens(X, valid)
-    X[0, 2, 1] = 2.0 ** -1000 * 0.75
-    assert _lossy_tokens(X, valid)
+
+def test_unit_certificate_is_certify():
+    """certify_unit (the fast path's certificate, one numpy pass over B problems) against
+    certificate.certify on the same answers, problem by problem: where it says feasible,
+    certify does and every number is the same bits; it never proves what certify does not;
+    it refuses answers that miss a margin (scaled down by 1e-9, a row pushed below 1) or
+    that the bound cannot decide (margins exactly 1 without KAPPA)."""
+    from attnsvm.svm.certificate import certify
+    from attnsvm.svm.engine import _to_feasible
+    from attnsvm.svm.unit_certificate import certify_unit
+
+    rng = np.random.default_rng(17)
+    for kind in ("planted", "random", "degenerate"):
+        X, z, alpha, valid = batch_instance(rng, 40, 5, 6, 4, 3, kind)
+        valid[2] = True  # (every problem with a constraint)
+        cs = engine.build_constraints(X, z, alpha, valid)
+        cs = cs.take(np.nonzero(cs.valid.any((1, 2)))[0])
+        B, (n, T), d = cs.batch_shape[0], cs.shape, cs.d
+        mu, lam, W, rho2, st, it = active.mnp_active(
+            cs.Delta.reshape(B, n * T, d), np.repeat(cs.Z, T, axis=1), cs.valid.reshape(B, -1))
+        W, lam = _to_feasible(cs, W, lam.reshape(B, n, T))
+        short = W * (1 - 1e-9)  # every margin below 1: refused
+        push = W.copy()
+        push[:, 0, 0] += 1e-3  # (a random change: some margin drops below 1)
+        bare, lbare = _to_feasible(cs, W / 1.0000001, lam)  # min margin 1 exactly, then KAPPA
+        bare = bare / (1 + 2.0 ** -40)  # (KAPPA undone: margins at 1, the bound undecided)
+        for Wt, lt in ((W, lam), (short, lam), (push, lam), (bare, lbare)):
+            ref = certify(cs, Wt, lt, FRO, 1e-6)
+            got = certify_unit(cs.Delta, cs.Z, cs.valid, Wt, lt, 1e-6)
+            assert not (got.feasible & ~ref.feasible).any()
+            f = got.feasible
+            for k in ("W", "lam", "margins", "norm", "margin", "violation", "kkt", "gap",
+                      "lower", "support"):
+                x, y = getattr(got, k)[f], getattr(ref, k)[f]
+                assert np.array_equal(x, y, equal_nan=x.dtype.kind == "f"), k
+            if Wt is W:
+                assert f.sum() >= 0.9 * ref.feasible.sum() and (kind == "random" or f.sum() > 5)
+                bare_numbers = certify_unit(cs.Delta, cs.Z, cs.valid, Wt, lt, 1e-6, prove=False)
+                assert not bare_numbers.feasible.any()  # (no proof run: nothing feasible)
+                assert np.array_equal(bare_numbers.lower, got.lower)
+            if Wt is short:
+                assert not f.any()
+            if Wt is push:
+                m = cs.margins(Wt)
+                assert not (f & np.where(cs.valid, m < 1, False).any((1, 2))).any()
+            if Wt is bare:  # margins 1 to rounding: the bound proves none of the tight ones
+                m = cs.margins(Wt)
+                tight = np.where(cs.valid, m <= 1.0 + 1e-15, False).any((1, 2))
+                assert tight.any() and not (f & tight).any()
+
+
+def test_unit_certificate_one_is_certify_unit():
+    """certify_unit_one (the single problem's certificate: Python-float scalars, fewer
+    numpy calls) against certify_unit on the same answers, problem by problem: it proves
+    exactly the answers certify_unit proves (its larger underflow term changes no verdict
+    here) and every number is the same bits; answers that miss a margin (scaled down by
+    1e-9, a row pushed below 1), that the bound cannot decide (margins exactly 1 without
+    KAPPA) or whose multipliers are not finite get None."""
+    from attnsvm.svm.engine import _to_feasible
+    from attnsvm.svm.unit_certificate import certify_unit, certify_unit_one
+
+    rng = np.random.default_rng(23)
+    proven = refused = 0
+    for kind in ("planted", "random", "degenerate"):
+        X, z, alpha, valid = batch_instance(rng, 40, 5, 6, 4, 3, kind)
+        valid[2] = True  # (every problem with a constraint)
+        cs = engine.build_constraints(X, z, alpha, valid)
+        cs = cs.take(np.nonzero(cs.valid.any((1, 2)))[0])
+        B, (n, T), d = cs.batch_shape[0], cs.shape, cs.d
+        mu, lam, W, rho2, st, it = active.mnp_active(
+            cs.Delta.reshape(B, n * T, d), np.repeat(cs.Z, T, axis=1), cs.valid.reshape(B, -1))
+        W, lam = _to_feasible(cs, W, lam.reshape(B, n, T))
+        push = W.copy()
+        push[:, 0, 0] += 1e-3
+        bare, lbare = _to_feasible(cs, W / 1.0000001, lam)
+        bare = bare / (1 + 2.0 ** -40)
+        nan_lam = lam.copy()
+        nan_lam[:, 0, 0] = np.nan
+        for Wt, lt in ((W, lam), (W * (1 - 1e-9), lam), (push, lam), (bare, lbare),
+                       (W, nan_lam)):
+            ref = certify_unit(cs.Delta, cs.Z, cs.valid, Wt, lt, 1e-6)
+            for b in np.nonzero(np.isfinite(Wt).all((1, 2)))[0]:
+                got = certify_unit_one(cs.Delta[b], cs.Z[b], cs.valid[b], Wt[b], lt[b], 1e-6)
+                want = ref.feasible[b] and np.isfinite(ref.gap[b])
+                assert (got is not None) == want, (kind, b)
+                if got is None:
+                    refused += 1
+                    continue
+                proven += 1
+                for k in ("lam", "margins", "support"):
+                    x, y = getattr(got, k), getattr(ref, k)[b]
+                    assert x.dtype == y.dtype and np.array_equal(x, y), k
+                for k in ("norm", "margin", "violation", "kkt", "gap", "lower"):
+                    x, y = getattr(got, k), float(getattr(ref, k)[b])
+                    assert type(x) is float and (x == y or (np.isnan(x) and np.isnan(y))), k
+                assert got.wmax == np.abs(Wt[b]).max()
+                assert got.n_constraints == cs.valid[b].sum()
+    assert proven > 50 and refused > 50
+    # a margin 1 + 2e-12 that the common bound E' = d e max|D| max|W| max|z| (4e6 here)
+    # leaves undecided and E_k (~1) proves: the second pass, with E_k; at 1 exactly: None
+    D = np.array([[[1.0, 0.0], [0.0, 0.0]]])
+    Z = np.array([[1.0, 0.5]])
+    v = np.array([[True, False]])
+    lam1 = np.array([[1.0, 0.0]])
+    for w00, ok in ((1 + 2e-12, True), (1.0, False)):
+        W1 = np.array([[w00, 0.0], [0.0, 1e6]])
+        got = certify_unit_one(D, Z, v, W1, lam1, 1e-6)
+        ref = certify_unit(D[None], Z[None], v[None], W1[None], lam1[None], 1e-6)
+        assert (got is not None) == ok == bool(ref.feasible[0])
+        if ok:
+            assert (got.norm, got.margin, got.kkt, got.gap) == (
+                ref.norm[0], ref.margin[0], ref.kkt[0], ref.gap[0])
+    # margins that overflow (W near the largest float): None, and certify_unit refuses
+    W1 = np.array([[1e308, 0.0], [0.0, 1.0]])
+    D1 = np.array([[[2.0, 0.0], [0.0, 0.0]]])  # (m = 2e308: inf)
+    assert certify_unit_one(D1, Z, v, W1, lam1, 1e-6) is None
+    assert not certify_unit(D1[None], Z[None], v[None], W1[None], lam1[None], 1e-6).feasible[0]
+
+
+def test_entry_points_take_the_fast_path_of_the_strategy_row(monkeypatch):
+    """att_svm, att_svm_batch and prompt_svm_batch reach the compiled path through the
+    Frobenius row's fields (fast_single / fast_batch and their rules), not by name: the
+    row's functions are what they call, a rule that refuses (a solver the path does not
+    stand for, or a row that says no) sends them to the engine, with its answer."""
+    from dataclasses import replace
+
+    from attnsvm.svm import att_svm_batch, prompt_svm_batch, strategy
+
+    row = strategy.STRATEGIES[FRO]
+    calls = []
+
+    def single(*a, **k):
+        calls.append("single")
+        return row.fast_single(*a, **k)
+
+    def batch(*a, **k):
+        calls.append("batch")
+        return row.fast_batch(*a, **k)
+
+    monkeypatch.setitem(strategy.STRATEGIES, FRO, replace(row, fast_single=single,
+                                                          fast_batch=batch))
+    rng = np.random.default_rng(4)
+    X, z, alpha, valid = instance(rng, 4, 3, 2, 2, "planted")
+    assert att_svm(X, z, alpha).status_ == "optimal" and calls == ["single"]
+    Xb, zb, ab, vb = batch_instance(rng, 5, 4, 3, 2, 2, "planted")
+    att_svm_batch(Xb, zb, ab)
+    prompt_svm_batch(Xb, None, ab)
+    assert calls == ["single", "batch", "batch"]
+    att_svm(X, z, alpha, solver="ipm")  # (the rule: not the active-set solver)
+    att_svm_batch(Xb, zb, ab, solver="ipm")
+    assert calls == ["single", "batch", "batch"]
+    monkeypatch.setitem(strategy.STRATEGIES, FRO, replace(
+        row, fast_single=single, fast_single_applies=lambda *a: False))
+    same(att_svm(X, z, alpha), general(X, z, alpha, valid))
+    assert calls == ["single", "batch", "batch"]

@@ -997,91 +997,6 @@ def _margins_batch_ws(D, Z, valid, W, m, u):
 
 
 @njit(cache=True, nogil=True)
-def _fro(A):
-    """||A||_F of a finite (d, e) matrix as m ||A / m||_F, m = max |A| (0 for A = 0)."""
-    mx = 0.0
-    for c in range(A.shape[0]):
-        for f in range(A.shape[1]):
-            mx = max(mx, abs(A[c, f]))
-    if mx == 0.0:
-        return 0.0
-    s = 0.0
-    for c in range(A.shape[0]):
-        for f in range(A.shape[1]):
-            q = A[c, f] / mx
-            s += q * q
-    return mx * math.sqrt(s)
-
-
-@njit(cache=True, nogil=True)
-def certify_fro(D, Z, valid, b, W, lam, m, S, out):
-    """The sums of the Frobenius certificate of B answers (inequalities only), each
-    evaluated from the answer W itself against every constraint:
-
-        m_k = Delta_k^T W z_k                     (margins_batch; m (B, n, T))
-        S = sum_k lam_k Delta_k z_k^T             (S (B, d, e))
-        out[:, 0] = min_{b_k > 0} m_k / b_k       (inf if none)
-        out[:, 1] = max_k (b_k - m_k)^+ / max(1, |b_k|)
-        out[:, 2] = ||W||_F,  out[:, 3] = ||S||_F  (scaled: no overflow)
-        out[:, 4] = sum_k lam_k b_k,  out[:, 5] = ||W - S||_F
-        out[:, 6] = max_k |lam_k (m_k - b_k)|
-
-    D (B, n, T, d), Z (B, n, e), valid (B, n, T), b (B, n, T), W (B, d, e) finite,
-    lam (B, n, T) >= 0 and 0 where invalid.  The engine derives margin, violation, gap and
-    KKT residual from these (:func:`attnsvm.svm.solution.certify`)."""
-    d = D.shape[3]
-    _certify_fro_ws(D, Z, valid, b, W, lam, m, S, out, np.empty((d, Z.shape[2])),
-                    np.empty(d))
-
-
-@njit(cache=True, nogil=True)
-def _certify_fro_ws(D, Z, valid, b, W, lam, m, S, out, Wd, u):
-    """:func:`certify_fro` with its workspace Wd (d, e), u (d,) given."""
-    B, n, T, d = D.shape
-    e = Z.shape[2]
-    _margins_batch_ws(D, Z, valid, W, m, u)
-    for bb in range(B):
-        for c in range(d):
-            for f in range(e):
-                S[bb, c, f] = 0.0
-        mg = np.inf
-        vi = 0.0
-        lb = 0.0
-        cp = 0.0
-        for i in range(n):
-            for t in range(T):
-                if not valid[bb, i, t]:
-                    continue
-                bk = b[bb, i, t]
-                mk = m[bb, i, t]
-                if bk > 0.0:
-                    mg = min(mg, mk / bk)
-                vi = max(vi, max(bk - mk, 0.0) / max(1.0, abs(bk)))
-                lk = lam[bb, i, t]
-                lb += lk * bk
-                cp = max(cp, abs(lk * (mk - bk)))
-                if lk != 0.0:
-                    for c in range(d):
-                        g = lk * D[bb, i, t, c]
-                        for f in range(e):
-                            S[bb, c, f] += g * Z[bb, i, f]
-        for c in range(d):
-            for f in range(e):
-                Wd[c, f] = W[bb, c, f] - S[bb, c, f]
-        s = 0.0
-        for c in range(d):
-            for f in range(e):
-                s += Wd[c, f] * Wd[c, f]
-        out[bb, 0] = mg
-        out[bb, 1] = vi
-        out[bb, 2] = _fro(W[bb])
-        out[bb, 3] = _fro(S[bb])
-        out[bb, 4] = lb
-        out[bb, 5] = math.sqrt(s)
-        out[bb, 6] = cp
-
-
-@njit(cache=True, nogil=True)
 def _exp2(m):
     """Integer e with m = f 2^e, f in [1/2, 1) (0 where m == 0 or not finite), as
     :func:`attnsvm.svm.solution._exp2`."""
@@ -1096,12 +1011,12 @@ LEAN_OK, LEAN_SCALE, LEAN_NO_MARGIN, LEAN_ZERO_ROW = 0, 1, 2, 3  # _lean_one's v
 @njit(cache=True, nogil=True)
 def _lean_work(n, T, d, e):
     """The workspace of :func:`_lean_one` for problems of (n, T, d, e): that of
-    :func:`_mnp_work` for N = n T and a float buffer (z per constraint, b, W's copy, the
-    certificate's sums and workspace; :func:`_lean_work_views`) and the empty Gram and trace
-    arrays of :func:`_mnp_ws` (no Gram given, no trace), allocated once per batch slice."""
+    :func:`_mnp_work` for N = n T and a float buffer (z per constraint, a (d,) workspace;
+    :func:`_lean_work_views`) and the empty Gram and trace arrays of :func:`_mnp_ws` (no
+    Gram given, no trace), allocated once per batch slice."""
     N = n * T
     a = _mnp_work(N, d, e)
-    return (a[0], a[1], a[2], a[3], a[4], np.empty(N * e + N + 2 * d * e + 7 + d),
+    return (a[0], a[1], a[2], a[3], a[4], np.empty(N * e + d),
             np.empty((0, 0)), np.empty((0, 2), np.int64))
 
 
@@ -1138,8 +1053,11 @@ def _lean_normalise(X, z, alpha, valid, D, Zs, v):
     """Step 1 of :func:`_lean_one`, :func:`attnsvm.svm.constraints.build_constraints` in
     one pass: X 2^-eX (eX the exponent of max |x| over valid tokens), the differences
     (:func:`_lean_differences`), then D 2^-eD and z 2^-eZ, each largest entry in [1/2, 1)
-    (powers of two: exact).  Returns (verdict, eX + eD + eZ): LEAN_SCALE where a scale is
-    out of the normal range, LEAN_NO_MARGIN where no constraint is left."""
+    (powers of two: exact where no nonzero entry lands in the subnormal range).  Returns
+    (verdict, eX + eD + eZ): LEAN_SCALE where a scale is out of the normal range or a
+    scaled token, difference or query is subnormal (the scaled data would then not be the
+    caller's data times a power of two, which the certificate's proof needs),
+    LEAN_NO_MARGIN where no constraint is left."""
     n, T, d = X.shape
     e = z.shape[1]
     mx = 0.0
@@ -1151,7 +1069,8 @@ def _lean_normalise(X, z, alpha, valid, D, Zs, v):
     eX = _exp2(mx)
     if not _normal_exponent(eX):
         return LEAN_SCALE, 0
-    nv, mx = _lean_differences(X, alpha, valid, math.ldexp(1.0, -eX), D, v)
+    sx = math.ldexp(1.0, -eX)
+    nv, mx = _lean_differences(X, alpha, valid, sx, D, v)
     if nv == 0:
         return LEAN_NO_MARGIN, 0
     eD = _exp2(mx)
@@ -1164,13 +1083,28 @@ def _lean_normalise(X, z, alpha, valid, D, Zs, v):
         return LEAN_SCALE, 0
     sd = math.ldexp(1.0, -eD)
     sz = math.ldexp(1.0, -eZ)
+    lossy = False  # a nonzero entry scaled into the subnormal range: bits may be lost
     for i in range(n):
         for t in range(T):
+            if valid[i, t]:
+                for c in range(d):
+                    lossy |= _subnormal(X[i, t, c] * sx)
             for c in range(d):
                 D[i, t, c] *= sd
+                lossy |= _subnormal(D[i, t, c])
         for f in range(e):
             Zs[i, f] = z[i, f] * sz
+            lossy |= _subnormal(Zs[i, f])
+    if lossy:
+        return LEAN_SCALE, 0
     return LEAN_OK, eX + eD + eZ
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _subnormal(x):
+    """Whether x is a nonzero subnormal float64 (a power-of-two scaling that produced it may
+    have lost bits)."""
+    return x != 0.0 and abs(x) < 2.2250738585072014e-308
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -1251,26 +1185,17 @@ def _lean_min_margin_one(D4, Z3, v3, W, m3, u, lf, st):
 
 @njit(cache=True, nogil=True, inline="always")
 def _lean_work_views(fl, N, d, e):
-    """Named views into _lean_work's float buffer: (Zr (N, e) z per constraint, b (N,),
-    Wc (d, e) the certified W, Wd (d, e) workspace, out (1, 7) certify_fro's sums,
-    u (d,) workspace)."""
+    """Named views into _lean_work's float buffer: (Zr (N, e) z per constraint, u (d,)
+    workspace)."""
     o = N * e
-    Zr = fl[:o].reshape((N, e))
-    b = fl[o: o + N]
-    o += N
-    Wc = fl[o: o + d * e].reshape((d, e))
-    Wd = fl[o + d * e: o + 2 * d * e].reshape((d, e))
-    o += 2 * d * e
-    out = fl[o: o + 7].reshape((1, 7))
-    u = fl[o + 7: o + 7 + d]
-    return Zr, b, Wc, Wd, out, u
+    return fl[:o].reshape((N, e)), fl[o: o + d]
 
 
 @njit(cache=True, nogil=True)
-def _lean_one(X, z, alpha, valid, xexp, tol, small, max_iter, D, Zs, v, W, lam, mu, m, S,
-              info, sums, wk):
-    """One Frobenius max-margin problem from the raw arrays, the steps of the engine in one
-    compiled call (the same numbers, bit for bit, for a solved problem):
+def _lean_one(X, z, alpha, valid, xexp, tol, small, max_iter, D, Zs, v, W, lam, mu, m, info,
+              wk):
+    """One Frobenius max-margin problem from the raw arrays, the engine's steps up to its
+    certificate in one compiled call (the same W and lam, bit for bit):
 
     1. normalisation (:func:`_lean_normalise`, as :func:`attnsvm.svm.constraints.
        build_constraints`): X 2^-eX (eX the exponent of max |x| over valid tokens),
@@ -1281,17 +1206,21 @@ def _lean_one(X, z, alpha, valid, xexp, tol, small, max_iter, D, Zs, v, W, lam, 
        lam = mu / rho^2 and W = sum_k lam_k A_k (:func:`_lean_small_rho`, as
        :func:`attnsvm.svm.active.mnp_active`);
     3. W, lam scaled to minimal margin exactly 1, then by certificate.KAPPA
-       (:func:`_lean_min_margin_one`, as :func:`attnsvm.svm.engine._to_feasible`);
-    4. the certificate's sums from that W (:func:`certify_fro`, every constraint; no W:
-       those of W = 0, as :func:`attnsvm.svm.solution.certify`).
+       (:func:`_lean_min_margin_one`, as :func:`attnsvm.svm.engine._to_feasible`).
+
+    No certificate here: the caller certifies W and lam in plain numpy
+    (:func:`attnsvm.svm.unit_certificate.certify_unit`, the formulas of
+    :func:`attnsvm.svm.certificate.certify`) and proves a Farkas candidate mu
+    (:func:`attnsvm.svm.farkas.farkas_verify`).
 
     X (n, T, d), z (n, e), alpha (n,), valid (n, T) bool, xexp: the exponent already divided
     out of X; outputs D (n, T, d), Zs (n, e), v (n, T) bool (the constraints), W (d, e),
-    lam, mu, m (n, T), S (d, e); info (5,) int64: [verdict, xexp + eX + eD + eZ, kernel
-    status, n_iter, W finite]; sums (8,): [rho2, certify_fro's 7 numbers].  The verdict is
+    lam, mu (n, T); m (n, T) workspace (the margins of the unscaled W); info (5,) int64:
+    [verdict, xexp + eX + eD + eZ, kernel status, n_iter, W finite].  The verdict is
     LEAN_OK, or why the engine's general path must take over (LEAN_SCALE: a power of two out
-    of the normal range, or a row norm near underflow; LEAN_NO_MARGIN: no constraint;
-    LEAN_ZERO_ROW: a constraint with A_k = 0).  wk: the workspace (:func:`_lean_work`)."""
+    of the normal range, scaled data in the subnormal range, or a row norm near underflow;
+    LEAN_NO_MARGIN: no constraint; LEAN_ZERO_ROW: a constraint with A_k = 0).  wk: the
+    workspace (:func:`_lean_work`)."""
     n, T, d = X.shape
     e = z.shape[1]
     info[0] = LEAN_OK
@@ -1308,7 +1237,7 @@ def _lean_one(X, z, alpha, valid, xexp, tol, small, max_iter, D, Zs, v, W, lam, 
         return
     N = n * T
     Df = D.reshape((N, d))
-    Zr, b1, Wc, Wd, out, u = _lean_work_views(wk[5], N, d, e)
+    Zr, u = _lean_work_views(wk[5], N, d, e)
     for i in range(n):
         for t in range(T):
             for f in range(e):
@@ -1321,41 +1250,23 @@ def _lean_one(X, z, alpha, valid, xexp, tol, small, max_iter, D, Zs, v, W, lam, 
                          wk[2], wk[3], wk[4], mf, wk[7])  # (no Gram given, no trace)
     info[2] = st
     info[3] = it
-    sums[0] = r2
     if st == FAILED:
         return
     if st == SMALL_RHO:
         _lean_small_rho(W, lf, muf, r2, Df, Zr)
     fin = _all_finite(W.reshape(d * e))
     info[4] = fin
-    lam_ok = _all_finite(lf)
-    D4 = D.reshape((1, n, T, d))
-    Z3 = Zs.reshape((1, n, e))
-    v3 = v.reshape((1, n, T))
-    m3 = m.reshape((1, n, T))
     if fin:
-        _lean_min_margin_one(D4, Z3, v3, W, m3, u, lf, st)
-    for k in range(N):  # the certificate's lam: >= 0 on the constraints, 0 elsewhere
-        lf[k] = max(lf[k], 0.0) if vf[k] and lam_ok else 0.0
-    b = b1.reshape((1, n, T))
-    for k in range(N):
-        b1[k] = 1.0 if vf[k] else 0.0
-    for c in range(d):  # the certificate of no answer: W = 0
-        for f in range(e):
-            Wc[c, f] = W[c, f] if fin else 0.0
-    _certify_fro_ws(D4, Z3, v3, b, Wc.reshape((1, d, e)), lam.reshape((1, n, T)), m3,
-                    S.reshape((1, d, e)), out, Wd, u)
-    for k in range(7):
-        sums[k + 1] = out[0, k]
+        _lean_min_margin_one(D.reshape((1, n, T, d)), Zs.reshape((1, n, e)),
+                             v.reshape((1, n, T)), W, m.reshape((1, n, T)), u, lf, st)
 
 
 @njit(cache=True, nogil=True)
-def fro_single(X, z, alpha, valid, tol, small, max_iter, D, Zs, v, W, lam, mu, m, S, info,
-               sums):
+def fro_single(X, z, alpha, valid, tol, small, max_iter, D, Zs, v, W, lam, mu, info):
     """:func:`_lean_one` for one problem (xexp = 0)."""
     n, T, d = X.shape
-    _lean_one(X, z, alpha, valid, 0, tol, small, max_iter, D, Zs, v, W, lam, mu, m, S, info,
-              sums, _lean_work(n, T, d, z.shape[1]))
+    _lean_one(X, z, alpha, valid, 0, tol, small, max_iter, D, Zs, v, W, lam, mu,
+              np.empty((n, T)), info, _lean_work(n, T, d, z.shape[1]))
 
 
 _BIG = 1.7976931348623157e308  # np.nan_to_num's image of +inf
@@ -1436,161 +1347,20 @@ def farkas_batch(D, Z, valid, ineq, b, lam, lout, ok, bound, bound_min):
         bound[bb] = bd
 
 
-SETTLED_OPT, SETTLED_INF, TO_ENGINE = 0, 1, 2  # _lean_settle's verdicts
-
-
 @njit(cache=True, nogil=True)
-def _pow2(k):
-    """2^k where it is a normal float64 (-1022 <= k <= 1023), else 0 (:func:`_ldx` then
-    calls ldexp)."""
-    return math.ldexp(1.0, k) if -1022 <= k <= 1023 else 0.0
-
-
-@njit(cache=True, nogil=True)
-def _ldx(x, k, p):
-    """x 2^k as :func:`attnsvm.svm.solution._ldexp` gives it (bit for bit): the product
-    x p with p = :func:`_pow2` (k) where 2^k is a normal float64, ldexp otherwise."""
-    if p != 0.0:
-        return x * p
-    return math.ldexp(x, k)
-
-
-@njit(cache=True, nogil=True)
-def _lean_settle(D, Zs, v, W, lam, mu, m, info, sums, wk, tol, irreducible, feas_tol,
-                 gap_opt, bound_min, Wo, sc, dual, sup, margins, fk_lam, hit, fko):
-    """The verdict on one problem after :func:`_lean_one` (the arithmetic of
-    :func:`attnsvm.svm.lean.batch_lean` before this kernel: the formulas of
-    :func:`attnsvm.svm.solution.certify` on the certificate's sums, elementwise, the same
-    bits):
-
-        lower = lb_num / ||S||  (0 unless both > 0),  fix = margin if 0 < margin < 1 else 1
-        gap = max(||W|| / fix - lower, 0) / lower,  kkt = max(||W - S|| / ||W||,
-        max_k |lam_k (m_k - 1)| / ||W||^2)
-
-    SETTLED_OPT: solved, the certificate optimal (violation <= feas_tol, gap <= gap_opt),
-    W 2^-scale_exp representable exactly; SETTLED_INF: the solver found rho ~ 0 and its
-    minimum-norm point mu passes the Farkas check (:func:`_farkas_one`), unless
-    ``irreducible``; TO_ENGINE otherwise.  Writes Wo (d, e) (NaN unless optimal), sc[:8]:
-    [norm, margin, violation, kkt, gap, lower_bound (user units), farkas_bound, verdict],
-    dual, sup (support), margins (n, T), hit (n,) the sequences in the certificate's
-    support (|lam_it| > 1e-9 max |lam|, lam the normalised Farkas multipliers that
-    :func:`_farkas_one` writes to the workspace fk_lam (n, T)), fko (n, T): those
-    multipliers where SETTLED_INF (0 elsewhere), for the plain proof
-    (:func:`attnsvm.svm.certificate.farkas_prove`): this verdict is only a screen."""
-    n, T, d = D.shape
-    e = Zs.shape[1]
-    nan = np.nan
-    ex = info[1]
-    margin, viol, nrm, dn, lb_num, wms, comp = (sums[1], sums[2], sums[3], sums[4], sums[5],
-                                                sums[6], sums[7])
-    ran = info[0] == LEAN_OK
-    for k in range(2, 8):
-        if not math.isfinite(sums[k]):
-            ran = False
-    has = ran and info[4] == 1
-    feasible = has and viol <= feas_tol and math.isfinite(nrm)
-    lower = lb_num / dn if (dn > 0.0 and lb_num > 0.0) else 0.0
-    fix = margin if (margin > 0.0 and margin < 1.0) else 1.0
-    gap = max(nrm / fix - lower, 0.0) / lower if lower > 0.0 else np.inf
-    n2 = nrm * nrm if nrm > 0.0 else 1.0
-    kkt = max(wms / math.sqrt(n2), comp / n2) if nrm > 0.0 else np.inf
-    opt = has and info[2] == OPTIMAL and feasible and gap <= gap_opt
-    down = _pow2(-ex)
-    up = _pow2(ex)
-    if opt:  # back to the caller's units, exactly and representably
-        amax = 0.0
-        wmax = 0.0
-        for c in range(d):
-            for f in range(e):
-                w = W[c, f]
-                wu = _ldx(w, -ex, down)
-                if not math.isfinite(wu) or _ldx(wu, ex, up) != w:
-                    opt = False
-                amax = max(amax, abs(wu))
-                wmax = max(wmax, abs(w))
-                Wo[c, f] = wu
-        if not (amax >= 2.2250738585072014e-308 or wmax == 0.0):
-            opt = False
-    for i in range(n):
-        hit[i] = False
-    fk = nan
-    verdict = TO_ENGINE
-    if opt:
-        verdict = SETTLED_OPT
-    elif ran and info[2] == SMALL_RHO and not feasible and not irreducible:
-        _, b1, _, Sw, _, u = _lean_work_views(wk[5], n * T, d, e)
-        b = b1.reshape((n, T))  # 1 on the constraints (_lean_one)
-        ok, bound = _farkas_one(D, Zs, v, v, b, mu, fk_lam, Sw, u, bound_min)
-        if ok:
-            verdict = SETTLED_INF
-            fk = bound
-            for i in range(n):
-                for t in range(T):
-                    fko[i, t] = fk_lam[i, t]
-            mx = 0.0
-            for i in range(n):
-                for t in range(T):
-                    mx = max(mx, abs(fk_lam[i, t]))
-            for i in range(n):
-                for t in range(T):
-                    if abs(fk_lam[i, t]) > 1e-9 * mx and mx > 0.0:
-                        hit[i] = True
-    if verdict != SETTLED_OPT:
-        for c in range(d):
-            for f in range(e):
-                Wo[c, f] = nan
-    one = 1.0 if opt else nan
-    sc[0] = _ldx(nrm, -ex, down) if opt else np.inf
-    sc[1] = margin * one
-    sc[2] = viol * one
-    sc[3] = kkt * one
-    sc[4] = gap * one
-    sc[5] = _ldx(lower, -ex, down)
-    sc[6] = fk
-    sc[7] = verdict
-    down2 = _pow2(-2 * ex)
-    for i in range(n):
-        for t in range(T):
-            dual[i, t] = _ldx(lam[i, t], -2 * ex, down2) if opt else 0.0
-            sup[i, t] = opt and v[i, t] and m[i, t] <= 1.0 + tol
-            margins[i, t] = m[i, t] if opt else nan
-
-
-@njit(cache=True, nogil=True)
-def fro_settle_batch(X, z, alpha, valid, xexp, tol, small, max_iter, tol_active, irreducible,
-                     feas_tol, gap_opt, bound_min, info, Wo, sc, dual, sup, margins, hit, fko,
-                     b0, b1):
-    """:func:`_lean_one` then :func:`_lean_settle` over problems b0 .. b1-1 of a batch:
-    X (B, n, T, d), z (B, n, e), alpha (B, n), valid (B, n, T), xexp (B,) in; info (B, 5),
-    the answers Wo (B, d, e), sc (B, 9) (:func:`_lean_settle`'s 8 numbers and the number of
-    constraints), dual, sup, margins (B, n, T), hit (B, n), fko (B, n, T) (zeros in: the
-    Farkas candidates of SETTLED_INF problems) out.  The per-problem arrays
-    (constraints, multipliers, margins, ...) live in one workspace for the slice, in cache,
-    not in (B, ...) arrays."""
+def fro_solve_batch(X, z, alpha, valid, xexp, tol, small, max_iter, info, D, Zs, v, W, lam,
+                    mu, b0, b1):
+    """:func:`_lean_one` over problems b0 .. b1-1 of a batch: X (B, n, T, d), z (B, n, e),
+    alpha (B, n), valid (B, n, T), xexp (B,) in; info (B, 5), the normalised constraints
+    D (B, n, T, d), Zs (B, n, e), v (B, n, T) and the solutions W (B, d, e), lam, mu
+    (B, n, T) out (:func:`_lean_one`'s).  The solver's workspace is allocated once per
+    slice.  No certificate here: the caller certifies W, lam (plain numpy,
+    :func:`attnsvm.svm.unit_certificate.certify_unit`) and proves Farkas candidates mu
+    (:func:`attnsvm.svm.farkas.farkas_verify`)."""
     n, T, d = X.shape[1], X.shape[2], X.shape[3]
     e = z.shape[2]
     wk = _lean_work(n, T, d, e)
-    D = np.empty((n, T, d))
-    Zs = np.empty((n, e))
-    v = np.empty((n, T), np.bool_)
-    W = np.empty((d, e))
-    lam = np.empty((n, T))
-    mu = np.empty((n, T))
     m = np.empty((n, T))
-    S = np.empty((d, e))
-    sums = np.empty(8)
-    fk_lam = np.empty((n, T))
     for b in range(b0, b1):
-        sums[:] = 0.0
-        _lean_one(X[b], z[b], alpha[b], valid[b], xexp[b], tol, small, max_iter, D, Zs, v, W,
-                  lam, mu, m, S, info[b], sums, wk)
-        _lean_settle(D, Zs, v, W, lam, mu, m, info[b], sums, wk, tol_active, irreducible,
-                     feas_tol, gap_opt, bound_min, Wo[b], sc[b], dual[b], sup[b], margins[b],
-                     fk_lam, hit[b], fko[b])
-        nc = 0
-        if info[b, 0] == LEAN_OK or info[b, 0] == LEAN_ZERO_ROW:
-            for i in range(n):
-                for t in range(T):
-                    if v[i, t]:
-                        nc += 1
-        sc[b, 8] = nc
+        _lean_one(X[b], z[b], alpha[b], valid[b], xexp[b], tol, small, max_iter, D[b], Zs[b],
+                  v[b], W[b], lam[b], mu[b], m, info[b], wk)

@@ -10,21 +10,22 @@ minimum-norm-point problem (:func:`attnsvm.svm.fast.batched_mnp`) and an exact b
 active-set polish; the other norms one by one; every answer is certified by the one
 batched certificate, and problems that do not certify are re-solved by a second solver.
 
-Frobenius batches with numba (n T <= 400) run each problem's steps (normalisation, the
-active-set solve, rescaling, the certificate's sums) in one compiled call
-(:func:`attnsvm.svm.lean.batch_lean`): problems certified optimal, and infeasible ones
-whose minimum-norm point passes the Farkas check, are settled there with the engine's
-numbers; the others go through the engine as described.
+Frobenius batches with numba (n T <= 400) take the Frobenius row's fast path
+(:func:`attnsvm.svm.lean.batch_lean`): each problem's steps (normalisation, the
+active-set solve, rescaling) in one compiled call, then the one certificate in plain
+numpy over the batch; problems certified optimal, and infeasible ones whose Farkas
+certificate is proven, are settled there with the engine's numbers; the others go
+through the engine as described.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from ..norms import FRO
-from . import engine, lean
+from . import engine
 from .constraints import build_constraints, scaled_keys
 from .result import BatchSolution
+from .strategy import solver_key, strategy
 from .validate import as_alpha, as_array, as_mask, as_norm, as_tol
 
 __all__ = ["BatchSolution", "att_svm_batch", "prompt_svm_batch"]
@@ -46,6 +47,35 @@ def _batch_inputs(X, alpha, mask):
     valid = as_mask(mask, (B, n, T))
     a = as_alpha(alpha, (B, n), T, valid, what="problems")
     return X, a, valid
+
+
+def _fast_batch(norm, solver, B: int, n: int, T: int):
+    """The strategy row's compiled batch path (``fast_batch``) where its rule
+    (``fast_batch_applies``) admits B problems of n x T tokens and ``solver``; else None."""
+    N = as_norm(norm)
+    st = strategy(N)
+    if st.fast_batch is not None and st.fast_batch_applies(B, n, T, solver_key(solver, N)):
+        return st.fast_batch
+    return None
+
+
+def _engine_rest(X, z, a, valid, xexp, *, norm, solver, tol, irreducible, problem, vector):
+    """``rest(idx)`` for a fast path (the strategy row's ``fast_batch``): the problems idx
+    (sorted, at least one) of the batch X (B, n, T, d) divided by 2^xexp, z, a, valid
+    through the general engine, as a :class:`BatchSolution` whose first len(idx) rows are
+    theirs (one problem runs in a batch of two, as the others do: the engine's batched
+    path)."""
+    B = len(a)
+    xexp = np.broadcast_to(np.asarray(xexp, np.int64), (B,))
+
+    def rest(idx):
+        sub = idx if len(idx) > 1 else np.array([idx[0], 1 - idx[0] if B == 2 else
+                                                 (idx[0] + 1) % B])
+        cs = build_constraints(X[sub], z[sub], a[sub], valid[sub], x_exp=xexp[sub])
+        return _solve(cs, norm=norm, solver=solver, tol=tol, irreducible=irreducible,
+                      alpha=a[sub], problem=problem, vector=vector)
+
+    return rest
 
 
 def _solve(cs, *, norm, solver, tol, irreducible, alpha, problem, vector) -> BatchSolution:
@@ -87,9 +117,11 @@ def att_svm_batch(X, z, alpha, *, norm="fro", mask=None, solver=None, tol=1e-6,
         z = np.broadcast_to(z, (B, *z.shape))
     if z.shape[:2] != (B, n) or z.shape[2] == 0:
         raise ValueError(f"z must have shape ({B}, {n}, e) or ({n}, e); got {z.shape}")
-    if as_norm(norm) == FRO and lean.batch_applies(B, n, T, solver):  # compiled per problem
-        return lean.batch_lean(X, z, a, valid, 0, solver=solver, tol=tol,
-                               irreducible=irreducible, problem="att_svm", vector=False)
+    fast = _fast_batch(norm, solver, B, n, T)
+    if fast is not None:  # the row's compiled fast path (solve per problem, numpy certificate)
+        kw = dict(tol=tol, irreducible=irreducible, problem="att_svm", vector=False)
+        return fast(X, z, a, valid, 0, **kw,
+                    rest=_engine_rest(X, z, a, valid, 0, norm=norm, solver=solver, **kw))
     cs = build_constraints(X, z, a, valid)
     return _solve(cs, norm=norm, solver=solver, tol=tol, irreducible=irreducible, alpha=a,
                   problem="att_svm", vector=False)
@@ -115,9 +147,12 @@ def prompt_svm_batch(X, W, alpha, *, norm="fro", mask=None, solver=None, tol=1e-
     X, a, valid = _batch_inputs(X, alpha, mask)
     B, n, T, d = X.shape
     K, eK = scaled_keys(X, W, valid)
-    if as_norm(norm) == FRO and lean.batch_applies(B, n, T, solver):  # compiled per problem
-        return lean.batch_lean(K, np.ones((B, n, 1)), a, valid, eK, solver=solver, tol=tol,
-                               irreducible=irreducible, problem="prompt_svm", vector=True)
+    fast = _fast_batch(norm, solver, B, n, T)
+    if fast is not None:  # the row's compiled fast path (solve per problem, numpy certificate)
+        kw = dict(tol=tol, irreducible=irreducible, problem="prompt_svm", vector=True)
+        z = np.ones((B, n, 1))
+        return fast(K, z, a, valid, eK, **kw,
+                    rest=_engine_rest(K, z, a, valid, eK, norm=norm, solver=solver, **kw))
     cs = build_constraints(K, np.ones((B, n, 1)), a, valid,
                                   x_exp=np.broadcast_to(np.asarray(eK), (B,)))
     return _solve(cs, norm=norm, solver=solver, tol=tol, irreducible=irreducible, alpha=a,

@@ -1,8 +1,6 @@
 """THE certificate of the max-margin problems (:func:`certify`) and its proofs: the
 feasibility and infeasibility verdicts, proven from the returned numbers (plain numpy and
-Python integers; this module imports nothing else of :mod:`attnsvm.svm`; only the
-floating-point sums that :func:`certify` reports for the Frobenius norm may come from one
-compiled pass, :func:`attnsvm.svm._active_kernels.certify_fro`, never a proof).
+Python integers; this module imports nothing else of :mod:`attnsvm.svm`).
 
 The certificate (:func:`certify`), computed from the returned W alone against ALL
 constraints, vectorised over the batch:
@@ -97,11 +95,6 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 
 import numpy as np
-
-from attnsvm._optional import OptionalImport
-
-# the compiled sums of the certificate (numba), or None; the proofs themselves are plain
-_kernels = OptionalImport("._active_kernels", __package__)
 
 __all__ = [
     "U",
@@ -726,8 +719,7 @@ def fro_norm(A: np.ndarray) -> np.ndarray:
     """||A||_F over the last two dims (finite A), shape A.shape[:-2]: m ||A / m||_F with
     m = max |A| per item (no overflow or underflow in the squares; 0 for A = 0), as
     :meth:`attnsvm.norms.Norm.value` computes it.  The one scale-safe Frobenius norm of
-    :mod:`attnsvm.svm` (its compiled twin :func:`attnsvm.svm._active_kernels._fro` is held
-    equal to it by tests/test_svm_formulas.py); the computed value is the exact one to
+    :mod:`attnsvm.svm` (no compiled twin); the computed value is the exact one to
     gamma_{size + 4} (a sum of squares in any order, Higham §3.1, plus the scalings)."""
     if A.size == 0:
         return np.zeros(A.shape[:-2])
@@ -736,25 +728,56 @@ def fro_norm(A: np.ndarray) -> np.ndarray:
     return m * np.sqrt(np.einsum("...ij,...ij->...", A1, A1))
 
 
+def fro_sums(Delta, Z, valid, b, W, lam):
+    """The Frobenius certificate's per-problem numbers (inequalities only), from the answers
+    W (B, d, e) (finite) and multipliers lam (B, n, T) (>= 0, 0 where invalid) on every
+    constraint of Delta (B, n, T, d) (0 where invalid), Z (B, n, e), valid, b (B, n, T)
+    (None: b_k = 1 on every valid constraint, the same numbers in fewer passes: x / 1 = x
+    and x 1 = x exactly; lam must then be 0 where invalid), in one vectorised numpy pass
+    (the formulas of :func:`certify`):
+
+        m_k = Delta_k^T W z_k,  S = sum_k lam_k Delta_k z_k^T,
+        margin = min_{b_k > 0} m_k / b_k,  violation = max_k (b_k - m_k)^+ / max(1, |b_k|),
+        ||W||_F, ||S||_F (scale-safe, :func:`fro_norm`; inf where S is not finite),
+        sum_k lam_k b_k, ||W - S||_F, max_k |lam_k (m_k - b_k)|.
+
+    Returns (m (B, n, T), S (B, d, e), margin, violation, ||W||, ||S||, lb_num, ||W - S||,
+    comp), each (B,).  Each problem's numbers are computed alone (per-problem products),
+    so they do not depend on the batch they came in."""
+    bs, (n, T, d) = Delta.shape[:-3], Delta.shape[-3:]
+    e = Z.shape[-1]
+    with np.errstate(over="ignore", invalid="ignore", under="ignore"):
+        DW = (Delta.reshape(bs + (n * T, d)) @ W).reshape(bs + (n, T, e))
+        m = np.where(valid, np.einsum("...nte,...ne->...nt", DW, Z), 0.0)
+        if b is None:  # b_k = 1: the formulas below with b = 1, the same bits (the largest
+            # fl(1 - m_k) is fl(1 - min_k m_k): rounding is monotone)
+            margin = np.where(valid, m, np.inf).min((-2, -1))
+            viol = np.maximum(1.0 - margin, 0.0)
+            r = m - 1.0
+            lb_num = lam.sum((-2, -1))
+        else:
+            lam = np.where(valid, lam, 0.0)
+            pos = valid & (b > 0)
+            margin = np.where(pos, m / np.where(pos, b, 1.0), np.inf).min((-2, -1))
+            viol = np.where(valid, np.maximum(b - m, 0.0) / np.maximum(1.0, np.abs(b)),
+                            0.0).max((-2, -1))
+            lb_num = (lam * b).sum((-2, -1))
+            r = m - b
+        comp = np.abs(lam * r).max((-2, -1))  # (0 where invalid: lam = 0, m = 0, b finite)
+        u = np.einsum("...it,...itd->...id", lam, Delta)
+        S = np.swapaxes(u, -1, -2) @ Z
+        nrm = fro_norm(W)
+        fin = np.isfinite(S).all((-2, -1))
+        dn = fro_norm(S) if fin.all() else np.where(
+            fin, fro_norm(np.where(fin[..., None, None], S, 0.0)), np.inf)
+        R = W - S
+        wms = np.sqrt(np.einsum("...ij,...ij->...", R, R))
+    return m, S, margin, viol, nrm, dn, lb_num, wms, comp
+
+
 def _fro_sums(cs, Wz: np.ndarray, lam: np.ndarray):
-    """The Frobenius certificate's per-problem numbers (inequalities only) by the compiled
-    :func:`attnsvm.svm._active_kernels.certify_fro`, which evaluates every constraint on
-    Wz itself: (m (B, n, T), S = sum lam_k A_k (B, d, e), margin, violation, ||W||_F,
-    ||S||_F, sum lam_k b_k, ||W - S||_F, max |lam_k (m_k - b_k)|), each (B,).  None without
-    numba or where anything overflowed (the numpy path then gives inf / NaN as it should)."""
-    K = _kernels()
-    if K is None or cs.Delta.ndim != 4:
-        return None
-    B = Wz.shape[0]
-    m = np.empty(cs.valid.shape)
-    S = np.empty(Wz.shape)
-    out = np.empty((B, 7))
-    c = np.ascontiguousarray
-    K.certify_fro(c(cs.Delta, dtype=float), c(cs.Z, dtype=float), c(cs.valid, dtype=bool),
-                  c(cs.b, dtype=float), c(Wz, dtype=float), c(lam, dtype=float), m, S, out)
-    if not (np.isfinite(m).all() and np.isfinite(S).all() and np.isfinite(out[:, 1:]).all()):
-        return None
-    return (m, S, *out.T)
+    """:func:`fro_sums` of the batched set ``cs`` (inequalities only)."""
+    return fro_sums(cs.Delta, cs.Z, cs.valid, cs.b, Wz, lam)
 
 
 def certify(cs, W: np.ndarray, lam: np.ndarray | None, N,
@@ -798,7 +821,7 @@ def certify(cs, W: np.ndarray, lam: np.ndarray | None, N,
     with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
         bs = np.maximum(1.0, np.abs(b))
         sums = _fro_sums(cs, Wz, lam) if fro and cs.eq is None else None
-        if sums is not None:  # the same numbers from one compiled pass per problem
+        if sums is not None:  # the Frobenius numbers in one numpy pass (fro_sums)
             m, S, margin, viol, nrm, dn, lb_num, wms, comp = sums
         else:
             m = cs.margins(Wz)

@@ -41,9 +41,11 @@ A single problem is a batch of one.  The steps of :func:`solve`:
 The status of every problem is read off the certificate, never off a solver's word.
 
 Small single Frobenius problems (:func:`attnsvm.svm.att_svm`, n T < 300) and Frobenius
-batches (n T <= 400) first try :mod:`attnsvm.svm.lean`: the steps above for the problems
-the active-set solver settles (certified optimal, or a verified Farkas certificate), in
-one compiled call per problem; every other problem comes here.
+batches (n T <= 400) first try the Frobenius row's fast path (:mod:`attnsvm.svm.lean`,
+the ``fast_single`` / ``fast_batch`` fields of :data:`attnsvm.svm.strategy.STRATEGIES`):
+steps 1-3 in one compiled call per problem, then the same certificate in plain numpy;
+the problems it settles (certified optimal, or a proven Farkas certificate) keep those
+numbers, every other problem comes here.
 """
 
 

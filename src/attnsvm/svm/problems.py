@@ -12,9 +12,8 @@ import numbers
 
 import numpy as np
 
-from ..norms import FRO
 from ..scores import opt_tokens, scores  # re-exported: the one home is attnsvm.scores
-from . import engine, lean
+from . import engine
 from .constraints import (
     ConstraintSet,
     build_constraints,
@@ -24,7 +23,7 @@ from .constraints import (
 )
 from .farkas import farkas_conflict
 from .result import Solution
-from .strategy import solve_conic
+from .strategy import solve_conic, solver_key, strategy
 from .validate import (
     as_alpha,
     as_array,
@@ -118,7 +117,8 @@ def att_svm(X, z, alpha=None, *, y=None, v=None, norm="fro", rank=None, mask=Non
     mask : (n, T) bool, True = valid token.
     solver : None (Frobenius: with numba, the compiled exact active-set min-norm-point
         solver for N = n_constraints <= 300, or N <= 4000 and N <= 3 d e (n T < 300:
-        normalisation, solve and certificate in one compiled call, :mod:`attnsvm.svm.lean`);
+        normalisation and solve in one compiled call, the certificate in one numpy pass:
+        the Frobenius row's fast path, :mod:`attnsvm.svm.lean`);
         else the dual min-norm-point solver if N <= d e or a structured primal IPM, then
         an exact active-set polish; nuclear: primal-dual SDP interior-point method on a
         working set after reducing W to span(Delta) x span(z), the dual log-barrier as
@@ -159,10 +159,13 @@ def att_svm(X, z, alpha=None, *, y=None, v=None, norm="fro", rank=None, mask=Non
     alpha = resolve_alpha(alpha, X, valid, y, v)
     N = as_norm(norm)
     rank = _rank(rank)
-    if N == FRO and rank is None and lean.applies(n, T, solver):
-        # small problems: the engine's steps in one compiled call (None: the engine decides)
-        sol = lean.att_svm_lean(np.ascontiguousarray(X), np.ascontiguousarray(z), alpha, valid,
-                                tol=tol)
+    st = strategy(N)
+    if (st.fast_single is not None and rank is None
+            and st.fast_single_applies(n, T, solver_key(solver, N))):
+        # the row's compiled fast path (Frobenius: solve in one compiled call, the one
+        # certificate in numpy; None: the engine decides)
+        sol = st.fast_single(np.ascontiguousarray(X), np.ascontiguousarray(z), alpha, valid,
+                             tol=tol)
         if sol is not None:
             return sol
     cs = build_constraints(X[None], z[None], alpha[None], valid[None])

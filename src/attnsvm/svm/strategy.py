@@ -13,6 +13,13 @@ A row (:class:`Strategy`) says, for one norm:
   not applicable, cvxpy then solves it) and ``polish``: what improves its answer;
 * ``batch_applies`` / ``batch``: many problems at once, where the norm has a batched
   solver;
+* ``fast_single`` / ``fast_batch``: the norm's compiled fast path from the raw tokens
+  (Frobenius: :func:`attnsvm.svm.lean.att_svm_lean` / :func:`~attnsvm.svm.lean.batch_lean`:
+  the solve in one compiled call per problem, the status from the same plain-numpy
+  certificate; a problem it does not settle goes through the engine), tried by the entry
+  points (:func:`attnsvm.svm.att_svm`, :func:`~attnsvm.svm.att_svm_batch`,
+  :func:`~attnsvm.svm.prompt_svm_batch`) where ``fast_single_applies(n, T, key)`` /
+  ``fast_batch_applies(B, n, T, key)`` says so;
 * ``cvxpy_solver``: the cvxpy solver where the norm's own default (``Norm.solver``) is
   measured worse;
 * ``retry_gap``: the certified relative gap above which an answer is re-solved by a
@@ -37,7 +44,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 
 from ..norms import FRO, NUC, SPECTRAL, Norm
-from . import active, frobenius, nuclear
+from . import active, frobenius, lean, nuclear
 from .certificate import FRO_BOUNDS, GAP_INACCURATE, GAP_OPTIMAL, NUC_BOUNDS, NormBounds
 from .conic import solve_cvxpy
 from .constraints import ConstraintSet
@@ -56,6 +63,10 @@ class Strategy:
     polish: Callable[[ConstraintSet, Raw], Raw] | None = None
     batch_applies: Callable[[ConstraintSet, str | None, int], bool] | None = None
     batch: Callable | None = None
+    fast_single_applies: Callable[[int, int, str | None], bool] | None = None
+    fast_single: Callable | None = None
+    fast_batch_applies: Callable[[int, int, int, str | None], bool] | None = None
+    fast_batch: Callable | None = None
     cvxpy_solver: str | None = None
     retry_gap: float = GAP_INACCURATE
     fallback_default: str = "clarabel"
@@ -78,6 +89,8 @@ STRATEGIES: dict[Norm, Strategy] = {
     FRO: Strategy(solvers=("auto", "fast", "active", "ipm", "mnp"),
                   single=frobenius.solve_single, polish=frobenius.polish,
                   batch_applies=frobenius.batch_applies, batch=frobenius.solve_batch,
+                  fast_single_applies=lean.applies, fast_single=lean.att_svm_lean,
+                  fast_batch_applies=lean.batch_applies, fast_batch=lean.batch_lean,
                   retry_gap=GAP_OPTIMAL, graph=frobenius.graph_candidates,
                   graph_memory=frobenius.graph_memory, graph_bounds=FRO_BOUNDS),
     # SDP interior point -> dual barrier -> SCS working set (inside nuclear.solve_single);

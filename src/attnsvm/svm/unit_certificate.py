@@ -1,0 +1,189 @@
+"""The certificate of :func:`attnsvm.svm.certificate.certify`, vectorised over B Frobenius
+problems whose constraints are all inequalities with b_k = 1 (the ATT-SVM and the prompt
+SVM), in one plain-numpy pass: the compiled fast path of the Frobenius strategy
+(:mod:`attnsvm.svm.lean`) certifies its answers here.
+
+    cert = certify_unit(D, Z, v, W, lam, tol_active)
+    one = certify_unit_one(D[b], Z[b], v[b], W[b], lam[b], tol_active)  # one problem
+
+(:func:`certify_unit_one`: the single-problem path's, the same numbers with Python-float
+scalars in half the numpy calls, None where it proves nothing.)
+
+The same formulas as :func:`~attnsvm.svm.certificate.certify` (its numbers come from the
+same :func:`~attnsvm.svm.certificate.fro_sums`, so they are the engine's bit for bit), with
+one difference in what is proven: a margin is proven >= 1 by the rigorous rounding-error
+bound alone (:func:`~attnsvm.svm.certificate._margin_err`, the comparison
+fl(m^_k - 1) >= fl(err_k SLACK) of :func:`~attnsvm.svm.certificate.prove_margins`, on the
+margins m^ that :func:`~attnsvm.svm.certificate.fro_sums` computed: the bound holds for
+a sum evaluated in any order).  What the bound leaves undecided is not proven here (no
+exact arithmetic, no rounding-size scale-up): the caller then hands the problem to the
+engine, whose :func:`~attnsvm.svm.certificate.certify` decides it.  So "feasible" here
+implies "feasible" there, with the same numbers; tests/test_svm_lean.py holds the two equal
+problem by problem.
+
+The data D, Z must be the caller's constraint data scaled by powers of two exactly (the
+differences Delta_k = fl(x_{i,alpha_i} - x_it) rounded once: the bound counts that
+rounding, as for ``exact=False`` sets).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import numpy as np
+
+from .certificate import SLACK, Certificate, _margin_err, fro_sums
+
+__all__ = ["certify_unit", "certify_unit_one", "UnitOne"]
+
+
+def certify_unit(D: np.ndarray, Z: np.ndarray, v: np.ndarray, W: np.ndarray, lam: np.ndarray,
+                 tol_active: float = 1e-6, *, prove: bool = True) -> Certificate:
+    """The :class:`~attnsvm.svm.certificate.Certificate` of answers W (B, d, e) with
+    multipliers lam (B, n, T) for the constraints D_k^T W z_k >= 1, D (B, n, T, d) (0 where
+    not valid), Z (B, n, e), on the valid v (B, n, T) bool, each problem with at least one
+    constraint: the formulas of :func:`~attnsvm.svm.certificate.certify` (module
+    docstring), feasible only where every margin is proven >= 1 by the rounding-error
+    bound.  Rows of W that are not finite mean "no answer"; rows of lam that are not
+    finite, "no multipliers" (gap and KKT residual NaN).  ``prove`` False: the margin proof
+    is not run and nothing is feasible (problems proven infeasible, whose other numbers,
+    such as the weak-duality lower bound, are still reported)."""
+    B, n, T, d = D.shape
+    e = Z.shape[-1]
+    W = np.asarray(W, dtype=float)
+    has = np.isfinite(W).all((-2, -1))
+    every = has.all()
+    Wz = W if every else np.where(has[:, None, None], W, 0.0)
+    lam_given = np.isfinite(lam).all((-2, -1))
+    lam = np.where(v & lam_given[:, None, None], np.maximum(lam, 0.0), 0.0)
+    m, S, margin, viol, nrm, dn, lb_num, wms, comp = fro_sums(D, Z, v, None, Wz, lam)
+    with np.errstate(invalid="ignore", divide="ignore", over="ignore", under="ignore"):
+        # the proof (certificate.prove_margins with exact=False, b_k = 1): the rounding-error
+        # bound err_k of the computed margins m^_k
+        feasible = np.zeros(B, bool)
+        if prove:
+            aW, aZ = np.abs(Wz), np.abs(Z)
+            E = np.einsum("bnte,bne->bnt",
+                          (np.abs(D).reshape(B, n * T, d) @ aW).reshape(B, n, T, e), aZ)
+            wz = (aW @ np.swapaxes(aZ, -1, -2)).sum(-2)  # (B, n) sum_cf |W_cf| |z_f|
+            err = _margin_err(E, wz[..., None], aZ.sum(-1)[..., None], d, e)
+            slack = m - 1.0
+            ok = (slack >= err * SLACK) & np.isfinite(slack)
+            feasible = has & (ok | ~v).all((-2, -1)) & np.isfinite(nrm)
+        # the numbers (certificate.certify, inequalities with b_k = 1, no equality, every
+        # problem needing a margin)
+        lower = np.where((dn > 0) & (lb_num > 0), lb_num / np.where(dn > 0, dn, 1.0), 0.0)
+        upper = nrm / np.where((margin > 0) & (margin < 1), margin, 1.0)
+        gap = np.where(lower > 0, np.maximum(upper - lower, 0.0) / lower, np.inf)
+        gap = np.where(feasible & lam_given, gap, np.nan)
+        n2 = np.where(nrm > 0, nrm**2, 1.0)
+        kkt = np.maximum(wms / np.sqrt(n2), comp / n2)  # self-dual: W = sum lam_k A_k
+        kkt = np.where(has & lam_given, np.where(nrm > 0, kkt, np.inf), np.nan)
+    support = v & (m <= 1.0 + tol_active)
+    if not every:
+        support &= has[:, None, None]
+        m = np.where(has[:, None, None], m, np.nan)
+        nrm, margin, viol = np.where(has, nrm, np.inf), np.where(has, margin, np.nan), \
+            np.where(has, viol, np.nan)
+    return Certificate(W=W, lam=lam, margins=m, norm=nrm, margin=margin, violation=viol,
+                       kkt=kkt, gap=gap, lower=lower, feasible=feasible, support=support)
+
+
+class UnitOne(NamedTuple):
+    """The certificate of one problem proven feasible (:func:`certify_unit_one`): the
+    arrays of :class:`~attnsvm.svm.certificate.Certificate` without the batch axis, its
+    numbers as Python floats; ``wmax`` = max |W_cf|, ``n_constraints`` the valid count."""
+
+    lam: np.ndarray  # (n, T)
+    margins: np.ndarray  # (n, T)
+    support: np.ndarray  # (n, T) bool
+    norm: float
+    margin: float
+    violation: float
+    kkt: float
+    gap: float
+    lower: float
+    wmax: float
+    n_constraints: int
+
+
+def _fro(A: np.ndarray, m: float) -> float:
+    """:func:`~attnsvm.svm.certificate.fro_norm` of one matrix A (finite) with m = max |A|,
+    the same operations on the same numbers (m sqrt(sum (A / m)^2)), so the same bits."""
+    A1 = A / m if m > 0 else A  # (A / 1.0 = A)
+    return m * math.sqrt(float(np.einsum("ij,ij->", A1, A1)))
+
+
+def certify_unit_one(D: np.ndarray, Z: np.ndarray, v: np.ndarray, W: np.ndarray,
+                     lam: np.ndarray, tol_active: float = 1e-6) -> UnitOne | None:
+    """:func:`certify_unit` of ONE problem (D (n, T, d), Z (n, e), v (n, T), W (d, e)
+    finite, lam (n, T)) where it proves the margins, in about half the numpy calls: the
+    single-problem fast path's certificate.  Its numbers are fro_sums' operations on the
+    same numbers, so the same bits (tests/test_svm_lean.py), with the per-problem scalars
+    as Python floats.
+
+    The proof is certify_unit's comparison fl(m^_k - 1) >= fl(err_k SLACK) (module
+    docstring), first for every k at once: fl(min_k m^_k - 1) >= fl(err' SLACK), where
+    err' is err_k with E_k replaced by E' = d e max |D| max |W| max |z| >= E_k (three
+    roundings, fewer than E_k's d + e: the same analysis) and fl(m^_k - 1) >=
+    fl(min_k m^_k - 1) (rounding is monotone); where that leaves a margin undecided, with
+    E_k itself, as min_k fl(fl(m^_k - 1) - fl(err_k SLACK)) >= 0 (the same test: for
+    finite a, b, fl(a - b) has the sign of a - b).  The underflow term of err_k
+    (:func:`~attnsvm.svm.certificate._margin_err`) is taken at bounds common to every
+    sequence, wz = 2 d e max |W| max |z| >= sum_cf |W_cf| |z_if| and az = 2 e max |z| >=
+    sum_f |z_if| (larger by a term of order 2^-1074 |W|; inf where d e max |W| nears the
+    overflow threshold).  So every margin proven here is proven by certify_unit.  None where a margin is not proven, lam or a margin is not
+    finite, or ||W|| is not: the caller hands the problem to the engine, which decides
+    it."""
+    n, T, d = D.shape
+    e = Z.shape[1]
+    with np.errstate(over="ignore", invalid="ignore", under="ignore", divide="ignore"):
+        if not math.isfinite(float(lam.sum())):
+            return None  # (lam not given: no gap, so never "optimal" here)
+        lam = np.where(v, np.maximum(lam, 0.0), 0.0)
+        m0 = np.einsum("nte,ne->nt", (D.reshape(n * T, d) @ W).reshape(n, T, e), Z)
+        m = np.where(v, m0, 0.0)  # (fro_sums' margins)
+        mv = np.where(v, m0, np.inf)  # (the valid ones; inf elsewhere)
+        # the proof: every margin >= 1 by the rounding-error bound, first for every k at
+        # once with E_k <= d e max|D| max|W| max|z| (Python floats: fl(m^_k - 1) >=
+        # fl(min_k m^_k - 1), rounding is monotone), where that leaves a margin undecided
+        # with E_k itself (certify_unit's)
+        aW, aZ, aD = np.abs(W), np.abs(Z), np.abs(D)
+        wmax, zmax = float(aW.max()), float(aZ.max())
+        wz = 2.0 * (d * e) * wmax * zmax  # (>= sum_cf |W_cf| |z_if|, every i)
+        under = (wz, 2.0 * e * zmax, d, e)
+        margin = float(mv.min())
+        Emax = (d * e) * float(aD.max()) * wmax * zmax
+        if not margin - 1.0 >= _margin_err(Emax, *under) * SLACK:
+            E = np.einsum("nte,ne->nt", (aD.reshape(n * T, d) @ aW).reshape(n, T, e), aZ)
+            if not float(((mv - 1.0) - _margin_err(E, *under) * SLACK).min()) >= 0.0:
+                return None
+        if not (Emax <= 2.0 ** 1000 or math.isfinite(float(m.max()))):
+            return None  # (m^_k - 1 finite on every constraint, as certify_unit asks;
+            # |m^_k| <= (1 + gamma_{d+e}) E_k <= 2^1000 (1 + 1e-12) is finite)
+        nrm = _fro(W, wmax)
+        if not math.isfinite(nrm):
+            return None
+        # the numbers (certificate.fro_sums with b_k = 1, certify_unit)
+        viol = max(1.0 - margin, 0.0)
+        lb_num = float(lam.sum())
+        # |lam_k (m_k - 1)|: lam_k (m_k - 1) >= 0 on the valid ones (proven m_k - 1 >= 0),
+        # -0.0 elsewhere (lam_k = 0, m_k = 0)
+        comp = abs(float((lam * (m - 1.0)).max()))
+        S = np.einsum("it,itd->id", lam, D).T @ Z
+        smax = float(np.abs(S).max())
+        dn = _fro(S, smax) if math.isfinite(smax) else math.inf
+        R = W - S
+        wms = math.sqrt(float(np.einsum("ij,ij->", R, R)))
+    lower = lb_num / dn if dn > 0 and lb_num > 0 else 0.0
+    upper = nrm / (margin if 0 < margin < 1 else 1.0)
+    gap = max(upper - lower, 0.0) / lower if lower > 0 else math.inf
+    if nrm > 0:
+        n2 = nrm * nrm  # (numpy's nrm**2)
+        a, b = wms / math.sqrt(n2), comp / n2
+        kkt = math.nan if a != a or b != b else max(a, b)  # (np.maximum)
+    else:
+        kkt = math.inf
+    return UnitOne(lam, m, mv <= 1.0 + tol_active, nrm, margin, viol, kkt, gap, lower, wmax,
+                   int(np.count_nonzero(v)))
