@@ -186,8 +186,7 @@ def _settle(info, D, Zs, v, W, lam, mu, *, tol: float, irreducible: bool):
     good = co.feasible & (co.gap <= GAP_OPTIMAL) & _in_user_units(co.W, ex[o])
     o = o[good]
     ci = certify_unit(D[i], Zs[i], v[i], W[i], lam[i], tol, prove=False)
-    cert = Certificate(**{k: np.concatenate([getattr(co, k)[good], getattr(ci, k)])
-                          for k in Certificate.__dataclass_fields__})
+    cert = Certificate.concat([co.take(good), ci])
     idx = np.concatenate([o, i])
     inf = np.arange(len(idx)) >= len(o)
     fk_bound = np.concatenate([np.full(len(o), np.nan), fk_bound])
