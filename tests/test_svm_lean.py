@@ -300,6 +300,22 @@ def test_lean_hands_over_tokens_scaled_into_the_subnormal_range():
     assert lean.att_svm_lean(X2, z, alpha, v2, tol=1e-6) is not None
 
 
+def _unit_answers(rng, kind):
+    """A batch of Frobenius ATT-SVMs (every problem with a constraint) and the active-set
+    solver's answers rescaled to minimal margin 1: (cs, W, lam)."""
+    from attnsvm.svm.engine import _to_feasible
+
+    X, z, alpha, valid = batch_instance(rng, 40, 5, 6, 4, 3, kind)
+    valid[2] = True
+    cs = engine.build_constraints(X, z, alpha, valid)
+    cs = cs.take(np.nonzero(cs.valid.any((1, 2)))[0])
+    B, (n, T), d = cs.batch_shape[0], cs.shape, cs.d
+    mu, lam, W, rho2, st, it = active.mnp_active(
+        cs.Delta.reshape(B, n * T, d), np.repeat(cs.Z, T, axis=1), cs.valid.reshape(B, -1))
+    W, lam = _to_feasible(cs, W, lam.reshape(B, n, T))
+    return cs, W, lam
+
+
 def test_unit_certificate_is_certify():
     """certify_unit (the fast path's certificate, one numpy pass over B problems) against
     certificate.certify on the same answers, problem by problem: where it says feasible,
@@ -312,14 +328,7 @@ def test_unit_certificate_is_certify():
 
     rng = np.random.default_rng(17)
     for kind in ("planted", "random", "degenerate"):
-        X, z, alpha, valid = batch_instance(rng, 40, 5, 6, 4, 3, kind)
-        valid[2] = True  # (every problem with a constraint)
-        cs = engine.build_constraints(X, z, alpha, valid)
-        cs = cs.take(np.nonzero(cs.valid.any((1, 2)))[0])
-        B, (n, T), d = cs.batch_shape[0], cs.shape, cs.d
-        mu, lam, W, rho2, st, it = active.mnp_active(
-            cs.Delta.reshape(B, n * T, d), np.repeat(cs.Z, T, axis=1), cs.valid.reshape(B, -1))
-        W, lam = _to_feasible(cs, W, lam.reshape(B, n, T))
+        cs, W, lam = _unit_answers(rng, kind)
         short = W * (1 - 1e-9)  # every margin below 1: refused
         push = W.copy()
         push[:, 0, 0] += 1e-3  # (a random change: some margin drops below 1)
@@ -363,14 +372,7 @@ def test_unit_certificate_one_is_certify_unit():
     rng = np.random.default_rng(23)
     proven = refused = 0
     for kind in ("planted", "random", "degenerate"):
-        X, z, alpha, valid = batch_instance(rng, 40, 5, 6, 4, 3, kind)
-        valid[2] = True  # (every problem with a constraint)
-        cs = engine.build_constraints(X, z, alpha, valid)
-        cs = cs.take(np.nonzero(cs.valid.any((1, 2)))[0])
-        B, (n, T), d = cs.batch_shape[0], cs.shape, cs.d
-        mu, lam, W, rho2, st, it = active.mnp_active(
-            cs.Delta.reshape(B, n * T, d), np.repeat(cs.Z, T, axis=1), cs.valid.reshape(B, -1))
-        W, lam = _to_feasible(cs, W, lam.reshape(B, n, T))
+        cs, W, lam = _unit_answers(rng, kind)
         push = W.copy()
         push[:, 0, 0] += 1e-3
         bare, lbare = _to_feasible(cs, W / 1.0000001, lam)
