@@ -359,6 +359,109 @@ def test_unit_certificate_is_certify():
                 assert tight.any() and not (f & tight).any()
 
 
+def test_unit_certificate_decides_undecided_margins_exactly():
+    """certify_unit's ``decide``: asked only for problems whose margins the bound leaves
+    undecided (none refuted), and then feasible exactly where it says so; with the
+    engine's exact proof (certificate.prove_margins on the exact data) every margin of a
+    problem it makes feasible is >= 1 in rational arithmetic (exact_margins, an
+    independent check), and every number is certify_unit's; answers that miss a margin by
+    more than rounding (1e-9 short) are never asked, even of a decide that says yes."""
+    from fractions import Fraction
+
+    from attnsvm.svm.certificate import exact_margins, margin_enclosure, prove_margins
+    from attnsvm.svm.engine import _to_feasible
+    from attnsvm.svm.unit_certificate import certify_unit
+
+    rng = np.random.default_rng(29)
+    decided = 0
+    for kind in ("planted", "random"):
+        cs, W, lam = _unit_answers(rng, kind)
+        bare, lbare = _to_feasible(cs, W / 1.0000001, lam)
+        bare = bare / (1 + 2.0 ** -40)  # (margins at 1: the bound leaves the tight undecided)
+        for Wt, lt in ((bare, lbare), (W * (1 - 1e-9), lam)):
+            asked = []
+
+            def exact(j, Wt=Wt, asked=asked, cs=cs):
+                asked.append(j)
+                return prove_margins(cs.take(j), Wt[j], positive=True)
+
+            plain = certify_unit(cs.Delta, cs.Z, cs.valid, Wt, lt, 1e-6)
+            got = certify_unit(cs.Delta, cs.Z, cs.valid, Wt, lt, 1e-6, decide=exact)
+            yes = certify_unit(cs.Delta, cs.Z, cs.valid, Wt, lt, 1e-6,
+                               decide=lambda j: np.ones(len(j), bool))
+            j = np.concatenate(asked) if asked else np.zeros(0, int)
+            # asked: not proven by the bound, none of its margins refuted by it
+            m, err = margin_enclosure(cs, Wt)
+            refuted = (cs.valid & (m - 1.0 < -err)).any((1, 2))
+            assert not plain.feasible[j].any() and not refuted[j].any()
+            assert np.array_equal(yes.feasible & ~plain.feasible,
+                                  np.isin(np.arange(len(Wt)), j))
+            if Wt is not bare:
+                assert not asked and not yes.feasible.any()  # (1e-9 short: refuted)
+                continue
+            assert len(j) > 0
+            new = got.feasible & ~plain.feasible
+            assert np.array_equal(got.feasible, plain.feasible | new)
+            for b in np.nonzero(new)[0]:  # proven: every margin >= 1 exactly
+                idx = [tuple(int(x) for x in q) for q in np.argwhere(cs.valid[b])]
+                assert all(mk >= 1 for mk in exact_margins(cs, int(b), Wt[b], idx))
+                assert Fraction(1) <= min(exact_margins(cs, int(b), Wt[b], idx))
+                decided += 1
+            for k in ("W", "lam", "margins", "norm", "margin", "violation", "kkt", "lower",
+                      "support"):
+                x, y = getattr(got, k), getattr(plain, k)
+                assert np.array_equal(x, y, equal_nan=x.dtype.kind == "f"), k
+            f = got.feasible
+            assert np.isfinite(got.gap[new]).all()
+            assert np.array_equal(got.gap[f & plain.feasible], plain.gap[f & plain.feasible])
+    assert decided > 0
+
+
+def test_batch_lean_proves_undecided_margins_as_the_engine():
+    """Answers whose tight margins the rounding-error bound leaves undecided (4 of these
+    1,000 prompt SVMs: margins 1 + 2^-40) are proven exactly in the fast path, by the
+    engine's proof, and none goes to the engine: the engine's answers bit for bit.  The
+    exact proof refuses W scaled down by 2^-38 (margins 1 + 2^-40 then below 1) and data that is
+    not the kernel's."""
+    from attnsvm.svm.constraints import scaled_keys
+
+    rng = np.random.default_rng(0)
+    B, n, T, d = 1000, 6, 8, 10
+    X = rng.standard_normal((B, n, T, d))
+    alpha = rng.integers(0, T, (B, n))
+    valid = np.ones((B, n, T), bool)
+    K, eK = scaled_keys(X, None, valid)
+    z = np.ones((B, n, 1))
+    xexp = np.broadcast_to(np.asarray(eK, np.int64), (B,)).copy()
+    solved = lean._solve_batch(K, z, alpha, valid, xexp, 20 * n * T + 50)
+    info, D, Zs, v, W, lam, mu = solved
+    opt = np.nonzero(info[:, 2] == active.OPTIMAL)[0]
+    plain = lean._settle(*solved, tol=1e-6, irreducible=False)[0]
+    exact = lean._exact_margins(K, z, alpha, valid, xexp, D, Zs, v)
+    got = lean._settle(*solved, tol=1e-6, irreducible=False, exact=exact)[0]
+    undecided = np.setdiff1d(opt, plain)
+    assert len(undecided) >= 2 and np.array_equal(np.sort(got), np.arange(B))
+    assert exact(undecided, W[undecided]).all()
+    assert not exact(undecided, W[undecided] * (1 - 2.0 ** -38)).any()
+    D2 = D.copy()
+    D2[undecided, 0, 1, 0] *= 1 + 2.0 ** -50
+    bad = lean._exact_margins(K, z, alpha, valid, xexp, D2, Zs, v)
+    assert not bad(undecided, W[undecided]).any()
+    sub = np.concatenate([undecided, opt[:20], np.setdiff1d(np.arange(B), opt)[:20]])
+    ref = general_batch(K[sub], z[sub], alpha[sub], valid[sub], xexp[sub],
+                        problem="prompt_svm", vector=True)
+    from attnsvm.svm import prompt_svm_batch
+
+    calls = []
+    kw = dict(tol=1e-6, irreducible=False, problem="prompt_svm", vector=True)
+    out = lean.batch_lean(K[sub], z[sub], alpha[sub], valid[sub], xexp[sub], **kw,
+                          rest=lambda idx: calls.append(idx))
+    assert not calls
+    same_batch(out, ref)
+    assert (out.status_[:len(undecided)] == "optimal").all()
+    same_batch(prompt_svm_batch(X[sub], None, alpha[sub]), ref)
+
+
 def test_unit_certificate_one_is_certify_unit():
     """certify_unit_one (the single problem's certificate: Python-float scalars, fewer
     numpy calls) against certify_unit on the same answers, problem by problem: it proves

@@ -40,8 +40,8 @@ from .._parallel import thread_pool
 from ..norms import FRO
 from . import active, frobenius
 from .assemble import MIN_REPRESENTABLE, to_batch_solution
-from .certificate import GAP_OPTIMAL, Certificate, verdict
-from .constraints import ConstraintSet, ldexp
+from .certificate import GAP_OPTIMAL, Certificate, prove_margins, verdict
+from .constraints import ConstraintSet, build_constraints, ldexp
 from .farkas import conflicts, farkas_verify
 from .records import Outcome
 from .result import BatchSolution, Solution
@@ -165,13 +165,34 @@ def _solve_batch(X, z, alpha, valid, xexp, max_iter):
     return info, D, Zs, v, W, lam, mu
 
 
-def _settle(info, D, Zs, v, W, lam, mu, *, tol: float, irreducible: bool):
+def _exact_margins(X, z, alpha, valid, xexp, D, Zs, v):
+    """``exact(idx, W)`` for :func:`_settle`: (len(idx),) bool, every margin of the answers
+    W (k, d, e) (normalised units) of problems idx proven >= 1 EXACTLY by the engine's proof
+    (:func:`attnsvm.svm.certificate.prove_margins` on the engine's constraint set of those
+    problems, :func:`attnsvm.svm.constraints.build_constraints`: the exact differences, the
+    bound first, the constraints it leaves undecided in rational arithmetic), and only
+    where that set's normalised data is the kernel's D, Zs, v bit for bit (else False: the
+    engine decides).  What the engine itself would find for the same W, which it then
+    returns unchanged (no scale-up: that only where the proof fails)."""
+
+    def exact(idx, W):
+        cs = build_constraints(X[idx], z[idx], alpha[idx], valid[idx], x_exp=xexp[idx])
+        same = ((cs.Delta == D[idx]).all((1, 2, 3)) & (cs.Z == Zs[idx]).all((1, 2))
+                & (cs.valid == v[idx]).all((1, 2)))
+        return same & prove_margins(cs, W, same, positive=True)
+
+    return exact
+
+
+def _settle(info, D, Zs, v, W, lam, mu, *, tol: float, irreducible: bool, exact=None):
     """The verdicts of the problems the kernel ran: (idx, cert, status, conflict, fk_bound,
     fk_lam, constraint set, n_iter) of those settled, the engine's numbers: certified
     optimal with W exact in the caller's units (the solver's status OPTIMAL), or, where it
     found rho ~ 0 and ``irreducible`` is False, a proven Farkas certificate of its mu
     (no feasible W then exists, so the margin proof is not run; the certificate's numbers
-    are, for the lower bound)."""
+    are, for the lower bound).  ``exact``: :func:`_exact_margins` of the batch, which
+    decides the margins the rounding-error bound leaves undecided (None: those problems
+    go to the engine)."""
     K = active.kernels()
     ran = info[:, 0] == K.LEAN_OK
     ex = info[:, 1]
@@ -182,7 +203,8 @@ def _settle(info, D, Zs, v, W, lam, mu, *, tol: float, irreducible: bool):
     if len(c) and not irreducible:  # (irreducible: the engine names the conflict by LP)
         ok, bound, lv = farkas_verify(_unit_set(D[c], Zs[c], v[c], ex[c]), mu[c])
         i, fk_bound, fk_lam = c[ok], bound[ok], lv[ok]
-    co = certify_unit(D[o], Zs[o], v[o], W[o], lam[o], tol)
+    co = certify_unit(D[o], Zs[o], v[o], W[o], lam[o], tol,
+                      decide=None if exact is None else lambda j: exact(o[j], W[o[j]]))
     good = co.feasible & (co.gap <= GAP_OPTIMAL) & _in_user_units(co.W, ex[o])
     o = o[good]
     ci = certify_unit(D[i], Zs[i], v[i], W[i], lam[i], tol, prove=False)
@@ -243,7 +265,8 @@ def batch_lean(X: np.ndarray, z: np.ndarray, alpha: np.ndarray, valid: np.ndarra
     mi = 20 * n * T + 50 if max_iter is None else int(max_iter)  # (as mnp_active)
     solved = _solve_batch(X, z, alpha, valid, xexp, mi)
     idx, cert, status, conflict, fk_bound, fk_lam, cs, its = _settle(
-        *solved, tol=tol, irreducible=irreducible)
+        *solved, tol=tol, irreducible=irreducible,
+        exact=_exact_margins(X, z, alpha, valid, xexp, *solved[1:4]))
     parts = []
     if len(idx):
         out = _outcome(cert, status, conflict, fk_bound, fk_lam, its, "batch-mnp-active", "",

@@ -29,6 +29,7 @@ rounding, as for ``exact=False`` sets).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import NamedTuple
 
 import numpy as np
@@ -39,7 +40,8 @@ __all__ = ["certify_unit", "certify_unit_one", "UnitOne"]
 
 
 def certify_unit(D: np.ndarray, Z: np.ndarray, v: np.ndarray, W: np.ndarray, lam: np.ndarray,
-                 tol_active: float = 1e-6, *, prove: bool = True) -> Certificate:
+                 tol_active: float = 1e-6, *, prove: bool = True,
+                 decide: Callable[[np.ndarray], np.ndarray] | None = None) -> Certificate:
     """The :class:`~attnsvm.svm.certificate.Certificate` of answers W (B, d, e) with
     multipliers lam (B, n, T) for the constraints D_k^T W z_k >= 1, D (B, n, T, d) (0 where
     not valid), Z (B, n, e), on the valid v (B, n, T) bool, each problem with at least one
@@ -48,7 +50,14 @@ def certify_unit(D: np.ndarray, Z: np.ndarray, v: np.ndarray, W: np.ndarray, lam
     bound.  Rows of W that are not finite mean "no answer"; rows of lam that are not
     finite, "no multipliers" (gap and KKT residual NaN).  ``prove`` False: the margin proof
     is not run and nothing is feasible (problems proven infeasible, whose other numbers,
-    such as the weak-duality lower bound, are still reported)."""
+    such as the weak-duality lower bound, are still reported).  ``decide``: where the bound
+    leaves margins undecided (|fl(m^_k - 1)| < fl(err_k SLACK), err_k finite, as
+    :func:`~attnsvm.svm.certificate.prove_margins` calls them) and proves every other one
+    of a problem with W and ||W|| finite, ``decide(j)`` (j the positions of those problems
+    in this batch, sorted) returns (len(j),) bool: every margin of problem j proven >= 1 in
+    exact arithmetic on the caller's exact data (the caller's
+    :func:`~attnsvm.svm.certificate.prove_margins`, the engine's proof); those are
+    feasible."""
     B, n, T, d = D.shape
     e = Z.shape[-1]
     W = np.asarray(W, dtype=float)
@@ -70,7 +79,14 @@ def certify_unit(D: np.ndarray, Z: np.ndarray, v: np.ndarray, W: np.ndarray, lam
             err = _margin_err(E, wz[..., None], aZ.sum(-1)[..., None], d, e)
             slack = m - 1.0
             ok = (slack >= err * SLACK) & np.isfinite(slack)
-            feasible = has & (ok | ~v).all((-2, -1)) & np.isfinite(nrm)
+            proven = (ok | ~v).all((-2, -1))
+            feasible = has & proven & np.isfinite(nrm)
+            if decide is not None:
+                und = v & ~ok & (np.abs(slack) < err * SLACK) & np.isfinite(err)
+                ask = has & ~proven & np.isfinite(nrm) & (ok | und | ~v).all((-2, -1))
+                if ask.any():
+                    j = np.nonzero(ask)[0]
+                    feasible[j] = np.asarray(decide(j), bool)
         # the numbers (certificate.certify, inequalities with b_k = 1, no equality, every
         # problem needing a margin)
         lower = np.where((dn > 0) & (lb_num > 0), lb_num / np.where(dn > 0, dn, 1.0), 0.0)
