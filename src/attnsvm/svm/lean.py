@@ -40,7 +40,7 @@ from .._parallel import thread_pool
 from ..norms import FRO
 from . import active, frobenius
 from .assemble import MIN_REPRESENTABLE, to_batch_solution
-from .certificate import GAP_OPTIMAL, Certificate, prove_margins, verdict
+from .certificate import GAP_OPTIMAL, prove_margins, verdict
 from .constraints import ConstraintSet, build_constraints, ldexp
 from .farkas import conflicts, farkas_verify
 from .records import Outcome
@@ -194,28 +194,39 @@ def _settle(info, D, Zs, v, W, lam, mu, *, tol: float, irreducible: bool, exact=
     decides the margins the rounding-error bound leaves undecided (None: those problems
     go to the engine)."""
     K = active.kernels()
+    B = len(info)
     ran = info[:, 0] == K.LEAN_OK
     ex = info[:, 1]
-    o = np.nonzero(ran & (info[:, 2] == active.OPTIMAL))[0]
+    opt = ran & (info[:, 2] == active.OPTIMAL)
     c = np.nonzero(ran & (info[:, 2] == active.SMALL_RHO))[0]
-    i = c[:0]
-    fk_bound, fk_lam = np.zeros(0), np.zeros((0,) + v.shape[1:])
+    fk_ok = np.zeros(B, bool)
+    fk_bound, fk_lam = np.full(B, np.nan), np.zeros(v.shape)
     if len(c) and not irreducible:  # (irreducible: the engine names the conflict by LP)
         ok, bound, lv = farkas_verify(_unit_set(D[c], Zs[c], v[c], ex[c]), mu[c])
-        i, fk_bound, fk_lam = c[ok], bound[ok], lv[ok]
-    co = certify_unit(D[o], Zs[o], v[o], W[o], lam[o], tol,
-                      decide=None if exact is None else lambda j: exact(o[j], W[o[j]]))
-    good = co.feasible & (co.gap <= GAP_OPTIMAL) & _in_user_units(co.W, ex[o])
-    o = o[good]
-    ci = certify_unit(D[i], Zs[i], v[i], W[i], lam[i], tol, prove=False)
-    cert = Certificate.concat([co.take(good), ci])
-    idx = np.concatenate([o, i])
-    inf = np.arange(len(idx)) >= len(o)
-    fk_bound = np.concatenate([np.full(len(o), np.nan), fk_bound])
-    fk_lam = np.concatenate([np.zeros((len(o),) + v.shape[1:]), fk_lam])
+        fk_ok[c[ok]] = True
+        fk_bound[c[ok]], fk_lam[c[ok]] = bound[ok], lv[ok]
+    # one certificate of the answers (proof run on the OPTIMAL ones) and of the proven
+    # infeasible ones (numbers only), on the whole batch where the kernel ran every problem
+    # (no copies; each problem's numbers are computed alone, the same bits)
+    r = np.nonzero(opt | fk_ok)[0]
+    every = len(r) == B
+
+    def sub(a):
+        return a if every else a[r]
+
+    dec = None if exact is None else (lambda j: exact(r[j], W[r[j]]))
+    cr = certify_unit(sub(D), sub(Zs), sub(v), sub(W), sub(lam), tol, prove=opt[r],
+                      decide=dec)
+    good = (cr.feasible & (cr.gap <= GAP_OPTIMAL) & _in_user_units(cr.W, ex[r])) | fk_ok[r]
+    all_good = every and good.all()
+    idx = r if all_good else r[good]
+    cert = cr if all_good else cr.take(good)
+    inf = fk_ok[idx]
+    fk_bound, fk_lam = fk_bound[idx], fk_lam[idx]
     status = verdict(cert.feasible, cert.gap, inf)
-    return (idx, cert, status, conflicts(fk_lam, inf), fk_bound, fk_lam,
-            _unit_set(D[idx], Zs[idx], v[idx], ex[idx]), info[idx, 3])
+    cs = (_unit_set(D, Zs, v, ex) if all_good else
+          _unit_set(D[idx], Zs[idx], v[idx], ex[idx]))
+    return (idx, cert, status, conflicts(fk_lam, inf), fk_bound, fk_lam, cs, info[idx, 3])
 
 
 _FIELDS = ("W_", "norm_", "margin_", "violation_", "kkt_residual_", "gap_", "dual_",

@@ -40,7 +40,7 @@ __all__ = ["certify_unit", "certify_unit_one", "UnitOne"]
 
 
 def certify_unit(D: np.ndarray, Z: np.ndarray, v: np.ndarray, W: np.ndarray, lam: np.ndarray,
-                 tol_active: float = 1e-6, *, prove: bool = True,
+                 tol_active: float = 1e-6, *, prove: bool | np.ndarray = True,
                  decide: Callable[[np.ndarray], np.ndarray] | None = None) -> Certificate:
     """The :class:`~attnsvm.svm.certificate.Certificate` of answers W (B, d, e) with
     multipliers lam (B, n, T) for the constraints D_k^T W z_k >= 1, D (B, n, T, d) (0 where
@@ -50,7 +50,9 @@ def certify_unit(D: np.ndarray, Z: np.ndarray, v: np.ndarray, W: np.ndarray, lam
     bound.  Rows of W that are not finite mean "no answer"; rows of lam that are not
     finite, "no multipliers" (gap and KKT residual NaN).  ``prove`` False: the margin proof
     is not run and nothing is feasible (problems proven infeasible, whose other numbers,
-    such as the weak-duality lower bound, are still reported).  ``decide``: where the bound
+    such as the weak-duality lower bound, are still reported); a (B,) bool: only those
+    problems may be feasible (the others' numbers as with False, the same bits: each
+    problem's numbers are computed alone).  ``decide``: where the bound
     leaves margins undecided (|fl(m^_k - 1)| < fl(err_k SLACK), err_k finite, as
     :func:`~attnsvm.svm.certificate.prove_margins` calls them) and proves every other one
     of a problem with W and ||W|| finite, ``decide(j)`` (j the positions of those problems
@@ -71,7 +73,8 @@ def certify_unit(D: np.ndarray, Z: np.ndarray, v: np.ndarray, W: np.ndarray, lam
         # the proof (certificate.prove_margins with exact=False, b_k = 1): the rounding-error
         # bound err_k of the computed margins m^_k
         feasible = np.zeros(B, bool)
-        if prove:
+        mask = np.broadcast_to(np.asarray(prove, bool), (B,))
+        if mask.any():
             aW, aZ = np.abs(Wz), np.abs(Z)
             E = np.einsum("bnte,bne->bnt",
                           (np.abs(D).reshape(B, n * T, d) @ aW).reshape(B, n, T, e), aZ)
@@ -80,10 +83,10 @@ def certify_unit(D: np.ndarray, Z: np.ndarray, v: np.ndarray, W: np.ndarray, lam
             slack = m - 1.0
             ok = (slack >= err * SLACK) & np.isfinite(slack)
             proven = (ok | ~v).all((-2, -1))
-            feasible = has & proven & np.isfinite(nrm)
+            feasible = mask & has & proven & np.isfinite(nrm)
             if decide is not None:
                 und = v & ~ok & (np.abs(slack) < err * SLACK) & np.isfinite(err)
-                ask = has & ~proven & np.isfinite(nrm) & (ok | und | ~v).all((-2, -1))
+                ask = mask & has & ~proven & np.isfinite(nrm) & (ok | und | ~v).all((-2, -1))
                 if ask.any():
                     j = np.nonzero(ask)[0]
                     feasible[j] = np.asarray(decide(j), bool)
