@@ -359,6 +359,30 @@ def test_unit_certificate_is_certify():
                 assert tight.any() and not (f & tight).any()
 
 
+def test_unit_certificate_prove_mask():
+    """certify_unit's per-problem ``prove`` mask: feasible only where the mask says so and
+    the full proof does, every number the same bits as without the mask (and as a batch of
+    just those problems: each problem's numbers are computed alone)."""
+    from attnsvm.svm.unit_certificate import certify_unit
+
+    rng = np.random.default_rng(31)
+    cs, W, lam = _unit_answers(rng, "random")
+    full = certify_unit(cs.Delta, cs.Z, cs.valid, W, lam, 1e-6)
+    mask = rng.random(len(W)) < 0.5
+    got = certify_unit(cs.Delta, cs.Z, cs.valid, W, lam, 1e-6, prove=mask)
+    assert full.feasible.sum() > 5 and (full.feasible & ~mask).any()
+    assert np.array_equal(got.feasible, full.feasible & mask)
+    off = certify_unit(cs.Delta, cs.Z, cs.valid, W, lam, 1e-6, prove=False)
+    j = np.nonzero(mask)[0]
+    part = certify_unit(cs.Delta[j], cs.Z[j], cs.valid[j], W[j], lam[j], 1e-6)
+    for k in ("W", "lam", "margins", "norm", "margin", "violation", "kkt", "lower", "support"):
+        x = getattr(got, k)
+        assert np.array_equal(x, getattr(full, k), equal_nan=x.dtype.kind == "f"), k
+        assert np.array_equal(x[j], getattr(part, k), equal_nan=x.dtype.kind == "f"), k
+    assert np.array_equal(got.gap[mask], full.gap[mask], equal_nan=True)
+    assert np.array_equal(got.gap[~mask], off.gap[~mask], equal_nan=True)
+
+
 def test_unit_certificate_decides_undecided_margins_exactly():
     """certify_unit's ``decide``: asked only for problems whose margins the bound leaves
     undecided (none refuted), and then feasible exactly where it says so; with the
