@@ -349,6 +349,21 @@ def test_margin_enclosure_holds_on_batches():
             assert abs(Fraction(float(m[b, i, t])) - mk) <= Fraction(float(err[b, i, t]))
 
 
+def test_tri_inv_is_the_inverse():
+    """_tri_inv (the Farkas enclosure's estimate of lambda_min: only the lower triangle's
+    rows formed) against LAPACK's inverse of the same lower-triangular stack, and exactly
+    triangular (0 above the diagonal, 1 / L_jj on it)."""
+    rng = np.random.default_rng(3)
+    for B, p in ((5, 1), (40, 7), (9, 12)):
+        M = rng.standard_normal((B, p, p + 2))
+        L = np.linalg.cholesky(M @ np.swapaxes(M, 1, 2))
+        Li = certificate._tri_inv(L)
+        assert np.allclose(Li, np.linalg.inv(L), rtol=1e-10, atol=1e-12)
+        assert (np.triu(Li, 1) == 0).all()
+        assert np.array_equal(np.diagonal(Li, axis1=1, axis2=2),
+                              1.0 / np.diagonal(L, axis1=1, axis2=2))
+
+
 def test_farkas_enclosure_batch_equals_one_by_one():
     """The batched enclosure (supports gathered by flat index over the batch) gives each
     problem the verdict it gets alone, for e > 1, differently sized supports and problems

@@ -533,12 +533,13 @@ def farkas_enclosure(cs, lam: np.ndarray, which: np.ndarray | None = None) -> np
         # t: half an estimate of lambda_min(G^) (1 / ||L0^-1||_F^2 <= lambda_min, L0 the
         # Cholesky factor of G^ itself); only the second factorisation, of G^ - t I, is
         # part of the proof
+        fin = np.isfinite(G)
         try:  # (an estimate only: LAPACK, batched; the proof's factorisation is below)
-            L0, good = np.linalg.cholesky(np.where(np.isfinite(G), G, 0.0)), np.ones(len(ix), bool)
+            L0, good = np.linalg.cholesky(np.where(fin, G, 0.0)), np.ones(len(ix), bool)
         except np.linalg.LinAlgError:
             L0, good = _cholesky(G)
-        good &= np.isfinite(G).all((1, 2))
-        Li = _tri_inv(np.where(good[:, None, None], L0, np.eye(p)))
+        good &= fin.all((1, 2))
+        Li = _tri_inv(L0 if good.all() else np.where(good[:, None, None], L0, np.eye(p)))
         t = 0.5 / np.einsum("bij,bij->b", Li, Li)
         good &= np.isfinite(t) & (t > 0)
         A = G - np.where(good, t, 0.0)[:, None, None] * np.eye(p)
@@ -566,16 +567,15 @@ def _fro(A: np.ndarray) -> np.ndarray:
 def _tri_inv(L: np.ndarray) -> np.ndarray:
     """L^-1 of a stack of lower-triangular matrices (B, p, p) by forward substitution,
     row by row (an estimate's ingredient: np.linalg.inv is ~5x slower on small stacks),
-    on the batch-last layout (p, p, B) (every step a contiguous elementwise pass)."""
+    on the batch-last layout (p, p, B) (every step a contiguous elementwise pass; row j
+    of L^-1 is 0 right of its diagonal, so only its first j + 1 entries are formed)."""
     B, p, _ = L.shape
     Lt = np.ascontiguousarray(L.transpose(1, 2, 0))
     Li = np.zeros_like(Lt)
     with np.errstate(all="ignore"):
         for j in range(p):
-            row = -(Lt[j, :j, None, :] * Li[:j, :, :]).sum(0)  # (p, B)
-            row[j] += 1.0
-            row /= Lt[j, j]
-            Li[j] = row
+            Li[j, :j] = -(Lt[j, :j, None, :] * Li[:j, :j, :]).sum(0) / Lt[j, j]  # (j, B)
+            Li[j, j] = 1.0 / Lt[j, j]
     return Li.transpose(2, 0, 1)
 
 
