@@ -239,6 +239,12 @@ def _merge(B: int, parts, **kw) -> BatchSolution:
     cover 0 .. B-1 (the first len(idx) rows of each part; the engine's ``n_fallback``: that
     of the last part)."""
     out, extra, conflict = {}, {}, [()] * B
+    if len(parts) == 1 and np.array_equal(parts[0][0], np.arange(B)):  # one part, every
+        bs = parts[0][1]  # problem in order: its own arrays (no copies)
+        out = {f: getattr(bs, f)[:B] for f in _FIELDS}
+        extra = {f: np.asarray(bs.extra[f])[:B] for f in _EXTRA}
+        extra["n_fallback"] = bs.extra["n_fallback"]
+        return BatchSolution(**out, conflict_=list(bs.conflict_[:B]), extra=extra, **kw)
     for idx, bs in parts:
         k = len(idx)
         for f in _FIELDS:
