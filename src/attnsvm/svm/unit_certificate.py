@@ -74,22 +74,32 @@ def certify_unit(D: np.ndarray, Z: np.ndarray, v: np.ndarray, W: np.ndarray, lam
         # bound err_k of the computed margins m^_k
         feasible = np.zeros(B, bool)
         mask = np.broadcast_to(np.asarray(prove, bool), (B,))
-        if mask.any():
-            aW, aZ = np.abs(Wz), np.abs(Z)
+        if mask.any():  # (on the masked problems only: each problem's bound is its own)
+            j = None if mask.all() else np.nonzero(mask)[0]
+
+            def pick(a):
+                return a if j is None else a[j]
+
+            Dp, vp, aW, aZ = pick(D), pick(v), np.abs(pick(Wz)), np.abs(pick(Z))
+            Bp = len(Dp)
             E = np.einsum("bnte,bne->bnt",
-                          (np.abs(D).reshape(B, n * T, d) @ aW).reshape(B, n, T, e), aZ)
+                          (np.abs(Dp).reshape(Bp, n * T, d) @ aW).reshape(Bp, n, T, e), aZ)
             wz = (aW @ np.swapaxes(aZ, -1, -2)).sum(-2)  # (B, n) sum_cf |W_cf| |z_f|
             err = _margin_err(E, wz[..., None], aZ.sum(-1)[..., None], d, e)
-            slack = m - 1.0
+            slack = pick(m) - 1.0
             ok = (slack >= err * SLACK) & np.isfinite(slack)
-            proven = (ok | ~v).all((-2, -1))
-            feasible = mask & has & proven & np.isfinite(nrm)
+            proven = (ok | ~vp).all((-2, -1))
+            answer = pick(has) & np.isfinite(pick(nrm))
+            fp = answer & proven
             if decide is not None:
-                und = v & ~ok & (np.abs(slack) < err * SLACK) & np.isfinite(err)
-                ask = mask & has & ~proven & np.isfinite(nrm) & (ok | und | ~v).all((-2, -1))
-                if ask.any():
-                    j = np.nonzero(ask)[0]
-                    feasible[j] = np.asarray(decide(j), bool)
+                und = vp & ~ok & (np.abs(slack) < err * SLACK) & np.isfinite(err)
+                ask = np.nonzero(answer & ~proven & (ok | und | ~vp).all((-2, -1)))[0]
+                if len(ask):
+                    fp[ask] = np.asarray(decide(ask if j is None else j[ask]), bool)
+            if j is None:
+                feasible = fp
+            else:
+                feasible[j] = fp
         # the numbers (certificate.certify, inequalities with b_k = 1, no equality, every
         # problem needing a margin)
         lower = np.where((dn > 0) & (lb_num > 0), lb_num / np.where(dn > 0, dn, 1.0), 0.0)
