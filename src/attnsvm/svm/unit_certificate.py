@@ -17,7 +17,9 @@ fl(m^_k - 1) >= fl(err_k SLACK) of :func:`~attnsvm.svm.certificate.prove_margins
 margins m^ that :func:`~attnsvm.svm.certificate.fro_sums` computed: the bound holds for
 a sum evaluated in any order).  What the bound leaves undecided is not proven here (no
 exact arithmetic, no rounding-size scale-up): the caller then hands the problem to the
-engine, whose :func:`~attnsvm.svm.certificate.certify` decides it.  So "feasible" here
+engine, whose :func:`~attnsvm.svm.certificate.certify` decides it, or (``decide``) proves
+those margins itself, in exact arithmetic on its exact data (the batch fast path:
+:func:`~attnsvm.svm.certificate.prove_margins`, the engine's proof).  So "feasible" here
 implies "feasible" there, with the same numbers; tests/test_svm_lean.py holds the two equal
 problem by problem.
 
