@@ -359,6 +359,33 @@ def test_unit_certificate_is_certify():
                 assert tight.any() and not (f & tight).any()
 
 
+def test_margins_dot2_one_answer_per_row():
+    """certificate.margins_dot2 with one W per row (the batch fast path's exact margins of
+    several problems in one call): the bits of one call per problem, and every exact
+    margin (Fractions) inside m +- err."""
+    from fractions import Fraction
+
+    from attnsvm.svm.certificate import margins_dot2, two_diff
+
+    rng = np.random.default_rng(37)
+    R, d, e = 9, 4, 2
+    Ey, Ej, Z = rng.standard_normal((R, d)), rng.standard_normal((R, d)), rng.standard_normal((R, e))
+    Ej = Ey + rng.standard_normal((R, d)) * 1e-5
+    D, lo = two_diff(Ey, Ej)
+    Ws = rng.standard_normal((3, d, e)) * 1e6
+    owner = np.array([0, 0, 1, 2, 2, 2, 1, 0, 1])
+    m, err = margins_dot2(D, lo, Ws[owner], Z)
+    for k in range(3):
+        r = owner == k
+        m1, e1 = margins_dot2(D[r], lo[r], Ws[k], Z[r])
+        assert np.array_equal(m[r], m1) and np.array_equal(err[r], e1)
+    for r in range(R):
+        W = Ws[owner[r]]
+        ex = sum((Fraction(float(Ey[r, a])) - Fraction(float(Ej[r, a]))) * Fraction(float(W[a, b]))
+                 * Fraction(float(Z[r, b])) for a in range(d) for b in range(e))
+        assert abs(Fraction(float(m[r])) - ex) <= Fraction(float(err[r]))
+
+
 def test_unit_certificate_prove_mask():
     """certify_unit's per-problem ``prove`` mask: feasible only where the mask says so and
     the full proof does, every number the same bits as without the mask (and as a batch of
@@ -443,10 +470,11 @@ def test_unit_certificate_decides_undecided_margins_exactly():
 
 def test_batch_lean_proves_undecided_margins_as_the_engine():
     """Answers whose tight margins the rounding-error bound leaves undecided (4 of these
-    1,000 prompt SVMs: margins 1 + 2^-40) are proven exactly in the fast path, by the
-    engine's proof, and none goes to the engine: the engine's answers bit for bit.  The
-    exact proof refuses W scaled down by 2^-38 (margins 1 + 2^-40 then below 1) and data that is
-    not the kernel's."""
+    1,000 prompt SVMs: margins 1 + 2^-40) are proven on the exact data in the fast path
+    (the compensated enclosure margins_dot2 decides them; the engine's exact proof agrees)
+    and none goes to the engine: the engine's answers bit for bit.  The proof refuses W
+    scaled down by 2^-38 (margins 1 + 2^-40 then below 1) and data that is not the
+    kernel's."""
     from attnsvm.svm.constraints import scaled_keys
 
     rng = np.random.default_rng(0)
@@ -466,6 +494,16 @@ def test_batch_lean_proves_undecided_margins_as_the_engine():
     undecided = np.setdiff1d(opt, plain)
     assert len(undecided) >= 2 and np.array_equal(np.sort(got), np.arange(B))
     assert exact(undecided, W[undecided]).all()
+    # the compensated enclosure alone proves them (the rational fallback not called)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(lean, "prove_margins", lambda *a, **k: pytest.fail("fallback"))
+        assert exact(undecided, W[undecided]).all()
+    # and the engine's exact proof agrees
+    from attnsvm.svm.certificate import prove_margins
+
+    cs = engine.build_constraints(K[undecided], z[undecided], alpha[undecided],
+                                  valid[undecided], x_exp=xexp[undecided])
+    assert prove_margins(cs, W[undecided], positive=True).all()
     assert not exact(undecided, W[undecided] * (1 - 2.0 ** -38)).any()
     D2 = D.copy()
     D2[undecided, 0, 1, 0] *= 1 + 2.0 ** -50

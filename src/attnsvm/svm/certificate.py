@@ -1018,17 +1018,19 @@ def _two_prod(a: np.ndarray, b: np.ndarray):
 
 def margins_dot2(D: np.ndarray, lo: np.ndarray, W: np.ndarray, Z: np.ndarray):
     """(m, err) of m_r = (D_r + lo_r)^T W z_r (the exact difference E_y - E_j = D + lo,
-    TwoSum) for a few rows D, lo (R, d), Z (R, e), W (d, e), in twice the working precision
+    TwoSum) for a few rows D, lo (R, d), Z (R, e), W (d, e) (or (R, d, e): one per row),
+    in twice the working precision
     (Ogita, Rump, Oishi, "Accurate sum and dot product", SIAM J. Sci. Comput. 26, 2005:
     TwoProduct terms, a cascade of TwoSums): |m - m_exact| <= err = u |m| + gamma_n sum
     |e_i| + u sum |pl W| + gamma_2 sum |lo z W| + underflow, every sum rounded upward.
     Where the bound of :func:`margin_enclosure` is too coarse: rows whose margin is a
     cancellation of large terms (near-collinear tokens, a large W)."""
     R, d = D.shape
+    Wr = W[None] if W.ndim == 2 else W
     ph, pl = _two_prod(D[:, :, None], Z[:, None, :])  # D_a z_b = ph + pl
-    h, l_ = _two_prod(ph, W[None])  # ph W_ab = h + l
-    q = pl * W[None]
-    s = (lo[:, :, None] * Z[:, None, :]) * W[None]
+    h, l_ = _two_prod(ph, Wr)  # ph W_ab = h + l
+    q = pl * Wr
+    s = (lo[:, :, None] * Z[:, None, :]) * Wr
     x = np.concatenate([h.reshape(R, -1), l_.reshape(R, -1), q.reshape(R, -1),
                         s.reshape(R, -1)], axis=1)
     errs = []
@@ -1044,7 +1046,7 @@ def margins_dot2(D: np.ndarray, lo: np.ndarray, W: np.ndarray, Z: np.ndarray):
     ne = e.shape[1]
     m = x[:, 0] + e.sum(1)
     g = lambda n: gamma(n) * (1 + gamma(n + 2))  # noqa: E731 - with the sum's own rounding
-    nw = W.size
+    nw = W.shape[-2] * W.shape[-1]
     err = (U * np.abs(m) + g(ne) * np.abs(e).sum(1) * (1 + g(ne))
            + U * np.abs(q).reshape(R, -1).sum(1) * (1 + g(nw)) * (1 + 2 * U)
            + gamma(3) * np.abs(s).reshape(R, -1).sum(1) * (1 + g(nw)) + 64 * nw * TINY) * 1.0001

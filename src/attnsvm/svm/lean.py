@@ -44,7 +44,7 @@ from .._parallel import thread_pool
 from ..norms import FRO
 from . import active, frobenius
 from .assemble import MIN_REPRESENTABLE, to_batch_solution
-from .certificate import GAP_OPTIMAL, prove_margins, verdict
+from .certificate import GAP_OPTIMAL, SLACK, _exact_data, margins_dot2, prove_margins, verdict
 from .constraints import ConstraintSet, build_constraints, ldexp
 from .farkas import conflicts, farkas_verify
 from .records import Outcome
@@ -171,19 +171,39 @@ def _solve_batch(X, z, alpha, valid, xexp, max_iter):
 
 def _exact_margins(X, z, alpha, valid, xexp, D, Zs, v):
     """``exact(idx, W)`` for :func:`_settle`: (len(idx),) bool, every margin of the answers
-    W (k, d, e) (normalised units) of problems idx proven >= 1 EXACTLY by the engine's proof
-    (:func:`attnsvm.svm.certificate.prove_margins` on the engine's constraint set of those
-    problems, :func:`attnsvm.svm.constraints.build_constraints`: the exact differences, the
-    bound first, the constraints it leaves undecided in rational arithmetic), and only
-    where that set's normalised data is the kernel's D, Zs, v bit for bit (else False: the
-    engine decides).  What the engine itself would find for the same W, which it then
-    returns unchanged (no scale-up: that only where the proof fails)."""
+    W (k, d, e) (normalised units) of problems idx proven >= 1 on the EXACT data of the
+    engine's constraint set of those problems (:func:`attnsvm.svm.constraints.
+    build_constraints`: the exact differences Delta + Delta_lo), and only where that set's
+    normalised data is the kernel's D, Zs, v bit for bit (else False: the engine decides).
+    First by the compensated enclosure :func:`attnsvm.svm.certificate.margins_dot2` (twice
+    the working precision, a rigorous bound |m - m_exact| <= err, the comparison
+    fl(m - 1) >= fl(err SLACK) of :func:`~attnsvm.svm.certificate.prove_margins`; as the
+    Graph-SVM's proof uses it: exact data, max |W| < 2^900), where that leaves a margin
+    undecided by the engine's proof itself (:func:`~attnsvm.svm.certificate.prove_margins`:
+    the bound, then rational arithmetic).  A margin proven >= 1 is >= 1 whichever proof
+    shows it, so this is what the engine finds for the same W, which it then returns
+    unchanged (no scale-up: that only where the proof fails)."""
 
     def exact(idx, W):
         cs = build_constraints(X[idx], z[idx], alpha[idx], valid[idx], x_exp=xexp[idx])
         same = ((cs.Delta == D[idx]).all((1, 2, 3)) & (cs.Z == Zs[idx]).all((1, 2))
                 & (cs.valid == v[idx]).all((1, 2)))
-        return same & prove_margins(cs, W, same, positive=True)
+        ok = np.zeros(len(idx), bool)
+        with np.errstate(over="ignore", invalid="ignore", under="ignore"):
+            sharp = same & _exact_data(cs) & (np.abs(W).max((1, 2)) < 2.0 ** 900)
+            rows = cs.valid & sharp[:, None, None]
+            if rows.any():  # (every valid row of those problems, one call)
+                bb, ii, tt = np.nonzero(rows)
+                lo = (np.zeros((len(bb), cs.d)) if cs.Delta_lo is None
+                      else cs.Delta_lo[bb, ii, tt])
+                m, err = margins_dot2(cs.Delta[bb, ii, tt], lo, W[bb], cs.Z[bb, ii])
+                slack = m - 1.0
+                bad = ~((slack >= err * SLACK) & np.isfinite(slack))
+                ok = sharp & (np.bincount(bb, weights=bad, minlength=len(idx)) == 0)
+        rest = np.nonzero(same & ~ok)[0]
+        if len(rest):
+            ok[rest] = prove_margins(cs.take(rest), W[rest], positive=True)
+        return ok
 
     return exact
 
