@@ -16,16 +16,18 @@ rounding-error bound; a single problem's by
 :func:`~attnsvm.svm.unit_certificate.certify_unit_one`, the same numbers in half the numpy
 calls), the Farkas candidates of the problems the solver found infeasible
 proven by :func:`attnsvm.svm.farkas.farkas_verify`; in batches, the margins the bound
-leaves undecided (a rounding-size from 1) proven in exact arithmetic by the engine's own
-proof, :func:`attnsvm.svm.certificate.prove_margins` on the engine's constraint set of
-those few problems (:func:`_exact_margins`), the results mapped to the caller's
+leaves undecided (a rounding-size from 1) proven on the exact data of the engine's
+constraint set of those few problems, by the compensated enclosure
+:func:`attnsvm.svm.certificate.margins_dot2`, else by the engine's own proof
+(:func:`~attnsvm.svm.certificate.prove_margins`, rational arithmetic;
+:func:`_exact_margins`), the results mapped to the caller's
 units by :mod:`attnsvm.svm.assemble` (batches; a single problem as
 :func:`~attnsvm.svm.assemble.to_solution` maps it, without its re-certification, which
 cannot apply: W must map back exactly).  A problem is settled here when its certificate
 says "optimal" and W maps back to the caller's units exactly, or (batches, unless
 ``irreducible``) when a Farkas certificate is proven ("infeasible").  Every other problem
 (no constraint, a zero constraint, an unresolved or inaccurate solve, a margin the bound
-leaves undecided (single problems; in batches, one the exact proof refutes), extreme
+leaves undecided (single problems; in batches, one the exact data refutes), extreme
 scales, a Farkas candidate that needs polishing) goes through
 the engine itself, which gives the same answer as before (fallbacks, LP certificates,
 errors).  Where both apply they agree bit for bit (tests/test_svm_lean.py), except the

@@ -18,8 +18,8 @@ margins m^ that :func:`~attnsvm.svm.certificate.fro_sums` computed: the bound ho
 a sum evaluated in any order).  What the bound leaves undecided is not proven here (no
 exact arithmetic, no rounding-size scale-up): the caller then hands the problem to the
 engine, whose :func:`~attnsvm.svm.certificate.certify` decides it, or (``decide``) proves
-those margins itself, in exact arithmetic on its exact data (the batch fast path:
-:func:`~attnsvm.svm.certificate.prove_margins`, the engine's proof).  So "feasible" here
+those margins itself on its exact data (the batch fast path, :func:`attnsvm.svm.lean.
+_exact_margins`: a compensated enclosure, else the engine's rational arithmetic).  So "feasible" here
 implies "feasible" there, with the same numbers; tests/test_svm_lean.py holds the two equal
 problem by problem.
 
@@ -58,9 +58,8 @@ def certify_unit(D: np.ndarray, Z: np.ndarray, v: np.ndarray, W: np.ndarray, lam
     leaves margins undecided (|fl(m^_k - 1)| < fl(err_k SLACK), err_k finite, as
     :func:`~attnsvm.svm.certificate.prove_margins` calls them) and proves every other one
     of a problem with W and ||W|| finite, ``decide(j)`` (j the positions of those problems
-    in this batch, sorted) returns (len(j),) bool: every margin of problem j proven >= 1 in
-    exact arithmetic on the caller's exact data (the caller's
-    :func:`~attnsvm.svm.certificate.prove_margins`, the engine's proof); those are
+    in this batch, sorted) returns (len(j),) bool: every margin of problem j proven >= 1 on
+    the caller's exact data (by a rigorous enclosure or in rational arithmetic); those are
     feasible."""
     B, n, T, d = D.shape
     e = Z.shape[-1]
