@@ -31,6 +31,7 @@ multipliers mu / rho^2, rho ~ 0, summed here in another order than numpy's).
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 
@@ -44,8 +45,8 @@ from .certificate import GAP_OPTIMAL, Certificate, verdict
 from .constraints import ConstraintSet, ldexp
 from .farkas import conflicts, farkas_verify
 from .records import Outcome
-from .result import BatchSolution, Solution
-from .unit_certificate import certify_unit, certify_unit_one
+from .result import BatchSolution, DeferredSolution, Solution
+from .unit_certificate import certify_unit, unit_one_core
 
 __all__ = ["att_svm_lean", "batch_lean", "applies", "batch_applies", "MAX_LEAN_N", "warmup"]
 
@@ -114,33 +115,42 @@ def att_svm_lean(X: np.ndarray, z: np.ndarray, alpha: np.ndarray, valid: np.ndar
     info = np.zeros(5, np.int64)
     K.fro_single(X, z, alpha, valid, 1e-12, 1e-13, 20 * n * T + 50, D, Zs, v, W, lam, mu,
                  info)
-    if info[0] != K.LEAN_OK or info[2] != active.OPTIMAL or not info[4]:
-        return None
-    cert = certify_unit_one(D, Zs, v, W, lam, tol)  # (info[4]: W is finite)
-    k = int(info[1])
-    if cert is None or not (cert.gap <= GAP_OPTIMAL and -511 <= k <= 511):
-        return None  # (the engine decides: the exact margins, a scale-up, the fallbacks,
-        # extreme scales)
-    # back to the caller's units as assemble.to_solution maps them (W 2^-k, dual 2^-2k:
-    # products with normal powers of two, as constraints.ldexp), where W maps back exactly
-    # (then |Wu| = |W| 2^-k exactly: its largest entry is max |W| down)
-    down, down2 = 2.0 ** -k, 2.0 ** (-2 * k)
-    with np.errstate(over="ignore", under="ignore"):
+    verdict, k, status, n_iter, finite = info.tolist()  # (Python ints)
+    if verdict != K.LEAN_OK or status != active.OPTIMAL or not finite or not -511 <= k <= 511:
+        return None  # (extreme scales: the engine decides)
+    with np.errstate(over="ignore", invalid="ignore", under="ignore", divide="ignore"):
+        cert = unit_one_core(D, Zs, v, W, lam)  # (certify_unit_one; W is finite: info)
+        if cert is None or not cert.gap <= GAP_OPTIMAL:
+            return None  # (the engine decides: the exact margins, a scale-up, the fallbacks)
+        # back to the caller's units as assemble.to_solution maps them (W 2^-k, dual
+        # 2^-2k: products with normal powers of two, as constraints.ldexp), where W maps
+        # back exactly (then |Wu| = |W| 2^-k exactly: its largest entry is max |W| down)
+        down = 2.0 ** -k
         Wu = W * down
-        if not (Wu * 2.0 ** k == W).all():
-            return None  # (entries under- or overflow: the engine re-certifies or raises)
-        if not (cert.wmax * down >= MIN_REPRESENTABLE or cert.wmax == 0.0):
+        if k > 0 and not np.logical_and.reduce(Wu * 2.0 ** k == W, None):
+            return None  # (entries underflow: the engine re-certifies or raises; k <= 0:
+            # W 2^-k is exact where max |W| 2^-k is finite, below)
+        if not (cert.wmax * down >= MIN_REPRESENTABLE or cert.wmax == 0.0) or not (
+                cert.wmax * down < math.inf):
             return None  # (not representable: the engine raises NotRepresentableError)
-        dual = cert.lam * down2
     extra = {"n_constraints": cert.n_constraints, "scale_exp": k,
              "lower_bound": cert.lower * down, "solver_status": "optimal", "n_fallback": 0}
-    return Solution(
-        W_=Wu, norm_=cert.norm * down, margin_=cert.margin, violation_=cert.violation,
-        kkt_residual_=cert.kkt, gap_=cert.gap, dual_=dual, support_=cert.support,
-        margins_=cert.margins, solver_="mnp-active", feasible_=True,
+    # the numbers that decide nothing on first read (certify_unit_one's operations)
+    thunks = {"kkt_residual_": cert.kkt, "margins_": cert.margins,
+              "support_": lambda: cert.support(tol), "dual_": lambda: _times(cert.lam, -2 * k)}
+    return DeferredSolution.make(
+        thunks, W_=Wu, norm_=cert.norm * down, margin_=cert.margin,
+        violation_=cert.violation, gap_=cert.gap, solver_="mnp-active", feasible_=True,
         status_="optimal",  # (certificate.verdict's rule: proven feasible, gap <= GAP_OPTIMAL)
-        conflict_=(), alpha_=alpha, norm="fro", problem=problem, n_iter_=int(info[3]),
+        conflict_=(), alpha_=alpha, norm="fro", problem=problem, n_iter_=n_iter,
         time_=time.perf_counter() - t0, tol_active=tol, extra=extra)
+
+
+def _times(a: np.ndarray, k: int) -> np.ndarray:
+    """a 2^k (a power of two in the normal range: exact where no entry under- or
+    overflows), floating-point warnings off (as assemble.to_solution scales)."""
+    with np.errstate(over="ignore", under="ignore"):
+        return a * 2.0 ** k
 
 
 def _solve_batch(X, z, alpha, valid, xexp, max_iter):
