@@ -13,9 +13,11 @@ as the engine decides it, in plain numpy: the certificate of all B answers in on
 vectorised pass (:func:`attnsvm.svm.unit_certificate.certify_unit`, the formulas and
 numbers of :func:`attnsvm.svm.certificate.certify`, every margin proven by the rigorous
 rounding-error bound; a single problem's by
-:func:`~attnsvm.svm.unit_certificate.certify_unit_one`, the same numbers in half the numpy
-calls), the Farkas candidates of the problems the solver found infeasible
-proven by :func:`attnsvm.svm.farkas.farkas_verify`, the results mapped to the caller's
+:func:`~attnsvm.svm.unit_certificate.unit_one_core`, the proof and the status numbers of
+:func:`~attnsvm.svm.unit_certificate.certify_unit_one` in half the numpy calls, the numbers
+that decide nothing, kkt_residual_, margins_, support_, dual_, computed where they are first
+read: :class:`~attnsvm.svm.result.DeferredSolution`), the Farkas candidates of the
+problems the solver found infeasible proven by :func:`attnsvm.svm.farkas.farkas_verify`, the results mapped to the caller's
 units by :mod:`attnsvm.svm.assemble` (batches; a single problem as
 :func:`~attnsvm.svm.assemble.to_solution` maps it, without its re-certification, which
 cannot apply: W must map back exactly).  A problem is settled here when its certificate
