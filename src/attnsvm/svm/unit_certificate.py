@@ -7,7 +7,9 @@ SVM), in one plain-numpy pass: the compiled fast path of the Frobenius strategy
     one = certify_unit_one(D[b], Z[b], v[b], W[b], lam[b], tol_active)  # one problem
 
 (:func:`certify_unit_one`: the single-problem path's, the same numbers with Python-float
-scalars in half the numpy calls, None where it proves nothing.)
+scalars in half the numpy calls, None where it proves nothing; :func:`unit_one_core`: its
+proof and the status numbers, the others, which decide nothing, computed where they are
+read: :class:`UnitCore`.)
 
 The same formulas as :func:`~attnsvm.svm.certificate.certify` (its numbers come from the
 same :func:`~attnsvm.svm.certificate.fro_sums`, so they are the engine's bit for bit), with
