@@ -126,9 +126,9 @@ def test_deferred_fields_are_the_engines():
         assert np.array_equal(d["dual_"], ref.dual_)
     assert {-1, 1} <= seen_k  # (W scaled up and down)
     fresh = lean.att_svm_lean(X, z, alpha, valid, tol=1e-6)
-    fresh.kkt_residual_ = 0.5  # (set before the first read: the caller's value)
-    assert fresh.kkt_residual_ == 0.5
-    orphan = DeferredSolution.make({}, **{f.name: getattr(ref, f.name)
+    fresh.kkt_residual_ = 0.5  # (set before the first read: the caller's value stays)
+    assert np.array_equal(fresh.margins_, ref.margins_) and fresh.kkt_residual_ == 0.5
+    orphan = DeferredSolution.make(None, **{f.name: getattr(ref, f.name)
                                           for f in dataclasses.fields(ref)
                                           if f.name not in deferred})
     assert orphan.norm_ == ref.norm_

@@ -137,22 +137,25 @@ def att_svm_lean(X: np.ndarray, z: np.ndarray, alpha: np.ndarray, valid: np.ndar
             return None  # (not representable: the engine raises NotRepresentableError)
     extra = {"n_constraints": cert.n_constraints, "scale_exp": k,
              "lower_bound": cert.lower * down, "solver_status": "optimal", "n_fallback": 0}
-    # the numbers that decide nothing on first read (certify_unit_one's operations)
-    thunks = {"kkt_residual_": cert.kkt, "margins_": cert.margins,
-              "support_": lambda: cert.support(tol), "dual_": lambda: _times(cert.lam, -2 * k)}
     return DeferredSolution.make(
-        thunks, W_=Wu, norm_=cert.norm * down, margin_=cert.margin,
+        lambda: _reported(cert, tol, k), W_=Wu, norm_=cert.norm * down, margin_=cert.margin,
         violation_=cert.violation, gap_=cert.gap, solver_="mnp-active", feasible_=True,
         status_="optimal",  # (certificate.verdict's rule: proven feasible, gap <= GAP_OPTIMAL)
         conflict_=(), alpha_=alpha, norm="fro", problem=problem, n_iter_=n_iter,
         time_=time.perf_counter() - t0, tol_active=tol, extra=extra)
 
 
-def _times(a: np.ndarray, k: int) -> np.ndarray:
-    """a 2^k (a power of two in the normal range: exact where no entry under- or
-    overflows), floating-point warnings off (as assemble.to_solution scales)."""
-    with np.errstate(over="ignore", under="ignore"):
-        return a * 2.0 ** k
+def _reported(cert, tol: float, k: int) -> dict:
+    """The fields of :func:`att_svm_lean`'s answer that decide nothing, computed on the
+    first read of one of them (:class:`~attnsvm.svm.result.DeferredSolution`):
+    certify_unit_one's margins, support and KKT residual of ``cert``
+    (:class:`~attnsvm.svm.unit_certificate.UnitCore`) and the multipliers in the caller's
+    units, lam 2^-2k (as assemble.to_solution scales them: exact where no entry under- or
+    overflows)."""
+    with np.errstate(over="ignore", invalid="ignore", under="ignore", divide="ignore"):
+        m = cert.margins()
+        return {"kkt_residual_": cert.kkt(m), "margins_": m, "support_": cert.support(tol),
+                "dual_": cert.lam * 2.0 ** (-2 * k)}
 
 
 def _solve_batch(X, z, alpha, valid, xexp, max_iter):

@@ -148,8 +148,10 @@ def certify_unit_one(D: np.ndarray, Z: np.ndarray, v: np.ndarray, W: np.ndarray,
         core = unit_one_core(D, Z, v, W, lam)
         if core is None:
             return None
-        return UnitOne(core.lam, core.margins(), core.support(tol_active), core.norm, core.margin, core.violation,
-                       core.kkt(), core.gap, core.lower, core.wmax, core.n_constraints)
+        m = core.margins()
+        return UnitOne(core.lam, m, core.support(tol_active), core.norm, core.margin,
+                       core.violation, core.kkt(m), core.gap, core.lower, core.wmax,
+                       core.n_constraints)
 
 
 class UnitCore(NamedTuple):
@@ -182,19 +184,20 @@ class UnitCore(NamedTuple):
         """(n, T) bool, certify_unit's support: valid, m_k <= 1 + tol_active."""
         return self.mv <= 1.0 + tol_active
 
-    def kkt(self) -> float:
+    def kkt(self, m: np.ndarray | None = None) -> float:
         """The KKT residual max(||W - S||_F / ||W||, max_k |lam_k (m_k - 1)| / ||W||^2)
-        (certify_unit's, self-dual: W = sum lam_k A_k at the optimum; inf where W = 0)."""
+        (certify_unit's, self-dual: W = sum lam_k A_k at the optimum; inf where W = 0);
+        ``m``: :meth:`margins` where the caller has them.  Without ``np.errstate``: the
+        caller holds the floating-point warnings off."""
         nrm = self.norm
         if not nrm > 0:
             return math.inf
-        with np.errstate(over="ignore", invalid="ignore", under="ignore", divide="ignore"):
-            m = self.margins()
-            # |lam_k (m_k - 1)|: lam_k (m_k - 1) >= 0 on the valid ones (proven m_k - 1 >=
-            # 0), -0.0 elsewhere (lam_k = 0, m_k = 0)
-            comp = abs(float(_max(self.lam * (m - 1.0), None)))
-            R = self.W - self.S
-            wms = math.sqrt(float(np.einsum("ij,ij->", R, R)))
+        m = self.margins() if m is None else m
+        # |lam_k (m_k - 1)|: lam_k (m_k - 1) >= 0 on the valid ones (proven m_k - 1 >= 0),
+        # -0.0 elsewhere (lam_k = 0, m_k = 0)
+        comp = abs(float(_max(self.lam * (m - 1.0), None)))
+        R = self.W - self.S
+        wms = math.sqrt(float(np.einsum("ij,ij->", R, R)))
         n2 = nrm * nrm  # (numpy's nrm**2)
         a, b = wms / math.sqrt(n2), comp / n2
         return math.nan if a != a or b != b else max(a, b)  # (np.maximum)
