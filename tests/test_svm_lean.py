@@ -89,6 +89,53 @@ def test_lean_equals_engine(kind):
         assert answered >= 15
 
 
+def test_deferred_fields_are_the_engines():
+    """The single fast path's result defers kkt_residual_, margins_, support_, dual_ (none
+    decides the status) to their first read: before it they are not computed; read, each
+    is the engine's (bit for bit, also where W scales up, k <= 0, or down, k > 0); copies,
+    pickles, dataclasses.replace / asdict hold every value; a field set by the caller wins;
+    one without a value is an AttributeError naming it."""
+    import copy
+    import dataclasses
+    import pickle
+
+    from attnsvm.svm.result import DeferredSolution
+
+    rng = np.random.default_rng(5)
+    deferred = ("kkt_residual_", "margins_", "support_", "dual_")
+    seen_k = set()
+    for scale in (1.0, 2.0 ** -20, 2.0 ** 20, 1e-3):
+        X, z, alpha, valid = instance(rng, 6, 5, 4, 3, "planted")
+        X = X * scale
+        got = lean.att_svm_lean(X, z, alpha, valid, tol=1e-6)
+        assert isinstance(got, DeferredSolution)
+        assert not any(f in vars(got) for f in deferred)  # (not computed yet)
+        seen_k.add(np.sign(got.extra["scale_exp"]))
+        ref = general(X, z, alpha, valid)
+        assert type(ref) is not DeferredSolution
+        same(got, ref)  # (reads every field: the deferred ones computed now)
+        assert all(f in vars(got) for f in deferred)
+        for other in (copy.deepcopy(lean.att_svm_lean(X, z, alpha, valid, tol=1e-6)),
+                      pickle.loads(pickle.dumps(lean.att_svm_lean(X, z, alpha, valid,
+                                                                  tol=1e-6))),
+                      dataclasses.replace(lean.att_svm_lean(X, z, alpha, valid, tol=1e-6))):
+            same(other, ref)
+        d = dataclasses.asdict(lean.att_svm_lean(X, z, alpha, valid, tol=1e-6))
+        assert d.keys() == {f.name for f in dataclasses.fields(ref)}
+        assert d["kkt_residual_"] == ref.kkt_residual_
+        assert np.array_equal(d["dual_"], ref.dual_)
+    assert {-1, 1} <= seen_k  # (W scaled up and down)
+    fresh = lean.att_svm_lean(X, z, alpha, valid, tol=1e-6)
+    fresh.kkt_residual_ = 0.5  # (set before the first read: the caller's value stays)
+    assert np.array_equal(fresh.margins_, ref.margins_) and fresh.kkt_residual_ == 0.5
+    orphan = DeferredSolution.make(None, **{f.name: getattr(ref, f.name)
+                                          for f in dataclasses.fields(ref)
+                                          if f.name not in deferred})
+    assert orphan.norm_ == ref.norm_
+    with pytest.raises(AttributeError, match="kkt_residual_"):
+        _ = orphan.kkt_residual_
+
+
 def test_lean_matches_clarabel_and_kkt():
     import cvxpy as cp
 

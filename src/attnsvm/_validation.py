@@ -255,7 +255,7 @@ def as_array(x, name: str, ndim: tuple[int, ...], shape_doc: str) -> np.ndarray:
         a = a.astype(float, copy=False)
     if a.ndim not in ndim:
         raise ValueError(f"{name} must have shape {shape_doc}; got {a.shape}")
-    if not np.isfinite(a).all():
+    if not np.logical_and.reduce(np.isfinite(a), None):  # (a.all(): the same, less overhead)
         bad = int((~np.isfinite(a)).sum())
         raise ValueError(f"{name} contains NaN or inf ({bad} entries)")
     return a

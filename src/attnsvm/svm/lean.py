@@ -13,12 +13,14 @@ as the engine decides it, in plain numpy: the certificate of all B answers in on
 vectorised pass (:func:`attnsvm.svm.unit_certificate.certify_unit`, the formulas and
 numbers of :func:`attnsvm.svm.certificate.certify`, every margin proven by the rigorous
 rounding-error bound; a single problem's by
-:func:`~attnsvm.svm.unit_certificate.certify_unit_one`, the same numbers in half the numpy
-calls), the Farkas candidates of the problems the solver found infeasible
-proven by :func:`attnsvm.svm.farkas.farkas_verify`; in batches, the margins the bound
-leaves undecided (a rounding-size from 1) proven on the exact data of the engine's
-constraint set of those few problems, by the compensated enclosure
-:func:`attnsvm.svm.certificate.margins_dot2`, else by the engine's own proof
+:func:`~attnsvm.svm.unit_certificate.unit_one_core`, the proof and the status numbers of
+:func:`~attnsvm.svm.unit_certificate.certify_unit_one` in half the numpy calls, the numbers
+that decide nothing, kkt_residual_, margins_, support_, dual_, computed where they are first
+read: :class:`~attnsvm.svm.result.DeferredSolution`), the Farkas candidates of the
+problems the solver found infeasible proven by :func:`attnsvm.svm.farkas.farkas_verify`;
+in batches, the margins the bound leaves undecided (a rounding-size from 1) proven on the
+exact data of the engine's constraint set of those few problems, by the compensated
+enclosure :func:`attnsvm.svm.certificate.margins_dot2`, else by the engine's own proof
 (:func:`~attnsvm.svm.certificate.prove_margins`, rational arithmetic;
 :func:`_exact_margins`), the results mapped to the caller's
 units by :mod:`attnsvm.svm.assemble` (batches; a single problem as
@@ -37,6 +39,7 @@ multipliers mu / rho^2, rho ~ 0, summed here in another order than numpy's).
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 
@@ -50,8 +53,8 @@ from .certificate import GAP_OPTIMAL, SLACK, _exact_data, margins_dot2, prove_ma
 from .constraints import ConstraintSet, build_constraints, ldexp
 from .farkas import conflicts, farkas_verify
 from .records import Outcome
-from .result import BatchSolution, Solution
-from .unit_certificate import certify_unit, certify_unit_one
+from .result import BatchSolution, DeferredSolution, Solution
+from .unit_certificate import certify_unit, unit_one_core
 
 __all__ = ["att_svm_lean", "batch_lean", "applies", "batch_applies", "MAX_LEAN_N", "warmup"]
 
@@ -120,33 +123,45 @@ def att_svm_lean(X: np.ndarray, z: np.ndarray, alpha: np.ndarray, valid: np.ndar
     info = np.zeros(5, np.int64)
     K.fro_single(X, z, alpha, valid, 1e-12, 1e-13, 20 * n * T + 50, D, Zs, v, W, lam, mu,
                  info)
-    if info[0] != K.LEAN_OK or info[2] != active.OPTIMAL or not info[4]:
-        return None
-    cert = certify_unit_one(D, Zs, v, W, lam, tol)  # (info[4]: W is finite)
-    k = int(info[1])
-    if cert is None or not (cert.gap <= GAP_OPTIMAL and -511 <= k <= 511):
-        return None  # (the engine decides: the exact margins, a scale-up, the fallbacks,
-        # extreme scales)
-    # back to the caller's units as assemble.to_solution maps them (W 2^-k, dual 2^-2k:
-    # products with normal powers of two, as constraints.ldexp), where W maps back exactly
-    # (then |Wu| = |W| 2^-k exactly: its largest entry is max |W| down)
-    down, down2 = 2.0 ** -k, 2.0 ** (-2 * k)
-    with np.errstate(over="ignore", under="ignore"):
+    verdict, k, status, n_iter, finite = info.tolist()  # (Python ints)
+    if verdict != K.LEAN_OK or status != active.OPTIMAL or not finite or not -511 <= k <= 511:
+        return None  # (extreme scales: the engine decides)
+    with np.errstate(over="ignore", invalid="ignore", under="ignore", divide="ignore"):
+        cert = unit_one_core(D, Zs, v, W, lam)  # (certify_unit_one; W is finite: info)
+        if cert is None or not cert.gap <= GAP_OPTIMAL:
+            return None  # (the engine decides: the exact margins, a scale-up, the fallbacks)
+        # back to the caller's units as assemble.to_solution maps them (W 2^-k, dual
+        # 2^-2k: products with normal powers of two, as constraints.ldexp), where W maps
+        # back exactly (then |Wu| = |W| 2^-k exactly: its largest entry is max |W| down)
+        down = 2.0 ** -k
         Wu = W * down
-        if not (Wu * 2.0 ** k == W).all():
-            return None  # (entries under- or overflow: the engine re-certifies or raises)
-        if not (cert.wmax * down >= MIN_REPRESENTABLE or cert.wmax == 0.0):
+        if k > 0 and not np.logical_and.reduce(Wu * 2.0 ** k == W, None):
+            return None  # (entries underflow: the engine re-certifies or raises; k <= 0:
+            # W 2^-k is exact where max |W| 2^-k is finite, below)
+        if not (cert.wmax * down >= MIN_REPRESENTABLE or cert.wmax == 0.0) or not (
+                cert.wmax * down < math.inf):
             return None  # (not representable: the engine raises NotRepresentableError)
-        dual = cert.lam * down2
     extra = {"n_constraints": cert.n_constraints, "scale_exp": k,
              "lower_bound": cert.lower * down, "solver_status": "optimal", "n_fallback": 0}
-    return Solution(
-        W_=Wu, norm_=cert.norm * down, margin_=cert.margin, violation_=cert.violation,
-        kkt_residual_=cert.kkt, gap_=cert.gap, dual_=dual, support_=cert.support,
-        margins_=cert.margins, solver_="mnp-active", feasible_=True,
+    return DeferredSolution.make(
+        lambda: _reported(cert, tol, k), W_=Wu, norm_=cert.norm * down, margin_=cert.margin,
+        violation_=cert.violation, gap_=cert.gap, solver_="mnp-active", feasible_=True,
         status_="optimal",  # (certificate.verdict's rule: proven feasible, gap <= GAP_OPTIMAL)
-        conflict_=(), alpha_=alpha, norm="fro", problem=problem, n_iter_=int(info[3]),
+        conflict_=(), alpha_=alpha, norm="fro", problem=problem, n_iter_=n_iter,
         time_=time.perf_counter() - t0, tol_active=tol, extra=extra)
+
+
+def _reported(cert, tol: float, k: int) -> dict:
+    """The fields of :func:`att_svm_lean`'s answer that decide nothing, computed on the
+    first read of one of them (:class:`~attnsvm.svm.result.DeferredSolution`):
+    certify_unit_one's margins, support and KKT residual of ``cert``
+    (:class:`~attnsvm.svm.unit_certificate.UnitCore`) and the multipliers in the caller's
+    units, lam 2^-2k (as assemble.to_solution scales them: exact where no entry under- or
+    overflows)."""
+    with np.errstate(over="ignore", invalid="ignore", under="ignore", divide="ignore"):
+        m = cert.margins()
+        return {"kkt_residual_": cert.kkt(m), "margins_": m, "support_": cert.support(tol),
+                "dual_": cert.lam * 2.0 ** (-2 * k)}
 
 
 def _solve_batch(X, z, alpha, valid, xexp, max_iter):

@@ -10,7 +10,7 @@ W_mm = sum_k lambda_k A_k.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 import numpy as np
 
@@ -214,6 +214,68 @@ class Solution:
             lines.append(f"  numerical rank        {self.rank()}")
         lines.append(f"  iterations / time     {self.n_iter_} / {self.time_:.3g} s")
         return "\n".join(lines)
+
+
+class _Deferred:
+    """A field of :class:`DeferredSolution` whose value is computed where one of the
+    deferred fields is first read (by the thunk the solver left, which gives them all;
+    then kept, as a field set at construction is).  Setting it (the dataclass
+    ``__init__``, ``dataclasses.replace``, a caller) stores the value."""
+
+    def __set_name__(self, owner, name):
+        self.name = name
+
+    def __get__(self, obj, objtype=None):
+        if obj is None:
+            return self
+        d = obj.__dict__
+        value = d.get(self.name, _MISSING)
+        if value is _MISSING:
+            thunk = d.get("_deferred")
+            if thunk is None:
+                raise AttributeError(f"{type(obj).__name__} has no value for {self.name!r}")
+            for k, v in thunk().items():  # (two threads: the same values, computed twice)
+                d.setdefault(k, v)  # (a value the caller set stays)
+            value = d[self.name]
+        return value
+
+    def __set__(self, obj, value):
+        obj.__dict__[self.name] = value
+
+
+_MISSING = object()
+
+
+class DeferredSolution(Solution):
+    """A :class:`Solution` some of whose reported numbers (``kkt_residual_``, ``margins_``,
+    ``support_``, ``dual_``: none of them decides the status) are computed where one of
+    them is first read, by the same operations on the same data (so the same values as if
+    they had been computed at once): the single-problem fast path
+    (:func:`attnsvm.svm.lean.att_svm_lean`), where computing them costs as much as the
+    proof.  Made by :meth:`make` (or constructed as a :class:`Solution`: every field
+    given).  Copies and pickles hold every value."""
+
+    kkt_residual_ = _Deferred()
+    margins_ = _Deferred()
+    support_ = _Deferred()
+    dual_ = _Deferred()
+
+    @classmethod
+    def make(cls, thunk, **values) -> DeferredSolution:
+        """The solution of ``values`` (every field of :class:`Solution` but the deferred
+        ones, by name) and ``thunk`` (a zero-argument callable giving the deferred ones,
+        {name: value}), set as the dataclass ``__init__`` would set them (it has no
+        ``__post_init__``), in one step."""
+        obj = cls.__new__(cls)
+        values["_deferred"] = thunk
+        obj.__dict__.update(values)
+        return obj
+
+    def __getstate__(self):
+        return {f.name: getattr(self, f.name) for f in fields(self)}  # (every value)
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
 
 
 @dataclass(repr=False)

@@ -7,7 +7,9 @@ SVM), in one plain-numpy pass: the compiled fast path of the Frobenius strategy
     one = certify_unit_one(D[b], Z[b], v[b], W[b], lam[b], tol_active)  # one problem
 
 (:func:`certify_unit_one`: the single-problem path's, the same numbers with Python-float
-scalars in half the numpy calls, None where it proves nothing.)
+scalars in half the numpy calls, None where it proves nothing; :func:`unit_one_core`: its
+proof and the status numbers, the others, which decide nothing, computed where they are
+read: :class:`UnitCore`.)
 
 The same formulas as :func:`~attnsvm.svm.certificate.certify` (its numbers come from the
 same :func:`~attnsvm.svm.certificate.fro_sums`, so they are the engine's bit for bit), with
@@ -38,7 +40,7 @@ import numpy as np
 
 from .certificate import SLACK, Certificate, _margin_err, fro_sums
 
-__all__ = ["certify_unit", "certify_unit_one", "UnitOne"]
+__all__ = ["certify_unit", "certify_unit_one", "UnitOne", "UnitCore", "unit_one_core"]
 
 
 def certify_unit(D: np.ndarray, Z: np.ndarray, v: np.ndarray, W: np.ndarray, lam: np.ndarray,
@@ -138,6 +140,12 @@ class UnitOne(NamedTuple):
     n_constraints: int
 
 
+# the reductions of ndarray.max / .min / .sum (the same ufunc reductions, so the same
+# bits) without their Python wrappers: a single problem's arrays are small, where each
+# wrapper costs as much as the reduction
+_max, _min, _sum = np.maximum.reduce, np.minimum.reduce, np.add.reduce
+
+
 def _fro(A: np.ndarray, m: float) -> float:
     """:func:`~attnsvm.svm.certificate.fro_norm` of one matrix A (finite) with m = max |A|,
     the same operations on the same numbers (m sqrt(sum (A / m)^2)), so the same bits."""
@@ -166,54 +174,105 @@ def certify_unit_one(D: np.ndarray, Z: np.ndarray, v: np.ndarray, W: np.ndarray,
     overflow threshold).  So every margin proven here is proven by certify_unit.  None where a margin is not proven, lam or a margin is not
     finite, or ||W|| is not: the caller hands the problem to the engine, which decides
     it."""
-    n, T, d = D.shape
-    e = Z.shape[1]
     with np.errstate(over="ignore", invalid="ignore", under="ignore", divide="ignore"):
-        if not math.isfinite(float(lam.sum())):
-            return None  # (lam not given: no gap, so never "optimal" here)
-        lam = np.where(v, np.maximum(lam, 0.0), 0.0)
-        m0 = np.einsum("nte,ne->nt", (D.reshape(n * T, d) @ W).reshape(n, T, e), Z)
-        m = np.where(v, m0, 0.0)  # (fro_sums' margins)
-        mv = np.where(v, m0, np.inf)  # (the valid ones; inf elsewhere)
-        # the proof: every margin >= 1 by the rounding-error bound, first for every k at
-        # once with E_k <= d e max|D| max|W| max|z| (Python floats: fl(m^_k - 1) >=
-        # fl(min_k m^_k - 1), rounding is monotone), where that leaves a margin undecided
-        # with E_k itself (certify_unit's)
-        aW, aZ, aD = np.abs(W), np.abs(Z), np.abs(D)
-        wmax, zmax = float(aW.max()), float(aZ.max())
-        wz = 2.0 * (d * e) * wmax * zmax  # (>= sum_cf |W_cf| |z_if|, every i)
-        under = (wz, 2.0 * e * zmax, d, e)
-        margin = float(mv.min())
-        Emax = (d * e) * float(aD.max()) * wmax * zmax
-        if not margin - 1.0 >= _margin_err(Emax, *under) * SLACK:
-            E = np.einsum("nte,ne->nt", (aD.reshape(n * T, d) @ aW).reshape(n, T, e), aZ)
-            if not float(((mv - 1.0) - _margin_err(E, *under) * SLACK).min()) >= 0.0:
-                return None
-        if not (Emax <= 2.0 ** 1000 or math.isfinite(float(m.max()))):
-            return None  # (m^_k - 1 finite on every constraint, as certify_unit asks;
-            # |m^_k| <= (1 + gamma_{d+e}) E_k <= 2^1000 (1 + 1e-12) is finite)
-        nrm = _fro(W, wmax)
-        if not math.isfinite(nrm):
+        core = unit_one_core(D, Z, v, W, lam)
+        if core is None:
             return None
-        # the numbers (certificate.fro_sums with b_k = 1, certify_unit)
-        viol = max(1.0 - margin, 0.0)
-        lb_num = float(lam.sum())
+        m = core.margins()
+        return UnitOne(core.lam, m, core.support(tol_active), core.norm, core.margin,
+                       core.violation, core.kkt(m), core.gap, core.lower, core.wmax,
+                       core.n_constraints)
+
+
+class UnitCore(NamedTuple):
+    """What :func:`unit_one_core` proves and the numbers of the status (the margins proven,
+    ||W||, the gap), and the data of the others, which :meth:`margins`, :meth:`support`
+    and :meth:`kkt` compute from it (the operations of :func:`certify_unit_one`, so the same
+    bits) where they are read: the single-problem fast path
+    (:func:`attnsvm.svm.lean.att_svm_lean`) reports them on first read
+    (:class:`attnsvm.svm.result.Solution`'s deferred fields)."""
+
+    lam: np.ndarray  # (n, T) the multipliers, >= 0, 0 where not valid
+    m0: np.ndarray  # (n, T) D_k^T W z_k on every (n, T) (the valid ones: the margins)
+    mv: np.ndarray  # (n, T) m0 where valid, inf elsewhere
+    v: np.ndarray  # (n, T) bool
+    W: np.ndarray  # (d, e)
+    S: np.ndarray  # (d, e) sum_k lam_k A_k
+    norm: float
+    margin: float
+    violation: float
+    gap: float
+    lower: float
+    wmax: float
+    n_constraints: int
+
+    def margins(self) -> np.ndarray:
+        """(n, T) fro_sums' margins: m_k on the valid constraints, 0 elsewhere."""
+        return np.where(self.v, self.m0, 0.0)
+
+    def support(self, tol_active: float) -> np.ndarray:
+        """(n, T) bool, certify_unit's support: valid, m_k <= 1 + tol_active."""
+        return self.mv <= 1.0 + tol_active
+
+    def kkt(self, m: np.ndarray | None = None) -> float:
+        """The KKT residual max(||W - S||_F / ||W||, max_k |lam_k (m_k - 1)| / ||W||^2)
+        (certify_unit's, self-dual: W = sum lam_k A_k at the optimum; inf where W = 0);
+        ``m``: :meth:`margins` where the caller has them.  Without ``np.errstate``: the
+        caller holds the floating-point warnings off."""
+        nrm = self.norm
+        if not nrm > 0:
+            return math.inf
+        m = self.margins() if m is None else m
         # |lam_k (m_k - 1)|: lam_k (m_k - 1) >= 0 on the valid ones (proven m_k - 1 >= 0),
         # -0.0 elsewhere (lam_k = 0, m_k = 0)
-        comp = abs(float((lam * (m - 1.0)).max()))
-        S = np.einsum("it,itd->id", lam, D).T @ Z
-        smax = float(np.abs(S).max())
-        dn = _fro(S, smax) if math.isfinite(smax) else math.inf
-        R = W - S
+        comp = abs(float(_max(self.lam * (m - 1.0), None)))
+        R = self.W - self.S
         wms = math.sqrt(float(np.einsum("ij,ij->", R, R)))
+        n2 = nrm * nrm  # (numpy's nrm**2)
+        a, b = wms / math.sqrt(n2), comp / n2
+        return math.nan if a != a or b != b else max(a, b)  # (np.maximum)
+
+
+def unit_one_core(D, Z, v, W, lam) -> UnitCore | None:
+    """The proof and the status numbers of :func:`certify_unit_one` (its arguments; None
+    where it gives None), the rest deferred (:class:`UnitCore`); without its
+    ``np.errstate``: the caller holds every floating-point warning off (over, invalid,
+    under, divide)."""
+    n, T, d = D.shape
+    e = Z.shape[1]
+    if not math.isfinite(float(_sum(lam, None))):
+        return None  # (lam not given: no gap, so never "optimal" here)
+    lam = np.where(v, np.maximum(lam, 0.0), 0.0)
+    m0 = np.einsum("nte,ne->nt", (D.reshape(n * T, d) @ W).reshape(n, T, e), Z)
+    mv = np.where(v, m0, np.inf)  # (the valid ones; inf elsewhere)
+    # the proof: every margin >= 1 by the rounding-error bound, first for every k at
+    # once with E_k <= d e max|D| max|W| max|z| (Python floats: fl(m^_k - 1) >=
+    # fl(min_k m^_k - 1), rounding is monotone), where that leaves a margin undecided
+    # with E_k itself (certify_unit's)
+    aW, aZ, aD = np.abs(W), np.abs(Z), np.abs(D)
+    wmax, zmax = float(_max(aW, None)), float(_max(aZ, None))
+    wz = 2.0 * (d * e) * wmax * zmax  # (>= sum_cf |W_cf| |z_if|, every i)
+    under = (wz, 2.0 * e * zmax, d, e)
+    margin = float(_min(mv, None))
+    Emax = (d * e) * float(_max(aD, None)) * wmax * zmax
+    if not margin - 1.0 >= _margin_err(Emax, *under) * SLACK:
+        E = np.einsum("nte,ne->nt", (aD.reshape(n * T, d) @ aW).reshape(n, T, e), aZ)
+        if not float(_min((mv - 1.0) - _margin_err(E, *under) * SLACK, None)) >= 0.0:
+            return None
+    if not (Emax <= 2.0 ** 1000 or math.isfinite(float(_max(np.where(v, m0, 0.0), None)))):
+        return None  # (m^_k - 1 finite on every constraint, as certify_unit asks;
+        # |m^_k| <= (1 + gamma_{d+e}) E_k <= 2^1000 (1 + 1e-12) is finite)
+    nrm = _fro(W, wmax)
+    if not math.isfinite(nrm):
+        return None
+    # the numbers (certificate.fro_sums with b_k = 1, certify_unit)
+    viol = max(1.0 - margin, 0.0)
+    lb_num = float(_sum(lam, None))
+    S = np.einsum("it,itd->id", lam, D).T @ Z
+    smax = float(_max(np.abs(S), None))
+    dn = _fro(S, smax) if math.isfinite(smax) else math.inf
     lower = lb_num / dn if dn > 0 and lb_num > 0 else 0.0
     upper = nrm / (margin if 0 < margin < 1 else 1.0)
     gap = max(upper - lower, 0.0) / lower if lower > 0 else math.inf
-    if nrm > 0:
-        n2 = nrm * nrm  # (numpy's nrm**2)
-        a, b = wms / math.sqrt(n2), comp / n2
-        kkt = math.nan if a != a or b != b else max(a, b)  # (np.maximum)
-    else:
-        kkt = math.inf
-    return UnitOne(lam, m, mv <= 1.0 + tol_active, nrm, margin, viol, kkt, gap, lower, wmax,
-                   int(np.count_nonzero(v)))
+    return UnitCore(lam, m0, mv, v, W, S, nrm, margin, viol, gap, lower, wmax,
+                    int(np.count_nonzero(v)))

@@ -68,14 +68,15 @@ def as_alpha(alpha, shape: tuple[int, ...], T: int, valid: np.ndarray | None = N
     if a.shape != tuple(shape):
         raise ValueError(f"{name} must have shape {tuple(shape)} (one token index per "
                          f"sequence); got {a.shape}")
-    if a.size and not 0 <= a.min() <= a.max() < T:
+    if a.size and not 0 <= np.minimum.reduce(a, None) <= np.maximum.reduce(a, None) < T:
         bad = a[(a < 0) | (a >= T)][:5].tolist()
         raise ValueError(f"{name} out of range: token indices must lie in [0, {T - 1}]; "
                          f"got {bad}")
-    if valid is not None and a.size:
+    if valid is not None and a.size and not np.logical_and.reduce(valid, None):  # (all valid:
+        # no token is masked)
         ok = (valid[np.arange(a.size), a] if a.ndim == 1 and valid.ndim == 2 else
               np.take_along_axis(valid, a[..., None], -1)[..., 0])
-        if not ok.all():
+        if not np.logical_and.reduce(ok, None):
             idx = np.argwhere(~ok)
             lead = idx[:, 0] if idx.shape[1] == 1 else idx[:, 0]
             bad = sorted({int(i) for i in lead})[:10]
