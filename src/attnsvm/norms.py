@@ -284,13 +284,15 @@ class Frobenius(Lp):
         dims = _item_dims(G, vector)
         # the sum of squares ~4 MiB of items at a time (no G-sized temporary; each item's
         # sum is the same reduction, the same bits)
-        rows = max(1, (4 << 20) // max(1, G[:1].numel() * G.element_size()))
+        item = G.numel() // G.shape[0] if G.shape[0] else 0
+        rows = max(1, (4 << 20) // max(1, item * G.element_size()))
         n = (G.pow(2).sum(dims) if G.shape[0] <= rows else
              torch.cat([g.pow(2).sum(dims) for g in G.split(rows)])).sqrt()
-        pos = n > 0
-        if bool(pos.all()):  # (the usual case: no zero or NaN item, fewer ops and passes)
+        # (the usual case: no zero or NaN item, fewer ops and passes; amin propagates NaN)
+        if n.numel() and n.amin().item() > 0:
             n = _expand(n, len(dims))
             return G.div_(n) if inplace else G / n
+        pos = n > 0
         div = _expand(torch.where(pos, n, 1.0), len(dims))
         D = G.div_(div) if inplace else G / div
         return D.masked_fill_(~_expand(pos, len(dims)), 0.0)  # a zero item (+0 for -0), a NaN one

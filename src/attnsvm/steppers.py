@@ -351,6 +351,15 @@ class TorchStepper(Stepper):
             old = self.sums
             if old is None:
                 old = [v.reshape(B, -1).sum(1) for v in params.values()]
+            if len(sums) == 1:
+                # one tensor: log |S - S_old| is finite iff S is finite and differs from S_old
+                # (or the difference overflowed: the full checks decide); the sum of those
+                # logs (each of them below 800 in size) is finite iff each one is
+                self.sums = sums
+                x = S.sub(old[0]).abs_().log_()
+                if not self.all_active:
+                    x = torch.where(stops.active, x, 0.0)
+                return math.isfinite(x.sum().item())
             S = S.ne(old[0] if len(old) == 1 else torch.stack(old)).logical_and_(S.isfinite())
             self.sums = sums  # those of self.params after the step, unless frozen (None)
             S = S if S.ndim == 1 else S.any(0)  # some tensor changed (all are finite: below)
