@@ -289,7 +289,7 @@ class Frobenius(Lp):
         n = (G.pow(2).sum(dims) if G.shape[0] <= rows else
              torch.cat([g.pow(2).sum(dims) for g in G.split(rows)])).sqrt()
         # (the usual case: no zero or NaN item, fewer ops and passes; amin propagates NaN)
-        if n.numel() and n.amin().item() > 0:
+        if n.numel() and (n if n.numel() == 1 else n.amin()).item() > 0:
             n = _expand(n, len(dims))
             return G.div_(n) if inplace else G / n
         pos = n > 0

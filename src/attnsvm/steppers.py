@@ -192,6 +192,11 @@ def evaluate_rows(model, params, subs, rows, lossf, *, share=False, need_gap=Tru
     return ev, (torch.cat(lgs) if share else None)
 
 
+def _total(x: torch.Tensor) -> float:
+    """sum(x) as a number: the entry itself for one entry (B = 1: no reduction)."""
+    return (x if x.numel() == 1 else x.sum()).item()
+
+
 def _freeze(active: torch.Tensor, new: dict, old: dict) -> dict:
     """new where ``active`` (B,), old elsewhere, tensor by tensor."""
     return {k: torch.where(active.reshape(-1, *([1] * (v.ndim - 1))), new[k], v)
@@ -331,7 +336,7 @@ class TorchStepper(Stepper):
             tot = ls if tot is None else tot + ls
         if not self.all_active:
             tot = torch.where(stops.active, tot, 0.0)
-        return math.isfinite(tot.sum().item())
+        return math.isfinite(_total(tot))
 
     def _update_ok(self, new, params, stops) -> bool:
         """Whether no running trial's update is non-finite or (``check_stall``) leaves every
@@ -352,14 +357,15 @@ class TorchStepper(Stepper):
             if old is None:
                 old = [v.reshape(B, -1).sum(1) for v in params.values()]
             if len(sums) == 1:
-                # one tensor: log |S - S_old| is finite iff S is finite and differs from S_old
-                # (or the difference overflowed: the full checks decide); the sum of those
-                # logs (each of them below 800 in size) is finite iff each one is
+                # one tensor: x / x (x = S - S_old) is 1 iff S is finite and differs from
+                # S_old (or the difference overflowed: the full checks decide), else NaN;
+                # their sum is finite iff each one is
                 self.sums = sums
-                x = S.sub(old[0]).abs_().log_()
+                x = S.sub(old[0])
+                x = x.div_(x)
                 if not self.all_active:
                     x = torch.where(stops.active, x, 0.0)
-                return math.isfinite(x.sum().item())
+                return math.isfinite(_total(x))
             S = S.ne(old[0] if len(old) == 1 else torch.stack(old)).logical_and_(S.isfinite())
             self.sums = sums  # those of self.params after the step, unless frozen (None)
             S = S if S.ndim == 1 else S.any(0)  # some tensor changed (all are finite: below)
@@ -370,7 +376,7 @@ class TorchStepper(Stepper):
             return bool(S.all())
         if not self.all_active:
             S = torch.where(stops.active, S, 0.0)
-        return math.isfinite(S.sum().item())
+        return math.isfinite(_total(S))
 
     def _advance(self, ev, t, stops) -> None:
         """The update of step t for the running trials, unless it is not finite (stop) or,

@@ -60,7 +60,7 @@ def softmax_terms(a: torch.Tensor) -> SoftmaxTerms:
     underflows, exp(M) = 0 and s = 0 off the anchor while r and M stay exact. A row whose
     anchor is the only admissible key has M = -inf, r = 0, s = e_k. A row whose largest logit
     overflowed (+inf or NaN) gets M = NaN, so the trainer sees the overflow."""
-    mx, k = a.detach().max(-1, keepdim=True)
+    mx, k = (a.detach() if a.requires_grad else a).max(-1, keepdim=True)
     if a.requires_grad:
         mx = a.gather(-1, k)  # with autograd: the logit itself (the same value)
     off = a.scatter(-1, k, NEG_INF)
@@ -69,14 +69,14 @@ def softmax_terms(a: torch.Tensor) -> SoftmaxTerms:
     # every a_j and a_k finite (the usual case): no wheres. The sum of dj <= 0 is finite iff
     # every dj is (a sum that overflowed only takes the general branch: the same values);
     # one reduction and one read (isfinite is four ops)
-    if math.isfinite(dj.sum().item()):
+    if math.isfinite((dj if dj.numel() == 1 else dj.sum()).item()):
         r = torch.exp(off - aj)
         ej = torch.exp(dj)
         x = ej * r.sum(-1, keepdim=True)
         x1 = 1.0 + x
         eM = ej / x1
         M = dj - torch.log1p(x)
-        s = (r * eM).scatter(-1, k, x1.reciprocal())
+        s = _scatter_anchor(r * eM, k, x1.reciprocal())
         return SoftmaxTerms(k, s, M.squeeze(-1), eM.squeeze(-1), r)
     fin = torch.isfinite(aj)
     r = torch.exp(off - torch.where(fin, aj, 0.0))
@@ -86,8 +86,14 @@ def softmax_terms(a: torch.Tensor) -> SoftmaxTerms:
     eM = ej / x1
     M = torch.where(fin, dj - torch.log1p(x), NEG_INF)
     M = torch.where(mx < float("inf"), M, float("nan"))  # mx NaN or +inf: M = NaN
-    s = (r * eM).scatter(-1, k, x1.reciprocal())
+    s = _scatter_anchor(r * eM, k, x1.reciprocal())
     return SoftmaxTerms(k, s, M.squeeze(-1), eM.squeeze(-1), r)
+
+
+def _scatter_anchor(s, k, sk):
+    """s with s_k = sk at the anchor: in s's own buffer (a fresh product) unless autograd
+    records it (the same values)."""
+    return s.scatter(-1, k, sk) if s.requires_grad else s.scatter_(-1, k, sk)
 
 
 def scaled_grads(raw: dict, log_scale) -> Scaled:
@@ -105,7 +111,7 @@ def scaled_grads(raw: dict, log_scale) -> Scaled:
             m = torch.maximum(F.amin(1).neg_(), F.amax(1))
         shape = (B, *([1] * (t.ndim - 1)))
         # (the usual case: no zero or NaN gradient, no wheres; amin propagates NaN)
-        if B and m.amin().item() > 0:
+        if B and (m if B == 1 else m.amin()).item() > 0:
             out[k] = t.div_(m.view(shape))
             ls[k] = torch.log(m) + log_scale
             continue
