@@ -192,6 +192,12 @@ def evaluate_rows(model, params, subs, rows, lossf, *, share=False, need_gap=Tru
     return ev, (torch.cat(lgs) if share else None)
 
 
+def _trial_sums(v: torch.Tensor) -> torch.Tensor:
+    """The sum of each trial's entries (B,) of v (B, ...), one reduction (equal entries:
+    equal sums, the one formula for the old parameters and the new)."""
+    return v.sum(tuple(range(1, v.ndim))) if v.ndim > 1 else v.reshape(-1, 1).sum(1)
+
+
 def _total(x: torch.Tensor) -> float:
     """sum(x) as a number: the entry itself for one entry (B = 1: no reduction)."""
     return (x if x.numel() == 1 else x.sum()).item()
@@ -349,13 +355,12 @@ class TorchStepper(Stepper):
         always take the full checks (``model.finite``)."""
         if not self.quick_finite:
             return False
-        B = stops.active.shape[0]
-        sums = [new[k].reshape(B, -1).sum(1) for k in params]
+        sums = [_trial_sums(new[k]) for k in params]
         S = sums[0] if len(sums) == 1 else torch.stack(sums)
         if self.check_stall:
             old = self.sums
             if old is None:
-                old = [v.reshape(B, -1).sum(1) for v in params.values()]
+                old = [_trial_sums(v) for v in params.values()]
             if len(sums) == 1:
                 # one tensor: x / x (x = S - S_old) is 1 iff S is finite and differs from
                 # S_old (or the difference overflowed: the full checks decide), else NaN;

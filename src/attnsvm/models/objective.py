@@ -187,7 +187,7 @@ def fixed_linear(model, params, data, lossf, grad=True, autograd=False, need_gap
         B, n, Q, T = a.shape
         gam0, gopt, w, _ = model._consts(data, Q)
         st = softmax_terms(a)
-        gk = gam0.expand(B, n, Q, T).gather(-1, st.k)  # (B, n, Q, 1)
+        gk = (gam0 if gam0.shape[0] == B else gam0.expand(B, n, Q, T)).gather(-1, st.k)  # (B, n, Q, 1)
         c = gk - gam0  # (B, n, Q, T), 0 at the anchor
         delta_r = torch.linalg.vecdot(st.r, c)  # delta = exp(M) delta_r
         gk = gk[..., 0]
