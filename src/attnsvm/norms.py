@@ -289,16 +289,16 @@ class Frobenius(Lp):
         # sum is the same reduction, the same bits)
         item = G.numel() // G.shape[0] if G.shape[0] else 0
         rows = max(1, (4 << 20) // max(1, item * G.element_size()))
-        n = (G.pow(2).sum(dims) if G.shape[0] <= rows else
-             torch.cat([g.pow(2).sum(dims) for g in G.split(rows)])).sqrt()
+        # (keepdim: n in the shape that divides G)
+        n = (G.pow(2).sum(dims, keepdim=True) if G.shape[0] <= rows else
+             torch.cat([g.pow(2).sum(dims, keepdim=True) for g in G.split(rows)])).sqrt()
         # (the usual case: no zero or NaN item, fewer ops and passes; amin propagates NaN)
         if n.numel() and (n if n.numel() == 1 else n.amin()).item() > 0:
-            n = _expand(n, len(dims))
             return G.div_(n) if inplace else G / n
         pos = n > 0
-        div = _expand(torch.where(pos, n, 1.0), len(dims))
+        div = torch.where(pos, n, 1.0)
         D = G.div_(div) if inplace else G / div
-        return D.masked_fill_(~_expand(pos, len(dims)), 0.0)  # a zero item (+0 for -0), a NaN one
+        return D.masked_fill_(~pos, 0.0)  # a zero item (+0 for -0), a NaN one
 
     def cvxpy(self, expr):
         import cvxpy as cp

@@ -104,10 +104,11 @@ def scaled_grads(raw: dict, log_scale) -> Scaled:
     out, ls = {}, {}
     for k, t in raw.items():
         B = t.shape[0]
-        F = t.reshape(B, -1)
-        if F.numel() <= _SMALL:  # few entries: fewer ops (the same values)
-            m = F.abs().amax(1)
+        dims = tuple(range(1, t.ndim))  # (a max is exact: the same m over any layout)
+        if t.numel() <= _SMALL and t.ndim > 1:  # few entries: fewer ops (the same values)
+            m = t.abs().amax(dims)
         else:  # (aminmax along a dim: ~4x slower on the CPU)
+            F = t.reshape(B, -1)
             m = torch.maximum(F.amin(1).neg_(), F.amax(1))
         shape = (B, *([1] * (t.ndim - 1)))
         # (the usual case: no zero or NaN gradient, no wheres; amin propagates NaN)
@@ -154,7 +155,7 @@ def _cached_log(data, w):
 def row_factors(rho):
     """exp(rho - max rho) per trial and the max (B,): row weights of a scaled gradient.
     rho (B, n, Q) log scales (-inf: a zero row; NaN propagates to the trial's scale)."""
-    top = rho.reshape(rho.shape[0], -1).amax(1)
+    top = rho.amax(tuple(range(1, rho.ndim))) if rho.ndim > 1 else rho.reshape(-1, 1).amax(1)
     topf = top.nan_to_num(0.0, 0.0, 0.0)  # top where finite, else 0
     return torch.exp(rho - topf.reshape(-1, 1, 1)), top
 
