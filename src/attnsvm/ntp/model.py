@@ -257,8 +257,12 @@ class NTPModel:
         Z, X = t["Z"], t["X"]
         W = self.W(params)
         P = self._products(t)
-        if P is not None:  # one product: a_b = P vec(W_b)
-            return products_logits(P, W).reshape(W.shape[0], *X.shape[1:3])
+        if P is not None:  # one product: a_b = P vec(W_b) (the view P.t() made once)
+            cache = t["_cache"]
+            Pt = cache.get("ntp_products_t")
+            if Pt is None:
+                Pt = cache["ntp_products_t"] = P.t()
+            return products_logits(P, W, Pt).reshape(W.shape[0], *X.shape[1:3])
         WZ = (torch.einsum("bij,nj->bni", W, Z[0]) if Z.shape[0] == 1
               else torch.einsum("bij,bnj->bni", W, Z))  # (B, n, d): W z_i
         return (torch.einsum("ntd,bnd->bnt", X[0], WZ) if X.shape[0] == 1
