@@ -157,3 +157,20 @@ def test_a_step_whose_checks_pass_takes_the_fast_paths():
         assert per5["_local_scalar_dense"] <= 5 * 5, name  # at most five reads a step
         if name == "NTP":
             assert per5["logsumexp"] == 5
+
+
+def test_ntp_log_sum_exps_in_one_call_equal_three_calls(monkeypatch):
+    """The identity head's three log-sum-exps stacked in one call (few logits) give the
+    bits of one call each (many logits: no 3x temporary), gradient and loss alike."""
+    from attnsvm.ntp import model as ntpm
+
+    model = NTPModel(5)
+    t = model.prepare(ntp_random(6, 7, 8, 5, seed=1))
+    params = model.init(B=9, seed=2, scale=3.0)
+    one = model.evaluate(params, t)
+    monkeypatch.setattr(ntpm, "LSE_STACK_MAX", 0)
+    three = model.evaluate(params, t)
+    for x, y in zip(one[:3], three[:3]):
+        assert torch.equal(x, y)
+    assert torch.equal(one.grads.tensors["W"], three.grads.tensors["W"])
+    assert torch.equal(one.grads.log_scale["W"], three.grads.log_scale["W"])

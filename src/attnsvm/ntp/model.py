@@ -55,6 +55,8 @@ _TENSOR_KEYS = {"E", "X", "Z", "ymask", "yid", "seqs"}
 P_SMALL = 1e-4  # below this p_y, the iden loss is computed as LSE_t(a) - LSE_Y(a)
 _M_SMALL = math.log1p(-P_SMALL)  # M = log(1 - p_y) above this: p_y < P_SMALL
 NEG_INF = float("-inf")
+#: the most logits (B n T) whose three log-sum-exps are taken in one call (the identity head)
+LSE_STACK_MAX = 1 << 16
 
 
 def ntp_tensors(data, device=None, dtype=torch.float64) -> dict:
@@ -306,11 +308,17 @@ class NTPModel:
         ``signed``) where the data are shared."""
         ymask = t["ymask"]
         n = a.shape[1]
-        # the three log-sum-exps in one call: a with every position, the label positions
-        # and the others kept (-inf elsewhere), stacked (3, B, n, T) (each row's reduction
-        # is that of its own call: the same bits, a third of the calls)
+        # the three log-sum-exps (every position, the label positions, the others; -inf
+        # elsewhere): for a few logits in one call on the stack (3, B, n, T) (each row's
+        # reduction is that of its own call: the same bits, a third of the calls), else
+        # one call each (no 3x logits-sized temporary)
         ninf, m3 = _lse_masks(t, a)
-        A, AY, AN = torch.logsumexp(torch.where(m3, a, ninf), -1, keepdim=True).unbind(0)
+        if a.numel() <= LSE_STACK_MAX:
+            A, AY, AN = torch.logsumexp(torch.where(m3, a, ninf), -1, keepdim=True).unbind(0)
+        else:
+            A = torch.logsumexp(a, -1, keepdim=True)
+            AY = torch.logsumexp(torch.where(ymask, a, ninf), -1, keepdim=True)
+            AN = torch.logsumexp(torch.where(ymask, ninf, a), -1, keepdim=True)
         M = AN - A  # log(1 - p_y) <= 0 (-inf: no non-label position)
         # loss_i = -log p_y: -log1p(-e^M) while p_y >= P_SMALL (its rounding error in
         # 1 - p_y is then below 1e-12 of the loss), else LSE_t(a) - LSE_Y(a) (> 9.2: exact
