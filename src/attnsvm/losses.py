@@ -16,6 +16,7 @@ representable after it underflows float64 (needed by Polyak's step far past satu
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import NamedTuple
 
@@ -100,8 +101,10 @@ def log_gap(lossf: Loss, g, logD, D=None):
         D = torch.where(small, torch.ones_like(D), D)
     lead = log_neg_deriv(lossf, g)
     direct = torch.log(lossf.gap(g, D))
-    bad = ~torch.isfinite(direct) & (D > 0)
-    if bool(bad.any()):
+    # (the usual case: every direct finite, so no bad entry; their sum is finite iff each
+    # one is, or it overflowed: the per-entry test decides; one read)
+    if not math.isfinite((direct if direct.numel() == 1 else direct.sum()).item()) and bool(
+            (bad := ~torch.isfinite(direct) & (D > 0)).any()):
         l1, l2 = log_value(lossf, g - D), log_value(lossf, g)
         diff = l1 + torch.log1p(-torch.exp(l2 - l1))
         near = lead + torch.log(torch.expm1(D))

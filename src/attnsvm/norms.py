@@ -143,11 +143,14 @@ class Norm:
         F = t.flatten(-len(dims))
         lo, hi = F.amin(-1), F.amax(-1)  # (aminmax along a dim is ~4x slower on the CPU)
         m = torch.maximum(-lo, hi).abs()
-        fin = torch.isfinite(m)
-        if not bool(fin.all()):  # inf items have norm inf, NaN items NaN
-            v = self._value_of(torch.where(_expand(fin, len(dims)), t, torch.zeros_like(t)), dims)
-            return torch.where(fin, v, torch.where(torch.isnan(m), torch.full_like(v, float("nan")),
-                                                   torch.full_like(v, float("inf"))))
+        # every item finite (the usual case): the sum of m >= 0 is finite iff each m is (or
+        # it overflowed: the per-item test decides); one read instead of isfinite's four ops
+        if not math.isfinite((m if m.numel() == 1 else m.sum()).item()):
+            fin = torch.isfinite(m)
+            if not bool(fin.all()):  # inf items have norm inf, NaN items NaN
+                v = self._value_of(torch.where(_expand(fin, len(dims)), t, torch.zeros_like(t)), dims)
+                return torch.where(fin, v, torch.where(torch.isnan(m), torch.full_like(v, float("nan")),
+                                                       torch.full_like(v, float("inf"))))
         safe = torch.where(m > 0, m, torch.ones_like(m))
         return m * self._value(t / _expand(safe, len(dims)), dims)
 
@@ -284,16 +287,18 @@ class Frobenius(Lp):
         dims = _item_dims(G, vector)
         # the sum of squares ~4 MiB of items at a time (no G-sized temporary; each item's
         # sum is the same reduction, the same bits)
-        rows = max(1, (4 << 20) // max(1, G[:1].numel() * G.element_size()))
-        n = (G.pow(2).sum(dims) if G.shape[0] <= rows else
-             torch.cat([g.pow(2).sum(dims) for g in G.split(rows)])).sqrt()
-        pos = n > 0
-        if bool(pos.all()):  # (the usual case: no zero or NaN item, fewer ops and passes)
-            n = _expand(n, len(dims))
+        item = G.numel() // G.shape[0] if G.shape[0] else 0
+        rows = max(1, (4 << 20) // max(1, item * G.element_size()))
+        # (keepdim: n in the shape that divides G)
+        n = (G.pow(2).sum(dims, keepdim=True) if G.shape[0] <= rows else
+             torch.cat([g.pow(2).sum(dims, keepdim=True) for g in G.split(rows)])).sqrt()
+        # (the usual case: no zero or NaN item, fewer ops and passes; amin propagates NaN)
+        if n.numel() and (n if n.numel() == 1 else n.amin()).item() > 0:
             return G.div_(n) if inplace else G / n
-        div = _expand(torch.where(pos, n, 1.0), len(dims))
+        pos = n > 0
+        div = torch.where(pos, n, 1.0)
         D = G.div_(div) if inplace else G / div
-        return D.masked_fill_(~_expand(pos, len(dims)), 0.0)  # a zero item (+0 for -0), a NaN one
+        return D.masked_fill_(~pos, 0.0)  # a zero item (+0 for -0), a NaN one
 
     def cvxpy(self, expr):
         import cvxpy as cp

@@ -192,6 +192,17 @@ def evaluate_rows(model, params, subs, rows, lossf, *, share=False, need_gap=Tru
     return ev, (torch.cat(lgs) if share else None)
 
 
+def _trial_sums(v: torch.Tensor) -> torch.Tensor:
+    """The sum of each trial's entries (B,) of v (B, ...), one reduction (equal entries:
+    equal sums, the one formula for the old parameters and the new)."""
+    return v.sum(tuple(range(1, v.ndim))) if v.ndim > 1 else v.reshape(-1, 1).sum(1)
+
+
+def _total(x: torch.Tensor) -> float:
+    """sum(x) as a number: the entry itself for one entry (B = 1: no reduction)."""
+    return (x if x.numel() == 1 else x.sum()).item()
+
+
 def _freeze(active: torch.Tensor, new: dict, old: dict) -> dict:
     """new where ``active`` (B,), old elsewhere, tensor by tensor."""
     return {k: torch.where(active.reshape(-1, *([1] * (v.ndim - 1))), new[k], v)
@@ -331,7 +342,7 @@ class TorchStepper(Stepper):
             tot = ls if tot is None else tot + ls
         if not self.all_active:
             tot = torch.where(stops.active, tot, 0.0)
-        return math.isfinite(tot.sum().item())
+        return math.isfinite(_total(tot))
 
     def _update_ok(self, new, params, stops) -> bool:
         """Whether no running trial's update is non-finite or (``check_stall``) leaves every
@@ -344,13 +355,22 @@ class TorchStepper(Stepper):
         always take the full checks (``model.finite``)."""
         if not self.quick_finite:
             return False
-        B = stops.active.shape[0]
-        sums = [new[k].reshape(B, -1).sum(1) for k in params]
+        sums = [_trial_sums(new[k]) for k in params]
         S = sums[0] if len(sums) == 1 else torch.stack(sums)
         if self.check_stall:
             old = self.sums
             if old is None:
-                old = [v.reshape(B, -1).sum(1) for v in params.values()]
+                old = [_trial_sums(v) for v in params.values()]
+            if len(sums) == 1:
+                # one tensor: x / x (x = S - S_old) is 1 iff S is finite and differs from
+                # S_old (or the difference overflowed: the full checks decide), else NaN;
+                # their sum is finite iff each one is
+                self.sums = sums
+                x = S.sub(old[0])
+                x = x.div_(x)
+                if not self.all_active:
+                    x = torch.where(stops.active, x, 0.0)
+                return math.isfinite(_total(x))
             S = S.ne(old[0] if len(old) == 1 else torch.stack(old)).logical_and_(S.isfinite())
             self.sums = sums  # those of self.params after the step, unless frozen (None)
             S = S if S.ndim == 1 else S.any(0)  # some tensor changed (all are finite: below)
@@ -361,7 +381,7 @@ class TorchStepper(Stepper):
             return bool(S.all())
         if not self.all_active:
             S = torch.where(stops.active, S, 0.0)
-        return math.isfinite(S.sum().item())
+        return math.isfinite(_total(S))
 
     def _advance(self, ev, t, stops) -> None:
         """The update of step t for the running trials, unless it is not finite (stop) or,

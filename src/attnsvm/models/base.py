@@ -78,9 +78,10 @@ def token_query_products(X, Z, cache: dict | None = None, key=None):
     return P
 
 
-def products_logits(P, W):
-    """a (B, R) = P vec(W) per trial: P (R, d d) of :func:`token_query_products`, W (B, d, d)."""
-    return torch.mm(W.reshape(W.shape[0], -1), P.t())
+def products_logits(P, W, Pt=None):
+    """a (B, R) = P vec(W) per trial: P (R, d d) of :func:`token_query_products`, W (B, d, d);
+    ``Pt``: the view P.t() where the caller keeps it (the same product)."""
+    return torch.mm(W.reshape(W.shape[0], -1), P.t() if Pt is None else Pt)
 
 
 def products_grad(P, Ga):

@@ -32,6 +32,7 @@ Nothing underflows: a run of 10^5 normalised steps keeps an exact direction.
 
 from __future__ import annotations
 
+import math
 from typing import NamedTuple
 
 import torch
@@ -59,20 +60,23 @@ def softmax_terms(a: torch.Tensor) -> SoftmaxTerms:
     underflows, exp(M) = 0 and s = 0 off the anchor while r and M stay exact. A row whose
     anchor is the only admissible key has M = -inf, r = 0, s = e_k. A row whose largest logit
     overflowed (+inf or NaN) gets M = NaN, so the trainer sees the overflow."""
-    mx, k = a.detach().max(-1, keepdim=True)
+    mx, k = (a.detach() if a.requires_grad else a).max(-1, keepdim=True)
     if a.requires_grad:
         mx = a.gather(-1, k)  # with autograd: the logit itself (the same value)
     off = a.scatter(-1, k, NEG_INF)
     aj = off.amax(-1, keepdim=True)
     dj = aj - mx
-    if bool(torch.isfinite(dj).all()):  # every a_j and a_k finite (the usual case): no wheres
+    # every a_j and a_k finite (the usual case): no wheres. The sum of dj <= 0 is finite iff
+    # every dj is (a sum that overflowed only takes the general branch: the same values);
+    # one reduction and one read (isfinite is four ops)
+    if math.isfinite((dj if dj.numel() == 1 else dj.sum()).item()):
         r = torch.exp(off - aj)
         ej = torch.exp(dj)
         x = ej * r.sum(-1, keepdim=True)
         x1 = 1.0 + x
         eM = ej / x1
         M = dj - torch.log1p(x)
-        s = (r * eM).scatter(-1, k, x1.reciprocal())
+        s = _scatter_anchor(r * eM, k, x1.reciprocal())
         return SoftmaxTerms(k, s, M.squeeze(-1), eM.squeeze(-1), r)
     fin = torch.isfinite(aj)
     r = torch.exp(off - torch.where(fin, aj, 0.0))
@@ -82,8 +86,14 @@ def softmax_terms(a: torch.Tensor) -> SoftmaxTerms:
     eM = ej / x1
     M = torch.where(fin, dj - torch.log1p(x), NEG_INF)
     M = torch.where(mx < float("inf"), M, float("nan"))  # mx NaN or +inf: M = NaN
-    s = (r * eM).scatter(-1, k, x1.reciprocal())
+    s = _scatter_anchor(r * eM, k, x1.reciprocal())
     return SoftmaxTerms(k, s, M.squeeze(-1), eM.squeeze(-1), r)
+
+
+def _scatter_anchor(s, k, sk):
+    """s with s_k = sk at the anchor: in s's own buffer (a fresh product) unless autograd
+    records it (the same values)."""
+    return s.scatter(-1, k, sk) if s.requires_grad else s.scatter_(-1, k, sk)
 
 
 def scaled_grads(raw: dict, log_scale) -> Scaled:
@@ -94,17 +104,19 @@ def scaled_grads(raw: dict, log_scale) -> Scaled:
     out, ls = {}, {}
     for k, t in raw.items():
         B = t.shape[0]
-        F = t.reshape(B, -1)
-        if F.numel() <= _SMALL:  # few entries: fewer ops (the same values)
-            m = F.abs().amax(1)
+        dims = tuple(range(1, t.ndim))  # (a max is exact: the same m over any layout)
+        if t.numel() <= _SMALL and t.ndim > 1:  # few entries: fewer ops (the same values)
+            m = t.abs().amax(dims)
         else:  # (aminmax along a dim: ~4x slower on the CPU)
+            F = t.reshape(B, -1)
             m = torch.maximum(F.amin(1).neg_(), F.amax(1))
-        pos = m > 0
         shape = (B, *([1] * (t.ndim - 1)))
-        if bool(pos.all()):  # (the usual case: no zero or NaN gradient, no wheres)
+        # (the usual case: no zero or NaN gradient, no wheres; amin propagates NaN)
+        if B and (m if B == 1 else m.amin()).item() > 0:
             out[k] = t.div_(m.view(shape))
             ls[k] = torch.log(m) + log_scale
             continue
+        pos = m > 0
         out[k] = t.div_(torch.where(pos, m, 1.0).view(shape))
         lm = torch.log(m)  # -inf where m = 0, NaN where m is
         ls[k] = torch.where(pos, lm + log_scale, lm)
@@ -130,10 +142,20 @@ def _logsum_rows(x, w):
     return torch.logsumexp(x.reshape(x.shape[0], -1), dim=1)
 
 
+def _cached_log(data, w):
+    """log(w) of the step-independent query weights w of ``data`` (:meth:`_consts`),
+    computed once and cached in the data beside them (keyed by w itself)."""
+    cache = data.setdefault("_cache", {})
+    hit = cache.get("_logw")
+    if hit is None or hit[0] is not w:
+        hit = cache["_logw"] = (w, torch.log(w))
+    return hit[1]
+
+
 def row_factors(rho):
     """exp(rho - max rho) per trial and the max (B,): row weights of a scaled gradient.
     rho (B, n, Q) log scales (-inf: a zero row; NaN propagates to the trial's scale)."""
-    top = rho.reshape(rho.shape[0], -1).amax(1)
+    top = rho.amax(tuple(range(1, rho.ndim))) if rho.ndim > 1 else rho.reshape(-1, 1).amax(1)
     topf = top.nan_to_num(0.0, 0.0, 0.0)  # top where finite, else 0
     return torch.exp(rho - topf.reshape(-1, 1, 1)), top
 
@@ -166,14 +188,14 @@ def fixed_linear(model, params, data, lossf, grad=True, autograd=False, need_gap
         B, n, Q, T = a.shape
         gam0, gopt, w, _ = model._consts(data, Q)
         st = softmax_terms(a)
-        gk = gam0.expand(B, n, Q, T).gather(-1, st.k)  # (B, n, Q, 1)
+        gk = (gam0 if gam0.shape[0] == B else gam0.expand(B, n, Q, T)).gather(-1, st.k)  # (B, n, Q, 1)
         c = gk - gam0  # (B, n, Q, T), 0 at the anchor
         delta_r = torch.linalg.vecdot(st.r, c)  # delta = exp(M) delta_r
         gk = gk[..., 0]
         D = (gopt - gk) + st.eM * delta_r
         u = gopt - D
         L = gap = lg = grads = None
-        logw = torch.log(w)
+        logw = _cached_log(data, w)
         if need_gap or not grad:
             opt_anchor = gk >= gopt  # the anchor is an optimal token: D = delta exactly
             logD = torch.where(opt_anchor, st.M + torch.log(delta_r), torch.log(D))

@@ -66,7 +66,11 @@ class WModel(AttentionModel):
             return super()._logits(params, data)
         X = data["X"]
         B, n, T = params["W"].shape[0], X.shape[1], X.shape[2]
-        a = products_logits(P, params["W"]).reshape(B, n, -1, T)  # (B, n, Q, T)
+        cache, key = data["_cache"], ("W_products_t", self.query)
+        Pt = cache.get(key)
+        if Pt is None:  # the view P.t() made once
+            Pt = cache[key] = P.t()
+        a = products_logits(P, params["W"], Pt).reshape(B, n, -1, T)  # (B, n, Q, T)
         m = self._key_mask(data)
         return a if m is None else a.masked_fill(~m, float("-inf"))
 

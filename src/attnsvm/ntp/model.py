@@ -55,6 +55,8 @@ _TENSOR_KEYS = {"E", "X", "Z", "ymask", "yid", "seqs"}
 P_SMALL = 1e-4  # below this p_y, the iden loss is computed as LSE_t(a) - LSE_Y(a)
 _M_SMALL = math.log1p(-P_SMALL)  # M = log(1 - p_y) above this: p_y < P_SMALL
 NEG_INF = float("-inf")
+#: the most logits (B n T) whose three log-sum-exps are taken in one call (the identity head)
+LSE_STACK_MAX = 1 << 16
 
 
 def ntp_tensors(data, device=None, dtype=torch.float64) -> dict:
@@ -105,6 +107,19 @@ def _token_query_products(t: dict, signed: bool = False) -> torch.Tensor | None:
             P = None if ym is None or ym.shape[0] != 1 else torch.where(ym.reshape(-1, 1), -P, P)
         cache[key] = P
     return cache[key]
+
+
+def _lse_masks(t: dict, a: torch.Tensor) -> tuple:
+    """(-inf as a 0-dim tensor of a's dtype, the masks (3, Bx, n, T) of every position,
+    the label positions (ymask) and the others) of the identity head's log-sum-exps;
+    cached in ``t`` (callers must not modify the data)."""
+    cache = t.setdefault("_cache", {})
+    hit = cache.get("ntp_lse_masks")
+    ym = t["ymask"]
+    if hit is None or hit[0] is not ym or hit[1].dtype != a.dtype or hit[1].device != a.device:
+        ninf = torch.tensor(NEG_INF, dtype=a.dtype, device=a.device)
+        hit = cache["ntp_lse_masks"] = (ym, ninf, torch.stack([torch.ones_like(ym), ym, ~ym]))
+    return hit[1], hit[2]
 
 
 class NTPObjective(tuple):
@@ -244,8 +259,12 @@ class NTPModel:
         Z, X = t["Z"], t["X"]
         W = self.W(params)
         P = self._products(t)
-        if P is not None:  # one product: a_b = P vec(W_b)
-            return products_logits(P, W).reshape(W.shape[0], *X.shape[1:3])
+        if P is not None:  # one product: a_b = P vec(W_b) (the view P.t() made once)
+            cache = t["_cache"]
+            Pt = cache.get("ntp_products_t")
+            if Pt is None:
+                Pt = cache["ntp_products_t"] = P.t()
+            return products_logits(P, W, Pt).reshape(W.shape[0], *X.shape[1:3])
         WZ = (torch.einsum("bij,nj->bni", W, Z[0]) if Z.shape[0] == 1
               else torch.einsum("bij,bnj->bni", W, Z))  # (B, n, d): W z_i
         return (torch.einsum("ntd,bnd->bnt", X[0], WZ) if X.shape[0] == 1
@@ -289,9 +308,17 @@ class NTPModel:
         ``signed``) where the data are shared."""
         ymask = t["ymask"]
         n = a.shape[1]
-        A = torch.logsumexp(a, -1, keepdim=True)
-        AY = torch.logsumexp(torch.where(ymask, a, NEG_INF), -1, keepdim=True)
-        AN = torch.logsumexp(torch.where(ymask, NEG_INF, a), -1, keepdim=True)
+        # the three log-sum-exps (every position, the label positions, the others; -inf
+        # elsewhere): for a few logits in one call on the stack (3, B, n, T) (each row's
+        # reduction is that of its own call: the same bits, a third of the calls), else
+        # one call each (no 3x logits-sized temporary)
+        ninf, m3 = _lse_masks(t, a)
+        if a.numel() <= LSE_STACK_MAX:
+            A, AY, AN = torch.logsumexp(torch.where(m3, a, ninf), -1, keepdim=True).unbind(0)
+        else:
+            A = torch.logsumexp(a, -1, keepdim=True)
+            AY = torch.logsumexp(torch.where(ymask, a, ninf), -1, keepdim=True)
+            AN = torch.logsumexp(torch.where(ymask, ninf, a), -1, keepdim=True)
         M = AN - A  # log(1 - p_y) <= 0 (-inf: no non-label position)
         # loss_i = -log p_y: -log1p(-e^M) while p_y >= P_SMALL (its rounding error in
         # 1 - p_y is then below 1e-12 of the loss), else LSE_t(a) - LSE_Y(a) (> 9.2: exact
@@ -305,7 +332,7 @@ class NTPModel:
         if not grad:
             return NTPObjective(L, logL, None)
         fac, top = row_factors(M - math.log(n))
-        top = torch.where(torch.isfinite(L), top, math.nan)
+        top = top + (L - L)  # NaN where L is not finite (L - L = 0 elsewhere: top itself)
         # |g| in one exp (a - AN where AN is finite, else a - 0 = -inf there: e^-inf = 0)
         E = torch.exp(a - torch.where(ymask, AY, AN.nan_to_num(0.0, 0.0, 0.0)))
         E.mul_(fac)
@@ -358,7 +385,7 @@ class NTPModel:
             if not grad:
                 return NTPObjective(L, logL, None)
             fac, top = row_factors((M - math.log(n))[..., None])
-            top = torch.where(torch.isfinite(L), top, math.nan)
+            top = top + (L - L)  # NaN where L is not finite
             Ga = g * fac  # (B, n, T)
             return NTPObjective(L, logL, scaled_grads(self._raw_grads(params, Ga, t), top))
 
