@@ -354,7 +354,8 @@ _MEMORY_MODEL = {"torch": "torch", "fused-gradient": "torch", "fused": "fused",
                  "fused-cuda": "fused-cuda"}
 #: (B, n, Q, T) temporaries of the objective (logits, softmax terms, dL/da, the gaps)
 _ROW_COPIES = 12
-#: (B, n, Q, d) temporaries of the objective (W z_iq and sum_t dL/da_iqt x_it)
+#: (B, n, Q, d) temporaries of the objective (W z_iq and sum_t dL/da_iqt x_it): with
+#: _ROW_COPIES, the size of the fused start's row chunks (train._train_one)
 _QUERY_COPIES = 2
 
 
@@ -362,16 +363,15 @@ def train_memory(model, tdata, B: int, chunk: int | None = None, engine: str = "
                  dtype=torch.float64, rows: bool | None = None) -> float:
     """The bytes a run of ``train`` needs above its data (the pre-run memory check's
     model): per trial running at once (``chunk``), ``_PARAM_COPIES[engine]`` copies of
-    the parameters, ``_ROW_COPIES`` of the logits (B, n, Q, T) and ``_QUERY_COPIES`` of
-    the query-sized terms (B, n, Q, d); with chunks, the initial parameters of all B
-    trials on top; for a factorised model (W a product of the parameters: KQ, Diag), the
+    the parameters and ``_ROW_COPIES`` of the logits (B, n, Q, T); with chunks, the
+    initial parameters of all B trials on top; for a factorised model (W a product of the parameters: KQ, Diag), the
     returned W (B, *w_shape) of all B trials. engine: the one that runs
     (:func:`attnsvm.steppers.select_engine`: "torch", "fused-gradient", "fused",
     "fused-cuda").
     rows: the torch engine evaluates in row chunks of trials ("torch-rows"); None: as
     a full-batch closed-form run does (:func:`attnsvm.steppers.row_chunks`)."""
     P = sum(math.prod(s) for s in model.param_shapes().values())
-    _, n, T, d = tdata["X"].shape
+    _, n, T, _ = tdata["X"].shape
     Q = model.queries_per_sequence(tdata)
     run = min(B, chunk or B)
     item = torch.empty((), dtype=dtype).element_size()
@@ -379,8 +379,7 @@ def train_memory(model, tdata, B: int, chunk: int | None = None, engine: str = "
     if engine == "torch" and rows is not False:
         many = len(row_chunks({"p": torch.empty((run, P), dtype=dtype, device="meta")})) > 1
         mem = "torch-rows" if many and rows_apply(model) else mem
-    step = item * run * (_PARAM_COPIES[mem] * P + _ROW_COPIES * n * Q * T
-                         + _QUERY_COPIES * n * Q * d)
+    step = item * run * (_PARAM_COPIES[mem] * P + _ROW_COPIES * n * Q * T)
     Wout = math.prod(model.w_shape) if getattr(model, "factorised", False) else 0
     return step + item * B * Wout + (item * B * P if run < B else 0.0)
 
@@ -617,10 +616,16 @@ def _train_one(model, tdata, lossf, optimizer, params, engine, *, steps, every, 
     B = next(iter(params.values())).shape[0]
     a0 = model._logits(params, tdata)
     rows = row_chunks(params)
-    # the compiled loop computes its own gradients: the start's is checked, not kept
-    # (a row chunk's at a time; memory: train_memory's "fused")
+    # the compiled loop computes its own gradients: the start's is checked, not kept, a
+    # row chunk's at a time, the chunks sized by the objective's temporaries too (memory:
+    # train_memory's "fused"; they are many times the parameters of Diag and Prompt)
     kept = select_engine(model, tdata, lossf, optimizer, engine, batch_size=batch_size,
                          autograd=autograd)[0] not in ("fused", "fused-cuda")
+    if not kept:
+        n, T, d = tdata["X"].shape[1:]
+        rows = row_chunks({**params, "": torch.empty(
+            (B, _QUERY_COPIES * n * Q * d + _ROW_COPIES * n * Q * T), device="meta",
+            dtype=a0.dtype)})
     finite = []
     if len(rows) > 1 and not autograd and rows_apply(model):  # temporaries: one chunk's
         first = evaluate_rows(model, lambda: params, row_data(tdata, rows), rows, lossf,
