@@ -638,3 +638,32 @@ def test_start_check_in_row_chunks_refuses_a_non_finite_gradient(engine):
         train(model, data.replace(X=X), optimizer=O.ngd(0.1), steps=2, engine=engine)
     ok = train(model, data, optimizer=O.ngd(0.1), steps=2, engine=engine)
     assert ok.extra["engine"] == engine
+
+
+@pytest.mark.parametrize("mname", ["W", "Prompt"])
+def test_start_check_chunks_leave_the_run_bit_for_bit(mname, monkeypatch):
+    """The fused start's row chunks (sized by the objective's temporaries, their
+    gradients checked and let go) change nothing in the trajectory: the same run with
+    the start in one batch is equal bit for bit (records in the kernel and in the torch
+    recorder)."""
+    import attnsvm.train as T
+
+    B, d = 1200, 32
+    data = D.random_sphere(n=6, T=8, d=d, seed=4, batch=B)
+    model = getattr(M, mname + "Model")(d)
+    seen = []
+    real = T.row_chunks
+    monkeypatch.setattr(T, "row_chunks", lambda p: seen.append(len(real(p))) or real(p))
+    for kw in ({}, {"record_params": True}):
+        seen.clear()
+        tr = train(model, data, optimizer=O.ngd(0.3), steps=6, record_every=3, engine="fused", **kw)
+        assert max(seen) > 1 or kw  # the start ran in row chunks (Prompt: with the records
+        # in the kernel only; the torch recorder's step 0 takes the chunks of the parameters)
+        with monkeypatch.context() as m:
+            m.setattr(T, "row_chunks", lambda p: [(0, B)])
+            one = train(model, data, optimizer=O.ngd(0.3), steps=6, record_every=3,
+                        engine="fused", **kw)
+        for k in tr.params:
+            assert torch.equal(tr.params[k], one.params[k])
+        if not kw:  # the kernel's records (the torch recorder's step 0: 1e-15, BLAS blocking)
+            pd.testing.assert_frame_equal(tr.metrics, one.metrics, check_exact=True)

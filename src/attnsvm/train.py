@@ -617,11 +617,13 @@ def _train_one(model, tdata, lossf, optimizer, params, engine, *, steps, every, 
     a0 = model._logits(params, tdata)
     rows = row_chunks(params)
     # the compiled loop computes its own gradients: the start's is checked, not kept, a
-    # row chunk's at a time, the chunks sized by the objective's temporaries too (memory:
-    # train_memory's "fused"; they are many times the parameters of Diag and Prompt)
+    # row chunk's at a time; with its records in the kernel (the start's values unused: the
+    # torch recorder's step 0 takes them, in the chunks it always had), the chunks sized
+    # by the objective's temporaries too (memory: train_memory's "fused"; they are many
+    # times the parameters of Diag and Prompt)
     kept = select_engine(model, tdata, lossf, optimizer, engine, batch_size=batch_size,
                          autograd=autograd)[0] not in ("fused", "fused-cuda")
-    if not kept:
+    if not kept and not record_params and not metrics:
         n, T, d = tdata["X"].shape[1:]
         rows = row_chunks({**params, "": torch.empty(
             (B, _QUERY_COPIES * n * Q * d + _ROW_COPIES * n * Q * T), device="meta",
