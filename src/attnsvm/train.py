@@ -341,13 +341,13 @@ def _short(value) -> str:
 #: them), a chunk's temporaries and glibc's heap (measured W 2.2-3.9, KQ 2.3-2.6 with the
 #: logits-sized terms; 2.4-2.5 (W) with glibc's mmap threshold pinned); "fused": the
 #: run's initial parameters, which become the kernel's slots (no copy; the start's
-#: gradient is checked a row chunk at a time, not kept), with the start's temporaries
-#: (the query-sized and logits-sized terms below) and the returned W (measured at B = 2e4,
-#: d = 32, 5 fresh processes each, in units of the prediction: KQ 0.82-0.91, W 0.73-0.78,
-#: Diag 0.66-0.85, Prompt 0.68-0.92); "fused-cuda": the initial parameters, the kernel's
-#: trial-minor copy and its workspace (not measured on a GPU: the earlier assumption of
-#: three copies kept). Optimiser state comes on top.
-_PARAM_COPIES = {"torch": 4, "torch-rows": 3.5, "fused": 1, "fused-cuda": 3}
+#: gradient is checked a row chunk at a time, not kept), and the start's row chunks'
+#: temporaries with the heap glibc keeps of them (measured up to 1.19 copies above the
+#: logits-sized terms and the returned W (KQ, B = 2e4, d = 32, 5 fresh processes); the
+#: peak / this model: KQ 0.71-0.87, W 0.68-0.79, Diag 0.83-0.86, Prompt 0.70-0.77);
+#: "fused-cuda": the initial parameters, the kernel's trial-minor copy and its workspace
+#: (not measured on a GPU: the earlier three copies kept). Optimiser state comes on top.
+_PARAM_COPIES = {"torch": 4, "torch-rows": 3.5, "fused": 1.5, "fused-cuda": 3}
 #: the memory model of each engine that runs (attnsvm.steppers.select_engine): the fused
 #: gradient updates in torch (without row chunks)
 _MEMORY_MODEL = {"torch": "torch", "fused-gradient": "torch", "fused": "fused",
