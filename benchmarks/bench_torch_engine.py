@@ -26,10 +26,11 @@ loaded, a 2-trial run before it for the imports and kernels; Linux
 the pre-run memory check predicts (``attnsvm.train.train_memory``); ``--mem-runs`` fresh
 processes per row (glibc's heap makes the peak vary between processes: ``--mem-pinned``
 also runs the torch engine with its mmap threshold pinned, where the resident peak is
-the bytes torch holds), ``--mem-models W KQ``. Target: every run <= 1.5 (X + parameters).
+the bytes torch holds), ``--mem-models W KQ Diag Prompt``. Target: every run <= 1.5
+(X + parameters).
 
     python benchmarks/bench_torch_engine.py [--quick] [--B 1 100 10000] [--d 10] [--mem 20000]
-    python benchmarks/bench_torch_engine.py --B 1 --mem 20000 --mem-runs 5 --mem-models W KQ
+    python benchmarks/bench_torch_engine.py --B 1 --mem 20000 --mem-runs 5 --mem-models W KQ Diag Prompt
 """
 
 from __future__ import annotations

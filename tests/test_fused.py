@@ -569,3 +569,101 @@ def test_records_in_kernel_run_in_one_segment(monkeypatch):
                   train(M.WModel(3), data, steps=40, record_every=15, chunk=3)):
         pd.testing.assert_frame_equal(tp.metrics, other.metrics, check_exact=True)
         assert other.extra["records"] == "kernel"
+
+
+@pytest.mark.parametrize("mname", ["W", "KQ", "Diag", "Prompt"])
+def test_own_initial_parameters_become_the_slots_bit_for_bit(mname):
+    """A run's own initial tensors (init="random") become the kernel's slots, uncopied
+    (memory: train_memory's "fused"); the same start given as the caller's dict is copied
+    and left unwritten. Both runs equal bit for bit, in the kernel's records and in the
+    torch recorder's (record_params=True), with stops (trial 1: a zero gradient where
+    nothing else moves: Diag, Prompt; W trains its head, KQ has a ridge term)."""
+    data = D.random_sphere(n=3, T=4, d=4, seed=2, batch=5)
+    X = data.X.copy()
+    X[1] = X[1, :, :1, :]
+    data = data.replace(X=X)
+    model = _models(4)[mname](mname == "W")
+    start = model.init(5, seed=7, scale=0.5)
+    given = {k: v.clone() for k, v in start.items()}
+    for kw in ({}, {"record_params": True}):
+        own = train(model, data, optimizer=O.ngd(0.3), steps=30, record_every=7, seed=7,
+                    scale=0.5, engine="fused", **kw)
+        cp = train(model, data, optimizer=O.ngd(0.3), steps=30, record_every=7,
+                   init=given, engine="fused", **kw)
+        assert own.extra["engine"] == cp.extra["engine"] == "fused"
+        assert own.stop_reason[1] == ("zero gradient" if mname in ("Diag", "Prompt") else "")
+        np.testing.assert_array_equal(own.stop_step, cp.stop_step)
+        for k in start:
+            assert torch.equal(own.params[k], cp.params[k])
+            assert torch.equal(given[k], start[k])  # the caller's arrays are not written
+        pd.testing.assert_frame_equal(own.metrics, cp.metrics, check_exact=True)
+        np.testing.assert_array_equal(own.W, cp.W)
+
+
+def test_plan_load_adopts_only_its_own_unshared_tensors():
+    """Plan.load(own=True) takes a float64 C-contiguous CPU tensor as its slot (shared
+    memory); a caller's tensor (own=False), a non-contiguous one or two parameters sharing
+    memory are copied (the kernel writes its slots)."""
+    from attnsvm.losses import get_loss
+    from attnsvm.models import prepare
+
+    model = M.KQModel(3)
+    tdata = prepare(D.random_sphere(n=2, T=3, d=3, seed=0, batch=2))
+    plan = fused.Plan(model, tdata, get_loss("logistic"), O.ngd(0.1), 1, 2, check_stall=True)
+    p = model.init(2, seed=1)
+    views = plan.load(p, own=True)
+    assert all(np.shares_memory(views[k].numpy(), p[k].numpy()) for k in p)
+    for q, own, kept in ((p, False, ()), ({"K": p["K"], "Q": p["K"]}, True, ()),
+                         ({"K": p["K"].transpose(1, 2), "Q": p["Q"]}, True, ("Q",))):
+        views = plan.load(q, own=own)
+        for k in q:
+            assert np.shares_memory(views[k].numpy(), q[k].numpy()) == (k in kept)
+            assert torch.equal(views[k], q[k])
+
+
+@pytest.mark.parametrize("engine", ["fused", "torch"])
+def test_start_check_in_row_chunks_refuses_a_non_finite_gradient(engine):
+    """The start's gradient, checked a row chunk at a time and not kept (the fused
+    engine): a trial of the last chunk whose gradient overflows float64 (logits and loss
+    finite) is refused before any step, as the torch engine refuses it."""
+    from attnsvm.steppers import row_chunks
+
+    B, d = 1100, 32
+    model = M.WModel(d)
+    assert len(row_chunks(model.init(B))) > 1  # the row-chunked path runs
+    data = D.random_sphere(n=2, T=3, d=d, seed=0, batch=B)
+    X = data.X.copy()
+    X[B - 1] *= 1e300
+    with pytest.raises(ValueError, match="not finite at the start.*rescale X"):
+        train(model, data.replace(X=X), optimizer=O.ngd(0.1), steps=2, engine=engine)
+    ok = train(model, data, optimizer=O.ngd(0.1), steps=2, engine=engine)
+    assert ok.extra["engine"] == engine
+
+
+@pytest.mark.parametrize("mname", ["W", "Prompt"])
+def test_start_check_chunks_leave_the_run_bit_for_bit(mname, monkeypatch):
+    """The fused start's row chunks (sized by the objective's temporaries, their
+    gradients checked and let go) change nothing in the trajectory: the same run with
+    the start in one batch is equal bit for bit (records in the kernel and in the torch
+    recorder)."""
+    import attnsvm.train as T
+
+    B, d = 1200, 32
+    data = D.random_sphere(n=6, T=8, d=d, seed=4, batch=B)
+    model = getattr(M, mname + "Model")(d)
+    seen = []
+    real = T.row_chunks
+    monkeypatch.setattr(T, "row_chunks", lambda p: seen.append(len(real(p))) or real(p))
+    for kw in ({}, {"record_params": True}):
+        seen.clear()
+        tr = train(model, data, optimizer=O.ngd(0.3), steps=6, record_every=3, engine="fused", **kw)
+        assert max(seen) > 1 or kw  # the start ran in row chunks (Prompt: with the records
+        # in the kernel only; the torch recorder's step 0 takes the chunks of the parameters)
+        with monkeypatch.context() as m:
+            m.setattr(T, "row_chunks", lambda p: [(0, B)])
+            one = train(model, data, optimizer=O.ngd(0.3), steps=6, record_every=3,
+                        engine="fused", **kw)
+        for k in tr.params:
+            assert torch.equal(tr.params[k], one.params[k])
+        if not kw:  # the kernel's records (the torch recorder's step 0: 1e-15, BLAS blocking)
+            pd.testing.assert_frame_equal(tr.metrics, one.metrics, check_exact=True)

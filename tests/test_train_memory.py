@@ -50,13 +50,16 @@ def _clear_refs_works() -> bool:
 @pytest.mark.skipif(not Path("/proc/self/status").exists() or not _clear_refs_works(),
                     reason="needs Linux /proc/self/clear_refs to measure a peak")
 @pytest.mark.parametrize("engine, name", [("torch", "W"), ("torch", "KQ")]
-                         + ([("fused", "W")] if fused.available() else []))
+                         + ([("fused", nm) for nm in ("W", "KQ", "Diag", "Prompt")]
+                            if fused.available() else []))
 def test_memory_model_bounds_the_measured_peak(engine, name):
     """Measured peak <= prediction (the check never lets through a run it should refuse,
     at this size) and prediction <= 2.5 x the peak (its copies are measured, not a loose
     guess): B = 5000, d = 32 (W: the parameters 41 MB, the tokens 61 MB; KQ: 82 MB of
     parameters). The torch engine's step runs in row chunks here (the parameters above
-    2 CHUNK_MIN_BYTES): its peak is the parameters, the gradient and a chunk."""
+    2 CHUNK_MIN_BYTES): its peak is the parameters, the gradient and a chunk. The fused
+    engine's: the parameters (its slots), the start's temporaries and the returned W (a
+    new (B, d, d) for KQ and Diag, whose parameters are 2 d per trial)."""
     out = subprocess.run([sys.executable, "-c", CHILD, "5000", "32", engine, name],
                          capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-2000:]

@@ -158,7 +158,7 @@ def rows_apply(model) -> bool:
 
 
 def evaluate_rows(model, params, subs, rows, lossf, *, share=False, need_gap=True,
-                  logits=None, bufs=None, each=None):
+                  logits=None, bufs=None, each=None, grads=True):
     """``model.evaluate`` (closed form, with the gradient) of the trials a row chunk at a
     time: (Objective, logits or None). Every quantity of the objective is per trial, so
     the values are those of one batched call, while its temporaries are one chunk's.
@@ -166,7 +166,8 @@ def evaluate_rows(model, params, subs, rows, lossf, *, share=False, need_gap=Tru
     subs: :func:`row_data`; share: also compute and return the logits (B, n, Q, T);
     logits: the logits already computed (sliced per chunk); bufs: {name: (B, ...)}
     buffers the gradient may be written into (else new); each(a, b, grads): called with
-    a chunk's scaled gradient before it is written."""
+    a chunk's scaled gradient before it is written; grads=False: each chunk's gradient is
+    let go once ``each`` has read it (the Objective's grads are None)."""
     B = rows[-1][1]
     cols, ls, out, lgs = [], {}, {}, []
     for (a, b), data in zip(rows, subs):
@@ -176,7 +177,7 @@ def evaluate_rows(model, params, subs, rows, lossf, *, share=False, need_gap=Tru
         g = ev.grads
         if each is not None:
             each(a, b, g)
-        for k, v in g.tensors.items():
+        for k, v in (g.tensors.items() if grads else ()):
             if k not in out:
                 buf = (bufs or {}).get(k)
                 out[k] = (buf if buf is not None and buf.shape == (B, *v.shape[1:])
@@ -186,9 +187,11 @@ def evaluate_rows(model, params, subs, rows, lossf, *, share=False, need_gap=Tru
         cols.append(ev[:3])
         if share:
             lgs.append(lg)
-        del p, ev, g, lg, v  # the chunk's tensors let go before the next chunk (memory)
+        del p, ev, g, lg  # the chunk's tensors let go before the next chunk (memory)
+        v = None
     L, gap, lgap = (None if c[0] is None else torch.cat(c) for c in zip(*cols))
-    ev = Objective(L, gap, lgap, Scaled(out, {k: torch.cat(v) for k, v in ls.items()}))
+    ev = Objective(L, gap, lgap, Scaled(out, {k: torch.cat(v) for k, v in ls.items()})
+                   if grads else None)
     return ev, (torch.cat(lgs) if share else None)
 
 
@@ -446,8 +449,9 @@ class FusedStepper(Stepper):
 
     engine = "fused"
 
-    def __init__(self, plan, optimizer):
+    def __init__(self, plan, optimizer, copy: bool = True):
         self.plan, self.optimizer = plan, optimizer
+        self.copy = copy  # the initial parameters may be the caller's: the slots copy them
         #: fused.Records: the metrics taken inside the kernel (``record`` is then not
         #: called; attnsvm.train._train_one reads them); None: ``record(t0)`` per segment
         self.records = None
@@ -455,7 +459,8 @@ class FusedStepper(Stepper):
 
     def init(self, params):
         self.state = self.optimizer.init(params)
-        self.params = self.plan.load(params)  # a copy: the caller's arrays are not written
+        # the run's own initial tensors become the slots (no copy); the caller's are copied
+        self.params = self.plan.load(params, own=not self.copy)
         B = self.plan.B
         self.active = np.ones(B, dtype=np.uint8)
         self.stop_at = np.full(B, -1, dtype=np.int64)
@@ -523,7 +528,7 @@ def make_stepper(model, tdata, lossf, optimizer, engine: str, *, first, Q: int, 
         plan = fused.plan(model, tdata, lossf, optimizer, Q, B,
                           check_stall=batch_size is None and not optimizer.stateful)
     if runs in ("fused", "fused-cuda"):
-        return FusedStepper(plan, optimizer)
+        return FusedStepper(plan, optimizer, copy=copy)
     stepper = TorchStepper(model, tdata, lossf, optimizer, first=first, batch_size=batch_size,
                            seed=seed, autograd=autograd, plan=plan, copy=copy)
     stepper.reason = why  # why not the compiled loop (Trajectory.extra["engine_reason"])

@@ -339,25 +339,33 @@ def _short(value) -> str:
 #: evaluate_rows, from 2 CHUNK_MIN_BYTES of parameters): the parameters and the gradient
 #: (written into the previous parameters' buffers once each chunk's undo check has read
 #: them), a chunk's temporaries and glibc's heap (measured W 2.2-3.9, KQ 2.3-2.6 with the
-#: logits-sized terms; 2.4-2.5 (W) with glibc's mmap threshold pinned); fused: the
-#: start's parameters, its gradient and its temporaries, then the kernel's slots.
-#: Optimiser state comes on top.
-_PARAM_COPIES = {"torch": 4, "torch-rows": 3.5, "fused": 3}
+#: logits-sized terms; 2.4-2.5 (W) with glibc's mmap threshold pinned); "fused": the
+#: run's initial parameters, which become the kernel's slots (no copy; the start's
+#: gradient is checked a row chunk at a time, not kept), and the start's row chunks'
+#: temporaries with the heap glibc keeps of them (measured up to 1.19 copies above the
+#: logits-sized terms and the returned W (KQ, B = 2e4, d = 32, 5 fresh processes); the
+#: peak / this model: KQ 0.71-0.87, W 0.68-0.79, Diag 0.83-0.86, Prompt 0.70-0.77);
+#: "fused-cuda": the initial parameters, the kernel's trial-minor copy and its workspace
+#: (not measured on a GPU: the earlier three copies kept). Optimiser state comes on top.
+_PARAM_COPIES = {"torch": 4, "torch-rows": 3.5, "fused": 1.5, "fused-cuda": 3}
 #: the memory model of each engine that runs (attnsvm.steppers.select_engine): the fused
-#: gradient updates in torch (without row chunks); the CUDA kernel holds its slots as the
-#: CPU kernel does
+#: gradient updates in torch (without row chunks)
 _MEMORY_MODEL = {"torch": "torch", "fused-gradient": "torch", "fused": "fused",
-                 "fused-cuda": "fused"}
+                 "fused-cuda": "fused-cuda"}
 #: (B, n, Q, T) temporaries of the objective (logits, softmax terms, dL/da, the gaps)
 _ROW_COPIES = 12
+#: (B, n, Q, d) temporaries of the objective (W z_iq and sum_t dL/da_iqt x_it): with
+#: _ROW_COPIES, the size of the fused start's row chunks (train._train_one)
+_QUERY_COPIES = 2
 
 
 def train_memory(model, tdata, B: int, chunk: int | None = None, engine: str = "torch",
                  dtype=torch.float64, rows: bool | None = None) -> float:
     """The bytes a run of ``train`` needs above its data (the pre-run memory check's
     model): per trial running at once (``chunk``), ``_PARAM_COPIES[engine]`` copies of
-    the parameters and ``_ROW_COPIES`` of the logits (B, n, Q, T); with chunks, the initial
-    parameters of all B trials on top. engine: the one that runs
+    the parameters and ``_ROW_COPIES`` of the logits (B, n, Q, T); with chunks, the
+    initial parameters of all B trials on top; for a factorised model (W a product of the parameters: KQ, Diag), the
+    returned W (B, *w_shape) of all B trials. engine: the one that runs
     (:func:`attnsvm.steppers.select_engine`: "torch", "fused-gradient", "fused",
     "fused-cuda").
     rows: the torch engine evaluates in row chunks of trials ("torch-rows"); None: as
@@ -372,7 +380,8 @@ def train_memory(model, tdata, B: int, chunk: int | None = None, engine: str = "
         many = len(row_chunks({"p": torch.empty((run, P), dtype=dtype, device="meta")})) > 1
         mem = "torch-rows" if many and rows_apply(model) else mem
     step = item * run * (_PARAM_COPIES[mem] * P + _ROW_COPIES * n * Q * T)
-    return step + (item * B * P if run < B else 0.0)
+    Wout = math.prod(model.w_shape) if getattr(model, "factorised", False) else 0
+    return step + item * B * Wout + (item * B * P if run < B else 0.0)
 
 
 def _check_against_data(model, tdata, B, init, batch_size, optimizer, seed):
@@ -497,17 +506,24 @@ def _check_refs(model, refs, B, dtype, device):
     return out
 
 
-def _check_start(a0, first, tdata) -> None:
+def _check_start(a0, first, tdata, grads_finite: bool | None = None) -> None:
     """The objective at the initial parameters is finite: logits (-inf allowed: masked
-    keys), losses and gradients; else a ValueError saying the data overflow float64."""
+    keys), losses and gradients (``grads_finite``: checked already, row chunk by row chunk,
+    where ``first`` keeps none); else a ValueError saying the data overflow float64."""
+    if grads_finite is None:
+        grads_finite = _grads_finite(first.grads.tensors)
     if (not bool((torch.isnan(a0) | torch.isposinf(a0)).any())
-            and bool(torch.isfinite(first.loss).all())
-            and all(_all_finite(t) for t in first.grads.tensors.values())):
+            and bool(torch.isfinite(first.loss).all()) and grads_finite):
         return
     big = float(tdata["X"].abs().max())
     raise ValueError(f"the objective is not finite at the start (max |X| = {big:.3g}): the "
                      "data overflow float64 in the logits or the gradient; rescale X (and z): "
                      "the max-margin direction does not depend on the scale of the tokens")
+
+
+def _grads_finite(tensors: dict) -> bool:
+    """Every gradient tensor is finite (:func:`_all_finite`)."""
+    return all(_all_finite(t) for t in tensors.values())
 
 
 def _all_finite(t: torch.Tensor) -> bool:
@@ -600,12 +616,28 @@ def _train_one(model, tdata, lossf, optimizer, params, engine, *, steps, every, 
     B = next(iter(params.values())).shape[0]
     a0 = model._logits(params, tdata)
     rows = row_chunks(params)
+    # the compiled loop computes its own gradients: the start's is checked, not kept, a
+    # row chunk's at a time; with its records in the kernel (the start's values unused: the
+    # torch recorder's step 0 takes them, in the chunks it always had), the chunks sized
+    # by the objective's temporaries too (memory: train_memory's "fused"; they are many
+    # times the parameters of Diag and Prompt)
+    kept = select_engine(model, tdata, lossf, optimizer, engine, batch_size=batch_size,
+                         autograd=autograd)[0] not in ("fused", "fused-cuda")
+    if not kept and not record_params and not metrics:
+        n, T, d = tdata["X"].shape[1:]
+        rows = row_chunks({**params, "": torch.empty(
+            (B, _QUERY_COPIES * n * Q * d + _ROW_COPIES * n * Q * T), device="meta",
+            dtype=a0.dtype)})
+    finite = []
     if len(rows) > 1 and not autograd and rows_apply(model):  # temporaries: one chunk's
         first = evaluate_rows(model, lambda: params, row_data(tdata, rows), rows, lossf,
-                              logits=a0)[0]
+                              logits=a0, grads=kept, each=None if kept else lambda a, b, g:
+                              finite.append(_grads_finite(g.tensors)))[0]
     else:
         first = model.evaluate(params, tdata, lossf, grad=True, autograd=autograd, logits=a0)
-    _check_start(a0, first, tdata)
+    _check_start(a0, first, tdata, all(finite) if finite else None)
+    if not kept:
+        first = O.Objective(first.loss, first.gap, first.log_gap, None)
     stepper = make_stepper(model, tdata, lossf, optimizer, engine, first=first, Q=Q, B=B,
                            batch_size=batch_size, seed=seed, autograd=autograd, copy=copy)
     stops = Stops(B, tdata["X"].device)

@@ -276,11 +276,21 @@ class Plan:
             sz[s] = int(np.prod(self.shapes[nm]))
         return [np.zeros((self.B, k)) for k in sz]
 
-    def load(self, params: dict) -> dict:
-        """Copy params into the plan's slots; returns the params as views of the slots."""
+    def load(self, params: dict, own: bool = False) -> dict:
+        """Copy params into the plan's slots; returns the params as views of the slots.
+        own: the params are the run's own (the caller lets them go): a C-contiguous float64
+        CPU tensor becomes its slot (no copy; the kernel then writes into it), unless two
+        of them share memory."""
         self._slots = self._empty_slots()
+        ptrs = [params[nm].untyped_storage().data_ptr() for nm in self.slots]
+        own = own and len(set(ptrs)) == len(ptrs)
         for nm, s in self.slots.items():
-            self._slots[s][:] = params[nm].detach().reshape(self.B, -1).cpu().numpy()
+            t = params[nm].detach()
+            if (own and t.device.type == "cpu" and t.dtype == torch.float64
+                    and t.is_contiguous()):
+                self._slots[s] = t.reshape(self.B, -1).numpy()
+            else:
+                self._slots[s][:] = t.reshape(self.B, -1).cpu().numpy()
         return self.params()
 
     def params(self) -> dict:

@@ -245,7 +245,9 @@ class CudaPlan(Plan):
         t = torch.as_tensor(t) if not isinstance(t, torch.Tensor) else t.detach()
         return t.reshape(t.shape[0], -1).T.to(self.dev, td).contiguous()
 
-    def load(self, params: dict) -> dict:
+    def load(self, params: dict, own: bool = False) -> dict:
+        """Copy params into the trial-minor slots (always a copy: ``own`` is the CPU
+        plan's); returns the params as views of the slots."""
         sz = [0, 0, 0]
         for nm, s in self.slots.items():
             sz[s] = int(np.prod(self.shapes[nm]))
