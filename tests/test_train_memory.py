@@ -49,7 +49,7 @@ def _clear_refs_works() -> bool:
 
 @pytest.mark.skipif(not Path("/proc/self/status").exists() or not _clear_refs_works(),
                     reason="needs Linux /proc/self/clear_refs to measure a peak")
-@pytest.mark.parametrize("engine, name", [("torch", "W"), ("torch", "KQ")]
+@pytest.mark.parametrize("engine, name", [("torch", nm) for nm in ("W", "KQ", "Diag", "Prompt")]
                          + ([("fused", nm) for nm in ("W", "KQ", "Diag", "Prompt")]
                             if fused.available() else []))
 def test_memory_model_bounds_the_measured_peak(engine, name):
