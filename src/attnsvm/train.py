@@ -353,12 +353,12 @@ _PARAM_COPIES = {"torch": 4, "torch-rows": 3.5, "fused": 1.5, "fused-cuda": 3}
 _MEMORY_MODEL = {"torch": "torch", "fused-gradient": "torch", "fused": "fused",
                  "fused-cuda": "fused-cuda"}
 #: (B, n, Q, T) temporaries of the objective (logits, softmax terms, dL/da, the gaps) with
-#: the allocator's slack, by memory model: measured. The torch engine: tests/
-#: test_train_memory.py, B = 5000, d = 32: Diag 30.6 P above the data, i.e. 14.1 of these
-#: besides 4 P and the returned W; bench_torch_engine.py --mem 20000 --mem-runs 5
-#: --mem-models Prompt: up to 0.551 (X + P), 15.3 of these besides 4 P (the 12 assumed
-#: before let both through). The fused engines: the start's row chunks only (Prompt,
-#: B = 5000: 7.8 P measured against 19.5 P predicted)
+#: the allocator's slack, by memory model: measured. The torch engine: bench_torch_engine.py
+#: --mem 20000 --mem-runs 5 --mem-models Prompt: up to 0.551 (X + P), 15.3 of these besides
+#: 4 P (the 12 assumed before let it through); its factorised models (KQ, Diag) also form W
+#: itself in their finiteness checks, one (B, d, d) more (tests/test_train_memory.py, Diag,
+#: B = 5000, d = 32: 30.6-34.1 P measured, 29.0 P predicted before). The fused engines:
+#: the start's row chunks only (Prompt, B = 5000: 7.8 P measured against 19.5 P predicted)
 _ROW_COPIES = {"torch": 16, "torch-rows": 16, "fused": 12, "fused-cuda": 12}
 #: (B, n, Q, d) temporaries of the objective (W z_iq and sum_t dL/da_iqt x_it): with
 #: _ROW_COPIES, the size of the fused start's row chunks (train._train_one)
@@ -369,7 +369,8 @@ def train_memory(model, tdata, B: int, chunk: int | None = None, engine: str = "
                  dtype=torch.float64, rows: bool | None = None) -> float:
     """The bytes a run of ``train`` needs above its data (the pre-run memory check's
     model): per trial running at once (``chunk``), ``_PARAM_COPIES[engine]`` copies of
-    the parameters and ``_ROW_COPIES[engine]`` of the logits (B, n, Q, T); with chunks, the
+    the parameters and ``_ROW_COPIES[engine]`` of the logits (B, n, Q, T) (the torch engine:
+    and one W of a factorised model, which its checks form); with chunks, the
     initial parameters of all B trials on top; for a factorised model (W a product of the parameters: KQ, Diag), the
     returned W (B, *w_shape) of all B trials. engine: the one that runs
     (:func:`attnsvm.steppers.select_engine`: "torch", "fused-gradient", "fused",
@@ -385,8 +386,10 @@ def train_memory(model, tdata, B: int, chunk: int | None = None, engine: str = "
     if engine == "torch" and rows is not False:
         many = len(row_chunks({"p": torch.empty((run, P), dtype=dtype, device="meta")})) > 1
         mem = "torch-rows" if many and rows_apply(model) else mem
-    step = item * run * (_PARAM_COPIES[mem] * P + _ROW_COPIES[mem] * n * Q * T)
     Wout = math.prod(model.w_shape) if getattr(model, "factorised", False) else 0
+    # the torch engine's checks form W itself of a factorised model (Model.finite)
+    Wstep = Wout if mem in ("torch", "torch-rows") else 0
+    step = item * run * (_PARAM_COPIES[mem] * P + _ROW_COPIES[mem] * n * Q * T + Wstep)
     return step + item * B * Wout + (item * B * P if run < B else 0.0)
 
 
