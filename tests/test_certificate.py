@@ -441,27 +441,3 @@ def test_prove_unit_margins_equals_prove_margins():
     D = np.array([[[1.0, 0.0]]])
     assert not certificate.prove_unit_margins(D, np.ones((1, 1)), np.ones((1, 1), bool),
                                               np.array([[1 - 2.0**-52], [5.0]]))
-
-
-def test_certificate_concat_is_take_of_the_joined_indices():
-    """Certificate.concat (the batch fast path joins its optimal and infeasible answers)
-    equals one take of the joined indices, field by field, ``proven`` included."""
-    from attnsvm.svm.certificate import Certificate
-
-    rng = np.random.default_rng(0)
-    B, n, T, d = 7, 3, 4, 2
-    arr = {"W": (B, d, d), "lam": (B, n, T), "margins": (B, n, T), "norm": (B,),
-           "margin": (B,), "violation": (B,), "kkt": (B,), "gap": (B,), "lower": (B,)}
-    c = Certificate(**{k: rng.standard_normal(s) for k, s in arr.items()},
-                    feasible=rng.random(B) > 0.5, support=rng.random((B, n, T)) > 0.5,
-                    proven={"upper": rng.random(B)})
-    a, b = np.array([4, 0, 2]), np.array([6, 1])
-    j = c.concat([c.take(a), c.take(b)])
-    ref = c.take(np.concatenate([a, b]))
-    for k in Certificate.__dataclass_fields__:
-        if k != "proven":
-            np.testing.assert_array_equal(getattr(j, k), getattr(ref, k))
-    np.testing.assert_array_equal(j.proven["upper"], ref.proven["upper"])
-    plain = Certificate(**{k: getattr(c, k) for k in Certificate.__dataclass_fields__
-                           if k != "proven"})
-    assert c.concat([c, plain]).proven == {}  # a number only where every part has it

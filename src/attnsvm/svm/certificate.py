@@ -706,17 +706,6 @@ class Certificate:
         out = {k: getattr(self, k)[idx] for k in self.__dataclass_fields__ if k != "proven"}
         return Certificate(**out, proven={k: v[idx] for k, v in self.proven.items()})
 
-    @classmethod
-    def concat(cls, parts) -> Certificate:
-        """The certificates of ``parts`` one after the other (every field concatenated over
-        the batch; a ``proven`` number only where every part has it)."""
-        parts = list(parts)
-        out = {k: np.concatenate([getattr(c, k) for c in parts])
-               for k in cls.__dataclass_fields__ if k != "proven"}
-        names = set.intersection(*(set(c.proven) for c in parts)) if parts else set()
-        return cls(**out, proven={k: np.concatenate([c.proven[k] for c in parts])
-                                  for k in sorted(names)})
-
     def put(self, idx, other: Certificate) -> None:
         """Write ``other``'s fields into the problems ``idx`` of this certificate (in place)."""
         for k in self.__dataclass_fields__:
