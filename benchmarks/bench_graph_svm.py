@@ -108,9 +108,9 @@ def main(argv=None):
                     help="BLAS threads for every path (0: the library's default)")
     args = ap.parse_args(argv)
     if args.blas_threads:  # every path alike: BLAS workers a peer leaves spinning slow the next
-        from threadpoolctl import threadpool_limits
+        from bench_svm import limit_blas
 
-        threadpool_limits(args.blas_threads, user_api="blas")
+        limit_blas(args.blas_threads)
     sizes = ["n4T6K8d8"] if args.quick else list(PUBLISHED_SIZES)
     N = 2 if args.quick else args.instances
     warnings.simplefilter("ignore")

@@ -93,6 +93,24 @@ def batch_bench(B):
               f"{bs.extra['n_fallback']}, agree {agree}/{k}", flush=True)
 
 
+def limit_blas(n: int) -> None:
+    """Every BLAS this run uses on ``n`` threads. threadpoolctl reaches only the libraries
+    loaded when it is called, so they are loaded first: ``scipy.linalg`` brings scipy's own
+    OpenBLAS (numpy's is another copy), the peers theirs. Without that, scipy's Cholesky in
+    the nuclear SDP kept 2 threads and, on the loaded 2-core machine, took 0.64 s of CPU per
+    nuclear (20, 8, 10) solve instead of 0.03 s (2026-11-28)."""
+    import importlib
+
+    for mod in ("scipy.linalg", "cvxpy", "daqp", "quadprog", "sklearn.svm", "torch"):
+        try:
+            importlib.import_module(mod)
+        except ImportError:
+            pass
+    from threadpoolctl import threadpool_limits
+
+    threadpool_limits(n, user_api="blas")
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="small sizes only")
@@ -113,9 +131,7 @@ def main(argv=None):
                          "the library before they stopped setting it; 0: leave as is)")
     args = ap.parse_args(argv)
     if args.blas_threads:  # the benchmark's own process-wide choice, every path alike
-        from threadpoolctl import threadpool_limits
-
-        threadpool_limits(args.blas_threads, user_api="blas")
+        limit_blas(args.blas_threads)
     from attnsvm.svm import att_svm, lean
 
     lean.warmup()  # numba's compile / cache load: set-up, not timed
