@@ -1489,18 +1489,21 @@ def farkas_enclosure_batch(D, Z, lam, bvec, eD, supp, k, K, ok, out):
             for q2 in range(p):
                 G[q, q2] = 0.0
                 H[q, q2] = 0.0
-        for q in range(p):
+        for q in range(p):  # (symmetric: the upper triangle, mirrored)
             for jj in range(K):
                 x = Mt[jj, q]
                 y = aMt[jj, q]
-                for q2 in range(p):
+                for q2 in range(q, p):
                     G[q, q2] += x * Mt[jj, q2]
                     H[q, q2] += y * aMt[jj, q2]
         fin = True
         sg = 0.0
         for q in range(p):
-            for q2 in range(p):
-                sg += H[q, q2] * H[q, q2]
+            sg += H[q, q] * H[q, q]
+            fin = fin and math.isfinite(G[q, q])
+            for q2 in range(q + 1, p):
+                sg += 2.0 * (H[q, q2] * H[q, q2])
+                G[q2, q] = G[q, q2]
                 fin = fin and math.isfinite(G[q, q2])
         eG = (g2 * np.sqrt(sg) + 8.0 * eD[b] * K * p) + _ETA * p * K * (2 * amax + 2)
         if not fin:
@@ -1537,15 +1540,16 @@ def farkas_enclosure_batch(D, Z, lam, bvec, eD, supp, k, K, ok, out):
         for q in range(p):  # |L| |L|^T into H
             for q2 in range(p):
                 H[q, q2] = 0.0
-        for q in range(p):
+        for q in range(p):  # (symmetric: the upper triangle, sum_{m <= q})
             for m2 in range(q + 1):
                 x = abs(L[q, m2])
-                for q2 in range(m2, p):
+                for q2 in range(q, p):
                     H[q, q2] += x * abs(L[q2, m2])
         sc = 0.0
         for q in range(p):
-            for q2 in range(p):
-                sc += H[q, q2] * H[q, q2]
+            sc += H[q, q] * H[q, q]
+            for q2 in range(q + 1, p):
+                sc += 2.0 * (H[q, q2] * H[q, q2])
         eC = gc * np.sqrt(sc) * (1 + 1e-8)
         eA = _U * dmax * (1 + 1e-8)
         lmin = (tt - eC - eA - eG * (1 + 1e-8)) * (1 - 4 * _U)
