@@ -108,3 +108,85 @@ def test_margins_are_one_formula():
     active.kernels().margins_batch(D, Z, valid, W, mc)
     assert np.all(np.abs(mc - np.where(valid, exact, 0.0)) <= gamma(d + e) * size)
     assert np.all(mc[~valid] == 0) and np.all(m[~valid] == 0)
+
+
+def _farkas_cases(rng):
+    """A batch of Farkas candidates of every kind the enclosure meets: prompt SVMs the
+    compiled solver found infeasible (e = 1, supports d e + 1), pairs Delta, -Delta on the
+    same z (e = 2, supports larger than d e + 1, padded), candidates perturbed so that no
+    exact null vector is near (refused), with a negative or an equality entry, with too
+    small a support, left out by ``which``, with data error (data_err) and b != 1."""
+    from attnsvm.svm import lean
+    from attnsvm.svm.constraints import ConstraintSet, scaled_keys
+
+    B, n, T, d = 60, 6, 8, 5
+    X = rng.standard_normal((B, n, T, d))
+    a = rng.integers(0, T, (B, n))
+    valid = np.ones((B, n, T), bool)
+    Kx, eK = scaled_keys(X, None, valid)
+    info, D, Zs, v, _, _, mu = lean._solve_batch(
+        Kx, np.ones((B, n, 1)), a, valid, np.broadcast_to(np.asarray(eK, np.int64), (B,)).copy(),
+        20 * n * T + 50)
+    c = np.nonzero(info[:, 2] == 1)[0]
+    lam = mu[c] / mu[c].sum((1, 2))[:, None, None]
+    lam[1, lam[1] > 0] *= 1 + 1e-3 * rng.standard_normal((lam[1] > 0).sum())  # refused
+    k = np.argmax(lam[2])
+    lam[2].flat[k] = -lam[2].flat[k]  # a negative multiplier: not a candidate
+    lam[3] = np.where(lam[3] == lam[3].max(), 0.0, lam[3])  # support p: too small
+    b = v.astype(float)
+    b[4] *= 2.0  # b != 1 (sum lam b, ||b_K|| change)
+    cs1 = ConstraintSet(D[c], Zs[c], v[c], b[c])
+    e, p = 2, 4
+    Bp, nmax = 6, p + 2
+    D2 = np.zeros((Bp, nmax, 3, 2))
+    Z2 = np.zeros((Bp, nmax, e))
+    v2 = np.zeros((Bp, nmax, 3), bool)
+    l2 = np.zeros((Bp, nmax, 3))
+    for j in range(Bp):
+        P = p + j % 3
+        x, z = rng.standard_normal((P, 2)), rng.standard_normal((P, e))
+        w = rng.random(P) + 0.05
+        D2[j, :P, 0], D2[j, :P, 2], Z2[j, :P] = x, -x, z
+        D2[j, :P, 1] = rng.standard_normal((P, 2))
+        v2[j, :P, 0] = v2[j, :P, 2] = True
+        for t in (0, 2):
+            l2[j, :P, t] = w * (1 + 1e-13 * rng.standard_normal(P))
+    l2[0, 0, 0] *= 1.5  # far from any exact null vector
+    eq = np.zeros_like(v2)
+    eq[1, 0, 0] = True  # an equality in the support: not a candidate
+    cs2 = ConstraintSet(D2, Z2, v2, v2.astype(float), eq=eq)
+    cs3 = ConstraintSet(D2, Z2, v2, v2.astype(float), data_err=np.full(Bp, 1e-15))
+    return [(cs1, lam, None), (cs1, lam, np.arange(len(c)) % 5 != 0), (cs2, l2, None),
+            (cs3, l2, None)]
+
+
+def test_farkas_enclosure_compiled_equals_plain():
+    """The compiled twin of the Farkas enclosure proves what the plain reference proves,
+    problem by problem (the same candidates, bounds and comparisons; sums in another
+    order), on solver candidates and on candidates it must refuse; its lambda_min bound
+    and delta agree with an independent float computation of the same formulas."""
+    from attnsvm.svm import active
+    from attnsvm.svm.certificate import farkas_enclosure, farkas_enclosure_compiled
+
+    if not active.available():
+        pytest.skip("numba not installed")
+    K = active.kernels()
+    rng = np.random.default_rng(11)
+    n_ok = n_no = 0
+    for cs, lam, which in _farkas_cases(rng):
+        ref = farkas_enclosure(cs, lam, which)
+        got, num = farkas_enclosure_compiled(K, cs, lam, which, numbers=True)
+        assert np.array_equal(got, ref)
+        n_ok += int(ref.sum())
+        n_no += int((~ref).sum())
+        # the numbers of the proven ones: lambda_min(G) bound below the true smallest
+        # eigenvalue of G = M M^T, and delta from ||M lam|| (numpy, independently)
+        for b in np.nonzero(got)[0][:5]:
+            sel = cs.valid[b] & (lam[b] > 1e-9 * np.abs(lam[b]).max())
+            M = np.einsum("kd,ke->dek", cs.Delta[b][sel], cs.Z[b][np.nonzero(sel)[0]])
+            M = M.reshape(cs.d * cs.e, -1)
+            ev = np.linalg.eigvalsh(M @ M.T).min()
+            # (t = 1 / (2 trace G^-1) >= lambda_min / (2 p), less the rounding terms)
+            assert 0 < num[b, 0] <= ev and num[b, 0] >= 0.45 * ev / len(M)
+            assert num[b, 1] >= np.linalg.norm(M @ lam[b][sel]) / math.sqrt(ev) * 0.99
+    assert n_ok >= 20 and n_no >= 10  # (both verdicts met)

@@ -1364,3 +1364,270 @@ def fro_solve_batch(X, z, alpha, valid, xexp, tol, small, max_iter, info, D, Zs,
     for b in range(b0, b1):
         _lean_one(X[b], z[b], alpha[b], valid[b], xexp[b], tol, small, max_iter, D[b], Zs[b],
                   v[b], W[b], lam[b], mu[b], m, info[b], wk)
+
+
+_U = 2.0 ** -53  # certificate.U, certificate.ETA (compile-time constants, as KAPPA)
+_ETA = 2.0 ** -1074
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _gamma(n):
+    """certificate.gamma: n u / (1 - n u)."""
+    return n * _U / (1.0 - n * _U)
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def _enclosure_support(lam, valid, ineq, which, p, max_support, supp, k):
+    """The candidates of :func:`attnsvm.svm.certificate.farkas_enclosure`: lam (B, n, T)
+    (finite, 0 where invalid); supp (B, n, T) bool <- valid & lam > 1e-9 max |lam| (max > 0),
+    k (B,) <- its size where the problem is a candidate (``which``, p + 1 <= k <=
+    max_support, lam >= 0 on the inequalities and 0 elsewhere, no equality in the
+    support), else -1."""
+    B, n, T = lam.shape
+    for b in range(B):
+        k[b] = -1
+        mx = 0.0
+        for i in range(n):
+            for t in range(T):
+                mx = max(mx, abs(lam[b, i, t]))
+        cnt = 0
+        good = which[b]
+        for i in range(n):
+            for t in range(T):
+                x = lam[b, i, t]
+                s = valid[b, i, t] and x > 1e-9 * mx and mx > 0.0
+                supp[b, i, t] = s
+                if s:
+                    cnt += 1
+                    if not ineq[b, i, t]:
+                        good = False
+                if (ineq[b, i, t] and not x >= 0.0) or (not ineq[b, i, t] and x != 0.0):
+                    good = False
+        if good and p + 1 <= cnt <= max_support:
+            k[b] = cnt
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _enclosure_gather(D, Z, lam, bvec, supp, b, Mt, aMt, lk, bk):
+    """The support of problem b in ascending (i, t) order: rows vec(A_j) of Mt (and |.| in
+    aMt), lam_j in lk, b_j in bk, zero-padded to Mt's K rows.  Returns the support size."""
+    n, T, d = D.shape[1], D.shape[2], D.shape[3]
+    e = Z.shape[2]
+    K, p = Mt.shape
+    j = 0
+    for i in range(n):
+        for t in range(T):
+            if supp[b, i, t]:
+                for c in range(d):
+                    for f in range(e):
+                        x = D[b, i, t, c] * Z[b, i, f]
+                        Mt[j, c * e + f] = x
+                        aMt[j, c * e + f] = abs(x)
+                lk[j] = lam[b, i, t]
+                bk[j] = bvec[b, i, t]
+                j += 1
+    for jj in range(j, K):
+        for q in range(p):
+            Mt[jj, q] = 0.0
+            aMt[jj, q] = 0.0
+        lk[jj] = 0.0
+        bk[jj] = 0.0
+    return j
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _enclosure_residual(Mt, aMt, lk, eDb, g1, r, er):
+    """(||r|| bound, sum lam, max |M|): r^ = M^ lam and its rounding 1.01 gamma_{K+4}
+    |M^| lam, the data error 3 e_D sum lam, gradual underflow eta (sum lam + K + 1),
+    every norm inflated by 1 + 1e-8 (:func:`attnsvm.svm.certificate.farkas_enclosure`)."""
+    K, p = Mt.shape
+    slk = 0.0
+    amax = 0.0
+    for jj in range(K):
+        slk += lk[jj]
+        for q in range(p):
+            amax = max(amax, aMt[jj, q])
+    for q in range(p):
+        r[q] = 0.0
+        er[q] = 0.0
+    for jj in range(K):
+        x = lk[jj]
+        for q in range(p):
+            r[q] += Mt[jj, q] * x
+            er[q] += aMt[jj, q] * x
+    nr1 = 0.0
+    nr2 = 0.0
+    for q in range(p):
+        er[q] = (g1 * er[q] + 3.0 * eDb * slk) + _ETA * (slk + K + 1) * (1 + 1e-8)
+        nr1 += r[q] * r[q]
+        nr2 += er[q] * er[q]
+    return (math.sqrt(nr1) + math.sqrt(nr2)) * (1 + 1e-8), slk, amax
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _enclosure_gram(Mt, aMt, G, H):
+    """G <- M^ M^T, H <- |M^| |M^|^T (upper triangles; G mirrored).  Returns
+    (||H||_F^2, G finite)."""
+    K, p = Mt.shape
+    for q in range(p):
+        for q2 in range(p):
+            G[q, q2] = 0.0
+            H[q, q2] = 0.0
+    for q in range(p):  # (symmetric: the upper triangle, mirrored)
+        for jj in range(K):
+            x = Mt[jj, q]
+            y = aMt[jj, q]
+            for q2 in range(q, p):
+                G[q, q2] += x * Mt[jj, q2]
+                H[q, q2] += y * aMt[jj, q2]
+    fin = True
+    sg = 0.0
+    for q in range(p):
+        sg += H[q, q] * H[q, q]
+        fin = fin and math.isfinite(G[q, q])
+        for q2 in range(q + 1, p):
+            sg += 2.0 * (H[q, q2] * H[q, q2])
+            G[q2, q] = G[q, q2]
+            fin = fin and math.isfinite(G[q, q2])
+    return sg, fin
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _inv_fro2(L, Li, p):
+    """||L^-1||_F^2 of the lower-triangular L (p x p), L^-1 row by row into Li (forward
+    substitution, rows m < i done)."""
+    sli = 0.0
+    for i in range(p):
+        for c in range(p):
+            Li[i, c] = 0.0
+        for m2 in range(i):
+            x = L[i, m2]
+            for c in range(m2 + 1):
+                Li[i, c] -= x * Li[m2, c]
+        dinv = 1.0 / L[i, i]
+        for c in range(i):
+            Li[i, c] *= dinv
+            sli += Li[i, c] * Li[i, c]
+        Li[i, i] = dinv
+        sli += dinv * dinv
+    return sli
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _abs_llt_fro2(L, H, p):
+    """||(|L| |L|^T)||_F^2 of the lower-triangular L, |L| |L|^T formed in H (its upper
+    triangle, sum_{m <= q})."""
+    for q in range(p):
+        for q2 in range(p):
+            H[q, q2] = 0.0
+    for q in range(p):
+        for m2 in range(q + 1):
+            x = abs(L[q, m2])
+            for q2 in range(q, p):
+                H[q, q2] += x * abs(L[q2, m2])
+    sc = 0.0
+    for q in range(p):
+        sc += H[q, q] * H[q, q]
+        for q2 in range(q + 1, p):
+            sc += 2.0 * (H[q, q2] * H[q, q2])
+    return sc
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def farkas_enclosure_batch(D, Z, lam, bvec, eD, supp, k, K, ok, out):
+    """The compiled twin of :func:`attnsvm.svm.certificate.farkas_enclosure` (its plain
+    reference and definition; tests/test_svm_formulas.py holds the two equal on data):
+    the same bounds, each problem alone, its support (:func:`_enclosure_support`: supp,
+    k >= 0 for a candidate) in ascending (i, t) order, K the batch's largest support (the
+    reference pads every support to K: gamma_{K+4}, gamma_{K+6}, p K in the bounds).
+
+    D (B, n, T, d), Z (B, n, e), lam, bvec (B, n, T) (lam finite, 0 where invalid), eD (B,)
+    the data error.  ok (B,) bool <- proven; out (B, 4) <- (lambda_min bound, delta,
+    min lam on the support, sum lam b (1 - gamma_{K+1})) for the tests (NaN where no
+    candidate).  The sums run in another order than numpy's (independent accumulators,
+    contiguous inner loops): the bounds hold for any order (Higham's gamma_n per inner
+    product, Theorem 10.3 for the Cholesky factor, every norm inflated by 1 + 1e-8), so
+    the proof is the reference's; only the last bits of the numbers may differ."""
+    B = D.shape[0]
+    p = D.shape[3] * Z.shape[2]
+    Mt = np.zeros((K, p))  # row j: vec(A_j) of the j-th support point (zero-padded to K)
+    aMt = np.zeros((K, p))
+    r = np.empty(p)
+    er = np.empty(p)
+    G = np.empty((p, p))
+    H = np.empty((p, p))  # |M| |M|^T, then G^ - t I, then |L| |L|^T
+    L = np.empty((p, p))
+    Li = np.empty((p, p))
+    lk = np.empty(K)
+    bk = np.empty(K)
+    g1 = 1.01 * _gamma(K + 4)
+    g2 = 1.01 * _gamma(K + 6)
+    gc = _gamma(p + 1)
+    for b in range(B):
+        ok[b] = False
+        for q in range(4):
+            out[b, q] = np.nan
+        if k[b] < 0:
+            continue
+        j = _enclosure_gather(D, Z, lam, bvec, supp, b, Mt, aMt, lk, bk)
+        nr, slk, amax = _enclosure_residual(Mt, aMt, lk, eD[b], g1, r, er)
+        sg, fin = _enclosure_gram(Mt, aMt, G, H)
+        eG = (g2 * np.sqrt(sg) + 8.0 * eD[b] * K * p) + _ETA * p * K * (2 * amax + 2)
+        # t: half an estimate of lambda_min(G^) (1 / ||L0^-1||_F^2), not part of the proof
+        if not fin or not _chol_lower(G, L, p):
+            continue
+        tt = 0.5 / _inv_fro2(L, Li, p)
+        if not (math.isfinite(tt) and tt > 0.0):
+            continue
+        # the proof's factorisation: L L^T = G^ - t I + F, |F| <= gamma_{p+1} |L| |L|^T
+        dmax = 0.0
+        for q in range(p):
+            for q2 in range(p):
+                H[q, q2] = G[q, q2]
+            H[q, q] = G[q, q] - tt
+            dmax = max(dmax, abs(H[q, q]))
+        if not _chol_lower(H, L, p):
+            continue
+        eC = gc * np.sqrt(_abs_llt_fro2(L, H, p)) * (1 + 1e-8)
+        eA = _U * dmax * (1 + 1e-8)
+        lmin = (tt - eC - eA - eG * (1 + 1e-8)) * (1 - 4 * _U)
+        lo = np.inf
+        sb = 0.0
+        nb = 0.0
+        for jj in range(K):
+            if jj < j:
+                lo = min(lo, lk[jj])
+            sb += lk[jj] * bk[jj]
+            nb += bk[jj] * bk[jj]
+        sb *= 1 - _gamma(K + 1)
+        delta = nr / np.sqrt(lmin) * (1 + 1e-8) if lmin > 0 else np.inf
+        out[b, 0] = lmin
+        out[b, 1] = delta
+        out[b, 2] = lo
+        out[b, 3] = sb
+        ok[b] = lmin > 0 and delta < lo * (1 - 1e-8) and sb > np.sqrt(nb) * delta * (1 + 1e-8)
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def _chol_lower(A, L, p):
+    """L L^T = A (p x p) by the algorithm of :func:`attnsvm.svm.certificate._cholesky`
+    (r_jj = sqrt(a_jj - sum_k r_jk^2), r_ij = (a_ij - sum_k r_ik r_jk) / r_jj, each sum
+    subtracted term by term in the order of k), the updates column after column
+    (right-looking: contiguous rows); the strict upper triangle of L is 0.  False where a
+    pivot is not > 0 (or NaN).  A is left unchanged."""
+    for i in range(p):
+        for j in range(p):
+            L[i, j] = A[i, j] if j <= i else 0.0
+    for j in range(p):
+        s = L[j, j]
+        if not s > 0.0:
+            return False
+        dj = math.sqrt(s)
+        L[j, j] = dj
+        for i in range(j + 1, p):
+            L[i, j] /= dj
+        for i in range(j + 1, p):
+            x = L[i, j]
+            for i2 in range(j + 1, i + 1):
+                L[i, i2] -= x * L[i2, j]
+    return True

@@ -66,7 +66,7 @@ def farkas_verify(cs: ConstraintSet, lam: np.ndarray):
                                  which=np.asarray(screen)[None])
         ok, lam_x = ok[0], lam_x[0]
     else:  # (B,) batches (the engine's layout)
-        ok, lam_x = farkas_prove(cs, np.asarray(lam_n), which=screen)
+        ok, lam_x = farkas_prove(cs, np.asarray(lam_n), which=screen, kernels=K)
     bound = np.where(ok, np.inf, bound)
     lam_out = np.where(ok[..., None, None], lam_x, lam_n)
     return ok, bound, lam_out

@@ -355,9 +355,10 @@ def warmup() -> bool:
                           np.zeros((2, 2), np.int64), np.ones((2, 2, 3), bool),
                           np.zeros(2, np.int64), 50), tol=1e-6, irreducible=False)
     # (the batched path, fro_solve_batch)
-    cs = ConstraintSet(np.ones((1, 1, 2, 2)), np.ones((1, 1, 1)), np.ones((1, 1, 2), bool),
-                       np.ones((1, 1, 2)))
-    farkas_verify(cs, np.ones((1, 1, 2)))
+    cs = ConstraintSet(np.array([1.0, -1.0]).reshape(1, 1, 2, 1), np.ones((1, 1, 1)),
+                       np.ones((1, 1, 2), bool), np.ones((1, 1, 2)))
+    farkas_verify(cs, np.ones((1, 1, 2)))  # (w >= 1 and -w >= 1: the screen and the
+    # compiled enclosure, certificate.farkas_enclosure_compiled)
     active.kernels().margins_batch(  # the engine's margins (engine._margins)
         rng.standard_normal((1, 2, 3, 2)), rng.standard_normal((1, 2, 2)),
         np.ones((1, 2, 3), bool), np.ones((1, 2, 2)), np.empty((1, 2, 3)))
