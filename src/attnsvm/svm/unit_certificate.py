@@ -212,6 +212,7 @@ class UnitCore(NamedTuple):
     lower: float
     wmax: float
     n_constraints: int
+    wmin: float = math.nan  # the least nonzero |W_cf| (inf: none; NaN: not computed)
 
     def margins(self) -> np.ndarray:
         """(n, T) fro_sums' margins: m_k on the valid constraints, 0 elsewhere."""
@@ -260,7 +261,7 @@ def unit_one_core(D, Z, v, W, lam) -> UnitCore | None:
         return _unit_one_numpy(D, Z, v, W, lam)
     m0 = _einsum("nte,ne->nt", (D.reshape(n * T, d) @ W).reshape(n, T, e), Z)
     S = _einsum("it,itd->id", lam, D).T @ Z
-    plain, wmax, zmax, dmax, margin, nv, smax = K.unit_one_scan(D, Z, v, W, lam, m0, S)
+    plain, wmax, zmax, dmax, margin, nv, smax, wmin = K.unit_one_scan(D, Z, v, W, lam, m0, S)
     if not plain:  # (lam clipped: where(v, max(lam, 0), 0) changes a bit)
         if not math.isfinite(float(_sum(lam, None))):
             return None  # (lam not given: no gap, so never "optimal" here)
@@ -271,7 +272,7 @@ def unit_one_core(D, Z, v, W, lam) -> UnitCore | None:
     if not math.isfinite(lb_num):
         return None
     return _unit_one_rest(D, Z, v, W, lam, m0, None, S, wmax, zmax, dmax, margin, nv, smax,
-                          lb_num)
+                          lb_num, wmin)
 
 
 def _unit_one_numpy(D, Z, v, W, lam) -> UnitCore | None:
@@ -292,11 +293,12 @@ def _unit_one_numpy(D, Z, v, W, lam) -> UnitCore | None:
                           int(np.count_nonzero(v)), smax, float(_sum(lam, None)))
 
 
-def _unit_one_rest(D, Z, v, W, lam, m0, mv, S, wmax, zmax, dmax, margin, nv, smax, lb_num):
+def _unit_one_rest(D, Z, v, W, lam, m0, mv, S, wmax, zmax, dmax, margin, nv, smax, lb_num,
+                   wmin=math.nan):
     """:func:`unit_one_core` from its reductions: wmax, zmax, dmax, smax = max |W|, |Z|,
     |D|, |S| (S = sum_k lam_k A_k), margin = min_k m0_k over the valid, nv their count,
     lb_num = sum lam (lam clipped: >= 0, 0 where not valid), mv = where(v, m0, inf) or
-    None (formed where needed)."""
+    None (formed where needed), wmin (:class:`UnitCore`'s)."""
     n, T, d = D.shape
     e = Z.shape[1]
     # the proof: every margin >= 1 by the rounding-error bound, first for every k at
@@ -325,4 +327,4 @@ def _unit_one_rest(D, Z, v, W, lam, m0, mv, S, wmax, zmax, dmax, margin, nv, sma
     lower = lb_num / dn if dn > 0 and lb_num > 0 else 0.0
     upper = nrm / (margin if 0 < margin < 1 else 1.0)
     gap = max(upper - lower, 0.0) / lower if lower > 0 else math.inf
-    return UnitCore(lam, m0, mv, v, W, S, nrm, margin, viol, gap, lower, wmax, nv)
+    return UnitCore(lam, m0, mv, v, W, S, nrm, margin, viol, gap, lower, wmax, nv, wmin)
