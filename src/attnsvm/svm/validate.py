@@ -43,7 +43,9 @@ def as_mask(mask, shape: tuple[int, ...], name: str = "mask") -> np.ndarray:
     Accepts bool arrays and numeric 0/1 arrays; anything else (0.5, 2, NaN, strings)
     is refused.  A mask may be given without its leading batch dim (broadcast)."""
     if mask is None:
-        return np.ones(shape, bool)
+        m = np.empty(shape, bool)  # (np.ones without its Python wrapper)
+        m.fill(True)
+        return m
     m = np.asarray(as_numpy(mask, name))
     if m.dtype != np.bool_:
         if m.dtype == object or m.dtype.kind not in "iuf":
@@ -69,7 +71,8 @@ def as_alpha(alpha, shape: tuple[int, ...], T: int, valid: np.ndarray | None = N
     if a.shape != tuple(shape):
         raise ValueError(f"{name} must have shape {tuple(shape)} (one token index per "
                          f"sequence); got {a.shape}")
-    if a.size and not 0 <= np.minimum.reduce(a, None) <= np.maximum.reduce(a, None) < T:
+    if a.size and not np.maximum.reduce(a.view(np.uint64), None) < T:  # (one pass: a
+        # negative index reads as >= 2^63 in uint64; a is int64)
         bad = a[(a < 0) | (a >= T)][:5].tolist()
         raise ValueError(f"{name} out of range: token indices must lie in [0, {T - 1}]; "
                          f"got {bad}")
