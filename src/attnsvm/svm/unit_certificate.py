@@ -9,7 +9,8 @@ SVM), in one plain-numpy pass: the compiled fast path of the Frobenius strategy
 (:func:`certify_unit_one`: the single-problem path's, the same numbers with Python-float
 scalars in half the numpy calls, None where it proves nothing; :func:`unit_one_core`: its
 proof and the status numbers, the others, which decide nothing, computed where they are
-read: :class:`UnitCore`.)
+read: :class:`UnitCore`; with numba, its maxima, minima and counts (exact: one value
+whatever the order) from one compiled pass, its sums and products numpy's.)
 
 The same formulas as :func:`~attnsvm.svm.certificate.certify` (its numbers come from the
 same :func:`~attnsvm.svm.certificate.fro_sums`, so they are the engine's bit for bit), with
