@@ -187,7 +187,8 @@ def certify_unit_one(D: np.ndarray, Z: np.ndarray, v: np.ndarray, W: np.ndarray,
         if core is None:
             return None
         m = core.margins()
-        return UnitOne(core.lam, m, core.support(tol_active), core.norm, core.margin,
+        lc = core.lam.copy() if core.lam is lam else core.lam  # (not the caller's array)
+        return UnitOne(lc, m, core.support(tol_active), core.norm, core.margin,
                        core.violation, core.kkt(m), core.gap, core.lower, core.wmax,
                        core.n_constraints)
 
@@ -254,7 +255,8 @@ def unit_one_core(D, Z, v, W, lam) -> UnitCore | None:
     a bit) come from one compiled pass
     (:func:`attnsvm.svm._active_kernels.unit_one_scan`): comparisons only, so the same
     values as numpy's reductions here (tests/test_svm_lean.py holds both ways equal); the
-    sums and products that depend on their order are numpy's, as without numba."""
+    sums and products that depend on their order are numpy's, as without numba.  Where
+    the clipping changes nothing, :class:`UnitCore`'s lam is ``lam`` itself (no copy)."""
     n, T, d = D.shape
     e = Z.shape[1]
     K = _kernels()
