@@ -632,6 +632,125 @@ def test_unit_certificate_one_is_certify_unit():
     assert not certify_unit(D1[None], Z[None], v[None], W1[None], lam1[None], 1e-6).feasible[0]
 
 
+def _bits(x):
+    """x's float64 bits (arrays, Python floats): NaNs and signed zeros compared exactly."""
+    a = np.asarray(x, dtype=float)
+    return a.view(np.int64)
+
+
+def test_unit_one_core_compiled_reductions_are_numpys(monkeypatch):
+    """unit_one_core with numba (the exact reductions of one compiled pass,
+    _active_kernels.unit_one_scan) against its numpy definition (_unit_one_numpy): the
+    same verdict (None or not) and every number and array the same bits, deferred ones
+    included, on answers proven, refused and malformed (negative, -0.0, NaN or inf
+    multipliers, nonzero multipliers on invalid constraints, NaN margins, no valid
+    constraint); and the scan's reductions against numpy's on arrays with NaN, -0.0 and
+    inf entries."""
+    from attnsvm.svm import unit_certificate as uc
+
+    K = active.kernels()
+    rng = np.random.default_rng(41)
+    cases = []
+    for kind in ("planted", "random", "degenerate"):
+        cs, W, lam = _unit_answers(rng, kind)
+        for b in range(len(W)):
+            if np.isfinite(W[b]).all():
+                cases.append((cs.Delta[b], cs.Z[b], cs.valid[b], W[b], lam[b]))
+    D, Z, v, W, lam = cases[0]
+    for change in ("neg", "negzero", "nan", "inf", "invalid", "Wnan", "none", "W0"):
+        lt, Wt, vt = lam.copy(), W.copy(), v.copy()
+        k = tuple(np.argwhere(v)[0])
+        off = tuple(np.argwhere(~v)[0])
+        if change == "neg":
+            lt[k] = -0.5
+        elif change == "negzero":
+            lt[k] = -0.0
+        elif change == "nan":
+            lt[off] = np.nan
+        elif change == "inf":
+            lt[k] = np.inf
+        elif change == "invalid":
+            lt[off] = 0.25
+        elif change == "Wnan":
+            Wt[0, 0] = np.nan
+        elif change == "none":
+            vt[:] = False
+        else:
+            Wt[:] = 0.0
+        cases.append((D, Z, vt, Wt, lt))
+    proven = 0
+    with np.errstate(all="ignore"):
+        for D, Z, v, W, lam in cases:
+            got = uc.unit_one_core(D, Z, v, W, lam)
+            ref = uc._unit_one_numpy(D, Z, v, W, lam)
+            assert (got is None) == (ref is None)
+            if got is None:
+                continue
+            proven += 1
+            for f in ("lam", "m0", "v", "W", "S", "norm", "margin", "violation", "gap",
+                      "lower", "wmax", "n_constraints"):
+                x, y = getattr(got, f), getattr(ref, f)
+                assert type(x) is type(y) and np.array_equal(_bits(x), _bits(y)), f
+            assert np.array_equal(got.support(1e-6), ref.support(1e-6))
+            assert np.array_equal(_bits(got.margins()), _bits(ref.margins()))
+            assert _bits(got.kkt()) == _bits(ref.kkt())
+            nz = np.abs(W)[W != 0]
+            assert got.wmin == (nz.min() if nz.size else np.inf)
+        # the scan alone: numpy's reductions, NaN / -0.0 / inf entries included
+        for _ in range(200):
+            n, T, d, e = rng.integers(1, 5, 4)
+            D, Z, W, S = (rng.standard_normal(s) for s in ((n, T, d), (n, e), (d, e), (d, e)))
+            lam, m0 = rng.standard_normal((n, T)), rng.standard_normal((n, T))
+            v = rng.random((n, T)) < 0.7
+            for a in (D, Z, W, S, lam, m0):
+                r = rng.random(a.shape)
+                a[r < 0.05] = np.nan
+                a[(r > 0.05) & (r < 0.1)] = -0.0
+                a[(r > 0.1) & (r < 0.13)] = -np.inf
+            lam[rng.random((n, T)) < 0.5] = 0.0
+            plain, wmax, zmax, dmax, margin, nv, smax, wmin = K.unit_one_scan(
+                D, Z, v, W, lam, m0, S)
+            clip = np.where(v, np.maximum(lam, 0.0), 0.0)
+            assert plain == (np.isfinite(lam).all() and np.array_equal(_bits(clip), _bits(lam)))
+            for x, a in ((wmax, W), (zmax, Z), (dmax, D), (smax, S)):
+                assert _bits(x) == _bits(np.abs(a).max())
+            assert _bits(margin) == _bits(np.where(v, m0, np.inf).min())
+            assert nv == np.count_nonzero(v)
+            nz = np.abs(W)[(W != 0) & ~np.isnan(W)]
+            assert wmin == (nz.min() if nz.size else np.inf)
+    assert proven > 50
+
+
+def test_lean_scales_down_to_the_subnormal_range():
+    """Where W maps to the caller's units near float64's underflow (tokens at ~2^s, one
+    direction of them 2^-520 smaller: W_mm ~ 2^-s with a row ~ 2^(-520-s), subnormal from
+    s ~ 502), the fast path answers only where W maps back exactly (every nonzero entry
+    normal in the caller's units, or the round trip exact), else the engine decides: the
+    same answer as the engine's (or the same NotRepresentableError) at every scale."""
+    from attnsvm.svm.result import NotRepresentableError
+
+    rng = np.random.default_rng(8)
+    answered = refused = 0
+    for s in range(490, 512):
+        X, z, alpha, valid = instance(rng, 5, 4, 3, 3, "planted")
+        X = X * 2.0 ** s
+        X[:, :, 0] *= 2.0 ** -520  # (W's row 0 ~ 2^-520 of the others)
+        try:
+            ref = general(X, z, alpha, valid)
+        except NotRepresentableError:
+            ref = None
+        got = lean.att_svm_lean(X, z, alpha, valid, tol=1e-6)
+        if got is None:
+            refused += 1
+            if ref is not None:
+                same(att_svm(X, z, alpha, mask=valid), ref)
+            continue
+        answered += 1
+        assert ref is not None
+        same(got, ref)
+    assert answered and refused
+
+
 def test_entry_points_take_the_fast_path_of_the_strategy_row(monkeypatch):
     """att_svm, att_svm_batch and prompt_svm_batch reach the compiled path through the
     Frobenius row's fields (fast_single / fast_batch and their rules), not by name: the

@@ -1269,6 +1269,72 @@ def fro_single(X, z, alpha, valid, tol, small, max_iter, D, Zs, v, W, lam, mu, i
               np.empty((n, T)), info, _lean_work(n, T, d, z.shape[1]))
 
 
+@njit(cache=True, nogil=True, inline="always")
+def _abs_max(a, m):
+    """max(m, max |a_rc|) over a 2-d array a: np.abs(a).max() for m = 0 (NaN where an
+    entry is NaN; m >= 0 on entry)."""
+    for r in range(a.shape[0]):
+        for c in range(a.shape[1]):
+            x = abs(a[r, c])
+            if x != x:
+                return x
+            if x > m:
+                m = x
+    return m
+
+
+@njit(cache=True, nogil=True)
+def unit_one_scan(D, Z, v, W, lam, m0, S):
+    """The exact reductions of one problem's certificate
+    (:func:`attnsvm.svm.unit_certificate.unit_one_core`) in one pass: comparisons, absolute
+    values, maxima and minima only, which have one correctly defined result whatever the
+    order (the values of numpy's reductions, bit for bit).  D (n, T, d), Z (n, e), v (n, T)
+    bool, W (d, e), lam, m0 (n, T), S (d, e).  Returns (plain, wmax, zmax, dmax, margin,
+    nvalid, smax, wmin):
+
+    * plain: every lam_k finite, > 0 or +0.0 where v_k and +0.0 elsewhere (then
+      np.where(v, np.maximum(lam, 0), 0) is lam bit for bit);
+    * wmax, zmax, dmax, smax: max |W|, max |Z|, max |D|, max |S| (NaN where an entry is
+      NaN, as np.abs(a).max());
+    * margin: min of m0 over v (np.where(v, m0, inf).min(): inf where none is valid, NaN
+      where a valid one is NaN); nvalid: the count of v;
+    * wmin: the least nonzero |W_cf| (inf where there is none; NaN entries skipped)."""
+    n, T = v.shape
+    plain = True
+    margin = np.inf
+    nan = False
+    nvalid = 0
+    for i in range(n):
+        for t in range(T):
+            x = lam[i, t]
+            if v[i, t]:
+                nvalid += 1
+                if not (0.0 < x < np.inf or (x == 0.0 and math.copysign(1.0, x) > 0.0)):
+                    plain = False
+                m = m0[i, t]
+                if m != m:
+                    nan = True
+                elif m < margin:
+                    margin = m
+            elif not (x == 0.0 and math.copysign(1.0, x) > 0.0):
+                plain = False
+    if nan:
+        margin = np.nan
+    dmax = 0.0
+    for i in range(n):
+        dmax = _abs_max(D[i], dmax)
+        if dmax != dmax:
+            break
+    wmin = np.inf
+    for c in range(W.shape[0]):
+        for f in range(W.shape[1]):
+            x = abs(W[c, f])
+            if 0.0 < x < wmin:
+                wmin = x
+    return (plain, _abs_max(W, 0.0), _abs_max(Z, 0.0), dmax, margin, nvalid,
+            _abs_max(S, 0.0), wmin)
+
+
 _BIG = 1.7976931348623157e308  # np.nan_to_num's image of +inf
 
 

@@ -61,6 +61,7 @@ __all__ = ["att_svm_lean", "batch_lean", "applies", "batch_applies", "MAX_LEAN_N
 MAX_LEAN_N = active.GRAM_BLAS_N - 1  # n T up to which single problems take this path
 # (larger problems: the general engine, whose overhead is then small against the solve)
 _KEYS = (None, "auto", "active")  # the solver keys (strategy.solver_key) it stands for
+_MIN_NORMAL = 2.0 ** -1022  # the least normal float64
 
 
 def applies(n: int, T: int, key) -> bool:
@@ -135,9 +136,11 @@ def att_svm_lean(X: np.ndarray, z: np.ndarray, alpha: np.ndarray, valid: np.ndar
         # back exactly (then |Wu| = |W| 2^-k exactly: its largest entry is max |W| down)
         down = 2.0 ** -k
         Wu = W * down
-        if k > 0 and not np.logical_and.reduce(Wu * 2.0 ** k == W, None):
+        if k > 0 and not cert.wmin * down > _MIN_NORMAL and not np.logical_and.reduce(
+                Wu * 2.0 ** k == W, None):
             return None  # (entries underflow: the engine re-certifies or raises; k <= 0:
-            # W 2^-k is exact where max |W| 2^-k is finite, below)
+            # W 2^-k is exact where max |W| 2^-k is finite, below; fl(min |W_cf| 2^-k) >
+            # 2^-1022, the least nonzero entry of W: every product normal, so exact)
         if not (cert.wmax * down >= MIN_REPRESENTABLE or cert.wmax == 0.0) or not (
                 cert.wmax * down < math.inf):
             return None  # (not representable: the engine raises NotRepresentableError)

@@ -9,7 +9,8 @@ SVM), in one plain-numpy pass: the compiled fast path of the Frobenius strategy
 (:func:`certify_unit_one`: the single-problem path's, the same numbers with Python-float
 scalars in half the numpy calls, None where it proves nothing; :func:`unit_one_core`: its
 proof and the status numbers, the others, which decide nothing, computed where they are
-read: :class:`UnitCore`.)
+read: :class:`UnitCore`; with numba, its maxima, minima and counts (exact: one value
+whatever the order) from one compiled pass, its sums and products numpy's.)
 
 The same formulas as :func:`~attnsvm.svm.certificate.certify` (its numbers come from the
 same :func:`~attnsvm.svm.certificate.fro_sums`, so they are the engine's bit for bit), with
@@ -38,7 +39,14 @@ from typing import NamedTuple
 
 import numpy as np
 
+from .active import kernels as _kernels
 from .certificate import SLACK, Certificate, _margin_err, fro_sums
+
+try:  # np.einsum's own kernel (what it calls without ``optimize``: the same bits) without
+    # its Python wrapper, which costs as much as a small contraction
+    from numpy._core._multiarray_umath import c_einsum as _einsum
+except ImportError:  # (numpy < 2)
+    _einsum = np.einsum
 
 __all__ = ["certify_unit", "certify_unit_one", "UnitOne", "UnitCore", "unit_one_core"]
 
@@ -150,7 +158,7 @@ def _fro(A: np.ndarray, m: float) -> float:
     """:func:`~attnsvm.svm.certificate.fro_norm` of one matrix A (finite) with m = max |A|,
     the same operations on the same numbers (m sqrt(sum (A / m)^2)), so the same bits."""
     A1 = A / m if m > 0 else A  # (A / 1.0 = A)
-    return m * math.sqrt(float(np.einsum("ij,ij->", A1, A1)))
+    return m * math.sqrt(float(_einsum("ij,ij->", A1, A1)))
 
 
 def certify_unit_one(D: np.ndarray, Z: np.ndarray, v: np.ndarray, W: np.ndarray,
@@ -179,7 +187,8 @@ def certify_unit_one(D: np.ndarray, Z: np.ndarray, v: np.ndarray, W: np.ndarray,
         if core is None:
             return None
         m = core.margins()
-        return UnitOne(core.lam, m, core.support(tol_active), core.norm, core.margin,
+        lc = core.lam.copy() if core.lam is lam else core.lam  # (not the caller's array)
+        return UnitOne(lc, m, core.support(tol_active), core.norm, core.margin,
                        core.violation, core.kkt(m), core.gap, core.lower, core.wmax,
                        core.n_constraints)
 
@@ -194,7 +203,7 @@ class UnitCore(NamedTuple):
 
     lam: np.ndarray  # (n, T) the multipliers, >= 0, 0 where not valid
     m0: np.ndarray  # (n, T) D_k^T W z_k on every (n, T) (the valid ones: the margins)
-    mv: np.ndarray  # (n, T) m0 where valid, inf elsewhere
+    mv: np.ndarray | None  # (n, T) m0 where valid, inf elsewhere (None: formed where read)
     v: np.ndarray  # (n, T) bool
     W: np.ndarray  # (d, e)
     S: np.ndarray  # (d, e) sum_k lam_k A_k
@@ -205,6 +214,7 @@ class UnitCore(NamedTuple):
     lower: float
     wmax: float
     n_constraints: int
+    wmin: float = math.nan  # the least nonzero |W_cf| (inf: none; NaN: not computed)
 
     def margins(self) -> np.ndarray:
         """(n, T) fro_sums' margins: m_k on the valid constraints, 0 elsewhere."""
@@ -212,7 +222,8 @@ class UnitCore(NamedTuple):
 
     def support(self, tol_active: float) -> np.ndarray:
         """(n, T) bool, certify_unit's support: valid, m_k <= 1 + tol_active."""
-        return self.mv <= 1.0 + tol_active
+        mv = np.where(self.v, self.m0, np.inf) if self.mv is None else self.mv
+        return mv <= 1.0 + tol_active
 
     def kkt(self, m: np.ndarray | None = None) -> float:
         """The KKT residual max(||W - S||_F / ||W||, max_k |lam_k (m_k - 1)| / ||W||^2)
@@ -237,26 +248,74 @@ def unit_one_core(D, Z, v, W, lam) -> UnitCore | None:
     """The proof and the status numbers of :func:`certify_unit_one` (its arguments; None
     where it gives None), the rest deferred (:class:`UnitCore`); without its
     ``np.errstate``: the caller holds every floating-point warning off (over, invalid,
-    under, divide)."""
+    under, divide).
+
+    With numba, the exact reductions (the maxima of |W|, |z|, |Delta|, |S|, the least
+    valid margin, the count of valid constraints, and whether the clipping of lam changes
+    a bit) come from one compiled pass
+    (:func:`attnsvm.svm._active_kernels.unit_one_scan`): comparisons only, so the same
+    values as numpy's reductions here (tests/test_svm_lean.py holds both ways equal); the
+    sums and products that depend on their order are numpy's, as without numba.  Where
+    the clipping changes nothing, :class:`UnitCore`'s lam is ``lam`` itself (no copy)."""
+    n, T, d = D.shape
+    e = Z.shape[1]
+    K = _kernels()
+    if K is None:
+        return _unit_one_numpy(D, Z, v, W, lam)
+    m0 = _einsum("nte,ne->nt", (D.reshape(n * T, d) @ W).reshape(n, T, e), Z)
+    S = _einsum("it,itd->id", lam, D).T @ Z
+    plain, wmax, zmax, dmax, margin, nv, smax, wmin = K.unit_one_scan(D, Z, v, W, lam, m0, S)
+    if not plain:  # (lam clipped: where(v, max(lam, 0), 0) changes a bit)
+        if not math.isfinite(float(_sum(lam, None))):
+            return None  # (lam not given: no gap, so never "optimal" here)
+        lam = np.where(v, np.maximum(lam, 0.0), 0.0)
+        S = _einsum("it,itd->id", lam, D).T @ Z
+        smax = float(_max(np.abs(S), None))
+    lb_num = float(_sum(lam, None))  # (plain: sum(lam) itself, the check above)
+    if not math.isfinite(lb_num):
+        return None
+    return _unit_one_rest(D, Z, v, W, lam, m0, None, S, wmax, zmax, dmax, margin, nv, smax,
+                          lb_num, wmin)
+
+
+def _unit_one_numpy(D, Z, v, W, lam) -> UnitCore | None:
+    """:func:`unit_one_core` in numpy alone (without numba: the definition)."""
     n, T, d = D.shape
     e = Z.shape[1]
     if not math.isfinite(float(_sum(lam, None))):
         return None  # (lam not given: no gap, so never "optimal" here)
     lam = np.where(v, np.maximum(lam, 0.0), 0.0)
-    m0 = np.einsum("nte,ne->nt", (D.reshape(n * T, d) @ W).reshape(n, T, e), Z)
+    m0 = _einsum("nte,ne->nt", (D.reshape(n * T, d) @ W).reshape(n, T, e), Z)
     mv = np.where(v, m0, np.inf)  # (the valid ones; inf elsewhere)
+    wmax, zmax = float(_max(np.abs(W), None)), float(_max(np.abs(Z), None))
+    margin = float(_min(mv, None))
+    dmax = float(_max(np.abs(D), None))
+    S = _einsum("it,itd->id", lam, D).T @ Z
+    smax = float(_max(np.abs(S), None))
+    return _unit_one_rest(D, Z, v, W, lam, m0, mv, S, wmax, zmax, dmax, margin,
+                          int(np.count_nonzero(v)), smax, float(_sum(lam, None)))
+
+
+def _unit_one_rest(D, Z, v, W, lam, m0, mv, S, wmax, zmax, dmax, margin, nv, smax, lb_num,
+                   wmin=math.nan):
+    """:func:`unit_one_core` from its reductions: wmax, zmax, dmax, smax = max |W|, |Z|,
+    |D|, |S| (S = sum_k lam_k A_k), margin = min_k m0_k over the valid, nv their count,
+    lb_num = sum lam (lam clipped: >= 0, 0 where not valid), mv = where(v, m0, inf) or
+    None (formed where needed), wmin (:class:`UnitCore`'s)."""
+    n, T, d = D.shape
+    e = Z.shape[1]
     # the proof: every margin >= 1 by the rounding-error bound, first for every k at
     # once with E_k <= d e max|D| max|W| max|z| (Python floats: fl(m^_k - 1) >=
     # fl(min_k m^_k - 1), rounding is monotone), where that leaves a margin undecided
     # with E_k itself (certify_unit's)
-    aW, aZ, aD = np.abs(W), np.abs(Z), np.abs(D)
-    wmax, zmax = float(_max(aW, None)), float(_max(aZ, None))
     wz = 2.0 * (d * e) * wmax * zmax  # (>= sum_cf |W_cf| |z_if|, every i)
     under = (wz, 2.0 * e * zmax, d, e)
-    margin = float(_min(mv, None))
-    Emax = (d * e) * float(_max(aD, None)) * wmax * zmax
+    Emax = (d * e) * dmax * wmax * zmax
     if not margin - 1.0 >= _margin_err(Emax, *under) * SLACK:
-        E = np.einsum("nte,ne->nt", (aD.reshape(n * T, d) @ aW).reshape(n, T, e), aZ)
+        if mv is None:
+            mv = np.where(v, m0, np.inf)
+        E = _einsum("nte,ne->nt",
+                    (np.abs(D).reshape(n * T, d) @ np.abs(W)).reshape(n, T, e), np.abs(Z))
         if not float(_min((mv - 1.0) - _margin_err(E, *under) * SLACK, None)) >= 0.0:
             return None
     if not (Emax <= 2.0 ** 1000 or math.isfinite(float(_max(np.where(v, m0, 0.0), None)))):
@@ -267,12 +326,8 @@ def unit_one_core(D, Z, v, W, lam) -> UnitCore | None:
         return None
     # the numbers (certificate.fro_sums with b_k = 1, certify_unit)
     viol = max(1.0 - margin, 0.0)
-    lb_num = float(_sum(lam, None))
-    S = np.einsum("it,itd->id", lam, D).T @ Z
-    smax = float(_max(np.abs(S), None))
     dn = _fro(S, smax) if math.isfinite(smax) else math.inf
     lower = lb_num / dn if dn > 0 and lb_num > 0 else 0.0
     upper = nrm / (margin if 0 < margin < 1 else 1.0)
     gap = max(upper - lower, 0.0) / lower if lower > 0 else math.inf
-    return UnitCore(lam, m0, mv, v, W, S, nrm, margin, viol, gap, lower, wmax,
-                    int(np.count_nonzero(v)))
+    return UnitCore(lam, m0, mv, v, W, S, nrm, margin, viol, gap, lower, wmax, nv, wmin)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .. import norms as _norms
 from .._validation import Interval, as_array, as_numpy, check_param
 from .._validation import as_int_array as _int_array
 
@@ -42,7 +43,9 @@ def as_mask(mask, shape: tuple[int, ...], name: str = "mask") -> np.ndarray:
     Accepts bool arrays and numeric 0/1 arrays; anything else (0.5, 2, NaN, strings)
     is refused.  A mask may be given without its leading batch dim (broadcast)."""
     if mask is None:
-        return np.ones(shape, bool)
+        m = np.empty(shape, bool)  # (np.ones without its Python wrapper)
+        m.fill(True)
+        return m
     m = np.asarray(as_numpy(mask, name))
     if m.dtype != np.bool_:
         if m.dtype == object or m.dtype.kind not in "iuf":
@@ -68,12 +71,13 @@ def as_alpha(alpha, shape: tuple[int, ...], T: int, valid: np.ndarray | None = N
     if a.shape != tuple(shape):
         raise ValueError(f"{name} must have shape {tuple(shape)} (one token index per "
                          f"sequence); got {a.shape}")
-    if a.size and not 0 <= np.minimum.reduce(a, None) <= np.maximum.reduce(a, None) < T:
+    if a.size and not np.maximum.reduce(a.view(np.uint64), None) < T:  # (one pass: a
+        # negative index reads as >= 2^63 in uint64; a is int64)
         bad = a[(a < 0) | (a >= T)][:5].tolist()
         raise ValueError(f"{name} out of range: token indices must lie in [0, {T - 1}]; "
                          f"got {bad}")
-    if valid is not None and a.size and not np.logical_and.reduce(valid, None):  # (all valid:
-        # no token is masked)
+    if valid is not None and a.size and np.count_nonzero(valid) != valid.size:  # (all valid:
+        # no token is masked; count_nonzero: the fastest reduction of a bool array)
         ok = (valid[np.arange(a.size), a] if a.ndim == 1 and valid.ndim == 2 else
               np.take_along_axis(valid, a[..., None], -1)[..., 0])
         if not np.logical_and.reduce(ok, None):
@@ -146,9 +150,11 @@ def resolve_alpha(alpha, X: np.ndarray, valid: np.ndarray, y=None, v=None,
 
 def as_norm(norm):
     """The :class:`attnsvm.norms.Norm` of a name / number / Norm (ValueError if unknown)."""
-    from ..norms import get_norm
-
-    return get_norm(norm)
+    if type(norm) is str:  # (the common case: a registered name as given, what get_norm
+        N = _norms._ALIASES.get(norm)  # finds for it first)
+        if N is not None:
+            return N
+    return _norms.get_norm(norm)
 
 
 def as_tol(tol, name: str = "tol") -> float:
