@@ -360,6 +360,12 @@ _MEMORY_MODEL = {"torch": "torch", "fused-gradient": "torch", "fused": "fused",
 #: B = 5000, d = 32: 30.6-34.1 P measured, 29.0 P predicted before). The fused engines:
 #: the start's row chunks only (Prompt, B = 5000: 7.8 P measured against 19.5 P predicted)
 _ROW_COPIES = {"torch": 16, "torch-rows": 16, "fused": 12, "fused-cuda": 12}
+#: copies of one trial's W (model.w_shape) that the step forms for each trial of its
+#: batch, besides the returned W, by memory model: the torch engine's checks form W of a
+#: factorised model (Model.finite; DiagModel its diagonal only) and its records the
+#: norms of W, both one row chunk at a time ("torch-rows": the largest chunk's trials);
+#: the fused engines check and record W inside the kernel (none)
+_W_COPIES = {"torch": 1, "torch-rows": 1, "fused": 0, "fused-cuda": 0}
 #: (B, n, Q, d) temporaries of the objective (W z_iq and sum_t dL/da_iqt x_it): with
 #: _ROW_COPIES, the size of the fused start's row chunks (train._train_one)
 _QUERY_COPIES = 2
@@ -383,12 +389,13 @@ def train_memory(model, tdata, B: int, chunk: int | None = None, engine: str = "
     run = min(B, chunk or B)
     item = torch.empty((), dtype=dtype).element_size()
     mem = _MEMORY_MODEL[engine]
+    share = 1.0  # the share of the trials whose temporaries are held at once
     if engine == "torch" and rows is not False:
-        many = len(row_chunks({"p": torch.empty((run, P), dtype=dtype, device="meta")})) > 1
-        mem = "torch-rows" if many and rows_apply(model) else mem
+        chunks = row_chunks({"p": torch.empty((run, P), dtype=dtype, device="meta")})
+        if len(chunks) > 1 and rows_apply(model):
+            mem, share = "torch-rows", max(b - a for a, b in chunks) / run
     Wout = math.prod(model.w_shape) if getattr(model, "factorised", False) else 0
-    # the torch engine's checks form W itself of a factorised model (Model.finite)
-    Wstep = Wout if mem in ("torch", "torch-rows") else 0
+    Wstep = _W_COPIES[mem] * share * Wout
     step = item * run * (_PARAM_COPIES[mem] * P + _ROW_COPIES[mem] * n * Q * T + Wstep)
     return step + item * B * Wout + (item * B * P if run < B else 0.0)
 
@@ -804,7 +811,9 @@ def train(model: AttentionModel, data, loss=None, optimizer: Optimizer | None = 
         model, tdata, lossf, optimizer, engine, batch_size=bs, autograd=autograd)[0],
         rows=False if autograd or bs is not None else None)
     params = _init_params(model, init, B, seed, scale, device, dtype)
-    if not bool(model.finite(params).all()):
+    # (a row chunk at a time: W of a factorised model is formed one chunk's at once)
+    if not all(bool(model.finite({kk: v[a:b] for kk, v in params.items()}).all())
+               for a, b in row_chunks(params)):
         raise ValueError("the initial parameters overflow float64 in W (e.g. K Q^T): start smaller")
     if chunk is not None and chunk < B:
         traj = _train_chunked(
