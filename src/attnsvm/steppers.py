@@ -125,11 +125,10 @@ def run_segments(stepper: Stepper, steps: int, every: int, record: Callable[[int
 #: checks in row chunks of the trials once the parameters exceed CHUNK_MIN_BYTES: at most
 #: STEP_CHUNKS chunks of at least CHUNK_MIN_BYTES of parameters each
 #: (:meth:`TorchStepper._evaluate_rows`; memory: docs of ``attnsvm.train.train_memory``).
-#: 32 chunks, not 8: a chunk's temporaries (KQ: G, the two gradients, the ridge terms,
-#: 2.5 of its parameters) are a 32nd of the parameters (measured, KQ at B = 2e4, d = 32:
-#: the torch-held peak 2.36 -> 2.15 P; the step's time unchanged, a chunk >= 4 MiB)
+#: (More chunks would hold fewer temporaries, but a chunk's batched reductions may round
+#: the last bit of L otherwise: the chunks are part of a run's bits.)
 CHUNK_MIN_BYTES = 4 << 20
-STEP_CHUNKS = 32
+STEP_CHUNKS = 8
 
 
 def row_chunks(params: dict) -> list[tuple[int, int]]:

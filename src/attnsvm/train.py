@@ -347,7 +347,7 @@ def _short(value) -> str:
 #: peak / this model: KQ 0.71-0.87, W 0.68-0.79, Diag 0.83-0.86, Prompt 0.70-0.77);
 #: "fused-cuda": the initial parameters, the kernel's trial-minor copy and its workspace
 #: (not measured on a GPU: the earlier three copies kept). Optimiser state comes on top.
-_PARAM_COPIES = {"torch": 4, "torch-rows": 3.5, "fused": 1.5, "fused-cuda": 3}
+_PARAM_COPIES = {"torch": 4, "torch-rows": 2.5, "fused": 1.5, "fused-cuda": 3}
 #: the memory model of each engine that runs (attnsvm.steppers.select_engine): the fused
 #: gradient updates in torch (without row chunks)
 _MEMORY_MODEL = {"torch": "torch", "fused-gradient": "torch", "fused": "fused",
@@ -359,7 +359,7 @@ _MEMORY_MODEL = {"torch": "torch", "fused-gradient": "torch", "fused": "fused",
 #: itself in their finiteness checks, one (B, d, d) more (tests/test_train_memory.py, Diag,
 #: B = 5000, d = 32: 30.6-34.1 P measured, 29.0 P predicted before). The fused engines:
 #: the start's row chunks only (Prompt, B = 5000: 7.8 P measured against 19.5 P predicted)
-_ROW_COPIES = {"torch": 16, "torch-rows": 16, "fused": 12, "fused-cuda": 12}
+_ROW_COPIES = {"torch": 20, "torch-rows": 24, "fused": 12, "fused-cuda": 12}
 #: copies of one trial's W (model.w_shape) that the step forms for each trial of its
 #: batch, besides the returned W, by memory model: the torch engine's checks form W of a
 #: factorised model (Model.finite; DiagModel its diagonal only) and its records the
