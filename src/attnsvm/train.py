@@ -338,8 +338,11 @@ def _short(value) -> str:
 #: engine's full-batch closed-form step in row chunks of trials (attnsvm.steppers.
 #: evaluate_rows, from 2 CHUNK_MIN_BYTES of parameters): the parameters and the gradient
 #: (written into the previous parameters' buffers once each chunk's undo check has read
-#: them), a chunk's temporaries and glibc's heap (measured W 2.2-3.9, KQ 2.3-2.6 with the
-#: logits-sized terms; 2.4-2.5 (W) with glibc's mmap threshold pinned); "fused": the
+#: them), a chunk's temporaries and glibc's heap (profiled, KQ at B = 2e4, d = 32: the
+#: bytes torch holds peak at 2.36 P, the parameters, the start's gradient, a chunk's G,
+#: gradients and ridge terms (0.25 P) and the data's caches; the resident peak adds the
+#: heap glibc keeps: 1.39-1.47 (X + P) = 2.43-2.57 P over 5 fresh processes, with the
+#: 24 logits-sized terms below: predicted 2.07 (X + P)); "fused": the
 #: run's initial parameters, which become the kernel's slots (no copy; the start's
 #: gradient is checked a row chunk at a time, not kept), and the start's row chunks'
 #: temporaries with the heap glibc keeps of them (measured up to 1.19 copies above the
@@ -358,7 +361,11 @@ _MEMORY_MODEL = {"torch": "torch", "fused-gradient": "torch", "fused": "fused",
 #: 4 P (the 12 assumed before let it through); its factorised models (KQ, Diag) also form W
 #: itself in their finiteness checks, one (B, d, d) more (tests/test_train_memory.py, Diag,
 #: B = 5000, d = 32: 30.6-34.1 P measured, 29.0 P predicted before). The fused engines:
-#: the start's row chunks only (Prompt, B = 5000: 7.8 P measured against 19.5 P predicted)
+#: the start's row chunks only (Prompt, B = 5000: 7.8 P measured against 19.5 P predicted).
+#: Re-measured (5 fresh processes each, B = 2e4, d = 32, units X + P, predicted in
+#: brackets): Prompt ("torch", one chunk) 0.37-0.61 [0.69; 0.57 with 16, let 0.61
+#: through]; "torch-rows" (its heap slack: W 0.91-1.33 [1.45], KQ 1.39-1.47 [2.07],
+#: Diag 0.93-1.22 [1.78])
 _ROW_COPIES = {"torch": 20, "torch-rows": 24, "fused": 12, "fused-cuda": 12}
 #: copies of one trial's W (model.w_shape) that the step forms for each trial of its
 #: batch, besides the returned W, by memory model: the torch engine's checks form W of a
@@ -375,8 +382,9 @@ def train_memory(model, tdata, B: int, chunk: int | None = None, engine: str = "
                  dtype=torch.float64, rows: bool | None = None) -> float:
     """The bytes a run of ``train`` needs above its data (the pre-run memory check's
     model): per trial running at once (``chunk``), ``_PARAM_COPIES[engine]`` copies of
-    the parameters and ``_ROW_COPIES[engine]`` of the logits (B, n, Q, T) (the torch engine:
-    and one W of a factorised model, which its checks form); with chunks, the
+    the parameters, ``_ROW_COPIES[engine]`` of the logits (B, n, Q, T) and, for a
+    factorised model, ``_W_COPIES[engine]`` of W for the trials of a row chunk (the torch
+    engine's checks and records form it); with chunks, the
     initial parameters of all B trials on top; for a factorised model (W a product of the parameters: KQ, Diag), the
     returned W (B, *w_shape) of all B trials. engine: the one that runs
     (:func:`attnsvm.steppers.select_engine`: "torch", "fused-gradient", "fused",
