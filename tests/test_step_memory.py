@@ -169,3 +169,45 @@ def test_memory_model_takes_the_row_chunks_when_they_run():
     per = lambda B, **kw: train_memory(model, t, B, **kw) / B  # noqa: E731
     assert per(big) < per(small)
     assert per(big, rows=False) == pytest.approx(per(small))
+
+
+@pytest.mark.parametrize("name", ["W", "KQ"])
+def test_stall_check_in_row_chunks_stops_the_unchanged_trials(name, monkeypatch):
+    """The full stall check a row chunk at a time (no parameter-sized bool temporary):
+    trials whose step is below float64's resolution (lr 1e-300 against entries ~0.1)
+    stop at step 0 with "no change in float64", exactly those, in the chunked run as in
+    the one-batch run (W: the quick sums send the step to the full checks; KQ: a
+    factorised model always takes them)."""
+    d, B = 5, 23
+    dat = D.random_sphere(n=4, T=3, d=d, seed=2, batch=B)
+    lr = torch.full((B, 1, 1), 0.1, dtype=torch.float64)
+    lr[1::4] = 1e-300
+    one = _run(CASES[name](d), dat, ngd(lr))
+    with monkeypatch.context() as mp:
+        per = 8 * sum(int(np.prod(s)) for s in CASES[name](d).param_shapes().values())
+        mp.setattr(steppers, "CHUNK_MIN_BYTES", 2 * per)
+        assert len(steppers.row_chunks({"p": torch.empty((B, per // 8))})) >= 3
+        rows = _run(CASES[name](d), dat, ngd(lr))
+    _same(one, rows)
+    stalled = np.arange(B) % 4 == 1
+    assert (rows.stop_reason[stalled] == "no change in float64").all()
+    assert (rows.stop_step[stalled] == 0).all() and (rows.stop_reason[~stalled] == "").all()
+
+
+def test_diag_finite_checks_w_by_its_diagonal():
+    """DiagModel.finite checks k, q and W's diagonal k q, not a (B, d, d) W: the answer of
+    the plain check on k, q and W = diag(k q) itself, with overflowing products (k q =
+    inf), NaN ones (inf * 0) and NaN / inf factors planted."""
+    model = M.DiagModel(4)
+    p = model.init(8, seed=0)
+    k, q = p["k"], p["q"]
+    k[1, 0], q[1, 0] = 1e200, 1e200  # k q overflows, k and q finite
+    k[2, 1], q[2, 1] = float("inf"), 0.0  # inf * 0: NaN in W
+    k[3, 2] = float("nan")
+    q[4, 3] = -float("inf")
+    k[5, 0], q[5, 0] = 1e150, 1e150  # large, finite
+    W = torch.diag_embed(k * q)
+    plain = torch.stack([torch.isfinite(t.reshape(8, -1)).all(1) for t in (k, q, W)]).all(0)
+    got = model.finite(p)
+    assert torch.equal(got, plain)
+    assert got.tolist() == [True, False, False, False, False, True, True, True]

@@ -124,7 +124,9 @@ def run_segments(stepper: Stepper, steps: int, every: int, record: Callable[[int
 #: the torch engine's full-batch step (closed-form gradient) runs its objective and its
 #: checks in row chunks of the trials once the parameters exceed CHUNK_MIN_BYTES: at most
 #: STEP_CHUNKS chunks of at least CHUNK_MIN_BYTES of parameters each
-#: (:meth:`TorchStepper._evaluate_rows`; memory: docs of ``attnsvm.train.train_memory``)
+#: (:meth:`TorchStepper._evaluate_rows`; memory: docs of ``attnsvm.train.train_memory``).
+#: (More chunks would hold fewer temporaries, but a chunk's batched reductions may round
+#: the last bit of L otherwise: the chunks are part of a run's bits.)
 CHUNK_MIN_BYTES = 4 << 20
 STEP_CHUNKS = 8
 
@@ -404,11 +406,12 @@ class TorchStepper(Stepper):
             if stops.stop(~fin, t, "non-finite step"):
                 self.all_active = False
             if self.check_stall:
-                B = stops.active.shape[0]
                 # all(1) of a bool as the min of its bytes: the same answer, a vectorised
-                # reduction (bool all(1) over short rows was measured 4x slower)
-                same = torch.stack([(new[k] == v).reshape(B, -1).view(torch.uint8).amin(1)
-                                    for k, v in params.items()]).amin(0).bool()
+                # reduction (bool all(1) over short rows was measured 4x slower); a row
+                # chunk at a time (memory: no parameter-sized bool temporary)
+                same = torch.cat([torch.stack([
+                    (new[k][a:b] == v[a:b]).reshape(b - a, -1).view(torch.uint8).amin(1)
+                    for k, v in params.items()]).amin(0) for a, b in self.rows]).bool()
                 if stops.stop(same, t, "no change in float64"):
                     self.all_active = False
         self.prev, self.prev_state = params, self.state

@@ -338,8 +338,11 @@ def _short(value) -> str:
 #: engine's full-batch closed-form step in row chunks of trials (attnsvm.steppers.
 #: evaluate_rows, from 2 CHUNK_MIN_BYTES of parameters): the parameters and the gradient
 #: (written into the previous parameters' buffers once each chunk's undo check has read
-#: them), a chunk's temporaries and glibc's heap (measured W 2.2-3.9, KQ 2.3-2.6 with the
-#: logits-sized terms; 2.4-2.5 (W) with glibc's mmap threshold pinned); "fused": the
+#: them), a chunk's temporaries and glibc's heap (profiled, KQ at B = 2e4, d = 32: the
+#: bytes torch holds peak at 2.36 P, the parameters, the start's gradient, a chunk's G,
+#: gradients and ridge terms (0.25 P) and the data's caches; the resident peak adds the
+#: heap glibc keeps: 1.39-1.47 (X + P) = 2.43-2.57 P over 5 fresh processes, with the
+#: 24 logits-sized terms below: predicted 2.07 (X + P)); "fused": the
 #: run's initial parameters, which become the kernel's slots (no copy; the start's
 #: gradient is checked a row chunk at a time, not kept), and the start's row chunks'
 #: temporaries with the heap glibc keeps of them (measured up to 1.19 copies above the
@@ -347,7 +350,7 @@ def _short(value) -> str:
 #: peak / this model: KQ 0.71-0.87, W 0.68-0.79, Diag 0.83-0.86, Prompt 0.70-0.77);
 #: "fused-cuda": the initial parameters, the kernel's trial-minor copy and its workspace
 #: (not measured on a GPU: the earlier three copies kept). Optimiser state comes on top.
-_PARAM_COPIES = {"torch": 4, "torch-rows": 3.5, "fused": 1.5, "fused-cuda": 3}
+_PARAM_COPIES = {"torch": 4, "torch-rows": 2.5, "fused": 1.5, "fused-cuda": 3}
 #: the memory model of each engine that runs (attnsvm.steppers.select_engine): the fused
 #: gradient updates in torch (without row chunks)
 _MEMORY_MODEL = {"torch": "torch", "fused-gradient": "torch", "fused": "fused",
@@ -358,8 +361,18 @@ _MEMORY_MODEL = {"torch": "torch", "fused-gradient": "torch", "fused": "fused",
 #: 4 P (the 12 assumed before let it through); its factorised models (KQ, Diag) also form W
 #: itself in their finiteness checks, one (B, d, d) more (tests/test_train_memory.py, Diag,
 #: B = 5000, d = 32: 30.6-34.1 P measured, 29.0 P predicted before). The fused engines:
-#: the start's row chunks only (Prompt, B = 5000: 7.8 P measured against 19.5 P predicted)
-_ROW_COPIES = {"torch": 16, "torch-rows": 16, "fused": 12, "fused-cuda": 12}
+#: the start's row chunks only (Prompt, B = 5000: 7.8 P measured against 19.5 P predicted).
+#: Re-measured (5 fresh processes each, B = 2e4, d = 32, units X + P, predicted in
+#: brackets): Prompt ("torch", one chunk) 0.37-0.61 [0.69; 0.57 with 16, let 0.61
+#: through]; "torch-rows" (its heap slack: W 0.91-1.33 [1.45], KQ 1.39-1.47 [2.07],
+#: Diag 0.93-1.22 [1.78])
+_ROW_COPIES = {"torch": 20, "torch-rows": 24, "fused": 12, "fused-cuda": 12}
+#: copies of one trial's W (model.w_shape) that the step forms for each trial of its
+#: batch, besides the returned W, by memory model: the torch engine's checks form W of a
+#: factorised model (Model.finite; DiagModel its diagonal only) and its records the
+#: norms of W, both one row chunk at a time ("torch-rows": the largest chunk's trials);
+#: the fused engines check and record W inside the kernel (none)
+_W_COPIES = {"torch": 1, "torch-rows": 1, "fused": 0, "fused-cuda": 0}
 #: (B, n, Q, d) temporaries of the objective (W z_iq and sum_t dL/da_iqt x_it): with
 #: _ROW_COPIES, the size of the fused start's row chunks (train._train_one)
 _QUERY_COPIES = 2
@@ -369,8 +382,9 @@ def train_memory(model, tdata, B: int, chunk: int | None = None, engine: str = "
                  dtype=torch.float64, rows: bool | None = None) -> float:
     """The bytes a run of ``train`` needs above its data (the pre-run memory check's
     model): per trial running at once (``chunk``), ``_PARAM_COPIES[engine]`` copies of
-    the parameters and ``_ROW_COPIES[engine]`` of the logits (B, n, Q, T) (the torch engine:
-    and one W of a factorised model, which its checks form); with chunks, the
+    the parameters, ``_ROW_COPIES[engine]`` of the logits (B, n, Q, T) and, for a
+    factorised model, ``_W_COPIES[engine]`` of W for the trials of a row chunk (the torch
+    engine's checks and records form it); with chunks, the
     initial parameters of all B trials on top; for a factorised model (W a product of the parameters: KQ, Diag), the
     returned W (B, *w_shape) of all B trials. engine: the one that runs
     (:func:`attnsvm.steppers.select_engine`: "torch", "fused-gradient", "fused",
@@ -383,12 +397,13 @@ def train_memory(model, tdata, B: int, chunk: int | None = None, engine: str = "
     run = min(B, chunk or B)
     item = torch.empty((), dtype=dtype).element_size()
     mem = _MEMORY_MODEL[engine]
+    share = 1.0  # the share of the trials whose temporaries are held at once
     if engine == "torch" and rows is not False:
-        many = len(row_chunks({"p": torch.empty((run, P), dtype=dtype, device="meta")})) > 1
-        mem = "torch-rows" if many and rows_apply(model) else mem
+        chunks = row_chunks({"p": torch.empty((run, P), dtype=dtype, device="meta")})
+        if len(chunks) > 1 and rows_apply(model):
+            mem, share = "torch-rows", max(b - a for a, b in chunks) / run
     Wout = math.prod(model.w_shape) if getattr(model, "factorised", False) else 0
-    # the torch engine's checks form W itself of a factorised model (Model.finite)
-    Wstep = Wout if mem in ("torch", "torch-rows") else 0
+    Wstep = _W_COPIES[mem] * share * Wout
     step = item * run * (_PARAM_COPIES[mem] * P + _ROW_COPIES[mem] * n * Q * T + Wstep)
     return step + item * B * Wout + (item * B * P if run < B else 0.0)
 
@@ -804,7 +819,9 @@ def train(model: AttentionModel, data, loss=None, optimizer: Optimizer | None = 
         model, tdata, lossf, optimizer, engine, batch_size=bs, autograd=autograd)[0],
         rows=False if autograd or bs is not None else None)
     params = _init_params(model, init, B, seed, scale, device, dtype)
-    if not bool(model.finite(params).all()):
+    # (a row chunk at a time: W of a factorised model is formed one chunk's at once)
+    if not all(bool(model.finite({kk: v[a:b] for kk, v in params.items()}).all())
+               for a, b in row_chunks(params)):
         raise ValueError("the initial parameters overflow float64 in W (e.g. K Q^T): start smaller")
     if chunk is not None and chunk < B:
         traj = _train_chunked(

@@ -196,7 +196,7 @@ class AttentionModel:
 
     def finite(self, params) -> torch.Tensor:
         """(B,) bool: every parameter (and, for factorised models, W itself) is finite."""
-        ts = list(params.values()) + ([self.W(params)] if self.factorised else [])
+        ts = list(params.values()) + ([self._w_entries(params)] if self.factorised else [])
         ok = None
         for v in ts:  # min and max per trial (they propagate NaN): one pass, no |v| copy
             F = v.reshape(v.shape[0], -1)
@@ -204,6 +204,11 @@ class AttentionModel:
             f = torch.isfinite(lo) & torch.isfinite(hi)
             ok = f if ok is None else ok & f
         return ok
+
+    def _w_entries(self, params) -> torch.Tensor:
+        """(B, ...) the entries of W that :meth:`finite` checks: W itself (a model whose W
+        has structural zeros may give the others only: the same answer, less memory)."""
+        return self.W(params)
 
     def norms(self, params) -> dict:
         """Per-trial norms for the metrics table: {"norm": ||W||_F (B,), ...} (scale-safe)."""

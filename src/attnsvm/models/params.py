@@ -169,6 +169,10 @@ class DiagModel(AttentionModel):
     def W(self, params):
         return torch.diag_embed(params["k"] * params["q"])
 
+    def _w_entries(self, params):
+        # the diagonal k * q: W is finite iff it is (no (B, d, d) temporary in the checks)
+        return params["k"] * params["q"]
+
     def _wz(self, params, Z):
         return Z * (params["k"] * params["q"])[:, None, None, :]
 
