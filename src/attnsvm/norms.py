@@ -445,6 +445,8 @@ def get_norm(spec) -> Norm:
     Names: "fro" (aliases "frobenius", "l2", 2), "nuc" ("nuclear", "trace"), "spectral"
     ("op", "spec"), "l1" (1), "linf" ("inf", "max", inf), ``"l<p>"`` or a float p for the
     entrywise l_p norm (e.g. "l3", "l1.5", 1.75)."""
+    if type(spec) is str and spec in _ALIASES:  # (the common case: a registered name as
+        return _ALIASES[spec]  # given; its keys are stored stripped and lower-case)
     if isinstance(spec, Norm):
         return spec
     if isinstance(spec, bool):

@@ -20,9 +20,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import norms as _norms
 from .._validation import Interval, as_array, as_numpy, check_param
 from .._validation import as_int_array as _int_array
+from ..norms import get_norm
 
 __all__ = [
     "as_array",
@@ -150,11 +150,7 @@ def resolve_alpha(alpha, X: np.ndarray, valid: np.ndarray, y=None, v=None,
 
 def as_norm(norm):
     """The :class:`attnsvm.norms.Norm` of a name / number / Norm (ValueError if unknown)."""
-    if type(norm) is str:  # (the common case: a registered name as given, what get_norm
-        N = _norms._ALIASES.get(norm)  # finds for it first)
-        if N is not None:
-            return N
-    return _norms.get_norm(norm)
+    return get_norm(norm)
 
 
 def as_tol(tol, name: str = "tol") -> float:
