@@ -33,12 +33,11 @@ src, B, here = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 sys.path.insert(0, src)
 sys.path.insert(0, here)
 import numpy as np
-from threadpoolctl import threadpool_limits
-threadpool_limits(1, user_api="blas")
+from bench_svm import _dense_rows, _peer_qp, limit_blas
+limit_blas(1)
 import attnsvm
 from attnsvm._parallel import kernel_threads
 from attnsvm.svm import lean, prompt_svm_batch
-from bench_svm import _dense_rows, _peer_qp
 lean.warmup()
 n, T, d = 6, 8, 10
 rng = np.random.default_rng(0)
