@@ -14,12 +14,14 @@ import math
 import numpy as np
 from numba import njit
 
-from ._nuc_kernels import _lower_solve, _upper_solve
+from ._nuc_kernels import _chol, _lower_solve, _upper_solve
 
 # KAPPA is a compile-time constant here: numba's cache keeps the value it was compiled
 # with until this file changes (tests/test_svm_lean.py holds the kernel's answers equal
 # to the engine's, which catches a stale value)
+from .certificate import ETA as _ETA
 from .certificate import KAPPA
+from .certificate import U as _U
 
 OPTIMAL, SMALL_RHO, FAILED = 0, 1, 2
 
@@ -1432,8 +1434,6 @@ def fro_solve_batch(X, z, alpha, valid, xexp, tol, small, max_iter, info, D, Zs,
                   v[b], W[b], lam[b], mu[b], m, info[b], wk)
 
 
-_U = 2.0 ** -53  # certificate.U, certificate.ETA (compile-time constants, as KAPPA)
-_ETA = 2.0 ** -1074
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -1640,7 +1640,7 @@ def farkas_enclosure_batch(D, Z, lam, bvec, eD, supp, k, K, ok, out):
         sg, fin = _enclosure_gram(Mt, aMt, G, H)
         eG = (g2 * np.sqrt(sg) + 8.0 * eD[b] * K * p) + _ETA * p * K * (2 * amax + 2)
         # t: half an estimate of lambda_min(G^) (1 / ||L0^-1||_F^2), not part of the proof
-        if not fin or not _chol_lower(G, L, p):
+        if not fin or not _chol(G, L):
             continue
         tt = 0.5 / _inv_fro2(L, Li, p)
         if not (math.isfinite(tt) and tt > 0.0):
@@ -1652,7 +1652,7 @@ def farkas_enclosure_batch(D, Z, lam, bvec, eD, supp, k, K, ok, out):
                 H[q, q2] = G[q, q2]
             H[q, q] = G[q, q] - tt
             dmax = max(dmax, abs(H[q, q]))
-        if not _chol_lower(H, L, p):
+        if not _chol(H, L):
             continue
         eC = gc * np.sqrt(_abs_llt_fro2(L, H, p)) * (1 + 1e-8)
         eA = _U * dmax * (1 + 1e-8)
@@ -1672,28 +1672,3 @@ def farkas_enclosure_batch(D, Z, lam, bvec, eD, supp, k, K, ok, out):
         out[b, 2] = lo
         out[b, 3] = sb
         ok[b] = lmin > 0 and delta < lo * (1 - 1e-8) and sb > np.sqrt(nb) * delta * (1 + 1e-8)
-
-
-@njit(cache=True, nogil=True, error_model="numpy")
-def _chol_lower(A, L, p):
-    """L L^T = A (p x p) by the algorithm of :func:`attnsvm.svm.certificate._cholesky`
-    (r_jj = sqrt(a_jj - sum_k r_jk^2), r_ij = (a_ij - sum_k r_ik r_jk) / r_jj, each sum
-    subtracted term by term in the order of k), the updates column after column
-    (right-looking: contiguous rows); the strict upper triangle of L is 0.  False where a
-    pivot is not > 0 (or NaN).  A is left unchanged."""
-    for i in range(p):
-        for j in range(p):
-            L[i, j] = A[i, j] if j <= i else 0.0
-    for j in range(p):
-        s = L[j, j]
-        if not s > 0.0:
-            return False
-        dj = math.sqrt(s)
-        L[j, j] = dj
-        for i in range(j + 1, p):
-            L[i, j] /= dj
-        for i in range(j + 1, p):
-            x = L[i, j]
-            for i2 in range(j + 1, i + 1):
-                L[i, i2] -= x * L[i2, j]
-    return True
