@@ -26,7 +26,7 @@ from .certificate import U as _U
 OPTIMAL, SMALL_RHO, FAILED = 0, 1, 2
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, inline="always")
 def _solve_l(L, k, r):
     """In place: r <- L^{-1} r (L lower triangular, leading k x k block).  Each row's dot
     product L[i, :i] . r[:i] in four interleaved partial sums (four independent chains of
@@ -35,7 +35,7 @@ def _solve_l(L, k, r):
         _solve_l_row(L, i, r)
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, inline="always")
 def _solve_l_row(L, i, r):
     """Row i of :func:`_solve_l`: r[i] <- (r[i] - L[i, :i] . r[:i]) / L[i, i], r[:i] solved
     (the same bits as there: the incrementally kept L^{-1} 1 of :func:`mnp_one` is the
@@ -57,7 +57,7 @@ def _solve_l_row(L, i, r):
     r[i] = (r[i] - ((s0 + s1) + (s2 + s3))) / L[i, i]
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, inline="always")
 def _solve_lt(L, k, r):
     """In place: r <- L^{-T} r, by columns of L^T = rows of L (contiguous): x_i = r_i / L_ii,
     then r_j -= L_ij x_i for j < i (independent updates, no chain of additions)."""
@@ -68,7 +68,7 @@ def _solve_lt(L, k, r):
             r[j] -= L[i, j] * xi
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, inline="always")
 def _chol_delete(L, k, p):
     """Cholesky factor of M with row / column p removed, in place (Givens rotations on
     columns p..k-1 restore the lower-triangular form; L L^T is unchanged by them)."""
@@ -117,7 +117,7 @@ def _gram(D, Z, vi, nv, G):
             G[b, a] = g
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, inline="always")
 def _gram_row(Dt, Zt, nv, j, scale, G, acc):
     """Row j of the Gram matrix, on demand: G[j, b] = (Delta_j . Delta_b)(z_j . z_b) / scale
     over the valid constraints, from their transposed copies Dt (d, nv), Zt (e, nv): the
@@ -150,7 +150,7 @@ def _gram_row(Dt, Zt, nv, j, scale, G, acc):
         G[j, b] = G[j, b] * acc[b] / scale
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, inline="always")
 def _margins(D, Z, W, vi, nv, out, ws):
     """out[a] = Delta_k^T W z_k, k = vi[a]: u = W z_k (each u_c summed over f in index
     order, the d sums side by side from W^T: no chain of dependent additions), then
@@ -176,7 +176,7 @@ def _margins(D, Z, W, vi, nv, out, ws):
         out[a] = s
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, inline="always")
 def _margins_t(Dt, Zt, W, nv, out, u):
     """:func:`_margins` over every valid constraint from the transposed copies Dt (d, nv),
     Zt (e, nv) of :func:`_gram_row`: out[b] = sum_c Dt[c, b] (sum_f W[c, f] Zt[f, b]), each
@@ -197,7 +197,7 @@ def _margins_t(Dt, Zt, W, nv, out, u):
             out[b] += Dt[c, b] * u[b]
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, inline="always")
 def _combine(D, Z, lam, S, ks, W):
     """W = sum_{a < ks} lam[a] Delta_{S[a]} z_{S[a]}^T (S: constraint indices)."""
     d = D.shape[1]
@@ -214,7 +214,7 @@ def _combine(D, Z, lam, S, ks, W):
                 W[c, f] += t * Z[k, f]
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, inline="always")
 def _affine_min_y(L, ks, v, y):
     """v <- affine minimiser weights of the working set: M u = 1, v = u / 1^T u, with
     M = L L^T, given y = L^{-1} 1 (kept by :func:`mnp_one` as points enter and leave): only
@@ -1106,7 +1106,7 @@ def _lean_normalise(X, z, alpha, valid, D, Zs, v):
 def _subnormal(x):
     """Whether x is a nonzero subnormal float64 (a power-of-two scaling that produced it may
     have lost bits)."""
-    return x != 0.0 and abs(x) < 2.2250738585072014e-308
+    return (x != 0.0) & (abs(x) < 2.2250738585072014e-308)  # (no branch: vectorisable)
 
 
 @njit(cache=True, nogil=True, inline="always")
