@@ -148,9 +148,9 @@ def resolve_alpha(alpha, X: np.ndarray, valid: np.ndarray, y=None, v=None,
     return as_alpha(alpha, (n,), T, valid, name)
 
 
-def as_norm(norm):
-    """The :class:`attnsvm.norms.Norm` of a name / number / Norm (ValueError if unknown)."""
-    return get_norm(norm)
+#: The :class:`attnsvm.norms.Norm` of a name / number / Norm (ValueError if unknown): the
+#: solvers' name for :func:`attnsvm.norms.get_norm` (one lookup, one home)
+as_norm = get_norm
 
 
 def as_tol(tol, name: str = "tol") -> float:
