@@ -16,9 +16,9 @@ from numba import njit
 
 from ._nuc_kernels import _chol, _lower_solve, _upper_solve
 
-# KAPPA is a compile-time constant here: numba's cache keeps the value it was compiled
-# with until this file changes (tests/test_svm_lean.py holds the kernel's answers equal
-# to the engine's, which catches a stale value)
+# KAPPA, U and ETA are compile-time constants here: numba's cache keeps the values it was
+# compiled with until this file changes (tests/test_svm_lean.py holds the kernel's answers
+# equal to the engine's, which catches a stale value)
 from .certificate import ETA as _ETA
 from .certificate import KAPPA
 from .certificate import U as _U
@@ -1432,8 +1432,6 @@ def fro_solve_batch(X, z, alpha, valid, xexp, tol, small, max_iter, info, D, Zs,
     for b in range(b0, b1):
         _lean_one(X[b], z[b], alpha[b], valid[b], xexp[b], tol, small, max_iter, D[b], Zs[b],
                   v[b], W[b], lam[b], mu[b], m, info[b], wk)
-
-
 
 
 @njit(cache=True, nogil=True, inline="always")
