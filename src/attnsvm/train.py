@@ -360,18 +360,23 @@ _MEMORY_MODEL = {"torch": "torch", "fused-gradient": "torch", "fused": "fused",
 #: 4 P (the 12 assumed before let it through); its factorised models (KQ, Diag) also form W
 #: itself in their finiteness checks, one (B, d, d) more (tests/test_train_memory.py, Diag,
 #: B = 5000, d = 32: 30.6-34.1 P measured, 29.0 P predicted before). The fused engine:
-#: those its run holds for all B trials, the scores gamma (cached by the run) and their
-#: copy with masked keys at 0 (the objective's cache), the start's logits (train._train_one's
-#: a0), and one for a row chunk of the start's objective (its _OBJECTIVE_ROWS logits-sized
-#: and _QUERY_COPIES query-sized temporaries for an eighth of the trials, or 8 MiB at
-#: most, held once the start's W z_iq (_WZ_COPIES) are let go): 4 (12 before, the
-#: objective's own count per trial as if the start ran all B trials at once: Prompt,
-#: whose logits are 1.5 times its parameters at d = 32, was predicted 19.5 P against
-#: 7.8-8.8 P measured). Re-measured (5 fresh processes each,
+#: those its run holds for all B trials, the scores gamma (AttentionModel._gamma, cached in
+#: the data by train._alpha_tensor) and their copy with masked keys at 0
+#: (AttentionModel._consts, the objective's cache), and the start's logits (train.
+#: _train_one's a0): 3 (4 in a167599, 12 before). Measured (memfix2, 2026-11-28, the
+#: resident peak's steps traced line by line, B = 2e4, d = 32): they are formed in the
+#: pages of gamma's v copy (_SCORE_COPIES) once it is let go, and the start's row chunk
+#: (its _OBJECTIVE_ROWS logits-sized and _QUERY_COPIES query-sized temporaries for an
+#: eighth of the trials, or 8 MiB at most) in those of the W z_iq (_WZ_COPIES): the peak
+#: is Prompt 13.5-13.6 P = 433 (per trial, units of 8 bytes) = gamma's v copy 192 and its
+#: v^T x 48, then W z_iq 192; Diag 22.4-23.2 P = 1435-1482 = the same 432 (W z_iq: 144
+#: new), the parameters 64 and the returned W 1024. 3, not 2: the logits-sized arrays
+#: fit in the v copy's pages only while 3 n Q T + n Q + P <= n d (Prompt at d = 32: 182
+#: <= 192); an upper bound counts them. Re-measured (5 fresh processes each,
 #: B = 2e4, d = 32, units X + P, predicted in brackets): Prompt ("torch", one chunk)
 #: 0.37-0.61 [0.69; 0.57 with 16, let 0.61 through]; "torch-rows" (its heap slack: W
 #: 0.91-1.33 [1.45], KQ 1.39-1.47 [2.07], Diag 0.93-1.22 [1.78])
-_ROW_COPIES = {"torch": 20, "torch-rows": 24, "fused": 4, "fused-cuda": 12}
+_ROW_COPIES = {"torch": 20, "torch-rows": 24, "fused": 3, "fused-cuda": 12}
 #: (B, n, Q, d) arrays of all B trials at once, by memory model: the start's logits
 #: (train._train_one's a0, every engine) are formed from the vectors W z_iq of every trial
 #: and query (Model._wz; Prompt's p (B, d) is broadcast over the n sequences by the
@@ -382,6 +387,18 @@ _ROW_COPIES = {"torch": 20, "torch-rows": 24, "fused": 4, "fused-cuda": 12}
 #: the torch engine's are among its measured logits-sized copies (none here);
 #: "fused-cuda" as "fused" (not measured on a GPU)
 _WZ_COPIES = {"torch": 0, "torch-rows": 0, "fused": 1, "fused-cuda": 1}
+#: (Bx, n, d) arrays of the data's Bx datasets, by memory model, where the data have a head
+#: v (the scores gamma are formed): attnsvm.scores.scores forms v^T x_it as X (Bx, n, T, d)
+#: @ v[..., None, :, None], which torch.matmul computes by broadcasting v over the n
+#: sequences into a (Bx, n, d, 1) copy (let go at once, but its pages stay with glibc's
+#: heap where it is below the mmap threshold: 30.7 MB at Bx = 2e4, d = 32, the dynamic
+#: threshold's 32 MiB cap); train._alpha_tensor forms gamma (AttentionModel._gamma, cached)
+#: before the parameters. The fused engine: one (measured: the first step of its peak,
+#: 3.75 P of Diag's 22.4 P at B = 2e4; the bytes the start's logits-sized arrays are then
+#: formed in); the torch engine's are among its measured logits-sized copies (none here);
+#: "fused-cuda" as "fused" (not measured on a GPU). Counted per dataset, not per trial
+#: running: data shared by the trials (Bx = 1) make one (n, d)
+_SCORE_COPIES = {"torch": 0, "torch-rows": 0, "fused": 1, "fused-cuda": 1}
 #: copies of one trial's W (model.w_shape) that the step forms for each trial of its
 #: batch, besides the returned W, by memory model: the torch engine's checks form W of a
 #: factorised model (Model.finite; DiagModel its diagonal only) and its records the
@@ -404,7 +421,9 @@ def train_memory(model, tdata, B: int, chunk: int | None = None, engine: str = "
     factorised model, ``_W_COPIES[engine]`` of W for the trials of a row chunk (the torch
     engine's checks and records form it); with chunks, the
     initial parameters of all B trials on top; for a factorised model (W a product of the parameters: KQ, Diag), the
-    returned W (B, *w_shape) of all B trials. engine: the one that runs
+    returned W (B, *w_shape) of all B trials; where the data have a head v,
+    ``_SCORE_COPIES[engine]`` (Bx, n, d) copies of it (the scores' product, per
+    dataset). engine: the one that runs
     (:func:`attnsvm.steppers.select_engine`: "torch", "fused-gradient", "fused",
     "fused-cuda").
     rows: the torch engine evaluates in row chunks of trials ("torch-rows"); None: as
@@ -424,7 +443,8 @@ def train_memory(model, tdata, B: int, chunk: int | None = None, engine: str = "
     Wstep = _W_COPIES[mem] * share * Wout
     step = item * run * (_PARAM_COPIES[mem] * P + _ROW_COPIES[mem] * n * Q * T
                          + _WZ_COPIES[mem] * n * Q * d + Wstep)
-    return step + item * B * Wout + (item * B * P if run < B else 0.0)
+    score = _SCORE_COPIES[mem] * tdata["X"].shape[0] * n * d if tdata.get("v") is not None else 0
+    return step + item * (B * Wout + score) + (item * B * P if run < B else 0.0)
 
 
 def _check_against_data(model, tdata, B, init, batch_size, optimizer, seed):
