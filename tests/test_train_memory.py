@@ -49,10 +49,12 @@ def _clear_refs_works() -> bool:
 
 @pytest.mark.skipif(not Path("/proc/self/status").exists() or not _clear_refs_works(),
                     reason="needs Linux /proc/self/clear_refs to measure a peak")
-@pytest.mark.parametrize("engine, name", [("torch", nm) for nm in ("W", "KQ", "Diag", "Prompt")]
-                         + ([("fused", nm) for nm in ("W", "KQ", "Diag", "Prompt")]
+@pytest.mark.parametrize("engine, name, B", [("torch", nm, 5000) for nm in ("W", "KQ", "Diag", "Prompt")]
+                         + ([("fused", nm, 5000) for nm in ("W", "KQ", "Diag", "Prompt")]
+                            + [pytest.param("fused", nm, 20000, marks=pytest.mark.slow)
+                               for nm in ("Diag", "Prompt")]
                             if fused.available() else []))
-def test_memory_model_bounds_the_measured_peak(engine, name):
+def test_memory_model_bounds_the_measured_peak(engine, name, B):
     """Measured peak <= prediction (the check never lets through a run it should refuse,
     at this size) and prediction <= 2.5 x the peak (its copies are measured, not a loose
     guess): B = 5000, d = 32 (W: the parameters 41 MB, the tokens 61 MB; KQ: 82 MB of
@@ -60,9 +62,12 @@ def test_memory_model_bounds_the_measured_peak(engine, name):
     2 CHUNK_MIN_BYTES): its peak is the parameters, the gradient and a chunk. The fused
     engine's: the parameters (its slots), the start's logits, the vectors W z_iq they
     are formed from (Prompt: its p broadcast over the sequences, n = 6 times the
-    parameters) and a row chunk's temporaries, and the returned W (a new (B, d, d) for KQ
-    and Diag, whose parameters are 2 d per trial)."""
-    out = subprocess.run([sys.executable, "-c", CHILD, "5000", "32", engine, name],
+    parameters) and a row chunk's temporaries, gamma's copy of v broadcast over the
+    sequences (n d per trial: scores.scores' product) and the returned W (a new (B, d, d)
+    for KQ and Diag, whose parameters are 2 d per trial). Its two closest cases also at
+    B = 2e4 (the copies then 31 MB, near glibc's 32 MiB cap of the mmap threshold: kept in
+    the heap; the prediction of a167599 was below the peak there: Prompt 1.005x)."""
+    out = subprocess.run([sys.executable, "-c", CHILD, str(B), "32", engine, name],
                          capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-2000:]
     m = json.loads(out.stdout.strip().splitlines()[-1])

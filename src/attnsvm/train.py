@@ -383,7 +383,8 @@ _ROW_COPIES = {"torch": 20, "torch-rows": 24, "fused": 3, "fused-cuda": 12}
 #: product: a (B, n, 1, d) copy, n = 6 times its parameters). The fused engine: one (its
 #: peak is that product's: tests/test_train_memory.py, Prompt, B = 5000, d = 32: 7.8-8.8 P
 #: measured, 12.1-12.2 P with glibc's mmap threshold pinned (the bytes held: the
-#: parameters, gamma, a0, the copy and the product's own workspace), 13.5 P predicted);
+#: parameters, gamma, a0, the copy and the product's own workspace), 18 P predicted
+#: with _SCORE_COPIES; at B = 2e4 the peak is this copy's, 13.5-13.6 P);
 #: the torch engine's are among its measured logits-sized copies (none here);
 #: "fused-cuda" as "fused" (not measured on a GPU)
 _WZ_COPIES = {"torch": 0, "torch-rows": 0, "fused": 1, "fused-cuda": 1}
