@@ -360,10 +360,11 @@ _MEMORY_MODEL = {"torch": "torch", "fused-gradient": "torch", "fused": "fused",
 #: 4 P (the 12 assumed before let it through); its factorised models (KQ, Diag) also form W
 #: itself in their finiteness checks, one (B, d, d) more (tests/test_train_memory.py, Diag,
 #: B = 5000, d = 32: 30.6-34.1 P measured, 29.0 P predicted before). The fused engine:
-#: those its run holds for all B trials, the scores gamma (AttentionModel._gamma, cached in
-#: the data by train._alpha_tensor) and their copy with masked keys at 0
-#: (AttentionModel._consts, the objective's cache), and the start's logits (train.
-#: _train_one's a0): 3 (4 in a167599, 12 before). Measured (memfix2, 2026-11-28, the
+#: those its run holds for all B trials, the scores gamma (AttentionModel._gamma,
+#: attnsvm/models/base.py, cached in the data by train._alpha_tensor; formed from v^T x_it,
+#: attnsvm/scores.py) and their copy with masked keys at 0 (AttentionModel._consts, the
+#: objective's cache), and the start's logits (a0 of _train_one, this file, by
+#: AttentionModel._logits): 3 (4 in a167599, 12 before). Measured (memfix2, 2026-11-28, the
 #: resident peak's steps traced line by line, B = 2e4, d = 32): they are formed in the
 #: pages of gamma's v copy (_SCORE_COPIES) once it is let go, and the start's row chunk
 #: (its _OBJECTIVE_ROWS logits-sized and _QUERY_COPIES query-sized temporaries for an
@@ -379,8 +380,9 @@ _MEMORY_MODEL = {"torch": "torch", "fused-gradient": "torch", "fused": "fused",
 _ROW_COPIES = {"torch": 20, "torch-rows": 24, "fused": 3, "fused-cuda": 12}
 #: (B, n, Q, d) arrays of all B trials at once, by memory model: the start's logits
 #: (train._train_one's a0, every engine) are formed from the vectors W z_iq of every trial
-#: and query (Model._wz; Prompt's p (B, d) is broadcast over the n sequences by the
-#: product: a (B, n, 1, d) copy, n = 6 times its parameters). The fused engine: one (its
+#: and query (Model._wz, attnsvm/models/params.py; Prompt's p (B, d) is broadcast over the
+#: n sequences by the product, _token_product in attnsvm/models/base.py: a (B, n, 1, d)
+#: copy, n = 6 times its parameters). The fused engine: one (its
 #: peak is that product's: tests/test_train_memory.py, Prompt, B = 5000, d = 32: 7.8-8.8 P
 #: measured, 12.1-12.2 P with glibc's mmap threshold pinned (the bytes held: the
 #: parameters, gamma, a0, the copy and the product's own workspace), 18 P predicted
@@ -398,7 +400,9 @@ _WZ_COPIES = {"torch": 0, "torch-rows": 0, "fused": 1, "fused-cuda": 1}
 #: 3.75 P of Diag's 22.4 P at B = 2e4; the bytes the start's logits-sized arrays are then
 #: formed in); the torch engine's are among its measured logits-sized copies (none here);
 #: "fused-cuda" as "fused" (not measured on a GPU). Counted per dataset, not per trial
-#: running: data shared by the trials (Bx = 1) make one (n, d)
+#: running: data shared by the trials (Bx = 1) make one (n, d). At B = 5000 the same
+#: arrays (7.7 MB) fall in the heap a fresh process keeps from building its data: the
+#: measured peak is lower there (Prompt 7.7-14.9 P against 18 P predicted)
 _SCORE_COPIES = {"torch": 0, "torch-rows": 0, "fused": 1, "fused-cuda": 1}
 #: copies of one trial's W (model.w_shape) that the step forms for each trial of its
 #: batch, besides the returned W, by memory model: the torch engine's checks form W of a
