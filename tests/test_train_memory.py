@@ -49,12 +49,10 @@ def _clear_refs_works() -> bool:
 
 @pytest.mark.skipif(not Path("/proc/self/status").exists() or not _clear_refs_works(),
                     reason="needs Linux /proc/self/clear_refs to measure a peak")
-@pytest.mark.parametrize("engine, name, B", [("torch", nm, 5000) for nm in ("W", "KQ", "Diag", "Prompt")]
-                         + ([("fused", nm, 5000) for nm in ("W", "KQ", "Diag", "Prompt")]
-                            + [pytest.param("fused", nm, 20000, marks=pytest.mark.slow)
-                               for nm in ("Diag", "Prompt")]
+@pytest.mark.parametrize("engine, name", [("torch", nm) for nm in ("W", "KQ", "Diag", "Prompt")]
+                         + ([("fused", nm) for nm in ("W", "KQ", "Diag", "Prompt")]
                             if fused.available() else []))
-def test_memory_model_bounds_the_measured_peak(engine, name, B):
+def test_memory_model_bounds_the_measured_peak(engine, name):
     """Measured peak <= prediction (the check never lets through a run it should refuse,
     at this size) and prediction <= 2.5 x the peak (its copies are measured, not a loose
     guess): B = 5000, d = 32 (W: the parameters 41 MB, the tokens 61 MB; KQ: 82 MB of
@@ -64,10 +62,11 @@ def test_memory_model_bounds_the_measured_peak(engine, name, B):
     are formed from (Prompt: its p broadcast over the sequences, n = 6 times the
     parameters) and a row chunk's temporaries, gamma's copy of v broadcast over the
     sequences (n d per trial: scores.scores' product) and the returned W (a new (B, d, d)
-    for KQ and Diag, whose parameters are 2 d per trial). Its two closest cases also at
-    B = 2e4 (the copies then 31 MB, near glibc's 32 MiB cap of the mmap threshold: kept in
-    the heap; the prediction of a167599 was below the peak there: Prompt 1.005x)."""
-    out = subprocess.run([sys.executable, "-c", CHILD, str(B), "32", engine, name],
+    for KQ and Diag, whose parameters are 2 d per trial). Not here: B = 2e4, where the
+    copies (31 MB, below glibc's 32 MiB cap of the mmap threshold) may stay in the heap
+    and the fused Prompt's peak is 7.6-13.6 P by the process's history (this child: 7.6;
+    benchmarks/bench_torch_engine.py's memory(): 13.5-13.6, 18 predicted)."""
+    out = subprocess.run([sys.executable, "-c", CHILD, "5000", "32", engine, name],
                          capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-2000:]
     m = json.loads(out.stdout.strip().splitlines()[-1])
