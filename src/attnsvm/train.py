@@ -346,8 +346,7 @@ def _short(value) -> str:
 #: run's initial parameters, which become the kernel's slots (no copy; the start's
 #: gradient is checked a row chunk at a time, not kept), and the start's row chunks'
 #: temporaries with the heap glibc keeps of them (measured up to 1.19 copies above the
-#: logits-sized terms and the returned W (KQ, B = 2e4, d = 32, 5 fresh processes); the
-#: peak / this model: KQ 0.71-0.87, W 0.68-0.79, Diag 0.83-0.86, Prompt 0.70-0.77);
+#: logits-sized terms and the returned W (KQ, B = 2e4, d = 32, 5 fresh processes));
 #: "fused-cuda": the initial parameters, the kernel's trial-minor copy and its workspace
 #: (not measured on a GPU: the earlier three copies kept). Optimiser state comes on top.
 _PARAM_COPIES = {"torch": 4, "torch-rows": 2.5, "fused": 1.5, "fused-cuda": 3}
@@ -360,39 +359,82 @@ _MEMORY_MODEL = {"torch": "torch", "fused-gradient": "torch", "fused": "fused",
 #: --mem 20000 --mem-runs 5 --mem-models Prompt: up to 0.551 (X + P), 15.3 of these besides
 #: 4 P (the 12 assumed before let it through); its factorised models (KQ, Diag) also form W
 #: itself in their finiteness checks, one (B, d, d) more (tests/test_train_memory.py, Diag,
-#: B = 5000, d = 32: 30.6-34.1 P measured, 29.0 P predicted before). The fused engines:
-#: the start's row chunks only (Prompt, B = 5000: 7.8 P measured against 19.5 P predicted).
-#: Re-measured (5 fresh processes each, B = 2e4, d = 32, units X + P, predicted in
-#: brackets): Prompt ("torch", one chunk) 0.37-0.61 [0.69; 0.57 with 16, let 0.61
-#: through]; "torch-rows" (its heap slack: W 0.91-1.33 [1.45], KQ 1.39-1.47 [2.07],
-#: Diag 0.93-1.22 [1.78])
-_ROW_COPIES = {"torch": 20, "torch-rows": 24, "fused": 12, "fused-cuda": 12}
+#: B = 5000, d = 32: 30.6-34.1 P measured, 29.0 P predicted before). The fused engine:
+#: those its run holds for all B trials, the scores gamma (AttentionModel._gamma,
+#: attnsvm/models/base.py, cached in the data by train._alpha_tensor; formed from v^T x_it,
+#: attnsvm/scores.py) and their copy with masked keys at 0 (AttentionModel._consts, the
+#: objective's cache), and the start's logits (a0 of _train_one, this file, by
+#: AttentionModel._logits): 3 (4 in a167599, 12 before). Measured (memfix2, 2026-11-28, the
+#: resident peak's steps traced line by line, B = 2e4, d = 32): they are formed in the
+#: pages of gamma's v copy (_SCORE_COPIES) once it is let go, and the start's row chunk
+#: (its _OBJECTIVE_ROWS logits-sized and _QUERY_COPIES query-sized temporaries for an
+#: eighth of the trials, or 8 MiB at most) in those of the W z_iq (_WZ_COPIES): the peak
+#: is Prompt 13.5-13.6 P = 433 (per trial, units of 8 bytes) = gamma's v copy 192 and its
+#: v^T x 48, then W z_iq 192; Diag 22.4-23.2 P = 1435-1482 = the same 432 (W z_iq: 144
+#: new), the parameters 64 and the returned W 1024. 3, not 2: the logits-sized arrays
+#: fit in the v copy's pages only while 3 n Q T + n Q + P <= n d (Prompt at d = 32: 182
+#: <= 192); an upper bound counts them. Re-measured (5 fresh processes each,
+#: B = 2e4, d = 32, units X + P, predicted in brackets): Prompt ("torch", one chunk)
+#: 0.37-0.61 [0.69; 0.57 with 16, let 0.61 through]; "torch-rows" (its heap slack: W
+#: 0.91-1.33 [1.45], KQ 1.39-1.47 [2.07], Diag 0.93-1.22 [1.78])
+_ROW_COPIES = {"torch": 20, "torch-rows": 24, "fused": 3, "fused-cuda": 12}
+#: (B, n, Q, d) arrays of all B trials at once, by memory model: the start's logits
+#: (train._train_one's a0, every engine) are formed from the vectors W z_iq of every trial
+#: and query (Model._wz, attnsvm/models/params.py; Prompt's p (B, d) is broadcast over the
+#: n sequences by the product, _token_product in attnsvm/models/base.py: a (B, n, 1, d)
+#: copy, n = 6 times its parameters). The fused engine: one (its
+#: peak is that product's: tests/test_train_memory.py, Prompt, B = 5000, d = 32: 7.8-8.8 P
+#: measured, 12.1-12.2 P with glibc's mmap threshold pinned (the bytes held: the
+#: parameters, gamma, a0, the copy and the product's own workspace), 18 P predicted
+#: with _SCORE_COPIES; at B = 2e4 the peak is this copy's, 13.5-13.6 P);
+#: the torch engine's are among its measured logits-sized copies (none here);
+#: "fused-cuda" as "fused" (not measured on a GPU)
+_WZ_COPIES = {"torch": 0, "torch-rows": 0, "fused": 1, "fused-cuda": 1}
+#: (Bx, n, d) arrays of the data's Bx datasets, by memory model, where the data have a head
+#: v (the scores gamma are formed): attnsvm.scores.scores forms v^T x_it as X (Bx, n, T, d)
+#: @ v[..., None, :, None], which torch.matmul computes by broadcasting v over the n
+#: sequences into a (Bx, n, d, 1) copy (let go at once, but its pages stay with glibc's
+#: heap where it is below the mmap threshold: 30.7 MB at Bx = 2e4, d = 32, the dynamic
+#: threshold's 32 MiB cap); train._alpha_tensor forms gamma (AttentionModel._gamma, cached)
+#: before the parameters. The fused engine: one (measured: the first step of its peak,
+#: 3.75 P of Diag's 22.4 P at B = 2e4; the bytes the start's logits-sized arrays are then
+#: formed in); the torch engine's are among its measured logits-sized copies (none here);
+#: "fused-cuda" as "fused" (not measured on a GPU). Counted per dataset, not per trial
+#: running: data shared by the trials (Bx = 1) make one (n, d). At B = 5000 the same
+#: arrays (7.7 MB) fall in the heap a fresh process keeps from building its data: the
+#: measured peak is lower there (Prompt 7.7-14.9 P against 18 P predicted)
+_SCORE_COPIES = {"torch": 0, "torch-rows": 0, "fused": 1, "fused-cuda": 1}
 #: copies of one trial's W (model.w_shape) that the step forms for each trial of its
 #: batch, besides the returned W, by memory model: the torch engine's checks form W of a
 #: factorised model (Model.finite; DiagModel its diagonal only) and its records the
 #: norms of W, both one row chunk at a time ("torch-rows": the largest chunk's trials);
 #: the fused engines check and record W inside the kernel (none)
 _W_COPIES = {"torch": 1, "torch-rows": 1, "fused": 0, "fused-cuda": 0}
-#: (B, n, Q, d) temporaries of the objective (W z_iq and sum_t dL/da_iqt x_it): with
-#: _ROW_COPIES, the size of the fused start's row chunks (train._train_one)
+#: (B, n, Q, d) temporaries of the objective (W z_iq and sum_t dL/da_iqt x_it) and
+#: (B, n, Q, T) ones (logits, softmax terms, dL/da, the gaps) per trial: the size of the
+#: fused start's row chunks (train._train_one)
 _QUERY_COPIES = 2
+_OBJECTIVE_ROWS = 12
 
 
 def train_memory(model, tdata, B: int, chunk: int | None = None, engine: str = "torch",
                  dtype=torch.float64, rows: bool | None = None) -> float:
     """The bytes a run of ``train`` needs above its data (the pre-run memory check's
     model): per trial running at once (``chunk``), ``_PARAM_COPIES[engine]`` copies of
-    the parameters, ``_ROW_COPIES[engine]`` of the logits (B, n, Q, T) and, for a
+    the parameters, ``_ROW_COPIES[engine]`` of the logits (B, n, Q, T),
+    ``_WZ_COPIES[engine]`` of the vectors W z_iq (B, n, Q, d) and, for a
     factorised model, ``_W_COPIES[engine]`` of W for the trials of a row chunk (the torch
     engine's checks and records form it); with chunks, the
     initial parameters of all B trials on top; for a factorised model (W a product of the parameters: KQ, Diag), the
-    returned W (B, *w_shape) of all B trials. engine: the one that runs
+    returned W (B, *w_shape) of all B trials; where the data have a head v,
+    ``_SCORE_COPIES[engine]`` (Bx, n, d) copies of it (the scores' product, per
+    dataset). engine: the one that runs
     (:func:`attnsvm.steppers.select_engine`: "torch", "fused-gradient", "fused",
     "fused-cuda").
     rows: the torch engine evaluates in row chunks of trials ("torch-rows"); None: as
     a full-batch closed-form run does (:func:`attnsvm.steppers.row_chunks`)."""
     P = sum(math.prod(s) for s in model.param_shapes().values())
-    _, n, T, _ = tdata["X"].shape
+    _, n, T, d = tdata["X"].shape
     Q = model.queries_per_sequence(tdata)
     run = min(B, chunk or B)
     item = torch.empty((), dtype=dtype).element_size()
@@ -404,8 +446,10 @@ def train_memory(model, tdata, B: int, chunk: int | None = None, engine: str = "
             mem, share = "torch-rows", max(b - a for a, b in chunks) / run
     Wout = math.prod(model.w_shape) if getattr(model, "factorised", False) else 0
     Wstep = _W_COPIES[mem] * share * Wout
-    step = item * run * (_PARAM_COPIES[mem] * P + _ROW_COPIES[mem] * n * Q * T + Wstep)
-    return step + item * B * Wout + (item * B * P if run < B else 0.0)
+    step = item * run * (_PARAM_COPIES[mem] * P + _ROW_COPIES[mem] * n * Q * T
+                         + _WZ_COPIES[mem] * n * Q * d + Wstep)
+    score = _SCORE_COPIES[mem] * tdata["X"].shape[0] * n * d if tdata.get("v") is not None else 0
+    return step + item * (B * Wout + score) + (item * B * P if run < B else 0.0)
 
 
 def _check_against_data(model, tdata, B, init, batch_size, optimizer, seed):
@@ -650,7 +694,7 @@ def _train_one(model, tdata, lossf, optimizer, params, engine, *, steps, every, 
     if not kept and not record_params and not metrics:
         n, T, d = tdata["X"].shape[1:]
         rows = row_chunks({**params, "": torch.empty(
-            (B, _QUERY_COPIES * n * Q * d + _ROW_COPIES["fused"] * n * Q * T), device="meta",
+            (B, _QUERY_COPIES * n * Q * d + _OBJECTIVE_ROWS * n * Q * T), device="meta",
             dtype=a0.dtype)})
     finite = []
     if len(rows) > 1 and not autograd and rows_apply(model):  # temporaries: one chunk's
