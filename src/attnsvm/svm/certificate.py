@@ -412,6 +412,16 @@ def _null_space(M: list[list[int]], ncol: int) -> list[list[Fraction]]:
     return basis
 
 
+def _valid_lam(lam, valid) -> np.ndarray:
+    """np.where(valid, np.nan_to_num(lam), 0.0) (lam as float64), the same bits; where
+    every entry is finite (the usual case) without nan_to_num's passes over lam, which
+    then returns a plain copy."""
+    lam = np.asarray(lam, float)
+    if not np.logical_and.reduce(np.isfinite(lam), None):
+        lam = np.nan_to_num(lam)
+    return np.where(valid, lam, 0.0)
+
+
 def _farkas_one(cs, b: int, lam: np.ndarray):
     """Exact Farkas check of problem b for candidate lam (n, T): the exact multipliers
     (dict (i, t) -> Fraction, normalised to sum lam b = 1) or None."""
@@ -488,7 +498,7 @@ def farkas_enclosure(cs, lam: np.ndarray, which: np.ndarray | None = None) -> np
     B = cs.batch_shape[0]
     ok = np.zeros(B, bool)
     which = np.ones(B, bool) if which is None else np.asarray(which, bool)
-    lam = np.where(cs.valid, np.nan_to_num(np.asarray(lam, float)), 0.0)
+    lam = _valid_lam(lam, cs.valid)
     p = cs.d * cs.e
     mx = np.abs(lam).max((1, 2))
     supp = cs.valid & (lam > 1e-9 * mx[:, None, None]) & (mx[:, None, None] > 0)
@@ -572,7 +582,7 @@ def farkas_enclosure_compiled(K, cs, lam: np.ndarray, which: np.ndarray | None =
     c = np.ascontiguousarray
     which = np.ones(B, bool) if which is None else np.asarray(which, bool)
     valid = c(np.broadcast_to(cs.valid, (B, n, T)))
-    lam = c(np.where(valid, np.nan_to_num(np.asarray(lam, float)), 0.0))
+    lam = c(_valid_lam(lam, valid))
     supp = np.empty((B, n, T), bool)
     k = np.empty(B, np.int64)
     K._enclosure_support(lam, valid, c(np.broadcast_to(cs.ineq, (B, n, T))), c(which),
@@ -645,7 +655,7 @@ def farkas_prove(cs, lam: np.ndarray, which: np.ndarray | None = None, *, kernel
     multipliers)."""
     B = cs.batch_shape[0]
     which = np.ones(B, bool) if which is None else np.asarray(which, bool)
-    lam = np.where(cs.valid, np.nan_to_num(np.asarray(lam, float)), 0.0)
+    lam = _valid_lam(lam, cs.valid)
     ok = (farkas_enclosure(cs, lam, which) if kernels is None else
           farkas_enclosure_compiled(kernels, cs, lam, which))
     with np.errstate(over="ignore", invalid="ignore"):

@@ -334,7 +334,8 @@ def batch_lean(X: np.ndarray, z: np.ndarray, alpha: np.ndarray, valid: np.ndarra
                        t0)
         parts.append((idx, to_batch_solution(cs, out, alpha=alpha[idx], problem=problem,
                                              vector=vector, norm=FRO, tol=tol)))
-    others = np.setdiff1d(np.arange(B), idx)
+    others = (np.arange(0) if len(idx) == B else  # (idx: sorted, distinct; all settled)
+              np.setdiff1d(np.arange(B), idx))
     if len(others):
         parts.append((others, rest(others)))
     return _merge(B, parts, alpha_=alpha, norm="fro", problem=problem,
