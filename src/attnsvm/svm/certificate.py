@@ -713,11 +713,14 @@ def verdict(feasible, gap, infeasible, gap_optimal: float = GAP_OPTIMAL) -> np.n
         ...         np.array([False, False, True, False])).tolist()
         ['optimal', 'suboptimal', 'infeasible', 'uncertified']
     """
-    return np.where(
-        feasible,
-        np.where(gap <= gap_optimal, "optimal",
-                 np.where(gap <= GAP_INACCURATE, "optimal_inaccurate", "suboptimal")),
-        np.where(infeasible, "infeasible", "uncertified")).astype(object)
+    code = np.where(feasible, np.where(gap <= gap_optimal, 0,
+                                       np.where(gap <= GAP_INACCURATE, 1, 2)),
+                    np.where(infeasible, 3, 4))
+    return _VERDICTS[code.ravel()].reshape(code.shape)  # (one lookup: no str array)
+
+
+_VERDICTS = np.array(["optimal", "optimal_inaccurate", "suboptimal", "infeasible",
+                      "uncertified"], dtype=object)  # verdict's statuses, by its codes
 
 
 # ---------------------------------------------------------------------- certificate
