@@ -12,7 +12,8 @@ other one): shapes B in [2, 40], n in [1, 7], T in [2, 9], d in [1, 12] (e in {1
 e = 2 in every third ATT batch), tokens scaled by 2^s with s in [-300, 300], and in
 turn plain Gaussian, tied (copied) tokens, rounded tokens (small integers: exact ties),
 rank-1 tokens (multiples of one vector: mostly infeasible), zero sequences, masks, a
-projection W (prompt batches).  Every field of each result is compared as raw bytes
+projection W (prompt batches), magnitudes spread over 2^-1060 .. 2^60 in one problem
+(subnormal scaled data, constraints near underflow: the compiled path's hand-overs).  Every field of each result is compared as raw bytes
 (dtype, shape, bits: NaN positions and signs included; ``time_`` excluded), ``extra``
 and ``conflict_`` too; an error must be the same error.  ``--plant``: the branch's
 worker changes one entry of W_ of one batch by one ulp, which the comparison must
@@ -66,7 +67,7 @@ def cases(n_batches: int, seed: int):
     rng = np.random.default_rng(0)
     X = rng.standard_normal((1000, 6, 8, 10))
     out.append(("prompt", dict(X=X, W=None, alpha=rng.integers(0, 8, (1000, 6)))))
-    variants = ("plain", "tied", "rounded", "rank1", "zero", "mask", "proj")
+    variants = ("plain", "tied", "rounded", "rank1", "zero", "mask", "proj", "spread")
     for k in range(n_batches):
         rng = np.random.default_rng([seed, k])
         kind = "prompt" if k % 2 == 0 else "att"
@@ -84,7 +85,15 @@ def cases(n_batches: int, seed: int):
             X = rng.standard_normal((B, n, T, 1)) * rng.standard_normal((B, 1, 1, d))
         elif var == "zero":
             X[rng.random((B, n)) < 0.3] = 0.0
-        X = X * 2.0 ** int(rng.integers(-300, 301))
+        elif var == "spread":  # magnitudes 2^-1060 .. 2^60 in one problem, some tokens tied:
+            # subnormal scaled data, rows near underflow, zero rows (the hand-overs)
+            X = X * 2.0 ** rng.integers(-1000, 61, (B, n, T, 1)) * 2.0 ** rng.integers(
+                -60, 1, (B, n, T, d))
+            src_t = rng.integers(0, T, (B, n, T))
+            X = np.where(rng.random((B, n, T, 1)) < 0.2,
+                         np.take_along_axis(X, src_t[..., None], 2), X)
+        if var != "spread":
+            X = X * 2.0 ** int(rng.integers(-300, 301))
         alpha = rng.integers(0, T, (B, n))
         kw = dict(X=X, alpha=alpha)
         if var == "mask":
