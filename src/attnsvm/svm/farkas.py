@@ -210,14 +210,7 @@ def conflicts(lam: np.ndarray, ok: np.ndarray) -> list:
         return [()] * B
     a = np.abs(lam)
     mx = a.max((1, 2), keepdims=True) if a.size else np.zeros((B, 1, 1))
-    big = a > 1e-9 * mx
-    if 0 < big.shape[-1] <= 16:  # big.any(-1) as an OR of the T slices (the same booleans;
-        hit = big[..., 0].copy()  # numpy's reduction over a short last axis is ~4x slower)
-        for t in range(1, big.shape[-1]):
-            hit |= big[..., t]
-    else:
-        hit = big.any(-1)
-    return conflict_tuples(hit & (mx[..., 0] > 0), ok)
+    return conflict_tuples((a > 1e-9 * mx).any(-1) & (mx[..., 0] > 0), ok)
 
 
 def conflict_tuples(hit: np.ndarray, ok: np.ndarray) -> list:
