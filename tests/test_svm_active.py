@@ -3,6 +3,8 @@ cvxpy + Clarabel, the KKT conditions checked term by term, Farkas certificates o
 infeasible instances (verified by the engine), batched == one by one, and the IPM
 fallback (numba absent, stalled problems)."""
 
+import warnings
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -428,3 +430,20 @@ def test_qr_refine_is_the_least_norm_solution(seed):
         W2 = np.full((d, e), 7.0)
         assert not K._qr_refine(D, Zk, Sk2, ks, W2, np.zeros(ks), gmax, np.zeros(d * (e + 1)))
         assert np.all(W2 == 7.0)
+
+
+def test_small_rho_near_underflow_is_quiet():
+    """The origin almost in the hull of two constraints (D_1 = s (1, 0), D_2 = s (-1, 1e-7)):
+    rho^2 = (1e-7 s / 2)^2 ~ 9e-310 is subnormal but > 0 at s = 6e-148, so lam = mu / rho^2
+    overflows. The problem is SMALL_RHO with W not finite (uncertified downstream), and the
+    library call raises no floating-point RuntimeWarning (the caller's filters say error)."""
+    s = 6e-148
+    D = np.repeat(np.array([[[1.0, 0.0], [-1.0, 1e-7]]]) * s, 2, 0)
+    Z, V = np.ones((2, 2, 1)), np.ones((2, 2), bool)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        mu, lam, W, rho2, status, it = active.mnp_active(D, Z, V)
+    assert np.all(status == active.SMALL_RHO)
+    assert np.all((rho2 > 0) & (rho2 < np.finfo(float).tiny))  # the planted regime
+    assert np.all(np.isinf(lam)) and not np.isfinite(W).any()
+    assert np.allclose(mu, 0.5, atol=1e-6)  # the min-norm point's weights (1/2, 1/2)

@@ -104,8 +104,9 @@ def mnp_active(Delta: np.ndarray, Z: np.ndarray, valid: np.ndarray, *, tol: floa
     sm = status == SMALL_RHO
     if sm.any():  # as the IPM path: W = sum mu_k A_k / rho^2 wherever rho > 0
         r = np.where(rho2[sm] > 0, rho2[sm], np.nan)
-        with np.errstate(over="ignore"):  # rho^2 near underflow: lam inf, W not finite,
-            lam[sm] = np.where(rho2[sm, None] > 0, mu[sm] / r[:, None], 0.0)  # uncertified
-        W[sm] = np.swapaxes(D[sm], 1, 2) @ (lam[sm][..., None] * Zc[sm])  # sum_k lam_k D_k z_k^T
+        # rho^2 near underflow (subnormal): lam inf and W not finite, quietly (uncertified)
+        with np.errstate(over="ignore", invalid="ignore"):
+            lam[sm] = np.where(rho2[sm, None] > 0, mu[sm] / r[:, None], 0.0)
+            W[sm] = np.swapaxes(D[sm], 1, 2) @ (lam[sm][..., None] * Zc[sm])  # sum_k lam_k D_k z_k^T
         W[sm] = np.where((rho2[sm] > 0)[:, None, None], W[sm], np.nan)
     return mu, lam, W, rho2, status, iters

@@ -78,10 +78,10 @@ def _farkas_numpy(cs: ConstraintSet, lam):
     ineq = cs.ineq
     lam = np.where(cs.valid, lam, 0.0)
     sign_ok = np.where(ineq, lam >= 0, True).all((-2, -1))
-    lb = (lam * cs.b).sum((-2, -1))
-    good = sign_ok & (lb > 0) & np.isfinite(lb)
-    lam = lam / np.where(good, lb, 1.0)[..., None, None]
-    with np.errstate(invalid="ignore", over="ignore"):
+    with np.errstate(invalid="ignore", over="ignore"):  # (lambda^T b overflowing: not good)
+        lb = (lam * cs.b).sum((-2, -1))
+        good = sign_ok & (lb > 0) & np.isfinite(lb)
+        lam = lam / np.where(good, lb, 1.0)[..., None, None]
         S = cs.combine(lam)
         r = np.linalg.norm(S.reshape(*S.shape[:-2], -1), axis=-1)
     good &= np.isfinite(r)
