@@ -23,11 +23,13 @@ report (the check is calibrated).  Exit status 0 where every answer is the same.
 from __future__ import annotations
 
 import argparse
+import ast
 import os
 import pickle
 import subprocess
 import sys
 import tempfile
+from collections import Counter
 
 import numpy as np
 
@@ -163,8 +165,6 @@ def main(argv=None):
     n_prob = sum(int(np.prod(r["feasible_"][1])) for _, r in a if "feasible_" in r)
     print(f"{len(a)} batches ({n_prob} problems, {n_err} batches raising the same error in "
           f"both), {len(bad)} with a difference")
-    import ast
-    from collections import Counter
     seen = Counter()
     for _, r in a:
         if "status_" in r:

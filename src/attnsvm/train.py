@@ -364,7 +364,7 @@ _MEMORY_MODEL = {"torch": "torch", "fused-gradient": "torch", "fused": "fused",
 #: attnsvm/models/base.py, cached in the data by train._alpha_tensor; formed from v^T x_it,
 #: attnsvm/scores.py) and their copy with masked keys at 0 (AttentionModel._consts, the
 #: objective's cache), and the start's logits (a0 of _train_one, this file, by
-#: AttentionModel._logits): 3 (4 in a167599, 12 before). Measured (memfix2, 2026-11-28, the
+#: AttentionModel._logits): 3 (12 before 2026-11-28). Measured (2026-11-28, the
 #: resident peak's steps traced line by line, B = 2e4, d = 32): they are formed in the
 #: pages of gamma's v copy (_SCORE_COPIES) once it is let go, and the start's row chunk
 #: (its _OBJECTIVE_ROWS logits-sized and _QUERY_COPIES query-sized temporaries for an

@@ -417,7 +417,7 @@ def _valid_lam(lam, valid) -> np.ndarray:
     every entry is finite (the usual case) without nan_to_num's passes over lam, which
     then returns a plain copy."""
     lam = np.asarray(lam, float)
-    if not np.logical_and.reduce(np.isfinite(lam), None):
+    if not np.isfinite(lam).all():
         lam = np.nan_to_num(lam)
     return np.where(valid, lam, 0.0)
 

@@ -334,8 +334,9 @@ def batch_lean(X: np.ndarray, z: np.ndarray, alpha: np.ndarray, valid: np.ndarra
                        t0)
         parts.append((idx, to_batch_solution(cs, out, alpha=alpha[idx], problem=problem,
                                              vector=vector, norm=FRO, tol=tol)))
-    others = (np.arange(0) if len(idx) == B else  # (idx: sorted, distinct; all settled)
-              np.setdiff1d(np.arange(B), idx))
+    left = np.ones(B, bool)
+    left[idx] = False
+    others = np.flatnonzero(left)  # the problems not settled here, sorted
     if len(others):
         parts.append((others, rest(others)))
     return _merge(B, parts, alpha_=alpha, norm="fro", problem=problem,
