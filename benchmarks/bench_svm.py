@@ -118,6 +118,9 @@ def main(argv=None):
     ap.add_argument("--nuc-only", action="store_true", help="only the nuclear-norm comparison")
     ap.add_argument("--nuc-scs", action="store_true",
                     help="also time the previous cvxpy+SCS nuclear working set")
+    ap.add_argument("--nuclear-fallback", action="store_true",
+                    help="only the nuclear working-set fallback on a recorded study-heads "
+                         "problem (add --nuc-scs for the previous SCS inner solver: ~40 min)")
     ap.add_argument("--no-norms", action="store_true", help="skip the every-norm section")
     ap.add_argument("--norms-only", action="store_true", help="only the every-norm section")
     ap.add_argument("--no-peers", action="store_true",
@@ -141,6 +144,9 @@ def main(argv=None):
 
     if args.norms_only:
         norms_bench(*((10, 5, 4, 8) if args.quick else (20, 8, 10, 50)))
+        return
+    if args.nuclear_fallback:
+        nuclear_fallback_bench(args.rounds, args.nuc_scs)
         return
     if args.nuc_only:
         nuclear_bench(*((20, 8, 10) if args.quick else (100, 16, 32)), args.nuc_scs,
@@ -257,6 +263,67 @@ def nuclear_bench(n, T, d, with_scs_ws=False, rounds=3):
     print(f"  attnsvm certificate: min margin {sol.margin_:.12f}, relative duality gap "
           f"{sol.gap_:.1e}, kkt {sol.kkt_residual_:.1e}, rank {sol.rank(1e-6)}, "
           f"ratio {t_naive / t_fast:.1f}x (barrier: gap {bar.gap_:.1e}, {t_naive / t_bar:.1f}x)")
+
+def nuclear_fallback_bench(rounds=3, with_scs=False):
+    """The nuclear working-set fallback (``solver="working_set"``: cvxpy + Clarabel on a
+    working set, the step after the IPM in the nuclear chain) on a problem that reaches it:
+    a head of
+    ``attnsvm study-heads --full`` (GPT-2, seed 0, AdamW) on its probe batch, X (512, 8, 8),
+    z (512, 9), 1,792 constraints (``benchmarks/data/nuc_fallback_gpt2.npz``, the inputs
+    of the recorded att_svm call), where the SDP IPM gives no answer.  Against cvxpy +
+    Clarabel on the whole problem (the strongest peer a user would pick) and, with
+    ``with_scs``, the previous inner solver (SCS, eps 1e-9: tens of thousands of
+    iterations).  CPU time, median of ``rounds``; quality as the excess of each answer's
+    feasible nuclear norm ||W||_* / min(1, min margin) over attnsvm's certified lower
+    bound."""
+    import time
+    from pathlib import Path
+
+    from attnsvm.norms import NUC
+    from attnsvm.svm import att_svm
+    from attnsvm.svm.conic import solve_cvxpy
+    from attnsvm.svm.nuclear import conic_working_set
+    from attnsvm.svm.problems import _constraints
+
+    f = np.load(Path(__file__).with_name("data") / "nuc_fallback_gpt2.npz")
+    X, z, alpha, mask = f["X"], f["z"], f["alpha"], f["mask"]
+    cs = _constraints(X, z, alpha, mask)
+
+    def cpu(fn, k):
+        ts, out = [], None
+        for _ in range(k):
+            t = time.process_time()
+            out = fn()
+            ts.append(time.process_time() - t)
+        return float(np.median(ts)), out
+
+    def excess(W, lb):
+        m = cs.margins(W)[cs.valid].min()
+        nn = np.linalg.svd(W, compute_uv=False).sum() / min(1.0, m)
+        return m, nn, (nn - lb) / lb
+
+    att_svm(X, z, alpha, norm="nuc", mask=mask, solver="working_set")  # imports, set-up
+    t_ws, sol = cpu(lambda: att_svm(X, z, alpha, norm="nuc", mask=mask, solver="working_set"),
+                    rounds)
+    lb = sol.norm_ / (1 + sol.gap_)
+    t_cl, (Wc, *_rest) = cpu(lambda: solve_cvxpy(cs, NUC, "CLARABEL"), rounds)
+    print(f"\nnuclear working-set fallback on a study-heads head (512, 8, 8), "
+          f"{cs.n_constraints} constraints, CPU s, median of {rounds}")
+    print(f"  {'method':<40} {'CPU s':>8} {'min margin':>14} {'feasible ||W||_*':>18} "
+          f"{'rel. excess over lb':>20}")
+    rows = [("cvxpy + Clarabel, whole problem", t_cl, Wc)]
+    if with_scs:
+        t_scs, (Ws, *_rest) = cpu(lambda: conic_working_set(cs, solver="SCS"), 1)
+        rows.append(("working set, SCS (previous)", t_scs, Ws))
+    rows.append((f"attnsvm ({sol.solver_})", t_ws, np.asarray(sol.W_)))
+    t_def, dft = cpu(lambda: att_svm(X, z, alpha, norm="nuc", mask=mask), 1)
+    rows.append((f"attnsvm default chain ({dft.solver_})", t_def, np.asarray(dft.W_)))
+    for label, t, W in rows:
+        m, nn, ex = excess(W, lb)
+        print(f"  {label:<40} {t:>8.2f} {m:>14.10f} {nn:>18.10f} {ex:>20.1e}")
+    print(f"  attnsvm certificate: {sol.status_}, relative duality gap {sol.gap_:.1e}; "
+          f"ratio to the whole-problem Clarabel {t_cl / t_ws:.2f}x")
+
 
 # ------------------------------------------------------------------------ peers
 PEER_SIZES = [(20, 8, 10), (100, 16, 32), (400, 16, 32), (1000, 64, 32)]

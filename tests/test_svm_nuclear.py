@@ -89,7 +89,8 @@ def test_nuclear_barrier_raw_central_path():
 
 
 @pytest.mark.parametrize("solver,name,gap", [(None, "ipm-working-set", 1e-8),
-                                             ("barrier", "barrier-working-set", 1e-4)])
+                                             ("barrier", "barrier-working-set", 1e-4),
+                                             ("working_set", "clarabel-working-set", 1e-8)])
 def test_nuclear_working_set_rounds_match_cvxpy(solver, name, gap):
     # N = 650 > 600 constraints: the working-set path (Frobenius seed, growing set) runs;
     # its answer must carry a valid certificate and match SCS.  Barrier: tolerance 1e-4
@@ -301,6 +302,54 @@ def test_nuclear_working_set_dropped_row_violated_restarts(monkeypatch):
     sol = att_svm(X, z, alpha, norm="nuc")
     assert sol.status_ == "optimal" and sol.gap_ < 1e-8 and sol.solver_ == "ipm-working-set"
     assert calls[0] > 0 and calls[-1] == 0 and len(calls) == 2
+    min_margin, lower, upper = independent_certificate(X, z, alpha, sol)
+    assert abs(min_margin - 1) < 1e-9 and (upper - lower) / lower < 1e-8
+
+
+def test_nuclear_conic_working_set_hands_a_failed_clarabel_round_to_scs(monkeypatch):
+    # a working-set round Clarabel gives no answer for is solved by SCS (the name says so);
+    # the answer still carries a valid certificate, checked independently
+    from attnsvm.svm import conic, nuclear
+
+    seen = []
+
+    def flaky(cs, N, solver=None, eps=None, warm=None):
+        seen.append(solver)
+        if solver == "CLARABEL":
+            return None, None, "solver_error: planted", "CLARABEL", 0
+        return conic.solve_cvxpy(cs, N, solver, eps, warm)
+
+    monkeypatch.setattr(nuclear, "solve_cvxpy", flaky)
+    X, z, alpha = planted(20, 5, 4, 3)
+    sol = att_svm(X, z, alpha, norm="nuc", solver="working_set")
+    assert seen[:2] == ["CLARABEL", "SCS"] and sol.solver_ == "scs-working-set"
+    min_margin, lower, upper = independent_certificate(X, z, alpha, sol)
+    assert sol.feasible_ and min_margin >= 1 - 1e-9 and lower <= upper * (1 + 1e-12)
+
+
+@pytest.mark.parametrize("key,order", [(None, ["ipm", "working_set"]),
+                                       ("barrier", ["barrier", "working_set"])])
+def test_nuclear_chain_hands_a_failed_step_to_the_clarabel_working_set(monkeypatch, key, order):
+    # the IPM (by default) or the barrier (solver="barrier") gives no answer: the Clarabel
+    # working set answers, certified independently, and the barrier after it never runs
+    from attnsvm.svm import nuclear
+
+    ran = []
+
+    def failing(name):
+        def step(cs):
+            ran.append(name)
+            return None, None, "failed", f"{name}-working-set", 0
+        return step
+
+    conic = nuclear._STEPS["working_set"]
+    monkeypatch.setitem(nuclear._STEPS, "ipm", failing("ipm"))
+    monkeypatch.setitem(nuclear._STEPS, "barrier", failing("barrier"))
+    monkeypatch.setitem(nuclear._STEPS, "working_set",
+                        lambda cs: (ran.append("working_set"), conic(cs))[1])
+    X, z, alpha = planted(20, 5, 4, 5)
+    sol = att_svm(X, z, alpha, norm="nuc", solver=key)
+    assert ran == order and sol.solver_ == "clarabel-working-set" and sol.status_ == "optimal"
     min_margin, lower, upper = independent_certificate(X, z, alpha, sol)
     assert abs(min_margin - 1) < 1e-9 and (upper - lower) / lower < 1e-8
 

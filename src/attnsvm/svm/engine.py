@@ -22,8 +22,8 @@ A single problem is a batch of one.  The steps of :func:`solve`:
    active-set minimum-norm-point solver, :mod:`attnsvm.svm.frobenius`), else one by one
    (:func:`attnsvm.svm.strategy.solve_one`: Frobenius: active set, dual min-norm point or
    structured primal IPM, then an exact active-set polish; nuclear: the primal-dual SDP
-   interior-point method on a working set, the dual barrier and SCS as its fallbacks,
-   :mod:`attnsvm.svm.nuclear`; any norm: cvxpy with the norm's own expression,
+   interior-point method on a working set, cvxpy + Clarabel and the dual barrier on a
+   working set as its fallbacks, :mod:`attnsvm.svm.nuclear`; any norm: cvxpy with the norm's own expression,
    :mod:`attnsvm.svm.conic`);
 3. every answer is rescaled to minimal margin 1 (times certificate.KAPPA) and certified
    by :func:`~attnsvm.svm.certificate.certify` (one batched call): feasible only where every

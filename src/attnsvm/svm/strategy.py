@@ -93,7 +93,7 @@ STRATEGIES: dict[Norm, Strategy] = {
                   fast_batch_applies=lean.batch_applies, fast_batch=lean.batch_lean,
                   retry_gap=GAP_OPTIMAL, graph=frobenius.graph_candidates,
                   graph_memory=frobenius.graph_memory, graph_bounds=FRO_BOUNDS),
-    # SDP interior point -> dual barrier -> SCS working set (inside nuclear.solve_single);
+    # SDP interior point -> Clarabel working set -> dual barrier (inside nuclear.solve_single);
     # after the certificate: the next of them, then the conic solvers
     NUC: Strategy(solvers=("auto", "fast", "barrier", "working_set"),
                   single=nuclear.solve_single, graph=nuclear.graph_candidates,
