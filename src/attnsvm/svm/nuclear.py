@@ -343,7 +343,9 @@ def conic_working_set(cs: ConstraintSet, max_rounds: int = 20, solver: str = "CL
         sub = cs.with_valid(work)
         W, lam, status, name, n_iter = solve_cvxpy(sub, NUC, solver, eps=1e-9)
         total_iter += n_iter
-        if W is None and "infeasible" not in status and solver != "SCS":  # no answer: SCS
+        # no answer from the first solver: SCS (unless SCS already ran: solve_cvxpy's own
+        # retry after a solver error, or solver="SCS")
+        if W is None and "infeasible" not in status and str(name).upper() != "SCS":
             W, lam, status, name, n_iter = solve_cvxpy(sub, NUC, "SCS", eps=1e-9)
             total_iter += n_iter
         if W is None:
